@@ -1,0 +1,69 @@
+"""Measurement branch: real training steps under a memory meter.
+
+    from vramplan.measure import measure
+    result = measure(job, device="cpu", fake=False, trace=False)
+    result.to_dict()
+
+``job`` is a ``vramplan.spec.JobSpec`` or a plain dict in the format of the
+``job`` field of /work/shared/validation/cpu-dev-truth.jsonl.  This package is
+the only part of vramplan that imports torch; the core never imports it.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+PHASE_KINDS = {"fwd": "forward", "bwd": "backward", "opt": "optimizer"}
+
+
+@dataclass
+class MeasureResult:
+    """Measured bytes of one job (per device; exact live bytes on CPU/fake)."""
+
+    device: str
+    peak_allocated_bytes: int
+    phases: dict[str, int]
+    params_bytes: int
+    grad_bytes: int
+    optimizer_state_bytes: int
+    activation_bytes_end_of_forward: int
+    peak_phase: str
+    phase_peaks: dict[str, int] = field(default_factory=dict)  # per s{step}.{kind}
+    peak_reserved_bytes: int | None = None  # CUDA only
+    device_bytes: int | None = None  # CUDA only: NVML used memory at the end
+    trace: Any = None  # vramplan.measure.trace.Trace when trace=True
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.pop("trace")
+        for k in ("peak_reserved_bytes", "device_bytes"):
+            if d[k] is None:
+                d.pop(k)
+        return d
+
+
+def phase_kinds(phase_peaks: dict[str, int]) -> dict[str, int]:
+    """{'s1.fwd': .., 's2.fwd': ..} -> {'forward': max, 'backward': .., 'optimizer': ..}."""
+    out = {v: 0 for v in PHASE_KINDS.values()}
+    for name, peak in phase_peaks.items():
+        kind = PHASE_KINDS.get(name.rsplit(".", 1)[-1])
+        if kind:
+            out[kind] = max(out[kind], peak)
+    return out
+
+
+def measure(job: Any, device: str = "cpu", fake: bool = False, trace: bool = False,
+            steps: int = 2) -> MeasureResult:
+    """Build ``job``'s model and run ``steps`` training steps under a meter."""
+    from .run_modes import run_cpu, run_cuda, run_fake
+
+    if fake:
+        return run_fake(job, trace=trace, steps=steps)
+    if device == "cuda":
+        return run_cuda(job, steps=steps)
+    if device != "cpu":
+        raise ValueError(f"device: expected 'cpu' or 'cuda', got {device!r}")
+    return run_cpu(job, trace=trace, steps=steps)
+
+
+__all__ = ["MeasureResult", "measure", "phase_kinds"]

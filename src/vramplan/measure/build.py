@@ -1,0 +1,208 @@
+"""Build the real model and optimizer for a job, the way HF Trainer would.
+
+Input is the job dict of /work/shared/validation/cpu-dev-truth.jsonl (or a
+``vramplan.spec.JobSpec``; see ``job_dict``).  Weights are random
+(``from_config``); nothing is downloaded; ``trust_remote_code`` only if the job
+asks for it.
+
+Decisions that mirror transformers 5.23 / peft 0.21 (checked in the installed
+sources):
+  * gradient checkpointing: Trainer calls ``model.activation_checkpointing_enable``
+    (transformers/trainer.py ~l.1503) whose default kwargs are
+    ``{"use_reentrant": False}`` (modeling_utils.py ``_activation_checkpointing_enable``).
+    Non-reentrant checkpointing needs no ``enable_input_require_grads``, and
+    neither Trainer nor ``get_peft_model`` calls it for LoRA (peft only does in
+    ``prepare_model_for_kbit_training`` and for prompt learning), so we do not.
+  * LoRA: ``get_peft_model`` keeps ``autocast_adapter_dtype=True``, which casts
+    adapter weights to fp32 on a bf16/fp16 base (peft/tuners/tuners_utils.py).
+  * Adafactor: Trainer's ``optim="adafactor"`` is
+    ``transformers.optimization.Adafactor(scale_parameter=False,
+    relative_step=False)`` (transformers/trainer_optimizer.py ``_get_adafactor``),
+    so that is what we build (with Trainer's default lr).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+# ------------------------------------------------------------------ job input
+def job_dict(job: Any) -> dict:
+    """A plain job dict from a JobSpec, a mapping, or a path.
+
+    Routes through ``vramplan.load_spec`` when the lead's spec module exists,
+    otherwise accepts the cpu-dev-truth job dict as is.
+    """
+    if hasattr(job, "to_dict"):
+        return dict(job.to_dict())
+    if isinstance(job, dict):
+        return dict(job)
+    try:  # a path or name: only the spec layer knows how to read it
+        from vramplan import load_spec  # type: ignore[attr-defined]
+    except ImportError as exc:
+        raise TypeError(f"cannot read job {job!r}: vramplan.load_spec is not available") from exc
+    return dict(load_spec(job).to_dict())
+
+
+def hf_config_dict(model_field: Any) -> dict:
+    """The HF config dict of the job's ``model`` field (inline dict, or resolved)."""
+    if isinstance(model_field, dict) and "model_type" in model_field:
+        return dict(model_field)
+    try:
+        from vramplan.sources import resolve_hf_config  # type: ignore
+    except ImportError as exc:
+        raise ValueError(
+            f"model {model_field!r} is not an inline HF config and vramplan.sources "
+            "is not available to resolve it") from exc
+    return dict(resolve_hf_config(model_field))
+
+
+def norm_precision(p: str) -> str:
+    """'amp_bf16' / 'AMP-BF16' -> 'amp-bf16'."""
+    return str(p or "fp32").lower().replace("_", "-")
+
+
+@dataclass
+class Built:
+    """What a training step needs."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    precision: str
+    autocast_dtype: torch.dtype | None = None
+    # mixed-*: fp32 master params (what the optimizer steps), paired with the
+    # 16-bit model params they are copied to after each step.
+    master_pairs: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+
+
+# ----------------------------------------------------------------- the model
+def build_model(job: dict, device: str = "cpu") -> torch.nn.Module:
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    cfg = hf_config_dict(job["model"])
+    model_type = cfg.pop("model_type")
+    remote = bool(job.get("trust_remote_code", False))
+    config = AutoConfig.for_model(model_type, **cfg)
+    attn = job.get("attention", "sdpa") or "sdpa"
+    attn = {"flash": "flash_attention_2", "flash2": "flash_attention_2"}.get(attn, attn)
+    if attn.startswith("flash") and device != "cuda":
+        raise ValueError("attention: flash attention needs device='cuda'")
+    auto = (AutoModelForSequenceClassification if job.get("task") == "sequence-classification"
+            else AutoModelForCausalLM)
+    model = auto.from_config(config, attn_implementation=attn, trust_remote_code=remote)
+    if getattr(model.config, "pad_token_id", None) is None and auto is AutoModelForSequenceClassification:
+        model.config.pad_token_id = 0
+    model.config.use_cache = False  # Trainer trains without a KV cache
+    return model.to(device)
+
+
+def apply_precision(model: torch.nn.Module, precision: str) -> torch.dtype | None:
+    """Cast for pure 16-bit / mixed; return the autocast dtype for amp-*."""
+    kind, _, width = precision.partition("-")
+    if kind in DTYPES:  # 'fp32', 'bf16', 'fp16': pure
+        model.to(DTYPES[kind])
+        return None
+    if kind == "amp":  # fp32 model, autocast around forward+loss
+        return DTYPES[width]
+    if kind == "mixed":  # 16-bit model; master copy made after the method
+        model.to(DTYPES[width])
+        return None
+    raise ValueError(f"precision: unknown value {precision!r}")
+
+
+def apply_method(model: torch.nn.Module, job: dict, device: str) -> torch.nn.Module:
+    method = job.get("method", "full")
+    if method == "full":
+        return model
+    if method == "lora":
+        return _apply_lora(model, job.get("lora") or {})
+    if method == "freeze":
+        return _apply_freeze(model, job.get("freeze") or {})
+    if method == "qlora":
+        if device != "cuda":
+            raise ValueError("method: qlora needs bitsandbytes on device='cuda'")
+        raise NotImplementedError("method: qlora is not measured yet (bitsandbytes 4-bit)")
+    raise ValueError(f"method: unknown value {method!r}")
+
+
+def _apply_lora(model, lora: dict):
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(
+        r=int(lora.get("r", 8)), lora_alpha=lora.get("alpha", 16),
+        lora_dropout=float(lora.get("dropout", 0.0)),
+        target_modules=lora.get("target_modules") or None,
+        modules_to_save=lora.get("modules_to_save") or None,
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, config)
+
+
+def _apply_freeze(model, freeze: dict):
+    """Train only parameters whose name contains one of ``trainable`` (or the
+    last ``num_trainable_layers`` decoder layers), as LLaMA-Factory's freeze."""
+    patterns = list(freeze.get("trainable_modules") or freeze.get("trainable") or [])
+    n_layers = int(freeze.get("num_trainable_layers", 0) or 0)
+    total = getattr(model.config, "num_hidden_layers", 0)
+    patterns += [f"layers.{i}." for i in range(total - n_layers, total)] if n_layers else []
+    if not patterns:
+        raise ValueError("freeze: name trainable_modules or num_trainable_layers")
+    for name, p in model.named_parameters():
+        p.requires_grad_(any(pat in name for pat in patterns))
+    return model
+
+
+def apply_checkpointing(model, job: dict) -> None:
+    gc = job.get("gradient_checkpointing", "none")
+    if gc in (None, False, "none", "off"):
+        return
+    if gc not in (True, "full", "on"):
+        raise ValueError(f"gradient_checkpointing: unsupported value {gc!r}")
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+# ------------------------------------------------------------- the optimizer
+def build_optimizer(params: list[torch.Tensor], job: dict) -> torch.optim.Optimizer:
+    name = str(job.get("optimizer", "adamw")).lower()
+    impl = str(job.get("optimizer_impl", "foreach") or "foreach").lower()
+    lr = float(job.get("learning_rate", 1e-4))
+    flags = {"foreach": impl == "foreach", "fused": impl == "fused"}
+    if impl == "forloop":
+        flags = {"foreach": False, "fused": False}
+    if name in ("adamw", "adam"):
+        cls = torch.optim.AdamW if name == "adamw" else torch.optim.Adam
+        return cls(params, lr=lr, **flags)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=float(job.get("momentum", 0.0) or 0.0), **flags)
+    if name == "adafactor":
+        from transformers.optimization import Adafactor
+
+        return Adafactor(params, lr=lr, scale_parameter=False, relative_step=False)
+    if name == "lion":
+        if not hasattr(torch.optim, "Lion"):
+            raise ValueError("optimizer: lion is not in torch.optim of this torch; install lion-pytorch")
+        return torch.optim.Lion(params, lr=lr)
+    raise ValueError(f"optimizer: unknown value {name!r}")
+
+
+def build(job: Any, device: str = "cpu") -> Built:
+    """Model + optimizer for ``job`` on ``device`` (under FakeTensorMode if active)."""
+    job = job_dict(job)
+    precision = norm_precision(job.get("precision", "fp32"))
+    model = build_model(job, device)
+    autocast_dtype = apply_precision(model, precision)
+    model = apply_method(model, job, device)
+    apply_checkpointing(model, job)
+    model.train()
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    pairs = []
+    if precision.startswith("mixed-"):
+        # DeepSpeed-style: the optimizer steps fp32 masters; 16-bit copies run.
+        pairs = [(p.detach().float().requires_grad_(False), p) for p in trainable]
+        trainable = [m for m, _ in pairs]
+    optimizer = build_optimizer(trainable, job)
+    return Built(model, optimizer, precision, autocast_dtype, pairs)

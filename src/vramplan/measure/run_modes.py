@@ -1,0 +1,149 @@
+"""The three ways to measure a job: exact CPU, fake (shapes only), CUDA."""
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+
+from . import MeasureResult, phase_kinds
+from .build import build, job_dict
+from .meter import MemoryMeter
+from .run import StepStats, categories, train_steps
+
+
+def _result(device: str, meter_peak: int, peak_label: str, phase_peaks: dict,
+            stats: StepStats, **extra) -> MeasureResult:
+    return MeasureResult(
+        device=device, peak_allocated_bytes=meter_peak, phases=phase_kinds(phase_peaks),
+        params_bytes=stats.params_bytes, grad_bytes=stats.grad_bytes,
+        optimizer_state_bytes=stats.optimizer_state_bytes,
+        activation_bytes_end_of_forward=stats.activation_bytes_end_of_forward,
+        peak_phase=peak_label, phase_peaks=dict(phase_peaks), **extra)
+
+
+def _metered(job: dict, built, trace: bool, steps: int, device: str) -> MeasureResult:
+    meter = MemoryMeter(trace=trace)
+    meter.register(built.model.parameters(), "parameter")
+    meter.register(built.model.buffers(), "buffer")
+    meter.register([m for m, _ in built.master_pairs], "master")
+    meter.set_category_fn(lambda: categories(built))
+    if trace:
+        meter.track_modules(built.model)
+    try:
+        with meter:
+            stats = train_steps(built, job, meter, "cpu", steps)
+    finally:
+        meter.close()
+    result = _result(device, meter.peak, meter.peak_label, meter.phase_peaks, stats)
+    if trace:
+        from .trace import Trace
+
+        result.trace = Trace.from_meter(meter)
+    return result
+
+
+def run_cpu(job: Any, trace: bool = False, steps: int = 2) -> MeasureResult:
+    job = job_dict(job)
+    torch.manual_seed(0)
+    built = build(job, "cpu")
+    return _metered(job, built, trace, steps, "cpu")
+
+
+# ---------------------------------------------------------------------- fake
+@contextlib.contextmanager
+def _optimizer_scalars_patched():
+    """torch.optim reads the step count with ``_get_value(step)`` ->
+    ``step.item()`` (torch/optim/optimizer.py), which a FakeTensor cannot
+    answer.  The value only scales the update, never a shape, so any number
+    keeps the memory identical: answer 1.0 for fake tensors."""
+    from torch._subclasses.fake_tensor import FakeTensor
+    import torch.optim.optimizer as base
+
+    original = base._get_value
+
+    def fake_aware(x):
+        return 1.0 if isinstance(x, FakeTensor) else original(x)
+
+    modules = [m for m in list(vars(torch.optim).values()) if hasattr(m, "_get_value")]
+    modules += [base] + [getattr(torch.optim, n, None) for n in ("adam", "adamw", "sgd", "adafactor")]
+    patched = {m for m in modules if m is not None and getattr(m, "_get_value", None) is original}
+    for m in patched:
+        m._get_value = fake_aware
+    try:
+        yield
+    finally:
+        for m in patched:
+            m._get_value = original
+
+
+def run_fake(job: Any, trace: bool = False, steps: int = 2) -> MeasureResult:
+    """Same steps on FakeTensors: shapes and storages, no memory, no math."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    job = job_dict(job)
+    with FakeTensorMode(allow_non_fake_inputs=True), _optimizer_scalars_patched():
+        built = build(job, "cpu")
+        return _metered(job, built, trace, steps, "fake")
+
+
+# ---------------------------------------------------------------------- CUDA
+class CudaPhaseMeter:
+    """Same interface as MemoryMeter for the runner, read from the caching
+    allocator (torch/cuda/memory.py): peak per phase via
+    ``reset_peak_memory_stats`` + ``max_memory_allocated``."""
+
+    def __init__(self):
+        self.phase_peaks: dict[str, int] = {}
+        self.reserved_peak = 0
+
+    @property
+    def current(self) -> int:
+        return torch.cuda.memory_allocated()
+
+    @contextlib.contextmanager
+    def phase(self, name: str):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        try:
+            yield self
+        finally:
+            torch.cuda.synchronize()
+            peak = torch.cuda.max_memory_allocated()
+            self.phase_peaks[name] = max(self.phase_peaks.get(name, 0), peak)
+            self.reserved_peak = max(self.reserved_peak, torch.cuda.max_memory_reserved())
+
+    def peak(self) -> tuple[int, str]:
+        name = max(self.phase_peaks, key=self.phase_peaks.get)
+        return self.phase_peaks[name], name
+
+
+def nvml_used_bytes() -> int | None:
+    """Device-level used memory (includes the CUDA context) via nvidia-ml-py."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+        index = torch.cuda.current_device()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        return int(pynvml.nvmlDeviceGetMemoryInfo(handle).used)
+    except Exception:  # NVML missing or not permitted: report nothing
+        return None
+    finally:
+        with contextlib.suppress(Exception):
+            pynvml.nvmlShutdown()
+
+
+def run_cuda(job: Any, steps: int = 2) -> MeasureResult:
+    if not torch.cuda.is_available():
+        raise RuntimeError("device: cuda requested but torch.cuda.is_available() is False")
+    job = job_dict(job)
+    torch.manual_seed(0)
+    built = build(job, "cuda")
+    meter = CudaPhaseMeter()
+    stats = train_steps(built, job, meter, "cuda", steps)
+    peak, name = meter.peak()
+    return _result("cuda", peak, name, meter.phase_peaks, stats,
+                   peak_reserved_bytes=meter.reserved_peak, device_bytes=nvml_used_bytes())
