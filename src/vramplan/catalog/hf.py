@@ -1,0 +1,392 @@
+"""The one Hugging Face adapter: a `config.json` dict -> ModelDesc.
+
+Every field is read from an explicit config key or from the default that the
+transformers config class declares for that key (`_CLASS_DEFAULTS`, copied from
+`transformers/models/<family>/configuration_<family>.py`, transformers 5.23). Nothing
+is inferred from ratios: a gated MLP comes from the family, never from
+`intermediate_size / hidden_size`.
+
+`params` lists every tensor that `AutoModelForCausalLM.from_config(cfg).named_parameters()`
+yields (or `AutoModelForSequenceClassification` when `num_labels` is given; BERT is always
+a classification model), with the exact module path and shape. Tied embeddings appear
+once, under the input embedding, as PyTorch's named_parameters dedups shared tensors.
+
+Shapes: nn.Linear(in, out).weight is (out, in); GPT-2's Conv1D weight is (in, out).
+Legend: h hidden, a heads, k KV heads, d head_dim, f MLP width, v vocab, E experts.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from vramplan.model import MlpKind, ModelDesc, MoEDesc, NormKind, ParamEntry, PositionKind
+
+_ROPE_DECODERS = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
+                  "gemma", "gemma2", "gemma3_text", "phi3", "phi")
+SUPPORTED_MODEL_TYPES = (*_ROPE_DECODERS, "gpt2", "bert", "gemma3")
+"""`gemma3` (multimodal) is read through its `text_config` (the language model only)."""
+
+_COMMON = {"num_key_value_heads": None, "head_dim": None, "attention_dropout": 0.0,
+           "attention_bias": False, "mlp_bias": False, "hidden_act": "silu",
+           "sliding_window": None}
+# Defaults of the transformers config classes for the keys read below (transformers 5.23).
+# A key absent from a family's table (and from _COMMON) is required in the config.
+_CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
+    "llama": {"max_position_embeddings": 2048, "tie_word_embeddings": False},
+    "mistral": {"max_position_embeddings": 131072, "tie_word_embeddings": False,
+                "num_key_value_heads": 8, "sliding_window": 4096},
+    "mixtral": {"max_position_embeddings": 131072, "tie_word_embeddings": False,
+                "num_key_value_heads": 8, "num_local_experts": 8, "num_experts_per_tok": 2},
+    "qwen2": {"max_position_embeddings": 32768, "tie_word_embeddings": False,
+              "use_sliding_window": False, "sliding_window": 4096, "max_window_layers": 28},
+    "qwen2_moe": {"max_position_embeddings": 32768, "tie_word_embeddings": False,
+                  "qkv_bias": True, "num_experts": 60, "num_experts_per_tok": 4,
+                  "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632,
+                  "norm_topk_prob": False, "decoder_sparse_step": 1, "mlp_only_layers": []},
+    "qwen3": {"max_position_embeddings": 32768, "tie_word_embeddings": False, "head_dim": 128,
+              "use_sliding_window": False, "sliding_window": None, "max_window_layers": 28},
+    "qwen3_moe": {"max_position_embeddings": 32768, "tie_word_embeddings": False,
+                  "num_key_value_heads": 4, "num_experts": 128, "num_experts_per_tok": 8,
+                  "moe_intermediate_size": 768, "norm_topk_prob": False,
+                  "decoder_sparse_step": 1, "mlp_only_layers": []},
+    "gemma": {"max_position_embeddings": 8192, "tie_word_embeddings": True, "head_dim": 256,
+              "hidden_act": "gelu_pytorch_tanh"},
+    "gemma2": {"max_position_embeddings": 8192, "tie_word_embeddings": True, "head_dim": 256,
+               "num_key_value_heads": 4, "hidden_activation": "gelu_pytorch_tanh",
+               "sliding_window": 4096, "final_logit_softcapping": 30.0,
+               "attn_logit_softcapping": 50.0},
+    # Google's Gemma 3 text_config files are sparse and rely on these class defaults.
+    "gemma3_text": {"max_position_embeddings": 131072, "tie_word_embeddings": True,
+                    "head_dim": 256, "vocab_size": 262208, "num_attention_heads": 8,
+                    "num_key_value_heads": 4, "hidden_activation": "gelu_pytorch_tanh",
+                    "sliding_window": 4096, "sliding_window_pattern": 6,
+                    "final_logit_softcapping": None, "attn_logit_softcapping": None},
+    "phi3": {"max_position_embeddings": 4096, "tie_word_embeddings": False,
+             "resid_pdrop": 0.0, "sliding_window": None},
+    "phi": {"max_position_embeddings": 2048, "tie_word_embeddings": False,
+            "hidden_act": "gelu_new", "resid_pdrop": 0.0, "embd_pdrop": 0.0,
+            "qk_layernorm": False},
+    "gpt2": {"n_positions": 1024, "n_inner": None, "activation_function": "gelu_new",
+             "attn_pdrop": 0.1, "resid_pdrop": 0.1, "embd_pdrop": 0.1,
+             "tie_word_embeddings": True},
+    "bert": {"max_position_embeddings": 512, "type_vocab_size": 2, "hidden_act": "gelu",
+             "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1,
+             "num_labels": 2},
+}
+# GPT2Config.attribute_map: generic names a config may use instead of GPT-2's own.
+_GPT2_ALIASES = {"hidden_size": "n_embd", "num_hidden_layers": "n_layer",
+                 "num_attention_heads": "n_head", "max_position_embeddings": "n_positions"}
+
+
+class _Cfg:
+    """Config lookup: explicit key, else the class default, else a one-line ValueError."""
+
+    def __init__(self, config: dict, model_type: str):
+        self.raw = config
+        self.model_type = model_type
+        self.defaults = {**_COMMON, **_CLASS_DEFAULTS[model_type]}
+
+    def __getitem__(self, key: str) -> Any:
+        if key in self.raw:
+            return self.raw[key]
+        if key in self.defaults:
+            return self.defaults[key]
+        raise ValueError(f"{self.model_type} config is missing required field {key!r}")
+
+    def int(self, key: str) -> int:
+        value = self[key]
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise ValueError(f"{self.model_type} config field {key!r} must be a positive "
+                             f"integer, got {value!r}")
+        return value
+
+
+def model_from_hf_config(config: dict, name: str | None = None, *,
+                         num_labels: int | None = None) -> ModelDesc:
+    """Build the ModelDesc of a Hugging Face config.json dict (see module docstring)."""
+    if not isinstance(config, dict):
+        raise ValueError(f"config must be a dict, got {type(config).__name__}")
+    model_type = config.get("model_type")
+    if model_type is None:
+        raise ValueError("config is missing required field 'model_type'")
+    if "text_config" in config or model_type == "gemma3":
+        return _from_text_config(config, model_type, name, num_labels)
+    if model_type not in _CLASS_DEFAULTS:
+        raise ValueError(f"unsupported model_type {model_type!r}; supported: "
+                         + ", ".join(SUPPORTED_MODEL_TYPES))
+    name = name or config.get("_name_or_path") or model_type
+    if model_type == "gpt2":
+        return _gpt2(_Cfg(_gpt2_names(config), "gpt2"), name, num_labels)
+    if model_type == "bert":
+        return _bert(_Cfg(config, "bert"), name, num_labels)
+    return _decoder(_Cfg(config, model_type), name, num_labels)
+
+
+def _from_text_config(config: dict, model_type: str, name: str | None,
+                      num_labels: int | None) -> ModelDesc:
+    text = config.get("text_config")
+    if model_type != "gemma3":
+        raise ValueError(f"multimodal config (text_config) of model_type {model_type!r} is "
+                         "not supported yet; pass its language model's config instead")
+    if not isinstance(text, dict):
+        raise ValueError("gemma3 config is missing required field 'text_config'")
+    text = {"model_type": "gemma3_text", **text}
+    return model_from_hf_config(text, name or config.get("_name_or_path"), num_labels=num_labels)
+
+
+def _gpt2_names(config: dict) -> dict:
+    out = dict(config)
+    for generic, own in _GPT2_ALIASES.items():
+        if generic in out and own not in out:
+            out[own] = out.pop(generic)
+    return out
+
+
+# ---------------------------------------------------------------- RoPE decoders
+def _decoder(c: _Cfg, name: str, num_labels: int | None) -> ModelDesc:
+    mt = c.model_type
+    h, L, a = c.int("hidden_size"), c.int("num_hidden_layers"), c.int("num_attention_heads")
+    k = c["num_key_value_heads"] or a
+    # Each family's attention: `getattr(config, "head_dim", h // a)`; Mixtral/Mistral
+    # treat an explicit None as absent.
+    d = c["head_dim"] or h // a
+    f, v = c.int("intermediate_size"), c.int("vocab_size")
+    moe, moe_layers = _moe(c, L, f)
+    desc = dict(
+        name=name, model_type=mt, num_layers=L, hidden_size=h, num_heads=a,
+        num_kv_heads=k, head_dim=d, intermediate_size=f, vocab_size=v,
+        mlp=MlpKind.PLAIN if mt == "phi" else MlpKind.GATED,
+        hidden_act=_activation(c), norm=NormKind.LAYERNORM if mt == "phi" else NormKind.RMSNORM,
+        position=PositionKind.ROPE, max_position_embeddings=c.int("max_position_embeddings"),
+        tie_word_embeddings=bool(c["tie_word_embeddings"]),
+        qkv_bias=_qkv_bias(c), o_bias=mt == "phi" or (mt in _ATTN_BIAS_ALL and c["attention_bias"]),
+        mlp_bias=mt == "phi" or (mt == "llama" and bool(c["mlp_bias"])),
+        fused_qkv=mt == "phi3", fused_gate_up=mt == "phi3",
+        qk_norm=mt in ("qwen3", "qwen3_moe", "gemma3_text") or (mt == "phi" and c["qk_layernorm"]),
+        sandwich_norm=mt in ("gemma2", "gemma3_text"),
+        embed_scale=mt in ("gemma", "gemma2", "gemma3_text"),
+        final_logit_softcapping=c["final_logit_softcapping"] if mt.startswith("gemma") and mt != "gemma" else None,
+        attn_logit_softcapping=c["attn_logit_softcapping"] if mt.startswith("gemma") and mt != "gemma" else None,
+        attention_dropout=float(c["attention_dropout"]),
+        hidden_dropout=float(c["resid_pdrop"]) if mt in ("phi3", "phi") else 0.0,
+        # Phi3Model has no embedding dropout in transformers 5 (embd_pdrop is unused).
+        embedding_dropout=float(c["embd_pdrop"]) if mt == "phi" else 0.0,
+        num_labels=num_labels or 0, moe=moe, moe_layers=moe_layers,
+        hub_id=c.raw.get("_name_or_path"),
+    )
+    desc["sliding_window"], desc["sliding_window_layers"] = _sliding(c, L)
+    partial = ModelDesc(**desc)
+    return _with_params(partial, _decoder_params(partial, c))
+
+
+_ATTN_BIAS_ALL = ("llama", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text")
+"""Families whose q/k/v/o projections all take `bias=config.attention_bias`."""
+
+
+def _qkv_bias(c: _Cfg) -> bool:
+    mt = c.model_type
+    if mt in ("qwen2", "phi"):
+        return True  # Qwen2Attention / PhiAttention: bias=True on q, k, v unconditionally
+    if mt == "qwen2_moe":
+        return bool(c["qkv_bias"])
+    return mt in _ATTN_BIAS_ALL and bool(c["attention_bias"])
+
+
+def _activation(c: _Cfg) -> str:
+    if c.model_type in ("gemma2", "gemma3_text"):
+        return c["hidden_activation"] or "gelu_pytorch_tanh"
+    act = c["hidden_act"]
+    # GemmaConfig.__post_init__ rewrites the legacy "gelu" to the tanh approximation.
+    return "gelu_pytorch_tanh" if c.model_type == "gemma" and act == "gelu" else act
+
+
+def _sliding(c: _Cfg, L: int) -> tuple[int | None, tuple[int, ...]]:
+    """The sliding window and the layers it applies to, as each config class decides."""
+    mt = c.model_type
+    types = c.raw.get("layer_types")
+    if mt in ("qwen2", "qwen3"):
+        window = c["sliding_window"] if c["use_sliding_window"] else None
+        if window is None:
+            return None, ()
+        first = c["max_window_layers"]
+        layers = tuple(i for i in range(L) if i >= first)
+    elif mt in ("mistral", "mixtral", "phi3"):
+        window = c["sliding_window"]
+        layers = tuple(range(L)) if window else ()
+    elif mt == "gemma2":
+        window, layers = c["sliding_window"], tuple(i for i in range(L) if i % 2 == 0)
+    elif mt == "gemma3_text":
+        pattern = c["sliding_window_pattern"]
+        window, layers = c["sliding_window"], tuple(i for i in range(L) if (i + 1) % pattern)
+    else:
+        return None, ()
+    if types is not None and window:
+        layers = tuple(i for i, t in enumerate(types) if t == "sliding_attention")
+    return (window, layers) if window and layers else (None, ())
+
+
+def _moe(c: _Cfg, L: int, f: int) -> tuple[MoEDesc | None, tuple[int, ...]]:
+    mt = c.model_type
+    if mt == "mixtral":
+        # MixtralTopKRouter: softmax over all experts, top-k, renormalized to sum 1.
+        moe = MoEDesc(num_experts=c.int("num_local_experts"), top_k=c.int("num_experts_per_tok"),
+                      expert_intermediate_size=f, norm_topk_prob=True)
+        return moe, tuple(range(L))
+    if mt not in ("qwen2_moe", "qwen3_moe"):
+        return None, ()
+    shared = c["shared_expert_intermediate_size"] if mt == "qwen2_moe" else 0
+    moe = MoEDesc(num_experts=c["num_experts"], top_k=c.int("num_experts_per_tok"),
+                  expert_intermediate_size=c.int("moe_intermediate_size"),
+                  num_shared_experts=1 if shared else 0, shared_intermediate_size=shared or 0,
+                  norm_topk_prob=bool(c["norm_topk_prob"]))
+    # Qwen2MoeDecoderLayer / Qwen3MoeDecoderLayer: which layers get a sparse block.
+    only_dense, step = set(c["mlp_only_layers"] or ()), c.int("decoder_sparse_step")
+    layers = tuple(i for i in range(L)
+                   if i not in only_dense and moe.num_experts > 0 and (i + 1) % step == 0)
+    return moe, layers
+
+
+def _linear(name: str, out: int, inp: int, bias: bool, layer: int | None) -> list[ParamEntry]:
+    weight = [ParamEntry(f"{name}.weight", (out, inp), layer)]
+    return weight + ([ParamEntry(f"{name}.bias", (out,), layer)] if bias else [])
+
+
+def _norm(name: str, dim: int, layernorm: bool, layer: int | None) -> list[ParamEntry]:
+    entries = [ParamEntry(f"{name}.weight", (dim,), layer)]
+    return entries + ([ParamEntry(f"{name}.bias", (dim,), layer)] if layernorm else [])
+
+
+def _decoder_params(m: ModelDesc, c: _Cfg) -> list[ParamEntry]:
+    ln = m.norm is NormKind.LAYERNORM
+    out = [ParamEntry("model.embed_tokens.weight", (m.vocab_size, m.hidden_size))]
+    for i in range(m.num_layers):
+        out += _attention_params(m, c, i) + _mlp_params(m, i)
+        p = f"model.layers.{i}."
+        out += _norm(p + "input_layernorm", m.hidden_size, ln, i)
+        if m.model_type != "phi":  # Phi runs attention and MLP in parallel off one norm
+            out += _norm(p + "post_attention_layernorm", m.hidden_size, ln, i)
+        if m.sandwich_norm:
+            out += _norm(p + "pre_feedforward_layernorm", m.hidden_size, ln, i)
+            out += _norm(p + "post_feedforward_layernorm", m.hidden_size, ln, i)
+    out += _norm("model.final_layernorm" if m.model_type == "phi" else "model.norm",
+                 m.hidden_size, ln, None)
+    return out + _head(m, "lm_head", bias=m.model_type == "phi")
+
+
+def _attention_params(m: ModelDesc, c: _Cfg, i: int) -> list[ParamEntry]:
+    p, h, d = f"model.layers.{i}.self_attn.", m.hidden_size, m.head_dim
+    q, kv = m.num_heads * d, m.num_kv_heads * d
+    if m.fused_qkv:  # Phi3Attention: o_proj is declared before qkv_proj
+        return (_linear(p + "o_proj", h, q, m.o_bias, i)
+                + _linear(p + "qkv_proj", q + 2 * kv, h, m.qkv_bias, i))
+    out = (_linear(p + "q_proj", q, h, m.qkv_bias, i) + _linear(p + "k_proj", kv, h, m.qkv_bias, i)
+           + _linear(p + "v_proj", kv, h, m.qkv_bias, i)
+           + _linear(p + ("dense" if m.model_type == "phi" else "o_proj"), h, q, m.o_bias, i))
+    if m.qk_norm and m.model_type == "phi":  # PhiAttention: LayerNorm over h // a
+        out += _norm(p + "q_layernorm", h // m.num_heads, True, i)
+        out += _norm(p + "k_layernorm", h // m.num_heads, True, i)
+    elif m.qk_norm:
+        out += _norm(p + "q_norm", d, False, i) + _norm(p + "k_norm", d, False, i)
+    return out
+
+
+def _mlp_params(m: ModelDesc, i: int) -> list[ParamEntry]:
+    p, h, f = f"model.layers.{i}.mlp.", m.hidden_size, m.intermediate_size
+    if m.moe is not None and i in m.moe_layers:
+        return _moe_params(m, p, i)
+    if m.mlp is MlpKind.PLAIN:  # PhiMLP
+        return _linear(p + "fc1", f, h, True, i) + _linear(p + "fc2", h, f, True, i)
+    if m.fused_gate_up:  # Phi3MLP
+        return _linear(p + "gate_up_proj", 2 * f, h, False, i) + _linear(p + "down_proj", h, f, False, i)
+    return _gated(p, h, f, m.mlp_bias, i)
+
+
+def _gated(p: str, h: int, f: int, bias: bool, i: int) -> list[ParamEntry]:
+    return (_linear(p + "gate_proj", f, h, bias, i) + _linear(p + "up_proj", f, h, bias, i)
+            + _linear(p + "down_proj", h, f, bias, i))
+
+
+def _moe_params(m: ModelDesc, p: str, i: int) -> list[ParamEntry]:
+    """Router `gate.weight` (E, h); experts stored as two 3-D tensors (not nn.Linear)."""
+    moe, h = m.moe, m.hidden_size
+    E, f = moe.num_experts, moe.expert_intermediate_size
+    out = [ParamEntry(p + "gate.weight", (E, h), i),
+           ParamEntry(p + "experts.gate_up_proj", (E, 2 * f, h), i),
+           ParamEntry(p + "experts.down_proj", (E, h, f), i)]
+    if moe.num_shared_experts:  # Qwen2MoeSparseMoeBlock: one shared SwiGLU + sigmoid gate
+        out += _gated(p + "shared_expert.", h, moe.shared_intermediate_size, False, i)
+        out += _linear(p + "shared_expert_gate", 1, h, False, i)
+    return out
+
+
+def _head(m: ModelDesc, lm_head: str, bias: bool) -> list[ParamEntry]:
+    """`score` (no bias) for sequence classification, else the LM head when untied."""
+    if m.num_labels:
+        return _linear("score", m.num_labels, m.hidden_size, False, None)
+    if m.tie_word_embeddings:
+        return []
+    return _linear(lm_head, m.vocab_size, m.hidden_size, bias, None)
+
+
+# ---------------------------------------------------------------- GPT-2, BERT
+def _gpt2(c: _Cfg, name: str, num_labels: int | None) -> ModelDesc:
+    h, L, a = c.int("n_embd"), c.int("n_layer"), c.int("n_head")
+    f = c["n_inner"] or 4 * h  # GPT2MLP: inner_dim = n_inner if set else 4 * n_embd
+    desc = ModelDesc(
+        name=name, model_type="gpt2", num_layers=L, hidden_size=h, num_heads=a, num_kv_heads=a,
+        head_dim=h // a, intermediate_size=f, vocab_size=c.int("vocab_size"), mlp=MlpKind.PLAIN,
+        hidden_act=c["activation_function"], norm=NormKind.LAYERNORM,
+        position=PositionKind.LEARNED, max_position_embeddings=c.int("n_positions"),
+        tie_word_embeddings=bool(c["tie_word_embeddings"]), qkv_bias=True, o_bias=True,
+        mlp_bias=True, fused_qkv=True, attention_dropout=float(c["attn_pdrop"]),
+        hidden_dropout=float(c["resid_pdrop"]), embedding_dropout=float(c["embd_pdrop"]),
+        num_labels=num_labels or 0, hub_id=c.raw.get("_name_or_path"))
+    out = [ParamEntry("transformer.wte.weight", (desc.vocab_size, h)),
+           ParamEntry("transformer.wpe.weight", (desc.max_position_embeddings, h))]
+    for i in range(L):
+        p = f"transformer.h.{i}."
+        out += _norm(p + "ln_1", h, True, i) + _conv1d(p + "attn.c_attn", h, 3 * h, i)
+        out += _conv1d(p + "attn.c_proj", h, h, i) + _norm(p + "ln_2", h, True, i)
+        out += _conv1d(p + "mlp.c_fc", h, f, i) + _conv1d(p + "mlp.c_proj", f, h, i)
+    out += _norm("transformer.ln_f", h, True, None) + _head(desc, "lm_head", bias=False)
+    return _with_params(desc, out)
+
+
+def _conv1d(name: str, inp: int, out: int, layer: int) -> list[ParamEntry]:
+    """transformers.pytorch_utils.Conv1D: weight (in, out), i.e. transposed vs nn.Linear."""
+    return [ParamEntry(f"{name}.weight", (inp, out), layer), ParamEntry(f"{name}.bias", (out,), layer)]
+
+
+def _bert(c: _Cfg, name: str, num_labels: int | None) -> ModelDesc:
+    """BertForSequenceClassification: encoder + pooler + `classifier` (with bias)."""
+    h, L, a = c.int("hidden_size"), c.int("num_hidden_layers"), c.int("num_attention_heads")
+    f, v = c.int("intermediate_size"), c.int("vocab_size")
+    labels = num_labels or c.raw.get("num_labels") or len(c.raw.get("id2label") or {}) or c["num_labels"]
+    drop = float(c["hidden_dropout_prob"])
+    desc = ModelDesc(
+        name=name, model_type="bert", is_encoder=True, num_layers=L, hidden_size=h, num_heads=a,
+        num_kv_heads=a, head_dim=h // a, intermediate_size=f, vocab_size=v, mlp=MlpKind.PLAIN,
+        hidden_act=c["hidden_act"], norm=NormKind.LAYERNORM, position=PositionKind.LEARNED,
+        max_position_embeddings=c.int("max_position_embeddings"), tie_word_embeddings=False,
+        qkv_bias=True, o_bias=True, mlp_bias=True,
+        attention_dropout=float(c["attention_probs_dropout_prob"]), hidden_dropout=drop,
+        embedding_dropout=drop, num_labels=labels, hub_id=c.raw.get("_name_or_path"))
+    e = "bert.embeddings."
+    out = [ParamEntry(e + "word_embeddings.weight", (v, h)),
+           ParamEntry(e + "position_embeddings.weight", (desc.max_position_embeddings, h)),
+           ParamEntry(e + "token_type_embeddings.weight", (c.int("type_vocab_size"), h))]
+    out += _norm(e + "LayerNorm", h, True, None)
+    for i in range(L):
+        p = f"bert.encoder.layer.{i}."
+        for proj in ("query", "key", "value"):
+            out += _linear(f"{p}attention.self.{proj}", h, h, True, i)
+        out += _linear(p + "attention.output.dense", h, h, True, i)
+        out += _norm(p + "attention.output.LayerNorm", h, True, i)
+        out += _linear(p + "intermediate.dense", f, h, True, i)
+        out += _linear(p + "output.dense", h, f, True, i) + _norm(p + "output.LayerNorm", h, True, i)
+    out += _linear("bert.pooler.dense", h, h, True, None)
+    return _with_params(desc, out + _linear("classifier", labels, h, True, None))
+
+
+def _with_params(desc: ModelDesc, params: list[ParamEntry]) -> ModelDesc:
+    return replace(desc, params=tuple(params))
