@@ -203,12 +203,32 @@ def test_entries_are_well_formed():
 
 def test_gpu_catalog():
     gpus = catalog.list_gpus()
-    assert len(gpus) >= 18
+    assert len(gpus) >= 17
     for gpu in gpus:
         assert gpu.memory_bytes > 0 and gpu.memory_unit_note and gpu.memory_marketed
         assert gpu.fp16_tflops > 0 and gpu.fp32_tflops > 0 and gpu.memory_bandwidth_gbps > 0
+        assert gpu.bf16_tflops is None or gpu.bf16_tflops > 0
+        assert gpu.vendor in ("nvidia", "amd") and gpu.name == gpu.name.lower()
         assert gpu.interconnect in ("nvlink", "pcie", "infinity-fabric")
         assert gpu.interconnect_gbps > 0 and gpu.sources
     assert catalog.find_gpu("a100-80gb").memory_bytes == 81920 * 2**20
     assert catalog.find_gpu("H100").name == "h100-80gb"
     assert catalog.find_gpu("rtx-4090").memory_bytes == 24564 * 2**20
+
+
+def test_gpu_units_are_exact():
+    h200 = catalog.find_gpu("h200")
+    assert h200.memory_bytes == 143771 * 2**20 and "141 GB" == h200.memory_marketed
+    assert catalog.find_gpu("mi300x").memory_bytes == 205_822_885_888
+    assert catalog.find_gpu("v100-16gb").bf16_tflops is None  # Volta has no BF16
+    sixty_four = [g for g in catalog.list_gpus() if 60 * 2**30 < g.memory_bytes <= 64 * 2**30]
+    assert sixty_four, "a 64 GB-class device"
+
+
+def test_import_reads_nothing():
+    """Importing the catalog reads no data file (checked in a fresh interpreter)."""
+    import subprocess
+    import sys
+    code = ("import vramplan.catalog as c; "
+            "assert c._models.cache_info().currsize == 0 and c._gpus.cache_info().currsize == 0")
+    subprocess.run([sys.executable, "-c", code], check=True)
