@@ -152,6 +152,7 @@ def _decoder(c: _Cfg, name: str, num_labels: int | None) -> ModelDesc:
     d = c["head_dim"] or h // a
     f, v = c.int("intermediate_size"), c.int("vocab_size")
     moe, moe_layers = _moe(c, L, f)
+    softcap = mt in ("gemma2", "gemma3_text")
     desc = dict(
         name=name, model_type=mt, num_layers=L, hidden_size=h, num_heads=a,
         num_kv_heads=k, head_dim=d, intermediate_size=f, vocab_size=v,
@@ -165,8 +166,9 @@ def _decoder(c: _Cfg, name: str, num_labels: int | None) -> ModelDesc:
         qk_norm=mt in ("qwen3", "qwen3_moe", "gemma3_text") or (mt == "phi" and c["qk_layernorm"]),
         sandwich_norm=mt in ("gemma2", "gemma3_text"),
         embed_scale=mt in ("gemma", "gemma2", "gemma3_text"),
-        final_logit_softcapping=c["final_logit_softcapping"] if mt.startswith("gemma") and mt != "gemma" else None,
-        attn_logit_softcapping=c["attn_logit_softcapping"] if mt.startswith("gemma") and mt != "gemma" else None,
+        # Gemma2/3 only: tanh(x / cap) * cap on the final logits and on attention scores.
+        final_logit_softcapping=c["final_logit_softcapping"] if softcap else None,
+        attn_logit_softcapping=c["attn_logit_softcapping"] if softcap else None,
         attention_dropout=float(c["attention_dropout"]),
         hidden_dropout=float(c["resid_pdrop"]) if mt in ("phi3", "phi") else 0.0,
         # Phi3Model has no embedding dropout in transformers 5 (embd_pdrop is unused).
