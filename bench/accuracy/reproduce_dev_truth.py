@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
-
-from vramplan.measure import measure  # noqa: E402
+SRC = Path(__file__).resolve().parents[2] / "src"
 
 TRUTH = Path("/work/shared/validation/cpu-dev-truth.jsonl")
 FIELDS = ["peak_allocated_bytes", "phases.forward", "phases.backward", "phases.optimizer",
@@ -37,6 +36,20 @@ def compare(ref: dict, ours: dict) -> list[tuple[str, object, object, object]]:
     return rows
 
 
+def measure_in_subprocess(job: dict, fake: bool) -> dict:
+    """One job per fresh process: the meter counts every tensor alive at start
+    (e.g. the two int64 scalars importing peft creates), so a process that
+    ran a LoRA job before would carry 16 extra bytes into the next."""
+    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); "
+            "from vramplan.measure import measure; "
+            "print(json.dumps(measure(json.loads(sys.argv[2]), fake=sys.argv[3] == '1').to_dict()))")
+    proc = subprocess.run([sys.executable, "-c", code, str(SRC), json.dumps(job), "1" if fake else "0"],
+                          capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(proc.stderr[-3000:])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", default="")
@@ -49,7 +62,7 @@ def main(argv=None) -> int:
         if args.only not in row["name"]:
             continue
         t0 = time.time()
-        ours = measure(row["job"], fake=args.fake).to_dict()
+        ours = measure_in_subprocess(row["job"], args.fake)
         rows = compare(row["measured"], ours)
         exact = all(d in (0, "ok") for _, _, _, d in rows)
         exact_rows += exact

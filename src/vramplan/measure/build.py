@@ -80,7 +80,13 @@ class Built:
 
 
 # ----------------------------------------------------------------- the model
-def build_model(job: dict, device: str = "cpu") -> torch.nn.Module:
+def build_model(job: dict, device: str = "cpu", dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """Random-weight HF model in ``dtype``.
+
+    The dtype is given to ``from_config`` rather than applied with ``.to()``
+    afterwards: under FakeTensorMode, ``Module._apply`` swaps parameters with
+    ``torch.utils.swap_tensors`` (torch/nn/modules/module.py), which refuses
+    tensors that FakeTensorMode holds weak references to."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
 
     cfg = hf_config_dict(job["model"])
@@ -93,24 +99,26 @@ def build_model(job: dict, device: str = "cpu") -> torch.nn.Module:
         raise ValueError("attention: flash attention needs device='cuda'")
     auto = (AutoModelForSequenceClassification if job.get("task") == "sequence-classification"
             else AutoModelForCausalLM)
-    model = auto.from_config(config, attn_implementation=attn, trust_remote_code=remote)
+    model = auto.from_config(config, attn_implementation=attn, trust_remote_code=remote, dtype=dtype)
     if getattr(model.config, "pad_token_id", None) is None and auto is AutoModelForSequenceClassification:
         model.config.pad_token_id = 0
     model.config.use_cache = False  # Trainer trains without a KV cache
-    return model.to(device)
+    return model if device == "cpu" else model.to(device)
 
 
-def apply_precision(model: torch.nn.Module, precision: str) -> torch.dtype | None:
-    """Cast for pure 16-bit / mixed; return the autocast dtype for amp-*."""
+def precision_dtypes(precision: str) -> tuple[torch.dtype, torch.dtype | None]:
+    """(model dtype, autocast dtype or None) of a precision name.
+
+    fp32/bf16/fp16: pure, the model in that dtype.  amp-*: fp32 model with
+    torch.autocast around forward+loss.  mixed-*: 16-bit model, fp32 master
+    copy made in ``build`` after the method is applied."""
     kind, _, width = precision.partition("-")
-    if kind in DTYPES:  # 'fp32', 'bf16', 'fp16': pure
-        model.to(DTYPES[kind])
-        return None
-    if kind == "amp":  # fp32 model, autocast around forward+loss
-        return DTYPES[width]
-    if kind == "mixed":  # 16-bit model; master copy made after the method
-        model.to(DTYPES[width])
-        return None
+    if kind in DTYPES and not width:
+        return DTYPES[kind], None
+    if kind == "amp" and width in DTYPES:
+        return torch.float32, DTYPES[width]
+    if kind == "mixed" and width in DTYPES:
+        return DTYPES[width], None
     raise ValueError(f"precision: unknown value {precision!r}")
 
 
@@ -162,30 +170,41 @@ def apply_checkpointing(model, job: dict) -> None:
         return
     if gc not in (True, "full", "on"):
         raise ValueError(f"gradient_checkpointing: unsupported value {gc!r}")
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
 
 
 # ------------------------------------------------------------- the optimizer
+# torch.optim.AdamW's default weight decay, applied to every optimizer unless
+# the job sets ``weight_decay``.  It matters for memory: SGD/Adam with a
+# non-zero decay build a parameter-sized temporary
+# (torch/optim/sgd.py _multi_tensor_sgd: ``torch._foreach_add(grads, params,
+# alpha=weight_decay)``); AdamW decays in place.  The dev-truth SGD row's
+# optimizer peak (params + grads + momentum + one parameter-sized list) is
+# reproduced only with a non-zero decay.
+WEIGHT_DECAY_DEFAULT = 0.01
+
 def build_optimizer(params: list[torch.Tensor], job: dict) -> torch.optim.Optimizer:
     name = str(job.get("optimizer", "adamw")).lower()
     impl = str(job.get("optimizer_impl", "foreach") or "foreach").lower()
     lr = float(job.get("learning_rate", 1e-4))
+    wd = float(job.get("weight_decay", WEIGHT_DECAY_DEFAULT))
     flags = {"foreach": impl == "foreach", "fused": impl == "fused"}
     if impl == "forloop":
         flags = {"foreach": False, "fused": False}
     if name in ("adamw", "adam"):
         cls = torch.optim.AdamW if name == "adamw" else torch.optim.Adam
-        return cls(params, lr=lr, **flags)
+        return cls(params, lr=lr, weight_decay=wd, **flags)
     if name == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=float(job.get("momentum", 0.0) or 0.0), **flags)
+        momentum = float(job.get("momentum", 0.0) or 0.0)
+        return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=wd, **flags)
     if name == "adafactor":
         from transformers.optimization import Adafactor
 
-        return Adafactor(params, lr=lr, scale_parameter=False, relative_step=False)
+        return Adafactor(params, lr=lr, scale_parameter=False, relative_step=False, weight_decay=wd)
     if name == "lion":
         if not hasattr(torch.optim, "Lion"):
             raise ValueError("optimizer: lion is not in torch.optim of this torch; install lion-pytorch")
-        return torch.optim.Lion(params, lr=lr)
+        return torch.optim.Lion(params, lr=lr, weight_decay=wd)
     raise ValueError(f"optimizer: unknown value {name!r}")
 
 
@@ -193,8 +212,8 @@ def build(job: Any, device: str = "cpu") -> Built:
     """Model + optimizer for ``job`` on ``device`` (under FakeTensorMode if active)."""
     job = job_dict(job)
     precision = norm_precision(job.get("precision", "fp32"))
-    model = build_model(job, device)
-    autocast_dtype = apply_precision(model, precision)
+    model_dtype, autocast_dtype = precision_dtypes(precision)
+    model = build_model(job, device, model_dtype)
     model = apply_method(model, job, device)
     apply_checkpointing(model, job)
     model.train()

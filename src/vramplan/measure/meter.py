@@ -129,13 +129,21 @@ class MemoryMeter(TorchDispatchMode):
 
     def _pre_hook(self, module, args):
         name = self._module_names.get(id(module))
-        if name is not None:
-            self.module_stack.append(name)
+        if name is None:
+            return
+        # Drop entries that are not ancestors of this module: a post-hook can
+        # be skipped (non-reentrant checkpoint recomputation stops early with
+        # _StopRecomputationError, torch/utils/checkpoint.py).
+        stack = self.module_stack
+        while stack and stack[-1] and not name.startswith(stack[-1] + "."):
+            stack.pop()
+        stack.append(name)
 
     def _post_hook(self, module, args, output):
         name = self._module_names.get(id(module))
-        if name is not None and self.module_stack and self.module_stack[-1] == name:
-            self.module_stack.pop()
+        if name is not None and name in self.module_stack:
+            while self.module_stack.pop() != name:
+                pass
 
     def close(self) -> None:
         for h in self._hook_handles:
@@ -145,6 +153,7 @@ class MemoryMeter(TorchDispatchMode):
     # ----------------------------------------------------------------- phases
     def set_phase(self, name: str) -> None:
         self.phase_name = name
+        self.module_stack.clear()
         self.phase_peaks.setdefault(name, 0)
         self._after_op()
 

@@ -9,8 +9,17 @@ One optimizer step (transformers/trainer.py ``_inner_training_loop`` and
       before backward; ``loss.backward()``.
   ``optimizer.step()`` then ``optimizer.zero_grad(set_to_none=True)``.
 Phases: ``s{step}.fwd``, ``s{step}.bwd``, ``s{step}.opt`` (zero_grad inside opt).
-The detached loss stays alive through the optimizer step (Trainer keeps
-``tr_loss_step``), and the batch stays alive for the whole step.
+The loss tensor, *with its graph*, stays alive through the optimizer step, as
+in a plain ``loss = model(**batch).loss; loss.backward(); opt.step()`` loop
+(the reference meter's semantics).  The graph's AccumulateGrad nodes keep
+their leaf variables: with gradient checkpointing, transformers'
+``_activation_checkpointing_enable`` calls ``enable_input_require_grads``
+(modeling_utils.py), which on a frozen embedding (LoRA, freeze) makes the
+embedding output a *leaf* that requires grad; it and its ``.grad``
+(2 x b*s*h in the model dtype) then stay alive into the optimizer step.  This
+reproduces the dev-truth mistral LoRA+gc optimizer peak to the byte; HF
+Trainer itself returns ``loss.detach()`` from ``training_step`` and would
+free them before the step.  The batch stays alive for the whole step.
 """
 from __future__ import annotations
 
@@ -131,7 +140,6 @@ def train_steps(built: Built, job: dict, meter, device: str, steps: int = 2) -> 
                 _record_end_of_forward(built, meter, stats, batch)
             with meter.phase(f"s{step}.bwd"):
                 loss.backward()
-                loss = loss.detach()
         stats.grad_bytes = unique_bytes(grad_tensors(built))
         with meter.phase(f"s{step}.opt"):
             _optimizer_step(built)

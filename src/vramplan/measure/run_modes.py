@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 from typing import Any
 
 import torch
@@ -22,11 +23,25 @@ def _result(device: str, meter_peak: int, peak_label: str, phase_peaks: dict,
         peak_phase=peak_label, phase_peaks=dict(phase_peaks), **extra)
 
 
+def _live_tensors() -> list[torch.Tensor]:
+    """Every tensor the garbage collector can see now.
+
+    The reference meter counts all storages alive when metering starts, not
+    only the model's: e.g. importing peft creates two int64 scalars
+    (``scale=torch.tensor(1)`` defaults of peft/tuners/loha/layer.py
+    HadaWeight.forward / HadaWeightCP.forward), the 16 bytes by which every
+    LoRA row of cpu-dev-truth exceeds a params+buffers-only count.  So
+    results depend on what the process imported: measure one job per process
+    for reproducible bytes (bench/accuracy/reproduce_dev_truth.py does)."""
+    return [o for o in gc.get_objects() if isinstance(o, torch.Tensor)]
+
+
 def _metered(job: dict, built, trace: bool, steps: int, device: str) -> MeasureResult:
     meter = MemoryMeter(trace=trace)
     meter.register(built.model.parameters(), "parameter")
     meter.register(built.model.buffers(), "buffer")
     meter.register([m for m, _ in built.master_pairs], "master")
+    meter.register(_live_tensors(), "preexisting")
     meter.set_category_fn(lambda: categories(built))
     if trace:
         meter.track_modules(built.model)
@@ -77,12 +92,47 @@ def _optimizer_scalars_patched():
             m._get_value = original
 
 
+@contextlib.contextmanager
+def _transformers_sees_real_tensors():
+    """transformers' ``is_tracing(t)`` (utils/import_utils.py) is True for a
+    FakeTensor, and then masking_utils.py (``_ignore_causal_mask_sdpa``) builds
+    an explicit causal mask and sdpa_attention.py repeats K/V for GQA instead
+    of skipping the mask: a different, larger set of tensors than a real run.
+    Hide fakeness from that check so the fake run takes the real run's path.
+
+    The one data-dependent check this then reaches is
+    ``masking_utils.find_packed_sequence_indices`` asking whether position ids
+    restart (packed sequences).  Our batches are never packed, so the real
+    answer is always None: run its ops (same allocations), answer None."""
+    from torch._subclasses.fake_tensor import DataDependentOutputException
+    from transformers import masking_utils
+    from transformers.utils import import_utils
+
+    original_is_fake = import_utils.is_fake_tensor
+    original_find = masking_utils.find_packed_sequence_indices
+
+    def find_packed(position_ids):
+        try:
+            return original_find(position_ids)
+        except DataDependentOutputException:
+            return None  # arange positions: not packed
+
+    import_utils.is_fake_tensor = lambda tensor: False
+    masking_utils.find_packed_sequence_indices = find_packed
+    try:
+        yield
+    finally:
+        import_utils.is_fake_tensor = original_is_fake
+        masking_utils.find_packed_sequence_indices = original_find
+
+
 def run_fake(job: Any, trace: bool = False, steps: int = 2) -> MeasureResult:
     """Same steps on FakeTensors: shapes and storages, no memory, no math."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     job = job_dict(job)
-    with FakeTensorMode(allow_non_fake_inputs=True), _optimizer_scalars_patched():
+    with (FakeTensorMode(allow_non_fake_inputs=True), _optimizer_scalars_patched(),
+          _transformers_sees_real_tensors()):
         built = build(job, "cpu")
         return _metered(job, built, trace, steps, "fake")
 
