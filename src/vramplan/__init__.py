@@ -1,0 +1,13 @@
+"""vramplan: per-GPU peak memory of a training step, in named terms, checked against measurements."""
+from vramplan.spec import JobSpec, SpecError, load_spec, save_spec
+
+__version__ = "0.1.0"
+
+
+def estimate(spec, **overrides):
+    """Estimate one GPU's memory for a job (a JobSpec, mapping or spec file path)."""
+    from vramplan.estimation import estimate as _estimate
+    return _estimate(load_spec(spec, **overrides) if overrides or not isinstance(spec, JobSpec) else spec)
+
+
+__all__ = ["JobSpec", "SpecError", "estimate", "load_spec", "save_spec", "__version__"]

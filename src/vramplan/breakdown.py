@@ -1,0 +1,72 @@
+"""Breakdown: named terms 'group/item' -> bytes; the one thing passed between layers.
+
+As in nanoGPT's transformer_sizing table, every number has a key and subtotals are plain
+sums over a key prefix. Values are integer bytes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator
+
+
+@dataclass(frozen=True, slots=True)
+class Tensor:
+    """One tensor the estimate holds: a saved activation, a gradient, a temporary ..."""
+
+    name: str
+    """'group/item' key, e.g. 'activations/layer/mlp/gate'."""
+    numel: int
+    dtype: str
+    count: int = 1
+    """How many such tensors (e.g. one per layer)."""
+
+    @property
+    def nbytes(self) -> int:
+        from vramplan.units import nbytes
+        return nbytes(self.numel, self.dtype) * self.count
+
+
+@dataclass(slots=True)
+class Breakdown:
+    """An ordered table of named byte counts."""
+
+    terms: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, tensors: Iterable[Tensor]) -> "Breakdown":
+        out = cls()
+        for t in tensors:
+            out.add(t.name, t.nbytes)
+        return out
+
+    def add(self, name: str, nbytes: int) -> "Breakdown":
+        if nbytes < 0:
+            raise ValueError(f"term {name} would be negative ({nbytes} bytes)")
+        if nbytes:
+            self.terms[name] = self.terms.get(name, 0) + int(nbytes)
+        return self
+
+    def merge(self, other: "Breakdown", prefix: str = "") -> "Breakdown":
+        for name, value in other.terms.items():
+            self.add(prefix + name, value)
+        return self
+
+    def total(self, prefix: str = "") -> int:
+        return sum(v for k, v in self.terms.items() if k.startswith(prefix))
+
+    def groups(self, depth: int = 1) -> dict[str, int]:
+        """Subtotals by the first `depth` parts of the key."""
+        out: dict[str, int] = {}
+        for name, value in self.terms.items():
+            key = "/".join(name.split("/")[:depth])
+            out[key] = out.get(key, 0) + value
+        return out
+
+    def __iter__(self) -> Iterator[tuple[str, int]]:
+        return iter(self.terms.items())
+
+    def __len__(self) -> int:
+        return len(self.terms)
+
+    def to_dict(self) -> dict[str, int]:
+        return dict(self.terms)

@@ -1,0 +1,192 @@
+"""Activations: the tensors autograd saves in forward, listed per stage, and what the
+logits, the loss and backward add on top.
+
+Stages are the embedding, each decoder layer, and the head (final norm, lm_head, loss).
+Each layer's list comes from replaying the architecture's forward on the symbolic
+recorder (components/arch.py); layers with the same signature (MoE or not, which
+parameters train, whether the input needs a gradient) are replayed once.
+Legend: b micro-batch, s sequence, h hidden, f MLP width, v vocabulary, T = b * s.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vramplan.breakdown import Breakdown
+from vramplan.components.arch import Ctx, llama_layer, norm
+from vramplan.components.graph import Param, Recorder, Storage, Sym
+from vramplan.components.trainable import ParamSet
+from vramplan.model import MlpKind, ModelDesc
+from vramplan.spec import Attention, Checkpointing, JobSpec, LossImpl
+from vramplan.units import nbytes
+
+
+@dataclass(slots=True)
+class Stage:
+    label: str
+    saved: list[tuple[str, int]]
+    """(tensor name, bytes) saved until this stage's backward."""
+    recompute: list[tuple[str, int]]
+    """Under checkpointing: what the recomputation saves again during backward."""
+
+
+@dataclass(slots=True)
+class ActivationPlan:
+    stages: list[Stage]
+    loss_saved: Breakdown
+    forward_end_transient: Breakdown
+    loss_backward_transient: Breakdown
+    head_backward_transient: Breakdown
+    layer_backward_transient: Breakdown
+
+
+def build_ctx(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Ctx:
+    table: dict[str, Param] = {}
+    lora: dict[str, list[Param]] = {}
+    for p in params.params:
+        if p.kind == "lora":
+            module, which = p.name.rsplit(".", 1)
+            lora.setdefault(module, []).append(Param(p.name, p.shape, p.dtype, True))
+        elif p.kind == "saved_copy":
+            name = p.name.split("#", 1)[0]
+            table[name] = Param(name, p.shape, p.dtype, True)
+        elif p.name not in table:
+            table[p.name] = Param(p.name, p.shape, p.dtype, p.trainable)
+    # transformers: use_gqa_in_sdpa -> enable_gqa when there is no attention mask (no
+    # padding, no packing) and head_dim <= 256 (integrations/sdpa_attention.py).
+    gqa_native = not spec.packing and desc.head_dim <= 256
+    return Ctx(desc=desc, params=table, lora={m: (ab[0], ab[1]) for m, ab in lora.items()},
+               lora_dropout=spec.lora.dropout if spec.lora else 0.0,
+               act_dtype=spec.precision.weight_dtype if spec.method.value != "qlora"
+               else spec.quantization.compute_dtype,
+               attention=spec.attention.value, gqa_native=gqa_native)
+
+
+def _autocast(spec: JobSpec) -> str | None:
+    return spec.precision.compute_dtype if spec.precision.is_autocast else None
+
+
+def plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> ActivationPlan:
+    ctx = build_ctx(desc, spec, params)
+    b, s = spec.micro_batch_size, spec.seq_len
+    seen: set[int] = set()
+    rec = Recorder(autocast=_autocast(spec), seen=seen)
+    ids = rec.new("input_ids", (b, s), "int64", False)
+    x = _embed(rec, ctx, ids)
+    stages = [Stage("embedding", rec.saved_items(), [])]
+    cache: dict[tuple, tuple[list, bool]] = {}
+    for i in range(desc.num_layers):
+        key = _signature(ctx, i, x)
+        if key not in cache:
+            cache[key] = _layer(ctx, spec, i, x, b, s, seen)
+        saved, out_rg = cache[key]
+        if spec.gradient_checkpointing is Checkpointing.FULL:
+            # torch.utils.checkpoint (non-reentrant, transformers 5's default) keeps the
+            # layer's inputs for the recomputation and nothing the layer saves.
+            stages.append(Stage(f"layer {i}", [("checkpoint/layer_input", x.storage.nbytes)], saved))
+        else:
+            stages.append(Stage(f"layer {i}", saved, []))
+        x = Sym(f"layer{i}.out", x.shape, x.dtype, out_rg, Storage(x.storage.nbytes))
+    _shared_rotary(ctx, stages)
+    head_rec = Recorder(autocast=_autocast(spec), seen=seen)
+    logits = _head(head_rec, ctx, x)
+    stages.append(Stage("head", head_rec.saved_items(), []))
+    return _with_loss(desc, spec, stages, logits, x)
+
+
+def _signature(ctx: Ctx, i: int, x: Sym) -> tuple:
+    prefix = f"model.layers.{i}."
+    flags = tuple(p.trainable for n, p in sorted(ctx.params.items()) if n.startswith(prefix))
+    lora = tuple(sorted(m[len(prefix):] for m in ctx.lora if m.startswith(prefix)))
+    return (i in ctx.desc.moe_layers, flags, lora, x.requires_grad, x.dtype)
+
+
+def _layer(ctx: Ctx, spec: JobSpec, i: int, x: Sym, b: int, s: int, seen: set[int]):
+    """Replay one layer; returns (saved items, same items for recompute, output requires_grad).
+    Rotary cos/sin are shared by all layers: reported once, under the embedding stage."""
+    rec = Recorder(autocast=_autocast(spec), seen=set(seen))
+    out = llama_layer(rec, ctx, x, i, b, s)
+    items = [(name, st.nbytes) for name, st in rec.saved.values() if not name.startswith("rotary/")]
+    return items, out.requires_grad
+
+
+def _shared_rotary(ctx: Ctx, stages: list[Stage]) -> None:
+    if "cos" in ctx.shared and any(st.saved or st.recompute for st in stages[1:]):
+        stages[0].saved.extend((t.name, t.storage.nbytes) for t in (ctx.shared["cos"], ctx.shared["sin"]))
+
+
+def _embed(rec: Recorder, ctx: Ctx, ids: Sym) -> Sym:
+    desc = ctx.desc
+    if desc.model_type == "gpt2":
+        x = rec.embedding(ids, ctx.p("transformer.wte.weight"), "embed/tokens")
+        pos = rec.new("position_ids", (1, ids.shape[1]), "int64", False)
+        xp = rec.embedding(pos, ctx.p("transformer.wpe.weight"), "embed/positions")
+        x = rec.add(x, xp, name="embed/sum")
+        return rec.dropout(x, desc.embedding_dropout, "embed/dropout")
+    x = rec.embedding(ids, ctx.p("model.embed_tokens.weight"), "embed/tokens")
+    if desc.embed_scale:
+        # Gemma: hidden * normalizer, a 0-d tensor in the hidden dtype.
+        x = rec.scale(x, "embed/scaled")
+    return x
+
+
+def _head(rec: Recorder, ctx: Ctx, x: Sym) -> Sym:
+    desc = ctx.desc
+    h = norm(rec, ctx, x, "model.norm", "final_norm")
+    head = ctx.params.get("lm_head.weight") or ctx.p("model.embed_tokens.weight")
+    return rec.linear(h, head, name="logits")
+
+
+def _with_loss(desc: ModelDesc, spec: JobSpec, stages: list[Stage], logits: Sym, hidden: Sym) -> ActivationPlan:
+    """Logits, cross-entropy and their gradients (transformers loss/loss_utils.py
+    ForCausalLMLoss: `logits.float()`, then F.cross_entropy = log_softmax + nll_loss; the
+    log-softmax output is saved in fp32, and nll_loss saves the shifted labels)."""
+    b, s = spec.micro_batch_size, spec.seq_len
+    tokens, v, c = b * s, logits.shape[-1], logits.dtype
+    full_c, full32 = nbytes(tokens * v, c), nbytes(tokens * v, "fp32")
+    grad_hidden = nbytes(tokens * desc.hidden_size, hidden.dtype)
+    saved, fwd, bwd0, head = Breakdown(), Breakdown(), Breakdown(), Breakdown()
+    if spec.loss_impl is LossImpl.FUSED_LINEAR_CROSS_ENTROPY:
+        # Liger's fused linear cross-entropy computes the hidden-state gradient in forward
+        # chunk by chunk (chunk = next_pow2(T / ceil(v / h)) rows) and keeps it until backward.
+        chunk = _liger_chunk(tokens, v, desc.hidden_size)
+        saved.add("logits/flce_grad_input", grad_hidden)
+        fwd.add("logits/flce_chunk_logits", 2 * nbytes(chunk * v, "fp32"))
+        return ActivationPlan(stages, saved, fwd, Breakdown(), Breakdown().add("logits/grad_hidden", grad_hidden),
+                              _layer_backward(desc, spec))
+    saved.add("logits/log_softmax", full32).add("logits/labels", nbytes(tokens, "int64"))
+    if spec.loss_impl is LossImpl.CHUNKED:
+        # torchtune CEWithChunkedOutputLoss: 8 chunks, each upcast to fp32 on its own.
+        fwd.add("logits/logits", full_c).add("logits/fp32_chunk", nbytes(-(-tokens // 8) * v, "fp32"))
+    else:
+        fwd.add("logits/logits", full_c)
+        if c != "fp32":
+            fwd.add("logits/logits_fp32", full32)
+    fwd.add("logits/padded_labels", nbytes(b * (s + 1), "int64"))
+    # nll_loss backward writes d(log_softmax) (T x v, fp32); log_softmax backward makes
+    # d(logits) in fp32 while the first is still alive.
+    bwd0.add("logits/grad_log_softmax", full32).add("logits/grad_logits_fp32", full32)
+    if c != "fp32":
+        head.add("logits/grad_logits_fp32", full32).add("logits/grad_logits", full_c)
+    else:
+        head.add("logits/grad_logits", full32)
+    head.add("logits/grad_hidden", grad_hidden)
+    return ActivationPlan(stages, saved, fwd, bwd0, head, _layer_backward(desc, spec))
+
+
+def _liger_chunk(tokens: int, v: int, h: int) -> int:
+    inc = -(-v // h)
+    rows = -(-tokens // inc)
+    return 1 << (rows - 1).bit_length()
+
+
+def _layer_backward(desc: ModelDesc, spec: JobSpec) -> Breakdown:
+    """Gradients of activations alive at a layer's backward peak: the incoming hidden-state
+    gradient and, in the MLP's backward, the gradients of the down-projection input and of
+    both gate and up outputs (gated) or of fc1's output (plain), in the compute dtype."""
+    tokens = spec.micro_batch_size * spec.seq_len
+    c = spec.precision.compute_dtype if spec.method.value != "qlora" else spec.quantization.compute_dtype
+    res = spec.precision.weight_dtype if spec.method.value != "qlora" else c
+    width = desc.moe.expert_intermediate_size * desc.moe.top_k if desc.moe else desc.intermediate_size
+    n_mlp = 3 if desc.mlp is MlpKind.GATED else 2
+    return (Breakdown().add("backward/grad_hidden", 2 * nbytes(tokens * desc.hidden_size, res))
+            .add("backward/grad_mlp", n_mlp * nbytes(tokens * width, c)))

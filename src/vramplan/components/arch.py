@@ -1,0 +1,227 @@
+"""Forward passes of the supported architectures, written on the symbolic recorder.
+
+Each function mirrors the transformers 5.x modeling code it names, op for op where the op
+allocates or saves: `models/llama/modeling_llama.py` (LlamaRMSNorm, LlamaAttention,
+LlamaMLP, apply_rotary_pos_emb; Mistral, Qwen2/3, Mixtral and Phi-3 share it),
+`models/gemma*/modeling_gemma*.py` for Gemma's (1 + w) norm and sqrt(h) scaling, PEFT's
+`tuners/lora/layer.py` Linear.forward for adapters.
+Legend: b micro-batch, s sequence, h hidden, a heads, k KV heads, d head_dim, f MLP width.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from vramplan.components.graph import Param, Recorder, Sym
+from vramplan.model import ModelDesc, MlpKind, NormKind
+
+
+@dataclass(slots=True)
+class Ctx:
+    """What a forward needs besides the recorder: parameters and run settings."""
+
+    desc: ModelDesc
+    params: dict[str, Param]
+    lora: dict[str, tuple[Param, Param]]
+    """module path -> (lora_A, lora_B) for wrapped linears."""
+    lora_dropout: float
+    act_dtype: str
+    """Dtype of the residual stream and of non-autocast compute (weights' dtype)."""
+    attention: str
+    """eager | sdpa | flash."""
+    gqa_native: bool
+    """SDPA called with enable_gqa (k/v not repeated): transformers' use_gqa_in_sdpa."""
+    training_dropout: bool = True
+    shared: dict[str, Sym] = field(default_factory=dict)
+    """Tensors made once per forward (rotary cos/sin)."""
+
+    def p(self, name: str) -> Param:
+        return self.params[name]
+
+    def opt(self, name: str) -> Param | None:
+        return self.params.get(name)
+
+
+def lin(rec: Recorder, ctx: Ctx, x: Sym, module: str, name: str) -> Sym:
+    """A Linear, with its LoRA branch when wrapped (PEFT lora.Linear.forward)."""
+    w = ctx.p(module + ".weight")
+    bias = ctx.opt(module + ".bias")
+    conv1d = ctx.desc.model_type == "gpt2" and module.rsplit(".", 1)[-1].startswith("c_")
+    out = rec.linear(x, w, bias, name=("conv1d:" if conv1d else "") + name)
+    if module not in ctx.lora:
+        return out
+    a, b = ctx.lora[module]
+    xa = rec.to(x, a.dtype, name=f"{name}.lora_in")  # `_cast_input_dtype` to the adapter dtype
+    xa = rec.dropout(xa, ctx.lora_dropout, name=f"{name}.lora_dropout")
+    ya = rec.linear(xa, a, name=f"{name}.lora_A")
+    yb = rec.linear(ya, b, name=f"{name}.lora_B")
+    yb = rec.scale(yb, name=f"{name}.lora_scaled")
+    summed = rec.add(out, yb, name=f"{name}.lora_sum")
+    return rec.to(summed, out.dtype, name=name)
+
+
+def rms_norm(rec: Recorder, ctx: Ctx, x: Sym, module: str, name: str) -> Sym:
+    """LlamaRMSNorm: fp32 statistics, then weight * x_hat.to(input dtype).
+    Gemma: output = x_hat * (1 + w.float()) in fp32, then .type_as(x)."""
+    w = ctx.p(module + ".weight")
+    x32 = rec.to(x, "fp32", name=f"{name}.fp32")
+    sq = rec.unary_saving_input(x32, f"{name}.pow")
+    var = rec.reduce(sq, x.shape[:-1] + (1,), f"{name}.var")
+    rstd = rec.unary_saving_output(var, f"{name}.rstd")
+    xhat = rec.mul(x32, rstd, name=f"{name}.xhat")
+    if ctx.desc.model_type.startswith("gemma"):
+        scale = Param(w.name, w.shape, "fp32", w.trainable)  # (1 + w.float()): a tiny copy
+        out32 = rec.mul(xhat, scale, name=f"{name}.scaled")
+        return rec.to(out32, x.dtype, name=name)
+    xcast = rec.to(xhat, x.dtype, name=f"{name}.xhat_cast")
+    return rec.mul(xcast, w, name=name)
+
+
+def norm(rec: Recorder, ctx: Ctx, x: Sym, module: str, name: str) -> Sym:
+    if ctx.desc.norm is NormKind.LAYERNORM:
+        return rec.layer_norm(x, ctx.p(module + ".weight"), name)
+    return rms_norm(rec, ctx, x, module, name)
+
+
+def rotary(rec: Recorder, ctx: Ctx, b: int, s: int) -> tuple[Sym, Sym]:
+    """LlamaRotaryEmbedding: cos and sin of shape (1, s, d) in the hidden states' dtype,
+    made once per forward and shared by every layer."""
+    if "cos" not in ctx.shared:
+        d = ctx.desc.head_dim
+        ctx.shared["cos"] = rec.new("rotary/cos", (1, s, d), ctx.act_dtype, False)
+        ctx.shared["sin"] = rec.new("rotary/sin", (1, s, d), ctx.act_dtype, False)
+    return ctx.shared["cos"], ctx.shared["sin"]
+
+
+def rope(rec: Recorder, x: Sym, cos: Sym, sin: Sym, name: str) -> Sym:
+    """q * cos + rotate_half(q) * sin; rotate_half is a cat of the negated halves."""
+    a = rec.mul(x, cos, name=f"{name}.cos")
+    neg = rec.new(f"{name}.neg", x.shape[:-1] + (x.shape[-1] // 2,), x.dtype, x.requires_grad)
+    rot = rec.new(f"{name}.rotate_half", x.shape, neg.dtype, x.requires_grad)
+    bsin = rec.mul(rot, sin, name=f"{name}.sin")
+    return rec.add(a, bsin, name=name)
+
+
+def attention_core(rec: Recorder, ctx: Ctx, q: Sym, k: Sym, v: Sym, name: str) -> Sym:
+    """softmax(q k^T / sqrt(d) + mask) v, as the configured implementation saves it."""
+    desc = ctx.desc
+    b, a, s, d = q.shape
+    if ctx.attention != "eager" and ctx.gqa_native:
+        return rec.sdpa(q, k, v, (b, s, a, d), name)  # output laid out (b, s, a, d)
+    if desc.num_kv_heads != desc.num_heads:
+        # repeat_kv: expand + reshape materializes k and v at full head count.
+        k = rec.new(f"{name}.k_repeated", (b, a, s, d), k.dtype, k.requires_grad)
+        v = rec.new(f"{name}.v_repeated", (b, a, s, d), v.dtype, v.requires_grad)
+    if ctx.attention != "eager":
+        return rec.sdpa(q, k, v, (b, s, a, d), name)
+    return eager_attention(rec, ctx, q, k, v, name)
+
+
+def eager_attention(rec: Recorder, ctx: Ctx, q: Sym, k: Sym, v: Sym, name: str) -> Sym:
+    """eager_attention_forward: matmul, * scaling, + causal mask, softmax in fp32 then
+    back to q's dtype, dropout, matmul with v, transpose(1, 2).contiguous()."""
+    b, a, s, d = q.shape
+    dtype = rec.autocast or q.dtype
+    q, k, v = (rec._autocast_input(t) for t in (q, k, v))
+    if k.requires_grad:
+        rec.save(q)
+    if q.requires_grad:
+        rec.save(k)
+    scores = rec.new(f"{name}.scores", (b, a, s, s), dtype, q.requires_grad or k.requires_grad)
+    scores = rec.scale(scores, name=f"{name}.scaled")
+    scores = rec.new(f"{name}.masked", scores.shape, scores.dtype, scores.requires_grad)
+    probs32 = rec.unary_saving_output(rec.to(scores, "fp32"), f"{name}.softmax", "fp32")
+    probs = rec.to(probs32, q.dtype, name=f"{name}.probs")
+    probs = rec.dropout(probs, ctx.desc.attention_dropout if ctx.training_dropout else 0.0, f"{name}.dropout")
+    if v.requires_grad:
+        rec.save(probs)
+    if probs.requires_grad:
+        rec.save(v)
+    out = rec.new(f"{name}.out", (b, a, s, d), dtype, probs.requires_grad or v.requires_grad)
+    return rec.new(f"{name}.out_t", (b, s, a, d), dtype, out.requires_grad)  # .contiguous()
+
+
+def self_attention(rec: Recorder, ctx: Ctx, x: Sym, i: int, b: int, s: int) -> Sym:
+    desc = ctx.desc
+    pre = f"model.layers.{i}.self_attn"
+    a, k, d = desc.num_heads, desc.num_kv_heads, desc.head_dim
+    if desc.fused_qkv:
+        qkv = lin(rec, ctx, x, f"{pre}.qkv_proj", "attn/qkv")
+        q = rec.view(qkv, (b, a, s, d), "attn/q")
+        kk = rec.view(qkv, (b, k, s, d), "attn/k")
+        v = rec.view(qkv, (b, k, s, d), "attn/v")
+    else:
+        q = rec.view(lin(rec, ctx, x, f"{pre}.q_proj", "attn/q"), (b, a, s, d))
+        kk = rec.view(lin(rec, ctx, x, f"{pre}.k_proj", "attn/k"), (b, k, s, d))
+        v = rec.view(lin(rec, ctx, x, f"{pre}.v_proj", "attn/v"), (b, k, s, d))
+    if desc.qk_norm:
+        q = rms_norm(rec, ctx, q, f"{pre}.q_norm", "attn/q_norm")
+        kk = rms_norm(rec, ctx, kk, f"{pre}.k_norm", "attn/k_norm")
+    cos, sin = rotary(rec, ctx, b, s)
+    q = rope(rec, q, cos, sin, "attn/q_rope")
+    kk = rope(rec, kk, cos, sin, "attn/k_rope")
+    out = attention_core(rec, ctx, q, kk, v, "attn/core")
+    out = rec.view(out, (b, s, a * d))
+    return lin(rec, ctx, out, f"{pre}.o_proj", "attn/o")
+
+
+def mlp(rec: Recorder, ctx: Ctx, x: Sym, i: int) -> Sym:
+    return mlp_shared(rec, ctx, x, f"model.layers.{i}.mlp")
+
+
+def mlp_shared(rec: Recorder, ctx: Ctx, x: Sym, pre: str) -> Sym:
+    """LlamaMLP: down(act(gate(x)) * up(x)); Phi-3 computes gate and up in one linear."""
+    desc = ctx.desc
+    if desc.fused_gate_up:
+        gu = lin(rec, ctx, x, f"{pre}.gate_up_proj", "mlp/gate_up")
+        half = gu.shape[:-1] + (gu.shape[-1] // 2,)
+        gate, up = rec.view(gu, half, "mlp/gate"), rec.view(gu, half, "mlp/up")
+    else:
+        gate = lin(rec, ctx, x, f"{pre}.gate_proj", "mlp/gate")
+        up = lin(rec, ctx, x, f"{pre}.up_proj", "mlp/up")
+    act = activation(rec, gate, desc.hidden_act, "mlp/act")
+    prod = rec.mul(act, up, name="mlp/act_times_up")
+    return lin(rec, ctx, prod, f"{pre}.down_proj", "mlp/down")
+
+
+def activation(rec: Recorder, x: Sym, kind: str, name: str) -> Sym:
+    """silu, relu and exact gelu save their input; the tanh approximation written as
+    Python ops (GPT-2's NewGELUActivation) saves more, see gelu_new."""
+    if kind in ("gelu_new", "gelu_pytorch_tanh_python"):
+        return gelu_new(rec, x, name)
+    return rec.unary_saving_input(x, name)
+
+
+def gelu_new(rec: Recorder, x: Sym, name: str) -> Sym:
+    """NewGELUActivation: 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x**3)))."""
+    half_x = rec.scale(x, f"{name}.half_x")
+    cube = rec.unary_saving_input(x, f"{name}.pow3")
+    inner = rec.add(x, rec.scale(cube, f"{name}.c3"), name=f"{name}.inner")
+    th = rec.unary_saving_output(rec.scale(inner, f"{name}.k"), f"{name}.tanh")
+    one_plus = rec.add(th, th, name=f"{name}.one_plus")
+    return rec.mul(half_x, one_plus, name=name)
+
+
+LayerFn = Callable[[Recorder, Ctx, Sym, int, int, int], Sym]
+
+
+def llama_layer(rec: Recorder, ctx: Ctx, x: Sym, i: int, b: int, s: int) -> Sym:
+    """LlamaDecoderLayer (pre-norm; Gemma 2/3 add post-norms around each block)."""
+    pre = f"model.layers.{i}"
+    h = norm(rec, ctx, x, f"{pre}.input_layernorm", "attn_norm")
+    h = self_attention(rec, ctx, h, i, b, s)
+    if ctx.desc.sandwich_norm:
+        h = norm(rec, ctx, h, f"{pre}.post_attention_layernorm", "attn_post_norm")
+    h = rec.dropout(h, ctx.desc.hidden_dropout if ctx.training_dropout else 0.0, "attn/resid_dropout")
+    x = rec.add(x, h, name="attn_residual")
+    mlp_norm = "pre_feedforward_layernorm" if ctx.desc.sandwich_norm else "post_attention_layernorm"
+    h = norm(rec, ctx, x, f"{pre}.{mlp_norm}", "mlp_norm")
+    if i in ctx.desc.moe_layers:
+        from vramplan.components.moe import moe_block
+        h = moe_block(rec, ctx, h, i)
+    else:
+        h = mlp(rec, ctx, h, i)
+    if ctx.desc.sandwich_norm:
+        h = norm(rec, ctx, h, f"{pre}.post_feedforward_layernorm", "mlp_post_norm")
+    h = rec.dropout(h, ctx.desc.hidden_dropout if ctx.training_dropout else 0.0, "mlp/resid_dropout")
+    return rec.add(x, h, name="mlp_residual")

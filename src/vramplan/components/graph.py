@@ -1,0 +1,218 @@
+"""A symbolic autograd recorder: what a forward pass saves for backward, without torch.
+
+Architectures write their forward with these ops on symbolic tensors (shape, dtype,
+requires_grad, storage). Each op records the tensors autograd would save, following
+PyTorch's derivative formulas (tools/autograd/derivatives.yaml): an input is saved only
+when a gradient that needs it will be computed (the generated autograd code guards each
+SavedVariable with `should_compute_output`), so a frozen weight's input is not kept, and
+`a * b` keeps `a` only when `b` requires grad. Views share their base's storage, and a
+storage is counted once however many ops save it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from vramplan.units import nbytes
+
+
+@dataclass(eq=False, slots=True)
+class Storage:
+    nbytes: int
+
+
+@dataclass(eq=False, slots=True)
+class Sym:
+    """A symbolic tensor."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    requires_grad: bool
+    storage: Storage
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+
+@dataclass(eq=False, slots=True)
+class Param:
+    """A parameter as the forward sees it (storage dtype and whether it is trained)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    trainable: bool
+
+
+@dataclass(slots=True)
+class Recorder:
+    """Records saved storages, in order, with the name of the tensor that first saved it."""
+
+    autocast: str | None = None
+    """Lower-precision dtype under torch.autocast (amp), else None."""
+    saved: dict[int, tuple[str, Storage]] = field(default_factory=dict)
+    cast_cache: dict[int, Sym] = field(default_factory=dict)
+    """autocast caches the casts of leaf tensors that require grad (weights) for the region
+    (aten/src/ATen/autocast_mode.cpp `cached_cast`); frozen weights are cast at each use."""
+    transient_weight_casts: dict[int, Sym] = field(default_factory=dict)
+    seen: set[int] = field(default_factory=set)
+    """Storages already saved by an earlier stage (shared tensors are counted once)."""
+
+    # -- bookkeeping --------------------------------------------------------------------
+    def new(self, name: str, shape, dtype: str, requires_grad: bool) -> Sym:
+        shape = tuple(int(d) for d in shape)
+        n = 1
+        for d in shape:
+            n *= d
+        return Sym(name, shape, dtype, requires_grad, Storage(nbytes(n, dtype)))
+
+    def save(self, *tensors: Sym) -> None:
+        for t in tensors:
+            key = id(t.storage)
+            if key not in self.seen:
+                self.seen.add(key)
+                self.saved[key] = (t.name, t.storage)
+
+    def saved_items(self) -> list[tuple[str, int]]:
+        return [(name, st.nbytes) for name, st in self.saved.values()]
+
+    def saved_bytes(self) -> int:
+        return sum(st.nbytes for _, st in self.saved.values())
+
+    # -- views and casts ------------------------------------------------------------------
+    def view(self, x: Sym, shape, name: str | None = None) -> Sym:
+        return Sym(name or x.name, tuple(shape), x.dtype, x.requires_grad, x.storage)
+
+    def to(self, x: Sym, dtype: str, name: str | None = None) -> Sym:
+        """x.to(dtype): a no-op when the dtype matches; a copy that saves nothing otherwise."""
+        if x.dtype == dtype:
+            return x
+        return self.new(name or f"{x.name}.{dtype}", x.shape, dtype, x.requires_grad)
+
+    def _cast_param(self, w: Param) -> Sym:
+        sym = Sym(w.name, w.shape, w.dtype, w.trainable, Storage(nbytes(_numel(w.shape), w.dtype)))
+        if self.autocast is None or w.dtype == self.autocast or w.dtype not in ("fp32",):
+            return sym
+        key = id(w)
+        if w.trainable and key in self.cast_cache:
+            return self.cast_cache[key]
+        cast = self.new(f"autocast_weight/{w.name}", w.shape, self.autocast, w.trainable)
+        if w.trainable:
+            self.cast_cache[key] = cast
+        return cast
+
+    def _autocast_input(self, x: Sym) -> Sym:
+        if self.autocast is None or x.dtype == self.autocast:
+            return x
+        return self.new(f"{x.name}.autocast", x.shape, self.autocast, x.requires_grad)
+
+    # -- ops ------------------------------------------------------------------------------
+    def linear(self, x: Sym, w: Param, bias: Param | None = None, name: str = "linear") -> Sym:
+        """F.linear / Conv1D (addmm): saves the input when the weight is trained, and the
+        weight (an autocast copy under amp) when the input needs a gradient."""
+        xin = self._autocast_input(x)
+        wc = self._cast_param(w)
+        if w.trainable:
+            self.save(xin)
+        if xin.requires_grad and wc is not None and wc.name.startswith("autocast_weight/"):
+            self.save(wc)
+        elif wc.name.startswith("autocast_weight/"):
+            self.transient_weight_casts[id(wc)] = wc
+        rg = x.requires_grad or w.trainable or bool(bias and bias.trainable)
+        out_features = w.shape[0] if not name.startswith("conv1d") else w.shape[1]
+        return self.new(name, x.shape[:-1] + (out_features,), xin.dtype, rg)
+
+    def mul(self, a: Sym, b: Sym | Param, name: str = "mul") -> Sym:
+        bs = b if isinstance(b, Sym) else Sym(b.name, b.shape, b.dtype, b.trainable, Storage(0))
+        if bs.requires_grad:
+            self.save(a)
+        if a.requires_grad and isinstance(b, Sym):
+            self.save(b)
+        shape = a.shape if _numel(a.shape) >= _numel(bs.shape) else bs.shape
+        return self.new(name, shape, _promote(a.dtype, bs.dtype), a.requires_grad or bs.requires_grad)
+
+    def add(self, a: Sym, b: Sym, name: str = "add") -> Sym:
+        shape = a.shape if _numel(a.shape) >= _numel(b.shape) else b.shape
+        return self.new(name, shape, _promote(a.dtype, b.dtype), a.requires_grad or b.requires_grad)
+
+    def scale(self, x: Sym, name: str = "scale") -> Sym:
+        """Multiplication by a Python scalar: a new tensor, nothing saved."""
+        return self.new(name, x.shape, x.dtype, x.requires_grad)
+
+    def unary_saving_input(self, x: Sym, name: str, out_dtype: str | None = None) -> Sym:
+        """silu, gelu (erf), pow(x, 2), tanh-free activations: backward needs the input."""
+        if x.requires_grad:
+            self.save(x)
+        return self.new(name, x.shape, out_dtype or x.dtype, x.requires_grad)
+
+    def unary_saving_output(self, x: Sym, name: str, out_dtype: str | None = None) -> Sym:
+        """rsqrt, tanh, softmax, log_softmax, exp: backward needs the result."""
+        out = self.new(name, x.shape, out_dtype or x.dtype, x.requires_grad)
+        if x.requires_grad:
+            self.save(out)
+        return out
+
+    def reduce(self, x: Sym, shape, name: str) -> Sym:
+        """mean/sum over a dim: nothing saved but sizes."""
+        return self.new(name, shape, x.dtype, x.requires_grad)
+
+    def dropout(self, x: Sym, p: float, name: str = "dropout") -> Sym:
+        """F.dropout in training: aten native_dropout returns a bool mask that backward
+        needs; p == 0 returns the input itself (aten/src/ATen/native/Dropout.cpp)."""
+        if p <= 0:
+            return x
+        if x.requires_grad:
+            self.save(self.new(f"{name}.mask", x.shape, "bool", False))
+        return self.new(name, x.shape, x.dtype, x.requires_grad)
+
+    def layer_norm(self, x: Sym, w: Param, name: str) -> Sym:
+        """aten native_layer_norm saves input, mean and rstd (one fp32 value per row)."""
+        xin = x if self.autocast is None else self.to(x, "fp32")  # autocast runs layer_norm in fp32
+        rows = _numel(x.shape[:-1])
+        rg = x.requires_grad or w.trainable
+        if rg:
+            self.save(xin)
+            self.save(self.new(f"{name}.mean", (rows,), "fp32", False),
+                      self.new(f"{name}.rstd", (rows,), "fp32", False))
+        return self.new(name, x.shape, _promote(xin.dtype, w.dtype) if self.autocast is None else "fp32", rg)
+
+    def embedding(self, ids: Sym, w: Param, name: str) -> Sym:
+        """aten embedding saves the indices (for the weight gradient)."""
+        if w.trainable:
+            self.save(ids)
+        return self.new(name, ids.shape + (w.shape[1],), w.dtype, w.trainable)
+
+    def sdpa(self, q: Sym, k: Sym, v: Sym, out_shape, name: str, lse_dtype: str = "fp32") -> Sym:
+        """Fused attention (flash / memory-efficient / CPU flash): saves q, k, v, the output
+        and the log-sum-exp, one fp32 value per (batch, head, query)
+        (aten _scaled_dot_product_flash_attention[_for_cpu] derivative formula)."""
+        dtype = self.autocast or q.dtype
+        q, k, v = (self._autocast_input(t) if self.autocast else t for t in (q, k, v))
+        out = self.new(name, out_shape, dtype, q.requires_grad or k.requires_grad or v.requires_grad)
+        if out.requires_grad:
+            b, a, s = q.shape[0], q.shape[1], q.shape[2]
+            self.save(q, k, v, out, self.new(f"{name}.lse", (b, a, s), lse_dtype, False))
+        return out
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+_RANK = {"bool": 0, "int64": 0, "int32": 0, "fp16": 1, "bf16": 1, "fp32": 2}
+
+
+def _promote(a: str, b: str) -> str:
+    """Type promotion between floating dtypes (fp32 wins; bf16 with fp16 is fp32)."""
+    if a == b:
+        return a
+    if {a, b} == {"bf16", "fp16"}:
+        return "fp32"
+    return a if _RANK.get(a, 2) >= _RANK.get(b, 2) else b

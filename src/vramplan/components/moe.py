@@ -1,0 +1,48 @@
+"""Mixture-of-experts feed-forward on the symbolic recorder.
+
+Mirrors transformers 5.x `Qwen2MoeSparseMoeBlock` / `MixtralSparseMoeBlock` with the eager
+expert loop (`Qwen2MoeExperts.forward`): the router's fp32 softmax over experts is saved,
+then each expert gathers its tokens (`hidden_states[token_idx]`), applies gate_up, the
+activation, down, and the routing weight, and scatters back with index_add_. Summed over
+experts, the gathered rows number T * top_k (T = b * s tokens), assuming even routing.
+"""
+from __future__ import annotations
+
+from vramplan.components.arch import Ctx, activation, mlp_shared
+from vramplan.components.graph import Param, Recorder, Sym
+
+
+def moe_block(rec: Recorder, ctx: Ctx, x: Sym, i: int) -> Sym:
+    moe = ctx.desc.moe
+    pre = f"model.layers.{i}.mlp"
+    tokens = 1
+    for dim in x.shape[:-1]:
+        tokens *= dim
+    h = x.shape[-1]
+    router = ctx.p(f"{pre}.gate.weight")
+    logits = rec.linear(x, router, name="moe/router_logits")
+    probs = rec.unary_saving_output(rec.to(logits, "fp32"), "moe/router_softmax", "fp32")
+    weights = rec.new("moe/topk_weights", (tokens, moe.top_k), "fp32", probs.requires_grad)
+    if moe.norm_topk_prob:
+        rec.save(weights)  # w / w.sum(): the division keeps its inputs
+    weights = rec.to(weights, x.dtype, name="moe/topk_weights_cast")
+    rows = tokens * moe.top_k
+    gate_up = Param(f"{pre}.experts.gate_up_proj", (2 * moe.expert_intermediate_size, h),
+                    ctx.p(f"{pre}.experts.gate_up_proj").dtype, ctx.p(f"{pre}.experts.gate_up_proj").trainable)
+    down = Param(f"{pre}.experts.down_proj", (h, moe.expert_intermediate_size),
+                 ctx.p(f"{pre}.experts.down_proj").dtype, ctx.p(f"{pre}.experts.down_proj").trainable)
+    rec.save(rec.new("moe/token_index", (rows,), "int64", False))
+    gathered = rec.new("moe/expert_in", (rows, h), x.dtype, x.requires_grad)
+    gu = rec.linear(gathered, gate_up, name="moe/expert_gate_up")
+    half = (rows, moe.expert_intermediate_size)
+    act = activation(rec, rec.view(gu, half, "moe/expert_gate"), ctx.desc.hidden_act, "moe/expert_act")
+    prod = rec.mul(act, rec.view(gu, half, "moe/expert_up"), name="moe/expert_act_times_up")
+    out = rec.linear(prod, down, name="moe/expert_down")
+    routed = rec.mul(out, rec.view(weights, (rows, 1), "moe/expert_weight"), name="moe/expert_weighted")
+    combined = rec.new("moe/combined", x.shape, x.dtype, routed.requires_grad or x.requires_grad)
+    if moe.num_shared_experts:
+        shared = mlp_shared(rec, ctx, x, f"{pre}.shared_expert")
+        gate = rec.linear(x, ctx.p(f"{pre}.shared_expert_gate.weight"), name="moe/shared_gate")
+        sig = rec.unary_saving_output(gate, "moe/shared_gate_sigmoid")
+        combined = rec.add(combined, rec.mul(sig, shared, name="moe/shared_weighted"), name="moe/out")
+    return combined

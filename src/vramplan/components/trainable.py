@@ -1,0 +1,144 @@
+"""Which parameters exist and which are trained, per the job's method.
+
+The result lists every parameter tensor the job holds (base weights, LoRA adapters, PEFT
+`modules_to_save` copies) with its storage dtype and whether it gets a gradient, matched
+against module names the way PEFT matches them (peft/tuners/tuners_utils.py,
+`check_target_module_exists`: a target equals the module name or is a `.`-suffix of it).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vramplan.model import ModelDesc, ParamEntry
+from vramplan.spec import JobSpec, Method, Precision
+from vramplan.spec.sections import ALL_LINEAR
+
+# Output heads that PEFT's "all-linear" leaves out (peft/tuners/tuners_utils.py,
+# `_maybe_include_all_linear_layers` excludes the model's output embedding).
+_HEADS = ("lm_head", "score", "classifier", "qa_outputs")
+_EMBED_WORDS = ("embed", "wte", "wpe")
+
+
+@dataclass(frozen=True, slots=True)
+class HeldParam:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    trainable: bool
+    kind: str
+    """base | lora | saved_copy (a modules_to_save copy)."""
+    layer: int | None = None
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for dim in self.shape:
+            n *= dim
+        return n
+
+
+@dataclass(frozen=True, slots=True)
+class ParamSet:
+    params: tuple[HeldParam, ...]
+    unmatched_targets: tuple[str, ...] = ()
+    """LoRA targets or modules_to_save names that match no module (PEFT would ignore them)."""
+
+    def trainable(self) -> tuple[HeldParam, ...]:
+        return tuple(p for p in self.params if p.trainable)
+
+    def numel(self, trainable: bool | None = None) -> int:
+        return sum(p.numel for p in self.params if trainable is None or p.trainable == trainable)
+
+
+def is_linear(p: ParamEntry) -> bool:
+    leaf = p.module.rsplit(".", 1)[-1]
+    return p.is_linear_weight and not any(w in leaf for w in _EMBED_WORDS)
+
+
+def linear_in_out(desc: ModelDesc, p: ParamEntry) -> tuple[int, int]:
+    """(in_features, out_features); GPT-2's Conv1D stores its weight as (in, out)."""
+    if desc.model_type == "gpt2" and p.module.rsplit(".", 1)[-1].startswith("c_"):
+        return p.shape[0], p.shape[1]
+    return p.shape[1], p.shape[0]
+
+
+def _matches(module: str, target: str) -> bool:
+    return module == target or module.endswith("." + target)
+
+
+def lora_targets(desc: ModelDesc, spec: JobSpec) -> tuple[list[ParamEntry], tuple[str, ...]]:
+    """Linear weights LoRA wraps, and target names that matched nothing."""
+    targets = spec.lora.target_modules
+    linears = [p for p in desc.params if is_linear(p)]
+    if targets == ALL_LINEAR:
+        return [p for p in linears if p.module.rsplit(".", 1)[-1] not in _HEADS], ()
+    hit = [p for p in linears if any(_matches(p.module, t) for t in targets)]
+    unmatched = tuple(t for t in targets if not any(_matches(p.module, t) for p in linears))
+    return hit, unmatched
+
+
+def _freeze_trainable(desc: ModelDesc, spec: JobSpec, p: ParamEntry) -> bool:
+    cfg = spec.freeze
+    layers = {i % desc.num_layers for i in cfg.trainable_layers}
+    return (p.layer is not None and p.layer in layers) or any(m in p.name for m in cfg.trainable_modules)
+
+
+def param_set(desc: ModelDesc, spec: JobSpec) -> ParamSet:
+    wdtype = spec.precision.weight_dtype
+    if spec.method in (Method.FULL, Method.FREEZE):
+        full = spec.method is Method.FULL
+        return ParamSet(tuple(
+            HeldParam(p.name, p.shape, wdtype, full or _freeze_trainable(desc, spec, p), "base", p.layer)
+            for p in desc.params))
+    return _lora_set(desc, spec, wdtype)
+
+
+def _lora_set(desc: ModelDesc, spec: JobSpec, wdtype: str) -> ParamSet:
+    targets, unmatched = lora_targets(desc, spec)
+    target_names = {p.name for p in targets}
+    held: list[HeldParam] = []
+    for p in desc.params:
+        quantized = spec.method is Method.QLORA and is_linear(p) and not _is_head(p)
+        dtype = spec.quantization.type.value if quantized else wdtype
+        if spec.method is Method.QLORA and not quantized:
+            # prepare_model_for_kbit_training casts every non-quantized parameter to fp32
+            # (peft/utils/other.py: `param.data = param.data.to(torch.float32)`).
+            dtype = "fp32"
+        held.append(HeldParam(p.name, p.shape, dtype, False, "base", p.layer))
+        if p.name in target_names:
+            fan_in, fan_out = linear_in_out(desc, p)
+            adapter_dtype = _adapter_dtype(spec)
+            held.append(HeldParam(p.module + ".lora_A", (spec.lora.r, fan_in), adapter_dtype, True, "lora", p.layer))
+            held.append(HeldParam(p.module + ".lora_B", (fan_out, spec.lora.r), adapter_dtype, True, "lora", p.layer))
+    saved, unmatched_save = _modules_to_save(desc, spec, wdtype)
+    return ParamSet(tuple(held) + saved, unmatched + unmatched_save)
+
+
+def _adapter_dtype(spec: JobSpec) -> str:
+    # PEFT upcasts adapter weights of a 16-bit base to fp32 (LoraModel with the default
+    # autocast_adapter_dtype=True: peft/tuners/tuners_utils.py `_cast_adapter_dtype`).
+    return "fp32"
+
+
+def _is_head(p: ParamEntry) -> bool:
+    return p.module.rsplit(".", 1)[-1] in _HEADS
+
+
+def _modules_to_save(desc: ModelDesc, spec: JobSpec, wdtype: str):
+    """PEFT's ModulesToSaveWrapper keeps the original frozen and trains a full copy."""
+    names = spec.lora.modules_to_save
+    copies, unmatched = [], []
+    for name in names:
+        hit = [p for p in desc.params if _matches(p.module, name)]
+        if not hit:
+            unmatched.append(name)
+        dtype = "fp32" if spec.method is Method.QLORA else wdtype
+        copies += [HeldParam(p.name + "#copy", p.shape, dtype, True, "saved_copy", p.layer) for p in hit]
+    return tuple(copies), tuple(unmatched)
+
+
+def grad_dtype(spec: JobSpec, p: HeldParam) -> str:
+    """Gradients take the parameter's dtype (autograd accumulates into param.grad)."""
+    if spec.precision in (Precision.MIXED_BF16, Precision.MIXED_FP16):
+        return spec.precision.weight_dtype
+    return p.dtype

@@ -1,0 +1,69 @@
+"""Weights and gradients, grouped by the backward stage that produces each gradient."""
+from __future__ import annotations
+
+from vramplan.breakdown import Breakdown
+from vramplan.components.trainable import HeldParam, ParamSet, grad_dtype
+from vramplan.model import ModelDesc
+from vramplan.spec import JobSpec, QuantType
+from vramplan.units import nbytes
+
+_QUANT = {q.value for q in QuantType}
+
+
+def weight_terms(spec: JobSpec, params: ParamSet) -> Breakdown:
+    out = Breakdown()
+    for p in params.params:
+        if p.dtype in _QUANT:
+            out.add("weights/quantized", nbytes(p.numel, p.dtype))
+            out.add("weights/quant_state", quant_state_bytes(spec, p.numel))
+        elif p.kind == "lora":
+            out.add("weights/lora_adapters", nbytes(p.numel, p.dtype))
+        elif p.kind == "saved_copy":
+            out.add("weights/modules_to_save", nbytes(p.numel, p.dtype))
+        else:
+            out.add("weights/trainable" if p.trainable else "weights/frozen", nbytes(p.numel, p.dtype))
+    return out
+
+
+def quant_state_bytes(spec: JobSpec, numel: int) -> int:
+    """bitsandbytes 4-bit: one fp32 absmax per 64-element block; with double quantization
+    the absmax values are stored as 8-bit codes with one fp32 absmax per 256 of them
+    (Dettmers et al. 2023, QLoRA, section 3 "Double Quantization": 0.127 bits/param).
+    8-bit LLM.int8 weights keep one fp32 scale per output row; approximated per block."""
+    q = spec.quantization
+    blocks = -(-numel // q.block_size)
+    if q.double_quant:
+        return blocks + 4 * -(-blocks // 256)
+    return 4 * blocks
+
+
+def stage_of(desc: ModelDesc, p: HeldParam) -> int:
+    """Index of the forward stage (0 embedding, 1..L layers, L+1 head) owning a gradient.
+    A tied embedding's gradient is first written by the output head's backward."""
+    if p.layer is not None:
+        return p.layer + 1
+    base = p.name.split("#", 1)[0]
+    is_embedding = any(w in base for w in ("embed_tokens", "wte", "wpe", "embeddings"))
+    if is_embedding and not (desc.tie_word_embeddings and ("embed_tokens" in base or "wte" in base)):
+        return 0
+    return desc.num_layers + 1
+
+
+def gradient_stages(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> list[Breakdown]:
+    stages = [Breakdown() for _ in range(desc.num_layers + 2)]
+    for p in params.trainable():
+        key = "gradients/lora_adapters" if p.kind == "lora" else "gradients/trainable"
+        stages[stage_of(desc, p)].add(key, nbytes(p.numel, grad_dtype(spec, p)))
+    return stages
+
+
+def tied_embedding_grad_temp(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Breakdown:
+    """embedding_dense_backward returns a fresh (v, h) gradient that AccumulateGrad adds into
+    the tied weight's existing .grad (written by the lm_head backward): one more (v, h)."""
+    out = Breakdown()
+    if not desc.tie_word_embeddings:
+        return out
+    for p in params.trainable():
+        if p.layer is None and ("embed_tokens" in p.name or "wte" in p.name) and "#" not in p.name:
+            out.add("backward/tied_embedding_grad", nbytes(p.numel, grad_dtype(spec, p)))
+    return out

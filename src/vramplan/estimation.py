@@ -1,0 +1,143 @@
+"""estimate(spec) -> Estimate: one GPU's memory through a training step, in named terms."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from vramplan.breakdown import Breakdown
+from vramplan.components.activations import ActivationPlan, plan_activations
+from vramplan.components.optimizer import optimizer_states, step_temporaries
+from vramplan.components.runtime import (
+    CUDA_CONTEXT_DEFAULT, cublas_workspace_bytes, reserved_from_allocated, rounding_overhead,
+)
+from vramplan.components.trainable import ParamSet, param_set
+from vramplan.components.weights import gradient_stages, tied_embedding_grad_temp, weight_terms
+from vramplan.model import ModelDesc
+from vramplan.spec import Backend, Checkpointing, JobSpec
+from vramplan.timeline import Event, StepPlan, peak_event, phase_peaks, walk
+from vramplan.units import nbytes
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(slots=True)
+class Estimate:
+    spec: JobSpec
+    model: ModelDesc
+    num_params: int
+    trainable_params: int
+    peak_allocated_bytes: int
+    peak_phase: str
+    peak_event: str
+    phases: dict[str, int]
+    components: Breakdown
+    """What is alive at the peak, by term."""
+    reserved_bytes: int
+    device_bytes: int
+    """What nvidia-smi would show: reserved plus the CUDA context (0 on the cpu backend)."""
+    events: list[Event] = field(repr=False, default_factory=list)
+    gpu: object | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def fits(self) -> bool | None:
+        if self.gpu is None:
+            return None
+        return self.device_bytes <= self.gpu.memory_bytes
+
+    @property
+    def headroom_bytes(self) -> int | None:
+        return None if self.gpu is None else self.gpu.memory_bytes - self.device_bytes
+
+    def to_dict(self) -> dict:
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "model": {"name": self.model.name, "num_params": self.num_params,
+                      "trainable_params": self.trainable_params},
+            "spec": self.spec.to_dict(),
+            "peak_allocated_bytes": self.peak_allocated_bytes,
+            "peak_phase": self.peak_phase,
+            "peak_event": self.peak_event,
+            "phases": dict(self.phases),
+            "components": self.components.to_dict(),
+            "reserved_bytes": self.reserved_bytes,
+            "device_bytes": self.device_bytes,
+            "gpu": None if self.gpu is None else {"name": self.gpu.name, "memory_bytes": self.gpu.memory_bytes},
+            "fits": self.fits,
+            "headroom_bytes": self.headroom_bytes,
+            "notes": list(self.notes),
+        }
+
+
+def estimate(spec: JobSpec) -> Estimate:
+    """Resolve the model (an edge: catalog, file or cache), then the pure core."""
+    from vramplan.sources import resolve_model
+    desc = resolve_model(spec)
+    gpu = None
+    if spec.gpu:
+        from vramplan.catalog import find_gpu
+        gpu = find_gpu(spec.gpu)
+    return estimate_model(desc, spec, gpu)
+
+
+def estimate_model(desc: ModelDesc, spec: JobSpec, gpu=None) -> Estimate:
+    params = param_set(desc, spec)
+    acts = plan_activations(desc, spec, params)
+    plan = _step_plan(desc, spec, params, acts)
+    if spec.backend is Backend.CUDA:
+        plan.static.add("runtime/cublas_workspace", cublas_workspace_bytes(gpu.name if gpu else None))
+    events = walk(plan)
+    top = peak_event(events)
+    components = top.live
+    if spec.backend is Backend.CUDA:
+        components.add("allocator/rounding", rounding_overhead(list(components.terms.values())))
+    peak = components.total()
+    phases = phase_peaks(events)
+    phases[top.phase] = peak
+    reserved, device = peak, peak
+    if spec.backend is Backend.CUDA:
+        largest = max((e.live.total("logits") for e in events), default=0)
+        reserved = reserved_from_allocated(peak, largest)
+        context = getattr(gpu, "cuda_context_bytes_typical", None) or CUDA_CONTEXT_DEFAULT
+        device = reserved + context
+    notes = [f"LoRA target or modules_to_save {t!r} matches no module of {desc.name}; "
+             "PEFT would ignore it" for t in params.unmatched_targets]
+    return Estimate(spec=spec, model=desc, num_params=desc.num_params(),
+                    trainable_params=params.numel(trainable=True), peak_allocated_bytes=peak,
+                    peak_phase=top.phase, peak_event=top.label, phases=phases,
+                    components=components, reserved_bytes=reserved, device_bytes=device,
+                    events=events, gpu=gpu, notes=notes)
+
+
+def _stage_breakdown(items: list[tuple[str, int]], prefix: str) -> Breakdown:
+    out = Breakdown()
+    for name, size in items:
+        out.add(f"{prefix}/{name}", size)
+    return out
+
+
+def _step_plan(desc: ModelDesc, spec: JobSpec, params: ParamSet, acts: ActivationPlan) -> StepPlan:
+    static = weight_terms(spec, params).merge(optimizer_states(spec, params))
+    static.add("batch/input_ids", nbytes(spec.micro_batch_size * spec.seq_len, "int64"))
+    grads = gradient_stages(desc, spec, params)
+    stage_acts, transients, labels = [], [], []
+    n = len(acts.stages)
+    for i, st in enumerate(acts.stages):
+        group = "activations/layers" if st.label.startswith("layer") else f"activations/{st.label}"
+        stage_acts.append(_stage_breakdown(st.saved, group))
+        t = Breakdown()
+        if st.recompute:
+            t.merge(_stage_breakdown(st.recompute, "activations/recomputed_layer"))
+        if st.label.startswith("layer"):
+            t.merge(acts.layer_backward_transient)
+        elif i == n - 1:
+            t.merge(acts.head_backward_transient)
+        elif i == 0:
+            t.merge(tied_embedding_grad_temp(desc, spec, params))
+        transients.append(t)
+        labels.append(f"{st.label} backward")
+    return StepPlan(static=static, grads_by_stage=grads, stage_acts=stage_acts,
+                    loss_saved=acts.loss_saved, forward_end_transient=acts.forward_end_transient,
+                    loss_backward_transient=acts.loss_backward_transient,
+                    stage_backward_transient=transients,
+                    optimizer_temporaries=step_temporaries(spec, params),
+                    grads_alive_in_forward=spec.grad_accum_steps > 1, labels=labels)

@@ -1,0 +1,91 @@
+"""Where a model description comes from: catalog, config file, hub cache, inline, raw size.
+
+This is an edge module (it reads files and the Hugging Face cache); the estimator core only
+ever sees the resulting ModelDesc. Nothing here downloads unless the user allowed it
+(`VRAMPLAN_ALLOW_DOWNLOAD=1`), and nothing executes code from a model repository.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from vramplan.model import ModelDesc
+from vramplan.spec import JobSpec, SpecError, Task
+
+
+def _read_config_file(path: str) -> dict:
+    if os.path.isdir(path):
+        path = os.path.join(path, "config.json")
+        if not os.path.isfile(path):
+            raise SpecError("model", f"folder has no config.json: {os.path.dirname(path)}")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except json.JSONDecodeError as exc:
+        raise SpecError("model", f"{path} is not valid JSON (line {exc.lineno}: {exc.msg})") from None
+    except OSError as exc:
+        raise SpecError("model", f"cannot read {path}: {exc.strerror}") from None
+    if not isinstance(data, dict):
+        raise SpecError("model", f"{path} must hold a JSON object (a Hugging Face config)")
+    return data
+
+
+def _looks_like_path(text: str) -> bool:
+    return text.endswith(".json") or text.startswith((".", "/", "~")) or os.path.exists(text)
+
+
+def _from_hub(hub_id: str) -> dict:
+    """config.json of a hub repo from the local HF cache (downloads only when allowed)."""
+    try:
+        from huggingface_hub import hf_hub_download
+    except ImportError:
+        raise SpecError("model", f"{hub_id!r} is not in the catalog and huggingface_hub is not "
+                        "installed; pip install 'vramplan[hub]' or pass a config.json path") from None
+    allow = os.environ.get("VRAMPLAN_ALLOW_DOWNLOAD") == "1" and os.environ.get("HF_HUB_OFFLINE") != "1"
+    try:
+        path = hf_hub_download(hub_id, "config.json", local_files_only=not allow)
+    except Exception as exc:  # the hub client raises many types; one line for the user
+        how = "" if allow else " (offline: set VRAMPLAN_ALLOW_DOWNLOAD=1 to fetch it, or pass a local config.json)"
+        raise SpecError("model", f"cannot get config.json for {hub_id!r}: {type(exc).__name__}{how}") from None
+    return _read_config_file(path)
+
+
+def resolve_hf_config(model: Any) -> tuple[str, dict]:
+    """(display name, Hugging Face config dict) for a spec's `model` field."""
+    if isinstance(model, dict):
+        if "model_type" not in model:
+            raise SpecError("model.model_type", "an inline config needs model_type (e.g. 'llama')")
+        return model.get("_name_or_path") or model["model_type"], dict(model)
+    if not isinstance(model, str):
+        raise SpecError("model", f"expected a name, path or mapping, got {model!r}")
+    from vramplan import catalog
+    try:
+        entry = catalog.find_model(model)
+        return entry.name, dict(entry.config)
+    except catalog.UnknownNameError as exc:
+        unknown = exc
+    if _looks_like_path(model):
+        path = os.path.expanduser(model)
+        if not os.path.exists(path):
+            raise SpecError("model", f"no such file or folder: {model}")
+        return os.path.basename(os.path.normpath(path)), _read_config_file(path)
+    if "/" in model:
+        return model, _from_hub(model)
+    raise SpecError("model", str(unknown).strip("'\""))
+
+
+def resolve_model(spec: JobSpec) -> ModelDesc:
+    """The ModelDesc the estimator reads for a spec."""
+    if spec.model is None:
+        from vramplan.rawsize import model_from_size
+        return model_from_size(spec.num_params, num_layers=spec.num_layers, hidden_size=spec.hidden_size)
+    name, config = resolve_hf_config(spec.model)
+    from vramplan.catalog.hf import model_from_hf_config
+    labels = spec.num_labels if spec.task is Task.SEQUENCE_CLASSIFICATION else None
+    try:
+        return model_from_hf_config(config, name=name, num_labels=labels)
+    except SpecError:
+        raise
+    except (ValueError, KeyError, TypeError) as exc:
+        raise SpecError("model", str(exc).strip("'\"")) from None

@@ -1,0 +1,13 @@
+"""The job spec: one frozen, validated description of a training job."""
+from vramplan.spec.enums import (
+    Attention, Backend, Checkpointing, LossImpl, Method, Optimizer, OptimizerImpl, Precision,
+    QuantType, SpecError, Task,
+)
+from vramplan.spec.job import JobSpec, load_spec, save_spec
+from vramplan.spec.sections import FreezeConfig, LoraConfig, ParallelConfig, QuantConfig
+
+__all__ = [
+    "Attention", "Backend", "Checkpointing", "FreezeConfig", "JobSpec", "LoraConfig",
+    "LossImpl", "Method", "Optimizer", "OptimizerImpl", "ParallelConfig", "Precision",
+    "QuantConfig", "QuantType", "SpecError", "Task", "load_spec", "save_spec",
+]

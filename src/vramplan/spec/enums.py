@@ -1,0 +1,158 @@
+"""Enums of the job spec: one frozen, validated description of a training job.
+
+Keys are the public names tools script against (`micro_batch_size`, `seq_len`, ...); CLI
+flags are the same names with dashes. `load_spec` accepts a mapping, a YAML/JSON path or a
+JobSpec; `JobSpec.to_dict()` writes the same keys back. Validation raises `SpecError`
+(a ValueError) whose message names the field and the fix.
+"""
+from __future__ import annotations
+
+import difflib
+import enum
+from typing import Any
+
+
+class SpecError(ValueError):
+    """Bad job spec input: the message names the field and the fix."""
+
+    def __init__(self, field_name: str, message: str):
+        super().__init__(f"{field_name}: {message}")
+        self.field = field_name
+
+
+class _Choice(str, enum.Enum):
+    """An enum whose values are the spec's spelling; parse() accepts _ for - and any case."""
+
+    @classmethod
+    def parse(cls, value: Any, field_name: str):
+        if isinstance(value, cls):
+            return value
+        text = str(value).strip().lower().replace("_", "-")
+        for member in cls:
+            if member.value == text:
+                return member
+        choices = [m.value for m in cls]
+        hint = difflib.get_close_matches(text, choices, n=1)
+        extra = f" Did you mean {hint[0]!r}?" if hint else ""
+        raise SpecError(field_name, f"unknown value {value!r}; choose one of {', '.join(choices)}.{extra}")
+
+
+class Task(_Choice):
+    SFT = "sft"
+    """Causal-LM fine-tuning on (prompt, response) rows; loss over the sequence."""
+    PRETRAIN = "pretrain"
+    """Causal-LM next-token training; same memory shape as sft."""
+    SEQUENCE_CLASSIFICATION = "sequence-classification"
+    """A classification head (`num_labels` outputs) on the last token or pooled output."""
+
+
+class Method(_Choice):
+    FULL = "full"
+    """All parameters trained."""
+    LORA = "lora"
+    """Frozen base in the job's precision plus trainable low-rank adapters (PEFT)."""
+    QLORA = "qlora"
+    """LoRA on a 4/8-bit quantized frozen base (bitsandbytes), per `quantization`."""
+    FREEZE = "freeze"
+    """Full training of the layers named in `freeze`; the rest frozen."""
+
+
+class Precision(_Choice):
+    FP32 = "fp32"
+    """Weights, gradients, optimizer states and compute all fp32."""
+    BF16 = "bf16"
+    """Pure bf16: weights, gradients and optimizer states bf16, no fp32 master copy."""
+    FP16 = "fp16"
+    """Pure fp16, as bf16."""
+    AMP_BF16 = "amp-bf16"
+    """fp32 weights, gradients and states; bf16 compute under torch.autocast."""
+    AMP_FP16 = "amp-fp16"
+    """fp32 weights, gradients and states; fp16 autocast compute with a grad scaler."""
+    MIXED_BF16 = "mixed-bf16"
+    """bf16 weights and gradients plus fp32 master weights and states (DeepSpeed, Megatron)."""
+    MIXED_FP16 = "mixed-fp16"
+    """fp16 weights and gradients plus fp32 master weights and states."""
+
+    @property
+    def weight_dtype(self) -> str:
+        return {"fp32": "fp32", "amp-bf16": "fp32", "amp-fp16": "fp32"}.get(self.value, self.value.split("-")[-1])
+
+    @property
+    def compute_dtype(self) -> str:
+        return "fp32" if self is Precision.FP32 else self.value.split("-")[-1]
+
+    @property
+    def is_autocast(self) -> bool:
+        return self in (Precision.AMP_BF16, Precision.AMP_FP16)
+
+    @property
+    def has_master_weights(self) -> bool:
+        return self in (Precision.MIXED_BF16, Precision.MIXED_FP16)
+
+
+class Optimizer(_Choice):
+    ADAMW = "adamw"
+    """torch.optim.AdamW: exp_avg and exp_avg_sq per parameter, plus a scalar step."""
+    ADAM = "adam"
+    """torch.optim.Adam: the same states as AdamW."""
+    SGD = "sgd"
+    """torch.optim.SGD; a momentum buffer per parameter when momentum > 0."""
+    ADAFACTOR = "adafactor"
+    """Factored second moment (row and column statistics) for matrices (Shazeer & Stern 2018)."""
+    LION = "lion"
+    """One momentum buffer per parameter (Chen et al. 2023)."""
+    ADAMW_8BIT = "adamw-8bit"
+    """bitsandbytes AdamW8bit: two 8-bit states plus blockwise fp32 absmax."""
+    PAGED_ADAMW_8BIT = "paged-adamw-8bit"
+    """bitsandbytes PagedAdamW8bit: the 8-bit states in CUDA managed (paged) memory."""
+    PAGED_ADAMW_32BIT = "paged-adamw-32bit"
+    """bitsandbytes PagedAdamW32bit: fp32 states in CUDA managed (paged) memory."""
+
+
+class OptimizerImpl(_Choice):
+    FOREACH = "foreach"
+    """Multi-tensor kernels over the parameter list (torch default on CUDA)."""
+    FUSED = "fused"
+    """One fused kernel per dtype/device group; no parameter-sized temporaries."""
+    FORLOOP = "forloop"
+    """One parameter at a time (torch default on CPU)."""
+
+
+class Checkpointing(_Choice):
+    NONE = "none"
+    """Every saved activation is kept until backward."""
+    FULL = "full"
+    """Only each layer's input is kept; the layer is recomputed in backward."""
+    SELECTIVE = "selective"
+    """Attention's core is recomputed (Korthikanti et al. 2022), the rest kept."""
+
+
+class Attention(_Choice):
+    EAGER = "eager"
+    """Explicit softmax(QK^T)V: saves the b*a*s*s scores and probabilities."""
+    SDPA = "sdpa"
+    """torch scaled_dot_product_attention (flash / memory-efficient kernel on CUDA)."""
+    FLASH = "flash"
+    """flash-attn 2: saves output and log-sum-exp only."""
+
+
+class Backend(_Choice):
+    CUDA = "cuda"
+    """NVIDIA GPUs: CUDA kernels, autocast rules and the caching allocator."""
+    CPU = "cpu"
+    """CPU kernels: exists so estimates can be checked exactly against CPU measurements."""
+
+
+class LossImpl(_Choice):
+    STANDARD = "standard"
+    """Full fp32 logits then cross-entropy (transformers ForCausalLMLoss)."""
+    CHUNKED = "chunked"
+    """Cross-entropy over chunks of the sequence (torchtune); fp32 logits per chunk."""
+    FUSED_LINEAR_CROSS_ENTROPY = "fused-linear-cross-entropy"
+    """lm_head and loss fused (Liger kernel): logits never materialized."""
+
+
+class QuantType(_Choice):
+    NF4 = "nf4"
+    FP4 = "fp4"
+    INT8 = "int8"

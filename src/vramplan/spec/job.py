@@ -1,0 +1,225 @@
+"""JobSpec and its loading and saving (YAML or JSON)."""
+from __future__ import annotations
+
+import difflib
+import json
+import os
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Mapping
+
+from vramplan.spec.enums import (
+    Attention, Backend, Checkpointing, LossImpl, Method, Optimizer, OptimizerImpl, Precision,
+    SpecError, Task,
+)
+from vramplan.spec.sections import (
+    FreezeConfig, LoraConfig, ParallelConfig, QuantConfig, fraction, positive_int,
+)
+
+_ENUMS = {
+    "task": Task, "method": Method, "precision": Precision, "optimizer": Optimizer,
+    "optimizer_impl": OptimizerImpl, "gradient_checkpointing": Checkpointing,
+    "attention": Attention, "backend": Backend, "loss_impl": LossImpl,
+}
+_SECTIONS = {"lora": LoraConfig, "quantization": QuantConfig, "freeze": FreezeConfig,
+             "parallel": ParallelConfig}
+_SECTION_ALIASES = {"lora": {"lora_alpha": "alpha", "lora_dropout": "dropout", "rank": "r"}}
+_INTS = ("micro_batch_size", "seq_len", "grad_accum_steps", "num_gpus", "num_labels")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class JobSpec:
+    """One training job, as one GPU of it sees it."""
+
+    model: str | dict | None = None
+    """Catalog name, HF hub id, path to config.json or a model folder, or an inline HF config."""
+    num_params: int | None = None
+    """Raw size instead of `model` (older calculators' input); layers/hidden refine it."""
+    num_layers: int | None = None
+    hidden_size: int | None = None
+    task: Task = Task.SFT
+    method: Method = Method.FULL
+    lora: LoraConfig | None = None
+    quantization: QuantConfig | None = None
+    freeze: FreezeConfig | None = None
+    precision: Precision = Precision.BF16
+    optimizer: Optimizer = Optimizer.ADAMW
+    optimizer_impl: OptimizerImpl | None = None
+    """None: what PyTorch picks for the backend (foreach on CUDA, forloop on CPU)."""
+    momentum: float = 0.0
+    """SGD momentum; > 0 adds a momentum buffer per parameter."""
+    weight_decay: float | None = None
+    """None: the optimizer's own default (torch AdamW 0.01, others 0). Only SGD's
+    non-in-place weight decay changes memory."""
+    micro_batch_size: int = 1
+    seq_len: int = 2048
+    grad_accum_steps: int = 1
+    packing: bool = False
+    """Rows packed to `seq_len` tokens with a per-document mask."""
+    loss_impl: LossImpl = LossImpl.STANDARD
+    gradient_checkpointing: Checkpointing = Checkpointing.NONE
+    attention: Attention = Attention.SDPA
+    backend: Backend = Backend.CUDA
+    gpu: str | None = None
+    num_gpus: int = 1
+    num_labels: int = 2
+    """Classes of the head for task sequence-classification."""
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    trust_remote_code: bool = False
+    """Allow running code from a model repository; never implied."""
+
+    def __post_init__(self):
+        set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731  (frozen dataclass)
+        for name, enum_cls in _ENUMS.items():
+            value = getattr(self, name)
+            if value is not None:
+                set_(name, enum_cls.parse(value, name))
+        for name in _INTS:
+            set_(name, positive_int(name, getattr(self, name)))
+        set_("momentum", fraction("momentum", self.momentum, high=0.9999))
+        if self.weight_decay is not None:
+            set_("weight_decay", fraction("weight_decay", self.weight_decay, high=10.0))
+        self._check_model()
+        self._fill_method_defaults()
+        if self.optimizer_impl is None:
+            # torch.optim._default_to_fused_or_foreach: foreach when every tensor is on a
+            # CUDA device, the per-parameter loop otherwise (CPU).
+            set_("optimizer_impl", OptimizerImpl.FOREACH if self.backend is Backend.CUDA
+                 else OptimizerImpl.FORLOOP)
+        if self.attention is Attention.FLASH and self.backend is Backend.CPU:
+            raise SpecError("attention", "flash attention needs backend cuda; use sdpa or eager on cpu")
+
+    def _check_model(self):
+        if self.model is None and self.num_params is None:
+            raise SpecError("model", "required: a catalog name, a config.json path, a hub id, "
+                            "an inline HF config, or num_params")
+        if self.model is not None and not isinstance(self.model, (str, dict)):
+            raise SpecError("model", f"expected a name, path or HF config mapping, got {type(self.model).__name__}")
+        if isinstance(self.model, str) and not self.model.strip():
+            raise SpecError("model", "is empty")
+        if self.num_params is not None:
+            from vramplan.units import parse_count
+            try:
+                object.__setattr__(self, "num_params", parse_count(self.num_params))
+            except ValueError as exc:
+                raise SpecError("num_params", str(exc)) from None
+        for name in ("num_layers", "hidden_size"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, positive_int(name, getattr(self, name)))
+
+    def _fill_method_defaults(self):
+        set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731
+        if self.method in (Method.LORA, Method.QLORA) and self.lora is None:
+            set_("lora", LoraConfig())
+        if self.method is Method.QLORA and self.quantization is None:
+            set_("quantization", QuantConfig())
+        if self.method is Method.FREEZE and self.freeze is None:
+            raise SpecError("freeze", "method freeze needs a freeze section naming trainable_layers "
+                            "or trainable_modules")
+        if self.quantization is not None and self.method is not Method.QLORA:
+            raise SpecError("method", f"{self.method.value} cannot train quantized weights; "
+                            "use method qlora with quantization, or drop quantization")
+        if self.method is Method.QLORA and self.backend is Backend.CPU:
+            raise SpecError("backend", "qlora's bitsandbytes kernels are modelled on cuda only")
+
+    def to_dict(self) -> dict:
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is None or (f.name == "parallel" and value.is_trivial):
+                continue
+            if hasattr(value, "to_dict"):
+                value = value.to_dict()
+            elif hasattr(value, "value"):
+                value = value.value
+            out[f.name] = value
+        return out
+
+    def with_(self, **changes) -> "JobSpec":
+        """A copy with fields changed (validated again)."""
+        data = self.to_dict()
+        data.update(changes)
+        return load_spec(data)
+
+
+def _section(name: str, value: Any):
+    cls = _SECTIONS[name]
+    if value is None or isinstance(value, cls):
+        return value
+    if not isinstance(value, Mapping):
+        raise SpecError(name, f"expected a mapping, got {value!r}")
+    aliases = _SECTION_ALIASES.get(name, {})
+    data = {aliases.get(k, k): v for k, v in value.items()}
+    known = {f.name for f in fields(cls)}
+    for key in data:
+        if key not in known:
+            raise SpecError(f"{name}.{key}", f"unknown key{_did_you_mean(key, known)}")
+    try:
+        return cls(**data)
+    except TypeError as exc:
+        raise SpecError(name, str(exc)) from None
+
+
+def _did_you_mean(key: str, known) -> str:
+    hint = difflib.get_close_matches(key, list(known), n=1)
+    return f"; did you mean {hint[0]!r}?" if hint else ""
+
+
+def _read_file(path: str) -> dict:
+    if not os.path.isfile(path):
+        raise SpecError("spec", f"file {path!r} not found")
+    with open(path, encoding="utf-8") as fh:
+        text = fh.read()
+    try:
+        if path.endswith(".json"):
+            data = json.loads(text)
+        else:
+            import yaml
+            data = yaml.safe_load(text)
+    except Exception as exc:  # both parsers' errors become one line naming the file
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SpecError("spec", f"{path} is not valid YAML/JSON ({first})") from None
+    if not isinstance(data, dict):
+        raise SpecError("spec", f"{path} must hold a mapping of spec keys")
+    return data
+
+
+def load_spec(source: "JobSpec | Mapping | str | os.PathLike", **overrides) -> JobSpec:
+    """A validated JobSpec from a mapping, a YAML/JSON file or a JobSpec; overrides win."""
+    if isinstance(source, JobSpec):
+        data = source.to_dict()
+    elif isinstance(source, Mapping):
+        data = dict(source)
+    elif isinstance(source, (str, os.PathLike)):
+        data = _read_file(os.fspath(source))
+    else:
+        raise SpecError("spec", f"expected a mapping or a file path, got {type(source).__name__}")
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    if isinstance(data.get("gradient_checkpointing"), bool):
+        data["gradient_checkpointing"] = "full" if data["gradient_checkpointing"] else "none"
+    known = {f.name for f in fields(JobSpec)}
+    for key in data:
+        if key not in known:
+            raise SpecError(key, f"unknown spec key{_did_you_mean(key, known)}")
+    for name in _SECTIONS:
+        data[name] = _section(name, data.get(name))
+    if data["parallel"] is None:
+        data.pop("parallel")
+    try:
+        return JobSpec(**data)
+    except TypeError as exc:
+        raise SpecError("spec", str(exc)) from None
+
+
+def save_spec(spec: JobSpec, path: str) -> None:
+    """Write the spec as YAML (or JSON when the path ends in .json)."""
+    data = spec.to_dict()
+    with open(path, "w", encoding="utf-8") as fh:
+        if path.endswith(".json"):
+            json.dump(data, fh, indent=2)
+            fh.write("\n")
+        else:
+            import yaml
+            yaml.safe_dump(data, fh, sort_keys=False)
+
+
+__all__ = ["JobSpec", "load_spec", "save_spec", "replace"]
