@@ -1,0 +1,201 @@
+"""The `vramplan` command: parse, call the API, render. No arithmetic here.
+
+User errors are one line on stderr and exit code 2; never a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from vramplan.spec import SpecError
+
+_SPEC_FLAGS = {
+    # flag name -> (type, help)
+    "task": (str, "sft | pretrain | sequence-classification"),
+    "method": (str, "full | lora | qlora | freeze"),
+    "precision": (str, "fp32 | bf16 | fp16 | amp-bf16 | amp-fp16 | mixed-bf16 | mixed-fp16"),
+    "optimizer": (str, "adamw | adam | sgd | adafactor | lion | adamw-8bit | paged-adamw-8bit | paged-adamw-32bit"),
+    "optimizer_impl": (str, "foreach | fused | forloop"),
+    "momentum": (float, "SGD momentum"),
+    "weight_decay": (float, "optimizer weight decay (default: the optimizer's)"),
+    "micro_batch_size": (int, "rows per GPU per micro-step"),
+    "seq_len": (int, "tokens per row"),
+    "grad_accum_steps": (int, "micro-steps per optimizer step"),
+    "loss_impl": (str, "standard | chunked | fused-linear-cross-entropy"),
+    "gradient_checkpointing": (str, "none | full | selective"),
+    "attention": (str, "eager | sdpa | flash"),
+    "backend": (str, "cuda | cpu"),
+    "gpu": (str, "GPU catalog name (see `vramplan gpus`)"),
+    "num_gpus": (int, "GPUs in the job"),
+    "num_params": (str, "raw size instead of a model, e.g. 8e9 or 7B"),
+    "num_layers": (int, "with --num-params: layer count"),
+    "hidden_size": (int, "with --num-params: hidden size"),
+}
+
+
+class UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # argparse's own usage errors: one line, exit 2
+        raise UsageError(message)
+
+
+def _add_spec_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", nargs="?", help="catalog name, hub id, config.json path or model folder")
+    p.add_argument("--spec", help="job spec file (YAML or JSON); flags override it")
+    p.add_argument("--save-spec", help="write the resolved spec to this file")
+    for name, (typ, help_) in _SPEC_FLAGS.items():
+        p.add_argument("--" + name.replace("_", "-"), dest=name, type=typ, help=help_)
+    p.add_argument("--lora-r", type=int, help="LoRA rank")
+    p.add_argument("--lora-alpha", type=float)
+    p.add_argument("--lora-dropout", type=float)
+    p.add_argument("--lora-target-modules", help="comma-separated names or all-linear")
+    p.add_argument("--packing", action="store_true", default=None, help="packed rows with a document mask")
+    p.add_argument("--trust-remote-code", action="store_true", default=None)
+
+
+def spec_from_args(args) -> "object":
+    from vramplan.spec import load_spec
+    data: dict = {}
+    if args.spec:
+        from vramplan.spec.job import _read_file
+        data = _read_file(args.spec)
+    if args.model:
+        data["model"] = args.model
+        data.pop("num_params", None)
+    for name in list(_SPEC_FLAGS) + ["packing", "trust_remote_code"]:
+        value = getattr(args, name, None)
+        if value is not None:
+            data[name] = value
+    lora = dict(data.get("lora") or {})
+    for key in ("r", "alpha", "dropout", "target_modules"):
+        value = getattr(args, f"lora_{key}", None)
+        if value is not None:
+            lora[key] = value.split(",") if key == "target_modules" and value != "all-linear" else value
+    if lora:
+        data["lora"] = lora
+    spec = load_spec(data)
+    if args.save_spec:
+        from vramplan.spec import save_spec
+        save_spec(spec, args.save_spec)
+    return spec
+
+
+def cmd_estimate(args) -> int:
+    from vramplan.estimation import estimate
+    est = estimate(spec_from_args(args))
+    if args.json:
+        print(json.dumps(est.to_dict(), indent=2))
+    else:
+        from vramplan.report.text import render_estimate
+        render_estimate(est, depth=args.depth)
+    return 0
+
+
+def cmd_models(args) -> int:
+    from vramplan.catalog import list_models, model_desc
+    rows = []
+    for m in list_models():
+        desc = model_desc(m.name)
+        rows.append({"name": m.name, "hub_id": m.hub_id, "model_type": desc.model_type,
+                     "num_params": desc.num_params()})
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+    table = Table(title="vramplan model catalog")
+    for col in ("name", "hub id", "type", "params"):
+        table.add_column(col, justify="right" if col == "params" else "left")
+    for r in rows:
+        table.add_row(r["name"], r["hub_id"] or "", r["model_type"], f"{r['num_params'] / 1e9:,.3f} B")
+    Console().print(table)
+    return 0
+
+
+def cmd_gpus(args) -> int:
+    from vramplan.catalog import list_gpus
+    from vramplan.units import GiB
+    gpus = list_gpus()
+    if args.json:
+        print(json.dumps([{"name": g.name, "memory_bytes": g.memory_bytes, "memory_marketed": g.memory_marketed,
+                           "memory_unit_note": g.memory_unit_note} for g in gpus], indent=2))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+    table = Table(title="vramplan GPU catalog (usable bytes as the driver reports them)")
+    for col in ("name", "marketed", "GiB usable", "bf16 TFLOP/s", "what the marketed figure means"):
+        table.add_column(col)
+    for g in gpus:
+        table.add_row(g.name, g.memory_marketed, f"{g.memory_bytes / GiB:,.2f}",
+                      "-" if g.bf16_tflops is None else f"{g.bf16_tflops:g}", g.memory_unit_note)
+    Console().print(table)
+    return 0
+
+
+def cmd_measure(args) -> int:
+    from vramplan.measure.cli import measure_main
+    result = measure_main(args)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="vramplan", description="Per-GPU peak memory of a training step, in named terms.")
+    parser.add_argument("--version", action="version", version=f"vramplan {_version()}")
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
+    est = sub.add_parser("estimate", help="estimate one GPU's peak memory for a job")
+    _add_spec_args(est)
+    est.add_argument("--json", action="store_true", help="print the versioned JSON form")
+    est.add_argument("--depth", type=int, default=2, help="group terms by this many key parts")
+    est.set_defaults(func=cmd_estimate)
+    for name, fn, help_ in (("models", cmd_models, "the built-in model catalog"),
+                            ("gpus", cmd_gpus, "the built-in GPU catalog")):
+        p = sub.add_parser(name, help=help_)
+        p.add_argument("--json", action="store_true")
+        p.set_defaults(func=fn)
+    m = sub.add_parser("measure", help="run real training steps and record the true peak")
+    _add_spec_args(m)
+    m.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    m.add_argument("--fake", action="store_true", help="run under FakeTensorMode: no memory used")
+    m.add_argument("--trace", action="store_true", help="list the tensors alive at the peak")
+    m.add_argument("--json", action="store_true")
+    m.set_defaults(func=cmd_measure)
+    return parser
+
+
+def _version() -> str:
+    from vramplan import __version__
+    return __version__
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        if not getattr(args, "func", None):
+            build_parser().print_help()
+            return 2
+        return args.func(args)
+    except UsageError as exc:
+        print(f"vramplan: error: {exc}", file=sys.stderr)
+        return 2
+    except SpecError as exc:
+        print(f"vramplan: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyError as exc:  # catalog lookups (UnknownNameError) carry their own message
+        print(f"vramplan: error: {str(exc).strip(chr(34) + chr(39))}", file=sys.stderr)
+        return 2
+    except ImportError as exc:
+        print(f"vramplan: error: {exc.name or exc} is not installed; pip install 'vramplan[measure]'",
+              file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

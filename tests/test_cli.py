@@ -1,0 +1,84 @@
+"""CLI behaviour: answers, JSON schema, and every error path as one line with exit code 2."""
+import json
+
+import pytest
+
+from vramplan.cli import main
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_estimate_json(capsys):
+    code, out, _ = run(capsys, "estimate", "qwen2.5-0.5b", "--method", "lora", "--seq-len", "512", "--json")
+    assert code == 0
+    data = json.loads(out)
+    assert data["schema_version"] == 1 and data["peak_allocated_bytes"] > 0
+    assert set(data["phases"]) == {"forward", "backward", "optimizer"}
+
+
+def test_estimate_table(capsys):
+    code, out, _ = run(capsys, "estimate", "llama-3.2-1b", "--gpu", "rtx-4090", "--seq-len", "1024")
+    assert code == 0 and "peak allocated" in out and "rtx-4090" in out
+
+
+def test_hub_id_resolves_offline(capsys):
+    code, out, _ = run(capsys, "estimate", "meta-llama/Llama-3.1-8B", "--json")
+    assert code == 0 and json.loads(out)["model"]["num_params"] == 8_030_261_248
+
+
+def test_config_path_and_spec_file(tmp_path, capsys):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"model_type": "llama", "vocab_size": 1000, "hidden_size": 64,
+                               "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4}))
+    spec = tmp_path / "job.yaml"
+    spec.write_text(f"model: {cfg}\nprecision: bf16\nseq_len: 64\n")
+    saved = tmp_path / "saved.json"
+    code, out, _ = run(capsys, "estimate", "--spec", str(spec), "--micro-batch-size", "3",
+                       "--save-spec", str(saved), "--json")
+    assert code == 0
+    assert json.loads(saved.read_text())["micro_batch_size"] == 3
+
+
+def test_models_and_gpus(capsys):
+    code, out, _ = run(capsys, "models", "--json")
+    assert code == 0 and len(json.loads(out)) >= 30
+    code, out, _ = run(capsys, "gpus", "--json")
+    assert code == 0 and any(g["name"] == "h100-80gb" for g in json.loads(out))
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["estimate", "llama-3.1-8bb"], "did you mean 'llama-3.1-8b'"),
+    (["estimate", "llama-3.1-8b", "--precision", "bf17"], "precision"),
+    (["estimate", "llama-3.1-8b", "--micro-batch-size", "0"], "micro_batch_size"),
+    (["estimate", "llama-3.1-8b", "--seq-len", "abc"], "seq-len"),
+    (["estimate", "./missing/config.json"], "no such file"),
+    (["estimate", "--spec", "/nonexistent.yaml"], "not found"),
+    (["estimate", "llama-3.1-8b", "--gpu", "a100-90gb"], "a100"),
+    (["estimate", "llama-3.1-8b", "--method", "full", "--optimizer", "adamw"], None),
+    (["estimate"], "model"),
+    (["nonsense"], "invalid choice"),
+])
+def test_errors_are_one_line_exit_2(capsys, argv, needle):
+    code, out, err = run(capsys, *argv)
+    if needle is None:
+        assert code == 0
+        return
+    assert code == 2
+    assert needle in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_malformed_config_file(tmp_path, capsys):
+    cfg = tmp_path / "config.json"
+    cfg.write_text("{not json")
+    code, _, err = run(capsys, "estimate", str(cfg))
+    assert code == 2 and "not valid JSON" in err
+
+
+def test_unknown_hub_id_offline(capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    code, _, err = run(capsys, "estimate", "someorg/not-a-model")
+    assert code == 2 and "offline" in err
