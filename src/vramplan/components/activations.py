@@ -12,11 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vramplan.breakdown import Breakdown
-from vramplan.components.arch import Ctx, llama_layer, norm
+from vramplan.components.arch import Ctx, norm
+from vramplan.components.arch_other import layer_fn, layer_prefix, other_embed, other_head
 from vramplan.components.graph import Param, Recorder, Storage, Sym
 from vramplan.components.trainable import ParamSet
 from vramplan.model import MlpKind, ModelDesc
-from vramplan.spec import Attention, Checkpointing, JobSpec, LossImpl
+from vramplan.spec import Checkpointing, JobSpec, LossImpl, Task
 from vramplan.units import nbytes
 
 
@@ -65,11 +66,15 @@ def _autocast(spec: JobSpec) -> str | None:
     return spec.precision.compute_dtype if spec.precision.is_autocast else None
 
 
+def _recorder(spec: JobSpec, seen: set[int]) -> Recorder:
+    return Recorder(autocast=_autocast(spec), backend=spec.backend.value, seen=seen)
+
+
 def plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> ActivationPlan:
     ctx = build_ctx(desc, spec, params)
     b, s = spec.micro_batch_size, spec.seq_len
     seen: set[int] = set()
-    rec = Recorder(autocast=_autocast(spec), seen=seen)
+    rec = _recorder(spec, seen)
     ids = rec.new("input_ids", (b, s), "int64", False)
     x = _embed(rec, ctx, ids)
     stages = [Stage("embedding", rec.saved_items(), [])]
@@ -87,14 +92,14 @@ def plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Activa
             stages.append(Stage(f"layer {i}", saved, []))
         x = Sym(f"layer{i}.out", x.shape, x.dtype, out_rg, Storage(x.storage.nbytes))
     _shared_rotary(ctx, stages)
-    head_rec = Recorder(autocast=_autocast(spec), seen=seen)
+    head_rec = _recorder(spec, seen)
     logits = _head(head_rec, ctx, x)
     stages.append(Stage("head", head_rec.saved_items(), []))
     return _with_loss(desc, spec, stages, logits, x)
 
 
 def _signature(ctx: Ctx, i: int, x: Sym) -> tuple:
-    prefix = f"model.layers.{i}."
+    prefix = f"{layer_prefix(ctx.desc)}.{i}."
     flags = tuple(p.trainable for n, p in sorted(ctx.params.items()) if n.startswith(prefix))
     lora = tuple(sorted(m[len(prefix):] for m in ctx.lora if m.startswith(prefix)))
     return (i in ctx.desc.moe_layers, flags, lora, x.requires_grad, x.dtype)
@@ -103,8 +108,8 @@ def _signature(ctx: Ctx, i: int, x: Sym) -> tuple:
 def _layer(ctx: Ctx, spec: JobSpec, i: int, x: Sym, b: int, s: int, seen: set[int]):
     """Replay one layer; returns (saved items, same items for recompute, output requires_grad).
     Rotary cos/sin are shared by all layers: reported once, under the embedding stage."""
-    rec = Recorder(autocast=_autocast(spec), seen=set(seen))
-    out = llama_layer(rec, ctx, x, i, b, s)
+    rec = _recorder(spec, set(seen))
+    out = layer_fn(ctx.desc)(rec, ctx, x, i, b, s)
     items = [(name, st.nbytes) for name, st in rec.saved.values() if not name.startswith("rotary/")]
     return items, out.requires_grad
 
@@ -116,12 +121,8 @@ def _shared_rotary(ctx: Ctx, stages: list[Stage]) -> None:
 
 def _embed(rec: Recorder, ctx: Ctx, ids: Sym) -> Sym:
     desc = ctx.desc
-    if desc.model_type == "gpt2":
-        x = rec.embedding(ids, ctx.p("transformer.wte.weight"), "embed/tokens")
-        pos = rec.new("position_ids", (1, ids.shape[1]), "int64", False)
-        xp = rec.embedding(pos, ctx.p("transformer.wpe.weight"), "embed/positions")
-        x = rec.add(x, xp, name="embed/sum")
-        return rec.dropout(x, desc.embedding_dropout, "embed/dropout")
+    if desc.model_type in ("gpt2", "bert"):
+        return other_embed(rec, ctx, ids)
     x = rec.embedding(ids, ctx.p("model.embed_tokens.weight"), "embed/tokens")
     if desc.embed_scale:
         # Gemma: hidden * normalizer, a 0-d tensor in the hidden dtype.
@@ -131,8 +132,11 @@ def _embed(rec: Recorder, ctx: Ctx, ids: Sym) -> Sym:
 
 def _head(rec: Recorder, ctx: Ctx, x: Sym) -> Sym:
     desc = ctx.desc
+    if desc.model_type in ("gpt2", "bert"):
+        return other_head(rec, ctx, x)
     h = norm(rec, ctx, x, "model.norm", "final_norm")
-    head = ctx.params.get("lm_head.weight") or ctx.p("model.embed_tokens.weight")
+    head = (ctx.params.get("lm_head.weight") or ctx.params.get("score.weight")
+            or ctx.p("model.embed_tokens.weight"))
     return rec.linear(h, head, name="logits")
 
 
@@ -141,9 +145,11 @@ def _with_loss(desc: ModelDesc, spec: JobSpec, stages: list[Stage], logits: Sym,
     ForCausalLMLoss: `logits.float()`, then F.cross_entropy = log_softmax + nll_loss; the
     log-softmax output is saved in fp32, and nll_loss saves the shifted labels)."""
     b, s = spec.micro_batch_size, spec.seq_len
-    tokens, v, c = b * s, logits.shape[-1], logits.dtype
+    # sequence classification pools one row per sequence before the loss
+    tokens = b if spec.task is Task.SEQUENCE_CLASSIFICATION else b * s
+    v, c = logits.shape[-1], logits.dtype
     full_c, full32 = nbytes(tokens * v, c), nbytes(tokens * v, "fp32")
-    grad_hidden = nbytes(tokens * desc.hidden_size, hidden.dtype)
+    grad_hidden = nbytes(b * s * desc.hidden_size, hidden.dtype)
     saved, fwd, bwd0, head = Breakdown(), Breakdown(), Breakdown(), Breakdown()
     if spec.loss_impl is LossImpl.FUSED_LINEAR_CROSS_ENTROPY:
         # Liger's fused linear cross-entropy computes the hidden-state gradient in forward

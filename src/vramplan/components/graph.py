@@ -54,6 +54,8 @@ class Recorder:
 
     autocast: str | None = None
     """Lower-precision dtype under torch.autocast (amp), else None."""
+    backend: str = "cuda"
+    """cuda | cpu: some ops save different tensors on each (dropout masks, CPU flash attention)."""
     saved: dict[int, tuple[str, Storage]] = field(default_factory=dict)
     cast_cache: dict[int, Sym] = field(default_factory=dict)
     """autocast caches the casts of leaf tensors that require grad (weights) for the region
@@ -161,12 +163,15 @@ class Recorder:
         return self.new(name, shape, x.dtype, x.requires_grad)
 
     def dropout(self, x: Sym, p: float, name: str = "dropout") -> Sym:
-        """F.dropout in training: aten native_dropout returns a bool mask that backward
-        needs; p == 0 returns the input itself (aten/src/ATen/native/Dropout.cpp)."""
+        """F.dropout in training (aten/src/ATen/native/Dropout.cpp): p == 0 returns the input
+        itself; on CUDA the fused native_dropout saves a bool mask; elsewhere `_dropout` makes
+        `noise = empty_like(input).bernoulli_(1 - p)` in the input's dtype and returns
+        `input * noise`, which saves the noise."""
         if p <= 0:
             return x
         if x.requires_grad:
-            self.save(self.new(f"{name}.mask", x.shape, "bool", False))
+            mask_dtype = "bool" if self.backend == "cuda" else x.dtype
+            self.save(self.new(f"{name}.mask", x.shape, mask_dtype, False))
         return self.new(name, x.shape, x.dtype, x.requires_grad)
 
     def layer_norm(self, x: Sym, w: Param, name: str) -> Sym:

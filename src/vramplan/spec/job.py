@@ -14,6 +14,7 @@ from vramplan.spec.enums import (
 from vramplan.spec.sections import (
     FreezeConfig, LoraConfig, ParallelConfig, QuantConfig, fraction, positive_int,
 )
+from vramplan.spec import tasks as _tasks
 
 _ENUMS = {
     "task": Task, "method": Method, "precision": Precision, "optimizer": Optimizer,
@@ -47,9 +48,10 @@ class JobSpec:
     """None: what PyTorch picks for the backend (foreach on CUDA, forloop on CPU)."""
     momentum: float = 0.0
     """SGD momentum; > 0 adds a momentum buffer per parameter."""
-    weight_decay: float | None = None
-    """None: the optimizer's own default (torch AdamW 0.01, others 0). Only SGD's
-    non-in-place weight decay changes memory."""
+    weight_decay: float = 0.01
+    """Decoupled/L2 weight decay, 0.01 as torch's AdamW default (and vramplan's measurement
+    harness, for every optimizer). Only SGD's decay changes memory: torch's SGD adds it
+    out of place (`grads = _foreach_add(grads, params, alpha=weight_decay)`)."""
     micro_batch_size: int = 1
     seq_len: int = 2048
     grad_accum_steps: int = 1
@@ -66,6 +68,24 @@ class JobSpec:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     trust_remote_code: bool = False
     """Allow running code from a model repository; never implied."""
+    reference_model: str | dict | None = None
+    """dpo/ipo/kto/ppo/grpo: the frozen reference; None: the trained model's architecture
+    (or, with a LoRA policy, the same model with its adapter disabled); 'precomputed'."""
+    teacher: str | dict | None = None
+    """distill: the frozen teacher model."""
+    reward_model: str | dict | None = None
+    """ppo/grpo: a frozen reward model (sequence classifier); None: a reward function."""
+    critic_model: str | dict | None = None
+    """ppo: the trained critic (value model); None: the trained model's architecture."""
+    num_generations: int | None = None
+    """grpo/ppo: completions generated per prompt (TRL GRPOConfig default 8; PPO 1)."""
+    max_new_tokens: int | None = None
+    """grpo/ppo: completion length; `seq_len` is then the prompt length."""
+    generation: _tasks.GenerationConfig | None = None
+    models: tuple = ()
+    """Generic form: a list of spec.tasks.ModelRole (role, model, method, precision, placement)."""
+    vision: _tasks.VisionConfig | None = None
+    diffusion: _tasks.DiffusionConfig | None = None
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731  (frozen dataclass)
@@ -76,9 +96,10 @@ class JobSpec:
         for name in _INTS:
             set_(name, positive_int(name, getattr(self, name)))
         set_("momentum", fraction("momentum", self.momentum, high=0.9999))
-        if self.weight_decay is not None:
-            set_("weight_decay", fraction("weight_decay", self.weight_decay, high=10.0))
+        set_("weight_decay", fraction("weight_decay", self.weight_decay, high=10.0))
         self._check_model()
+        for name, value in _tasks.check_task_fields(self).items():
+            set_(name, value)
         self._fill_method_defaults()
         if self.optimizer_impl is None:
             # torch.optim._default_to_fused_or_foreach: foreach when every tensor is on a
@@ -125,9 +146,11 @@ class JobSpec:
         out: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            if value is None or (f.name == "parallel" and value.is_trivial):
+            if value is None or (f.name == "parallel" and value.is_trivial) or (f.name == "models" and not value):
                 continue
-            if hasattr(value, "to_dict"):
+            if f.name == "models":
+                value = [m.to_dict() for m in value]
+            elif hasattr(value, "to_dict"):
                 value = value.to_dict()
             elif hasattr(value, "value"):
                 value = value.value
