@@ -77,6 +77,8 @@ class Built:
     # mixed-*: fp32 master params (what the optimizer steps), paired with the
     # 16-bit model params they are copied to after each step.
     master_pairs: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    # tensors alive before metering that are not the model's (set by the runner)
+    resident: list[torch.Tensor] = field(default_factory=list)
 
 
 # ----------------------------------------------------------------- the model

@@ -75,6 +75,12 @@ def _current_node() -> str:
     return node.name() if node is not None else ""
 
 
+def _release_weakly(meter_ref, key: int) -> None:
+    meter = meter_ref()
+    if meter is not None:
+        meter._release(key)
+
+
 class MemoryMeter(TorchDispatchMode):
     """Counts live storage bytes; use as a context manager around the work."""
 
@@ -93,6 +99,7 @@ class MemoryMeter(TorchDispatchMode):
         self._module_names: dict[int, str] = {}
         self._hook_handles: list = []
         self._category_fn: Callable[[], dict[int, str]] = dict
+        self._self_ref = weakref.ref(self)
 
     # ---------------------------------------------------------- registration
     def register(self, tensors: Iterable[torch.Tensor], kind: str) -> None:
@@ -146,9 +153,12 @@ class MemoryMeter(TorchDispatchMode):
                 pass
 
     def close(self) -> None:
+        """Remove the module hooks and drop the category function (it refers
+        to the model); snapshots taken so far keep their categories."""
         for h in self._hook_handles:
             h.remove()
         self._hook_handles = []
+        self._category_fn = dict
 
     # ----------------------------------------------------------------- phases
     def set_phase(self, name: str) -> None:
@@ -193,7 +203,10 @@ class MemoryMeter(TorchDispatchMode):
             self.phase_name,
         )
         self.current += nbytes
-        weakref.finalize(st, self._release, key)
+        # The callback holds the meter weakly: finalizers live in a global
+        # registry, and a strong reference there would keep the meter (and,
+        # through its category function, the model) alive forever.
+        weakref.finalize(st, _release_weakly, self._self_ref, key)
 
     def _release(self, key: int) -> None:
         info = self.live.pop(key, None)

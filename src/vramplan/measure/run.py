@@ -150,11 +150,13 @@ def train_steps(built: Built, job: dict, meter, device: str, steps: int = 2) -> 
 
 
 def _record_end_of_forward(built: Built, meter, stats: StepStats, batch: dict) -> None:
-    """Activations = live bytes after forward+loss minus model/optimizer state
-    and minus the batch (input_ids, labels) itself."""
+    """Activations = live bytes after forward+loss minus model/optimizer state,
+    minus the batch (input_ids, labels) and minus whatever was alive before
+    metering started (``built.resident``)."""
     if hasattr(meter, "mark"):
         meter.mark("end_of_forward")
     model_state = unique_bytes(param_tensors(built) + grad_tensors(built) + state_tensors(built)
-                               + list(built.model.buffers()) + list(batch.values()))
+                               + list(built.model.buffers()) + list(batch.values())
+                               + built.resident)
     stats.end_of_forward_bytes = meter.current
     stats.activation_bytes_end_of_forward = meter.current - model_state

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import warnings
 from typing import Any
 
 import torch
@@ -33,7 +34,10 @@ def _live_tensors() -> list[torch.Tensor]:
     LoRA row of cpu-dev-truth exceeds a params+buffers-only count.  So
     results depend on what the process imported: measure one job per process
     for reproducible bytes (bench/accuracy/reproduce_dev_truth.py does)."""
-    return [o for o in gc.get_objects() if isinstance(o, torch.Tensor)]
+    gc.collect()  # unreachable tensors still in gc's lists are not alive
+    with warnings.catch_warnings():  # isinstance() touches deprecated module attrs
+        warnings.simplefilter("ignore")
+        return [o for o in gc.get_objects() if isinstance(o, torch.Tensor)]
 
 
 def _metered(job: dict, built, trace: bool, steps: int, device: str) -> MeasureResult:
@@ -41,7 +45,8 @@ def _metered(job: dict, built, trace: bool, steps: int, device: str) -> MeasureR
     meter.register(built.model.parameters(), "parameter")
     meter.register(built.model.buffers(), "buffer")
     meter.register([m for m, _ in built.master_pairs], "master")
-    meter.register(_live_tensors(), "preexisting")
+    built.resident = _live_tensors()
+    meter.register(built.resident, "preexisting")
     meter.set_category_fn(lambda: categories(built))
     if trace:
         meter.track_modules(built.model)
@@ -126,13 +131,36 @@ def _transformers_sees_real_tensors():
         masking_utils.find_packed_sequence_indices = original_find
 
 
+@contextlib.contextmanager
+def _module_conversion_by_set_data():
+    """``Module._apply`` (``.to()``, used by peft when it adds adapters) swaps
+    FakeTensor parameters with ``torch.utils.swap_tensors``
+    (torch/nn/modules/module.py), which refuses tensors that have weak
+    references (FakeTensorMode keeps one).  Fall back to the classic
+    ``param.data = new`` conversion, which gives the same storages."""
+    original = torch.utils.swap_tensors
+
+    def swap_or_set_data(t1, t2):
+        try:
+            return original(t1, t2)
+        except RuntimeError:
+            with torch.no_grad():
+                t1.data = t2.data
+
+    torch.utils.swap_tensors = swap_or_set_data
+    try:
+        yield
+    finally:
+        torch.utils.swap_tensors = original
+
+
 def run_fake(job: Any, trace: bool = False, steps: int = 2) -> MeasureResult:
     """Same steps on FakeTensors: shapes and storages, no memory, no math."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     job = job_dict(job)
     with (FakeTensorMode(allow_non_fake_inputs=True), _optimizer_scalars_patched(),
-          _transformers_sees_real_tensors()):
+          _transformers_sees_real_tensors(), _module_conversion_by_set_data()):
         built = build(job, "cpu")
         return _metered(job, built, trace, steps, "fake")
 
