@@ -95,7 +95,13 @@ def plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Activa
     head_rec = _recorder(spec, seen)
     logits = _head(head_rec, ctx, x)
     stages.append(Stage("head", head_rec.saved_items(), []))
-    return _with_loss(desc, spec, stages, logits, x)
+    plan = _with_loss(desc, spec, stages, logits, x)
+    head_in = head_rec.last_linear_input
+    if head_in is not None and id(head_in.storage) not in seen:
+        # The output head's input is a local of the model's forward, alive while the loss
+        # is computed even when the head does not save it (frozen head, autocast copy).
+        plan.forward_end_transient.add("logits/head_input", head_in.storage.nbytes)
+    return plan
 
 
 def _signature(ctx: Ctx, i: int, x: Sym) -> tuple:

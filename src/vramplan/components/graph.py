@@ -61,6 +61,7 @@ class Recorder:
     """autocast caches the casts of leaf tensors that require grad (weights) for the region
     (aten/src/ATen/autocast_mode.cpp `cached_cast`); frozen weights are cast at each use."""
     transient_weight_casts: dict[int, Sym] = field(default_factory=dict)
+    last_linear_input: Sym | None = None
     seen: set[int] = field(default_factory=set)
     """Storages already saved by an earlier stage (shared tensors are counted once)."""
 
@@ -116,6 +117,7 @@ class Recorder:
     def linear(self, x: Sym, w: Param, bias: Param | None = None, name: str = "linear") -> Sym:
         """F.linear / Conv1D (addmm): saves the input when the weight is trained, and the
         weight (an autocast copy under amp) when the input needs a gradient."""
+        self.last_linear_input = x
         xin = self._autocast_input(x)
         wc = self._cast_param(w)
         if w.trainable:
