@@ -22,43 +22,40 @@ sources):
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+# Tasks whose training step run.py reproduces (causal-LM loss on labels=input_ids,
+# or a sequence-classification head on one label per row).
+MEASURED_TASKS = {"sft", "pretrain", "sequence-classification"}
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 # ------------------------------------------------------------------ job input
 def job_dict(job: Any) -> dict:
-    """A plain job dict from a JobSpec, a mapping, or a path.
+    """The job as the plain dict of ``JobSpec.to_dict()``.
 
-    Routes through ``vramplan.load_spec`` when the lead's spec module exists,
-    otherwise accepts the cpu-dev-truth job dict as is.
-    """
-    if hasattr(job, "to_dict"):
+    Everything goes through ``vramplan.load_spec`` (validation, defaults such
+    as ``weight_decay``), so a dev-truth job dict, a JobSpec and a spec file
+    all measure the same way."""
+    from vramplan import load_spec
+
+    if hasattr(job, "to_dict") and not isinstance(job, dict):
         return dict(job.to_dict())
-    if isinstance(job, dict):
-        return dict(job)
-    try:  # a path or name: only the spec layer knows how to read it
-        from vramplan import load_spec  # type: ignore[attr-defined]
-    except ImportError as exc:
-        raise TypeError(f"cannot read job {job!r}: vramplan.load_spec is not available") from exc
     return dict(load_spec(job).to_dict())
 
 
 def hf_config_dict(model_field: Any) -> dict:
-    """The HF config dict of the job's ``model`` field (inline dict, or resolved)."""
-    if isinstance(model_field, dict) and "model_type" in model_field:
-        return dict(model_field)
-    try:
-        from vramplan.sources import resolve_hf_config  # type: ignore
-    except ImportError as exc:
-        raise ValueError(
-            f"model {model_field!r} is not an inline HF config and vramplan.sources "
-            "is not available to resolve it") from exc
-    return dict(resolve_hf_config(model_field))
+    """The HF config dict of the job's ``model`` field (vramplan.sources
+    resolves catalog names, paths, hub ids and inline dicts)."""
+    from vramplan.sources import resolve_hf_config
+
+    _, config = resolve_hf_config(model_field)
+    return dict(config)
 
 
 def norm_precision(p: str) -> str:
@@ -91,7 +88,15 @@ def build_model(job: dict, device: str = "cpu", dtype: torch.dtype = torch.float
     tensors that FakeTensorMode holds weak references to."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
 
+    task = job.get("task", "sft")
+    if job.get("loss_impl", "standard") != "standard":
+        raise ValueError(f"loss_impl: only 'standard' is measured, got {job['loss_impl']!r}")
+    if task not in MEASURED_TASKS:
+        raise ValueError(f"task: measuring {task!r} is not implemented yet (measured: "
+                         f"{', '.join(sorted(MEASURED_TASKS))})")
     cfg = hf_config_dict(job["model"])
+    if task == "sequence-classification":
+        cfg.setdefault("num_labels", int(job.get("num_labels", 2)))
     model_type = cfg.pop("model_type")
     remote = bool(job.get("trust_remote_code", False))
     config = AutoConfig.for_model(model_type, **cfg)
@@ -99,7 +104,7 @@ def build_model(job: dict, device: str = "cpu", dtype: torch.dtype = torch.float
     attn = {"flash": "flash_attention_2", "flash2": "flash_attention_2"}.get(attn, attn)
     if attn.startswith("flash") and device != "cuda":
         raise ValueError("attention: flash attention needs device='cuda'")
-    auto = (AutoModelForSequenceClassification if job.get("task") == "sequence-classification"
+    auto = (AutoModelForSequenceClassification if task == "sequence-classification"
             else AutoModelForCausalLM)
     model = auto.from_config(config, attn_implementation=attn, trust_remote_code=remote, dtype=dtype)
     if getattr(model.config, "pad_token_id", None) is None and auto is AutoModelForSequenceClassification:
@@ -129,7 +134,7 @@ def apply_method(model: torch.nn.Module, job: dict, device: str) -> torch.nn.Mod
     if method == "full":
         return model
     if method == "lora":
-        return _apply_lora(model, job.get("lora") or {})
+        return _apply_lora(model, job.get("lora") or {}, job.get("task", "sft"))
     if method == "freeze":
         return _apply_freeze(model, job.get("freeze") or {})
     if method == "qlora":
@@ -139,7 +144,7 @@ def apply_method(model: torch.nn.Module, job: dict, device: str) -> torch.nn.Mod
     raise ValueError(f"method: unknown value {method!r}")
 
 
-def _apply_lora(model, lora: dict):
+def _apply_lora(model, lora: dict, task: str):
     from peft import LoraConfig, get_peft_model
 
     config = LoraConfig(
@@ -147,22 +152,26 @@ def _apply_lora(model, lora: dict):
         lora_dropout=float(lora.get("dropout", 0.0)),
         target_modules=lora.get("target_modules") or None,
         modules_to_save=lora.get("modules_to_save") or None,
-        task_type="CAUSAL_LM",
+        task_type="SEQ_CLS" if task == "sequence-classification" else "CAUSAL_LM",
     )
     return get_peft_model(model, config)
 
 
 def _apply_freeze(model, freeze: dict):
-    """Train only parameters whose name contains one of ``trainable`` (or the
-    last ``num_trainable_layers`` decoder layers), as LLaMA-Factory's freeze."""
-    patterns = list(freeze.get("trainable_modules") or freeze.get("trainable") or [])
-    n_layers = int(freeze.get("num_trainable_layers", 0) or 0)
-    total = getattr(model.config, "num_hidden_layers", 0)
-    patterns += [f"layers.{i}." for i in range(total - n_layers, total)] if n_layers else []
-    if not patterns:
-        raise ValueError("freeze: name trainable_modules or num_trainable_layers")
+    """Train only the layers in ``trainable_layers`` (negative counts from
+    the end) and parameters whose name contains one of ``trainable_modules``
+    (vramplan.spec.sections.FreezeConfig)."""
+    total = int(getattr(model.config, "num_hidden_layers", 0) or 0)
+    layers = {i % total for i in freeze.get("trainable_layers", [])} if total else set()
+    patterns = [f".{i}." for i in sorted(layers)]
+    modules = list(freeze.get("trainable_modules", []))
+    if not patterns and not modules:
+        raise ValueError("freeze: name trainable_layers or trainable_modules")
+    layer_word = re.compile(r"\.(layers|h|blocks|layer)\.(\d+)\.")
     for name, p in model.named_parameters():
-        p.requires_grad_(any(pat in name for pat in patterns))
+        m = layer_word.search(name)
+        in_layer = m is not None and int(m.group(2)) in layers
+        p.requires_grad_(in_layer or any(mod in name for mod in modules))
     return model
 
 

@@ -1,0 +1,138 @@
+"""``vramplan measure``: measure one job and put the estimate beside it.
+
+``measure_main(args)`` takes the parsed argparse namespace of the lead's CLI
+(``vramplan.cli``: the spec flags plus ``device``, ``fake``, ``trace``,
+``json``) and returns the result dict; without ``--json`` it also prints a
+short table (and, with ``--trace``, the tensors alive at the peak).
+
+JSON shape (schema ``vramplan.measure/1``)::
+
+    {"schema", "device", "job",
+     "measured": {peak_allocated_bytes, phases {forward, backward, optimizer},
+                  params_bytes, grad_bytes, optimizer_state_bytes,
+                  activation_bytes_end_of_forward, peak_phase, phase_peaks,
+                  [peak_reserved_bytes, device_bytes on CUDA]} | null,
+     "estimated": <vramplan.estimate(spec).to_dict()> | null,
+     "error": {"stage", "type", "message"} | null,
+     ["trace": {snapshot name: [raw storages]} with --trace]}
+"""
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+SCHEMA = "vramplan.measure/1"
+
+
+def _spec(args) -> Any:
+    """The JobSpec the flags describe (the lead's parser), else --spec alone."""
+    try:
+        from vramplan.cli import spec_from_args
+    except ImportError:
+        spec_from_args = None
+    if spec_from_args is not None and hasattr(args, "model"):
+        return spec_from_args(args)
+    from vramplan import load_spec
+
+    return load_spec(getattr(args, "spec"))
+
+
+def _device(args) -> str:
+    device = getattr(args, "device", None)
+    if device:
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _estimated(spec) -> tuple[dict | None, dict | None]:
+    try:
+        from vramplan import estimate
+    except ImportError:
+        return None, None
+    try:
+        return estimate(spec).to_dict(), None
+    except Exception as exc:  # the estimate is a companion; never lose the measurement
+        return None, {"stage": "estimate", "type": type(exc).__name__, "message": str(exc)}
+
+
+def measure_main(args) -> dict:
+    """Measure the job ``args`` describes; return the JSON-ready dict."""
+    from vramplan.measure import measure
+
+    spec = _spec(args)  # spec errors propagate: the CLI turns them into one line
+    fake = bool(getattr(args, "fake", False))
+    device = "fake" if fake else _device(args)
+    trace = bool(getattr(args, "trace", False))
+    out: dict = {"schema": SCHEMA, "device": device, "job": spec.to_dict(),
+                 "measured": None, "estimated": None, "error": None}
+    try:
+        result = measure(spec, device="cpu" if fake else device, fake=fake, trace=trace)
+    except (ValueError, NotImplementedError, RuntimeError) as exc:
+        out["error"] = {"stage": "measure", "type": type(exc).__name__, "message": str(exc)}
+        result = None
+    if result is not None:
+        measured = result.to_dict()
+        out["device"] = measured.pop("device")
+        out["measured"] = measured
+        if trace and result.trace is not None:
+            out["trace"] = {name: result.trace.raw(name) for name in result.trace.names()}
+    out["estimated"], est_error = _estimated(spec)
+    out["error"] = out["error"] or est_error
+    if not getattr(args, "json", False):
+        print(render(out, result.trace if result is not None and trace else None))
+    return out
+
+
+def render(out: dict, trace=None) -> str:
+    """A plain-text table: measured beside estimated, in bytes and GiB."""
+    from vramplan.measure.trace import fmt_bytes
+
+    lines = [f"device: {out['device']}"]
+    if out["error"]:
+        lines.append(f"error ({out['error']['stage']}): {out['error']['message']}")
+    m = out["measured"]
+    if m:
+        rows = [("peak_allocated_bytes", m["peak_allocated_bytes"])]
+        rows += [(f"phases.{k}", v) for k, v in m["phases"].items()]
+        rows += [(k, m[k]) for k in ("params_bytes", "grad_bytes", "optimizer_state_bytes",
+                                     "activation_bytes_end_of_forward")]
+        est = _estimated_peak(out["estimated"])
+        for name, value in rows:
+            lines.append(f"  {name:34s} {value:>15d}  {fmt_bytes(value):>11s}")
+        lines.append(f"  {'peak_phase':34s} {m['peak_phase']:>15s}")
+        if est is not None:
+            err = (est - m["peak_allocated_bytes"]) / max(1, m["peak_allocated_bytes"])
+            lines.append(f"  {'estimated peak':34s} {est:>15d}  {fmt_bytes(est):>11s}  ({err:+.1%})")
+    if trace is not None:
+        for name in ("peak", "end_of_forward"):
+            if name in trace.snapshots:
+                lines.append(trace.render(name, limit=40))
+    return "\n".join(lines)
+
+
+def _estimated_peak(estimated: dict | None) -> int | None:
+    if not estimated:
+        return None
+    for key in ("peak_allocated_bytes", "allocated_bytes", "peak_bytes"):
+        value = estimated.get(key)
+        if isinstance(value, int):
+            return value
+    return None
+
+
+if __name__ == "__main__":  # python -m vramplan.measure.cli SPEC [--fake] [--trace]
+    import argparse
+    import json
+
+    ap = argparse.ArgumentParser(prog="python -m vramplan.measure.cli")
+    ap.add_argument("spec")
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--fake", action="store_true")
+    ap.add_argument("--trace", action="store_true")
+    ap.add_argument("--json", action="store_true")
+    ns = ap.parse_args()
+    res = measure_main(ns)
+    if ns.json:
+        json.dump(res, sys.stdout, indent=2)
