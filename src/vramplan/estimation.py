@@ -70,6 +70,14 @@ class Estimate:
 
 def estimate(spec: JobSpec) -> Estimate:
     """Resolve the model (an edge: catalog, file or cache), then the pure core."""
+    from vramplan.spec.tasks import needs_several_models
+    if needs_several_models(spec):  # several models: per-model sections (vramplan.jobs)
+        from vramplan.jobs import estimate_job
+        gpu = None
+        if spec.gpu:
+            from vramplan.catalog import find_gpu
+            gpu = find_gpu(spec.gpu)
+        return estimate_job(spec, gpu)
     from vramplan.sources import resolve_model
     desc = resolve_model(spec)
     gpu = None

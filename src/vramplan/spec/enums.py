@@ -44,6 +44,27 @@ class Task(_Choice):
     """Causal-LM next-token training; same memory shape as sft."""
     SEQUENCE_CLASSIFICATION = "sequence-classification"
     """A classification head (`num_labels` outputs) on the last token or pooled output."""
+    DPO = "dpo"
+    """Direct preference optimization: trained policy plus a frozen reference (or precomputed
+    reference log-probs); chosen and rejected rows go through each model (2x rows)."""
+    IPO = "ipo"
+    """DPO's memory shape with the IPO loss."""
+    KTO = "kto"
+    """Unpaired preference rows plus a mismatched KL batch through policy and reference."""
+    ORPO = "orpo"
+    """Odds-ratio preference optimization: chosen and rejected rows, no reference model."""
+    SIMPO = "simpo"
+    """Length-normalized preference loss: chosen and rejected rows, no reference model."""
+    REWARD_MODEL = "reward-model"
+    """Pairwise training of a one-output sequence-classification model (value head)."""
+    PPO = "ppo"
+    """Actor and critic trained; reference and reward frozen; rollouts with a KV cache."""
+    GRPO = "grpo"
+    """Policy trained, reference frozen, num_generations completions per prompt."""
+    DISTILL = "distill"
+    """A trained student and a frozen teacher whose logits meet the student's in the loss."""
+    DIFFUSION = "diffusion"
+    """A denoiser (UNet, DiT, MMDiT) trained on VAE latents with frozen text encoders."""
 
 
 class Method(_Choice):

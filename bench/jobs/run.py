@@ -1,0 +1,90 @@
+"""Measured vs estimated peaks of multi-model jobs (DPO, distillation, reward model).
+
+    python bench/jobs/run.py [--only SUBSTRING] [--estimate-only]
+
+Each case is measured in a fresh process with vramplan.measure.jobs.measure_job (exact
+CPU meter, small random-init Llama models, two optimizer steps) and estimated with
+vramplan.estimate; results go to bench/jobs/results.json and are printed as a table.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SRC = HERE.parents[1] / "src"
+sys.path.insert(0, str(SRC))
+
+LLAMA = {"model_type": "llama", "vocab_size": 32000, "hidden_size": 256, "intermediate_size": 688,
+         "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 4,
+         "max_position_embeddings": 2048, "tie_word_embeddings": False}
+LLAMA_GQA = dict(LLAMA, hidden_size=384, intermediate_size=1024, num_hidden_layers=3,
+                 num_attention_heads=6, num_key_value_heads=2)
+TEACHER = dict(LLAMA, hidden_size=512, intermediate_size=1376, num_hidden_layers=6,
+               num_attention_heads=8, num_key_value_heads=8)
+BASE = {"model": LLAMA, "micro_batch_size": 2, "seq_len": 256, "optimizer": "adamw",
+        "optimizer_impl": "foreach", "attention": "sdpa", "backend": "cpu"}
+LORA = {"method": "lora", "lora": {"r": 8, "target_modules": ["q_proj", "v_proj"]}}
+
+
+def case(name: str, **fields) -> tuple[str, dict]:
+    return name, {**BASE, **fields}
+
+
+CASES = dict([
+    case("dpo/bf16/full/ref-same", task="dpo", precision="bf16"),
+    case("dpo/fp32/full/ref-same", task="dpo", precision="fp32"),
+    case("dpo/bf16/lora/adapter-disabled", task="dpo", precision="bf16", **LORA),
+    case("dpo/bf16/full/ref-precomputed", task="dpo", precision="bf16", reference_model="precomputed"),
+    case("dpo/bf16/full/ref-gqa-3l/gc", task="dpo", precision="bf16", model=LLAMA_GQA,
+         reference_model=dict(LLAMA_GQA, num_hidden_layers=2), gradient_checkpointing="full"),
+    case("ipo/bf16/full/b1s512", task="ipo", precision="bf16", micro_batch_size=1, seq_len=512),
+    case("distill/bf16/full/teacher-6l", task="distill", precision="bf16", teacher=TEACHER),
+    case("distill/fp32/full/teacher-6l", task="distill", precision="fp32", teacher=TEACHER),
+    case("reward-model/bf16/full", task="reward-model", precision="bf16"),
+    case("reward-model/fp32/full/b4", task="reward-model", precision="fp32", micro_batch_size=4),
+])
+
+
+def measure(job: dict) -> dict:
+    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); "
+            "from vramplan.measure.jobs import measure_job; "
+            "print(json.dumps(measure_job(json.loads(sys.argv[2])).to_dict()))")
+    proc = subprocess.run([sys.executable, "-c", code, str(SRC), json.dumps(job)],
+                          capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(proc.stderr[-3000:])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None) -> int:
+    import vramplan
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--only", default="")
+    ap.add_argument("--estimate-only", action="store_true")
+    args = ap.parse_args(argv)
+    path = HERE / "results.json"
+    old = json.loads(path.read_text()) if path.exists() else {}
+    out = dict(old)
+    for name, job in CASES.items():
+        if args.only not in name:
+            continue
+        est = vramplan.estimate(job)
+        row = {"job": job, "estimate": {"peak_allocated_bytes": est.peak_allocated_bytes,
+                                        "peak_event": est.peak_event, "phases": est.phases}}
+        row["measured"] = old.get(name, {}).get("measured") if args.estimate_only else measure(job)
+        out[name] = row
+        m = row["measured"]
+        if m:
+            err = est.peak_allocated_bytes / m["peak_allocated_bytes"] - 1
+            print(f"{name:34} measured {m['peak_allocated_bytes']:>12} ({m['peak_phase']:6}) "
+                  f"estimated {est.peak_allocated_bytes:>12} {err:+7.3%}  [{est.peak_event}]", flush=True)
+    path.write_text(json.dumps(out, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

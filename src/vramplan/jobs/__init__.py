@@ -1,0 +1,62 @@
+"""Jobs with several models: preference (DPO/IPO/KTO/ORPO/SimPO), reward models, PPO/GRPO,
+distillation, vision-language and diffusion jobs, and a generic list of models.
+
+`estimate_job(spec)` resolves every model the job names (an edge, like
+estimation.estimate) and hands ModelDescs to the pure per-task functions. Each model is
+its own section of the breakdown (`policy/...`, `reference/...`, `teacher/...`).
+"""
+from __future__ import annotations
+
+from vramplan.model import ModelDesc
+from vramplan.spec import JobSpec, Task
+from vramplan.spec.tasks import PRECOMPUTED, needs_several_models
+
+
+def _desc(model, num_labels: int | None = None) -> ModelDesc:
+    from vramplan.catalog.hf import model_from_hf_config
+    from vramplan.sources import resolve_hf_config
+    name, config = resolve_hf_config(model)
+    return model_from_hf_config(config, name=name, num_labels=num_labels)
+
+
+def resolve_models(spec: JobSpec) -> dict[str, ModelDesc]:
+    """ModelDescs of the job's models by role (the trained one under 'policy')."""
+    labels = 1 if spec.task is Task.REWARD_MODEL else None
+    out = {"policy": _desc(spec.model, labels)}
+    for role, field in (("reference", "reference_model"), ("teacher", "teacher"),
+                        ("reward", "reward_model"), ("critic", "critic_model")):
+        value = getattr(spec, field)
+        if value is not None and value != PRECOMPUTED:
+            out[role] = _desc(value, 1 if role in ("reward", "critic") else None)
+    for m in spec.models:
+        if m.model != PRECOMPUTED:
+            out[m.role] = _desc(m.model)
+    return out
+
+
+def estimate_job(spec: JobSpec, gpu=None):
+    return estimate_descs(resolve_models(spec), spec, gpu)
+
+
+def estimate_descs(descs: dict[str, ModelDesc], spec: JobSpec, gpu=None):
+    """The pure core: per-task step of several models -> Estimate."""
+    task = spec.task
+    if task in (Task.DPO, Task.IPO, Task.KTO, Task.ORPO, Task.SIMPO, Task.REWARD_MODEL):
+        from vramplan.jobs import preference
+    if task in (Task.DPO, Task.IPO, Task.KTO, Task.ORPO, Task.SIMPO):
+        return preference.preference_estimate(descs, spec, gpu)
+    if task is Task.REWARD_MODEL:
+        return preference.reward_model_estimate(descs, spec, gpu)
+    if task is Task.DISTILL:
+        from vramplan.jobs import distill
+        return distill.distill_estimate(descs, spec, gpu)
+    if task in (Task.PPO, Task.GRPO):
+        from vramplan.jobs import rl
+        return rl.rl_estimate(descs, spec, gpu)
+    if spec.models:
+        from vramplan.jobs import generic
+        return generic.generic_estimate(descs, spec, gpu)
+    raise NotImplementedError(f"task {task.value}: not modelled by vramplan.jobs yet")
+
+
+__all__ = ["estimate_descs", "estimate_job", "needs_several_models", "resolve_models"]

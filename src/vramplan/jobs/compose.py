@@ -1,0 +1,74 @@
+"""Put a multi-model step together: the trained model's timeline (timeline.walk) with the
+frozen models' weights in the static set and their forwards inserted where the trainer
+runs them, then the same device-level terms as a single-model estimate."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from vramplan.breakdown import Breakdown
+from vramplan.components.runtime import (
+    CUDA_CONTEXT_DEFAULT, cublas_workspace_bytes, reserved_from_allocated, rounding_overhead,
+)
+from vramplan.model import ModelDesc
+from vramplan.spec import Backend, JobSpec
+from vramplan.timeline import Event, StepPlan, peak_event, phase_peaks, walk
+
+
+@dataclass(slots=True)
+class Step:
+    """A job's step: one trained plan (already prefixed) plus what the other models add."""
+
+    plan: StepPlan
+    before: list[tuple[str, str, Breakdown]] = field(default_factory=list)
+    """(phase, label, extra) events before the trained forward (generation, encoders)."""
+    after_forward: list[tuple[str, str, Breakdown, bool]] = field(default_factory=list)
+    """(phase, label, extra, loss_saved_alive) events after the trained forward, with its
+    saved activations alive (reference forward, teacher forward, the loss)."""
+
+
+def _sum(parts) -> Breakdown:
+    out = Breakdown()
+    for p in parts:
+        out.merge(p)
+    return out
+
+
+def events_of(step: Step) -> list[Event]:
+    plan = step.plan
+    walked = walk(plan)
+    fwd_grads = _sum(plan.grads_by_stage) if plan.grads_alive_in_forward else Breakdown()
+    base = Breakdown().merge(plan.static).merge(fwd_grads)
+    saved = Breakdown().merge(base).merge(_sum(plan.stage_acts))
+    before = [Event(ph, label, Breakdown().merge(base).merge(extra)) for ph, label, extra in step.before]
+    after = [Event(ph, label, Breakdown().merge(saved).merge(plan.loss_saved if with_loss else Breakdown())
+                   .merge(extra)) for ph, label, extra, with_loss in step.after_forward]
+    return before + walked[:1] + after + walked[1:]
+
+
+def finish(spec: JobSpec, desc: ModelDesc, step: Step, *, num_params: int, trainable_params: int,
+           gpu=None, notes: list[str] | None = None, floor: Breakdown | None = None):
+    """An Estimate from the step's events (same device-level terms as estimation.py).
+    `floor`: memory held outside the allocator's live tensors (a colocated vLLM pool)."""
+    from vramplan.estimation import Estimate
+    if spec.backend is Backend.CUDA:
+        step.plan.static.add("runtime/cublas_workspace", cublas_workspace_bytes(gpu.name if gpu else None))
+    if floor:
+        step.plan.static.merge(floor)
+    events = events_of(step)
+    top = peak_event(events)
+    components = top.live
+    if spec.backend is Backend.CUDA:
+        components.add("allocator/rounding", rounding_overhead(list(components.terms.values())))
+    peak = components.total()
+    phases = phase_peaks(events)
+    phases[top.phase] = peak
+    reserved = device = peak
+    if spec.backend is Backend.CUDA:
+        largest = max((sum(v for k, v in e.live.terms.items() if "logits/" in k) for e in events), default=0)
+        reserved = reserved_from_allocated(peak, largest)
+        context = getattr(gpu, "cuda_context_bytes_typical", None) or CUDA_CONTEXT_DEFAULT
+        device = reserved + context
+    return Estimate(spec=spec, model=desc, num_params=num_params, trainable_params=trainable_params,
+                    peak_allocated_bytes=peak, peak_phase=top.phase, peak_event=top.label,
+                    phases=phases, components=components, reserved_bytes=reserved,
+                    device_bytes=device, events=events, gpu=gpu, notes=list(notes or []))

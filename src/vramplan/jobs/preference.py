@@ -1,0 +1,71 @@
+"""Preference jobs: DPO, IPO, KTO (policy + reference), ORPO, SimPO (policy only), and
+pairwise reward-model training.
+
+Sources: trl/trainer/dpo_trainer.py (TRL 0.x `concatenated_forward`: chosen and rejected
+rows concatenated into 2b rows; `get_batch_logps`; `compute_ref_log_probs` under
+torch.no_grad() after the policy forward; `null_ref_context` disables a LoRA policy's
+adapter instead of holding a reference), trl/trainer/kto_trainer.py (completions and a
+mismatched KL batch of b rows each; the KL and reference forwards under no_grad),
+trl/trainer/reward_trainer.py `compute_loss` (chosen and rejected rows through one
+sequence-classification model with one output).
+Legend: b micro-batch, r rows, s sequence, v vocabulary, h hidden, c compute dtype.
+"""
+from __future__ import annotations
+
+from vramplan.breakdown import Breakdown
+from vramplan.jobs.compose import Step, finish
+from vramplan.jobs.frozen import frozen_weights, logps_head, no_grad_forward_peak
+from vramplan.jobs.trained import compute_dtype, logps_loss, prefixed, score_loss, trained_plan
+from vramplan.model import ModelDesc
+from vramplan.spec import JobSpec, Method, Task
+from vramplan.spec.tasks import PRECOMPUTED
+from vramplan.units import nbytes
+
+
+def _batch(rows: int, s: int) -> Breakdown:
+    """Token ids and their labels (a separate copy, as the collators build them)."""
+    return Breakdown().add("batch/input_ids", nbytes(rows * s, "int64")).add("batch/labels", nbytes(rows * s, "int64"))
+
+
+def preference_estimate(descs: dict[str, ModelDesc], spec: JobSpec, gpu=None):
+    desc = descs["policy"]
+    b, s, v, h = spec.micro_batch_size, spec.seq_len, desc.vocab_size, desc.hidden_size
+    c = compute_dtype(spec)
+    # KTO: unpaired completions, b rows; the others: chosen + rejected, 2b rows.
+    rows = b if spec.task is Task.KTO else 2 * b
+    trained = trained_plan(desc, spec, rows, logps_loss(rows, s, v, h, c))
+    step = Step(prefixed(trained.plan, "policy"))
+    step.plan.static.merge(_batch(rows, s))
+    notes, total = [], desc.num_params()
+    ref = spec.reference_model
+    if spec.task in (Task.ORPO, Task.SIMPO):
+        pass
+    elif ref == PRECOMPUTED:
+        step.plan.static.add("batch/reference_logps", 2 * nbytes(rows, "fp32"))
+    else:
+        shares_base = ref is None and spec.method in (Method.LORA, Method.QLORA)
+        ref_desc = desc if shares_base else descs.get("reference", desc)
+        if shares_base:
+            notes.append("reference: the LoRA policy with its adapter disabled (no second model)")
+        else:
+            step.plan.static.merge(frozen_weights(ref_desc, spec.precision.weight_dtype), prefix="reference/")
+            total += ref_desc.num_params()
+        peak = no_grad_forward_peak(ref_desc, rows, s, c, logps_head(rows, s, ref_desc.vocab_size, c))
+        label = "reference forward (no_grad log-probs)"
+        if spec.task is Task.KTO:
+            # The policy's KL-batch forward runs under no_grad too, before the reference's.
+            label = "reference / KL-batch forward (no_grad log-probs)"
+        step.after_forward.append(("forward", label, Breakdown().merge(peak, prefix="reference/"), True))
+    return finish(spec, desc, step, num_params=total, trainable_params=trained.params.numel(trainable=True),
+                  gpu=gpu, notes=notes)
+
+
+def reward_model_estimate(descs: dict[str, ModelDesc], spec: JobSpec, gpu=None):
+    desc = descs["policy"]
+    b, s = spec.micro_batch_size, spec.seq_len
+    rows = 2 * b
+    trained = trained_plan(desc, spec, rows, score_loss(rows, s, desc.hidden_size, compute_dtype(spec)))
+    step = Step(prefixed(trained.plan, "reward_model"))
+    step.plan.static.merge(_batch(rows, s))
+    return finish(spec, desc, step, num_params=desc.num_params(),
+                  trainable_params=trained.params.numel(trainable=True), gpu=gpu)

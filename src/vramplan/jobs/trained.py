@@ -1,0 +1,107 @@
+"""The trained model of a multi-model job: the core's single-model plan with the job's
+rows and its own loss terms.
+
+Legend: r rows through the model (2b for chosen + rejected), s sequence, h hidden,
+v vocabulary, c the compute dtype; T = r * s tokens, T' = r * (s - 1) shifted tokens.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from vramplan.breakdown import Breakdown
+from vramplan.components.activations import ActivationPlan, plan_activations
+from vramplan.components.trainable import ParamSet, param_set
+from vramplan.model import ModelDesc
+from vramplan.spec import JobSpec, Task
+from vramplan.timeline import StepPlan
+from vramplan.units import nbytes
+
+
+@dataclass(slots=True)
+class LossTerms:
+    """What a loss adds on top of the layers' saved activations (see timeline.StepPlan)."""
+
+    saved: Breakdown
+    forward_end: Breakdown
+    backward_start: Breakdown
+    head_backward: Breakdown
+
+
+def single_spec(spec: JobSpec, rows: int, seq_len: int | None = None, **changes) -> JobSpec:
+    """The job as the core sees one trained model: task sft, `rows` rows, no job fields."""
+    return replace(spec, task=changes.pop("task", Task.SFT), micro_batch_size=rows,
+                   seq_len=seq_len or spec.seq_len, reference_model=None, teacher=None,
+                   reward_model=None, critic_model=None, num_generations=None,
+                   max_new_tokens=None, generation=None, models=(), vision=None,
+                   diffusion=None, **changes)
+
+
+def compute_dtype(spec: JobSpec) -> str:
+    return spec.precision.compute_dtype if spec.method.value != "qlora" else spec.quantization.compute_dtype
+
+
+def logps_loss(rows: int, s: int, v: int, h: int, c: str) -> LossTerms:
+    """Per-sequence log-probs of the labels, as trl DPOTrainer.get_batch_logps computes them:
+    `logits[:, :-1].float().log_softmax(-1)` then `torch.gather(..., labels[:, 1:])`.
+    log_softmax saves its fp32 output; gather saves the (cloned, shifted) labels.
+    Backward: gather's zeros-and-scatter gradient, log_softmax's gradient, the cast back
+    to c, and SliceBackward's full-size zeros (aten slice_backward)."""
+    t, t1 = rows * s, rows * (s - 1)
+    saved = Breakdown().add("logits/log_softmax", nbytes(t1 * v, "fp32")).add("logits/labels", nbytes(t1, "int64"))
+    fwd = Breakdown().add("logits/logits", nbytes(t * v, c))
+    if c != "fp32":
+        fwd.add("logits/logits_fp32", nbytes(t1 * v, "fp32"))
+    bwd0 = Breakdown().add("logits/grad_log_softmax", nbytes(t1 * v, "fp32")).add(
+        "logits/grad_logits_fp32", nbytes(t1 * v, "fp32"))
+    head = Breakdown()
+    if c != "fp32":
+        head.add("logits/grad_logits_fp32", nbytes(t1 * v, "fp32")).add("logits/grad_logits", nbytes(t1 * v, c))
+    else:
+        head.add("logits/grad_logits_shifted", nbytes(t1 * v, c)).add("logits/grad_logits", nbytes(t * v, c))
+    return LossTerms(saved, fwd, bwd0, head)
+
+
+def score_loss(rows: int, s: int, h: int, c: str) -> LossTerms:
+    """A one-output score head on every position (transformers
+    LlamaForSequenceClassification: `score(hidden_states)` then the last token's value):
+    (r, s, 1) scores, (r,) pooled; the pairwise loss is on r values."""
+    t = rows * s
+    fwd = Breakdown().add("head/scores", nbytes(t, c))
+    head = Breakdown().add("head/grad_scores", nbytes(t, c)).add("head/grad_hidden", nbytes(t * h, c))
+    return LossTerms(Breakdown(), fwd, Breakdown().add("head/grad_pooled", nbytes(rows, c)), head)
+
+
+@dataclass(slots=True)
+class Trained:
+    desc: ModelDesc
+    spec: JobSpec
+    params: ParamSet
+    plan: StepPlan
+
+
+def trained_plan(desc: ModelDesc, spec: JobSpec, rows: int, loss: LossTerms, seq_len: int | None = None) -> Trained:
+    """The core's step plan for the trained model with `loss` in place of causal-LM
+    cross-entropy; the batch is left to the job (it is shared by its models)."""
+    from vramplan.estimation import _step_plan
+    one = single_spec(spec, rows, seq_len)
+    params = param_set(desc, one)
+    acts: ActivationPlan = plan_activations(desc, one, params)
+    acts.loss_saved, acts.forward_end_transient = loss.saved, loss.forward_end
+    acts.loss_backward_transient, acts.head_backward_transient = loss.backward_start, loss.head_backward
+    plan = _step_plan(desc, one, params, acts)
+    plan.static.terms.pop("batch/input_ids", None)
+    return Trained(desc, one, params, plan)
+
+
+def prefixed(plan: StepPlan, prefix: str) -> StepPlan:
+    """Every term of the plan under `prefix/` (the per-model section of the breakdown)."""
+    p = prefix + "/"
+    re = lambda b: Breakdown().merge(b, prefix=p)  # noqa: E731
+    return StepPlan(static=re(plan.static), grads_by_stage=[re(g) for g in plan.grads_by_stage],
+                    stage_acts=[re(a) for a in plan.stage_acts], loss_saved=re(plan.loss_saved),
+                    forward_end_transient=re(plan.forward_end_transient),
+                    loss_backward_transient=re(plan.loss_backward_transient),
+                    stage_backward_transient=[re(t) for t in plan.stage_backward_transient],
+                    optimizer_temporaries=re(plan.optimizer_temporaries),
+                    grads_alive_in_forward=plan.grads_alive_in_forward,
+                    labels=[f"{prefix} {label}" for label in plan.labels])

@@ -1,0 +1,233 @@
+"""Typed sections for jobs with several models: preference, RL, distillation, multimodal,
+diffusion, and a generic list of models.
+
+JobSpec keeps the fields (`reference_model`, `teacher`, `reward_model`, `critic_model`,
+`num_generations`, `max_new_tokens`, `generation`, `models`, `vision`, `diffusion`);
+parsing and validation live here so job.py only delegates.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Mapping
+
+from vramplan.spec.enums import Precision, SpecError, Task
+from vramplan.spec.sections import fraction, positive_int
+
+PRECOMPUTED = "precomputed"
+"""A frozen model whose outputs were computed ahead of time (reference log-probs, text
+embeddings, VAE latents): it holds no memory during training."""
+
+REFERENCE_TASKS = (Task.DPO, Task.IPO, Task.KTO)
+NO_REFERENCE_TASKS = (Task.ORPO, Task.SIMPO)
+RL_TASKS = (Task.PPO, Task.GRPO)
+MULTI_MODEL_TASKS = REFERENCE_TASKS + NO_REFERENCE_TASKS + RL_TASKS + (
+    Task.REWARD_MODEL, Task.DISTILL, Task.DIFFUSION)
+
+ROLE_METHODS = ("frozen", "full", "lora")
+PLACEMENTS = ("gpu", "cpu", "other-gpu")
+
+
+def model_ref(name: str, value: Any, *, allow_precomputed: bool = True) -> str | dict | None:
+    """A model field: catalog name / hub id / path, an inline HF config, or 'precomputed'."""
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        if "model_type" not in value:
+            raise SpecError(f"{name}.model_type", "an inline config needs model_type (e.g. 'llama')")
+        return value
+    if not isinstance(value, str) or not value.strip():
+        raise SpecError(name, f"expected a model name, path, inline HF config or 'precomputed', got {value!r}")
+    if value.strip().lower() in (PRECOMPUTED, "none"):
+        if not allow_precomputed:
+            raise SpecError(name, "cannot be precomputed here; name a model")
+        return PRECOMPUTED
+    return value.strip()
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ModelRole:
+    """One model of a job, for the generic `models` list."""
+
+    role: str
+    """Its name in the breakdown (`policy`, `reference`, `teacher`, `text_encoder`, ...)."""
+    model: str | dict
+    """Catalog name, hub id, config path or inline HF config; 'precomputed' holds nothing."""
+    method: str = "frozen"
+    """frozen (no_grad forward only) | full | lora (trained with the job's optimizer)."""
+    precision: Precision | None = None
+    """Weight dtype; None: the job's precision."""
+    placement: str = "gpu"
+    """gpu (this GPU) | cpu (offloaded; moved in for its forward, as diffusers'
+    enable_model_cpu_offload) | other-gpu (not on this GPU)."""
+
+    def __post_init__(self):
+        if not isinstance(self.role, str) or not self.role.replace("_", "").replace("-", "").isalnum():
+            raise SpecError("models.role", f"expected a short name like 'reference', got {self.role!r}")
+        object.__setattr__(self, "model", model_ref(f"models.{self.role}.model", self.model))
+        if self.method not in ROLE_METHODS:
+            raise SpecError(f"models.{self.role}.method", f"choose one of {', '.join(ROLE_METHODS)}")
+        if self.precision is not None:
+            object.__setattr__(self, "precision", Precision.parse(self.precision, f"models.{self.role}.precision"))
+        if self.placement not in PLACEMENTS:
+            raise SpecError(f"models.{self.role}.placement", f"choose one of {', '.join(PLACEMENTS)}")
+
+    def to_dict(self) -> dict:
+        out = {"role": self.role, "model": self.model, "method": self.method, "placement": self.placement}
+        if self.precision is not None:
+            out["precision"] = self.precision.value
+        return out
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GenerationConfig:
+    """How PPO/GRPO rollouts are generated."""
+
+    engine: str = "hf"
+    """hf (model.generate with a dynamic KV cache on the training GPU) | vllm (a colocated
+    vLLM engine that pre-allocates `gpu_memory_utilization` of the GPU)."""
+    gpu_memory_utilization: float = 0.3
+    """vLLM: fraction of the GPU's memory the engine takes (TRL GRPOConfig
+    vllm_gpu_memory_utilization default 0.3)."""
+    generation_batch_size: int | None = None
+    """Sequences generated at once; None: micro_batch_size (TRL's per-device batch)."""
+
+    def __post_init__(self):
+        if self.engine not in ("hf", "vllm"):
+            raise SpecError("generation.engine", "choose hf or vllm")
+        object.__setattr__(self, "gpu_memory_utilization",
+                           fraction("generation.gpu_memory_utilization", self.gpu_memory_utilization))
+        if self.generation_batch_size is not None:
+            object.__setattr__(self, "generation_batch_size",
+                               positive_int("generation.generation_batch_size", self.generation_batch_size))
+
+    def to_dict(self) -> dict:
+        out = {"engine": self.engine, "gpu_memory_utilization": self.gpu_memory_utilization}
+        if self.generation_batch_size is not None:
+            out["generation_batch_size"] = self.generation_batch_size
+        return out
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class VisionConfig:
+    """Images of a vision-language job, per sample."""
+
+    num_images: int = 1
+    image_size: int = 336
+    """Side of the (square) image in pixels after the processor's resize."""
+    freeze_vision_tower: bool = True
+
+    def __post_init__(self):
+        object.__setattr__(self, "num_images", positive_int("vision.num_images", self.num_images, minimum=0))
+        object.__setattr__(self, "image_size", positive_int("vision.image_size", self.image_size))
+
+    def to_dict(self) -> dict:
+        return {"num_images": self.num_images, "image_size": self.image_size,
+                "freeze_vision_tower": self.freeze_vision_tower}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DiffusionConfig:
+    """Input of a diffusion/video denoiser training step."""
+
+    height: int = 512
+    width: int = 512
+    num_frames: int = 1
+    """Video frames in pixel space (1 for images)."""
+    text_encoders: str = "frozen"
+    """frozen (run under no_grad each step) | precomputed (embeddings read from disk)."""
+    vae: str = "frozen"
+    """frozen (encode pixels each step) | precomputed (latents read from disk)."""
+    frozen_copy: bool = False
+    """A frozen copy of the denoiser beside the trained one (unlearning, distillation)."""
+    offload_frozen: bool = False
+    """Frozen modules live on the CPU and visit the GPU one at a time for their forward
+    (diffusers `enable_model_cpu_offload`)."""
+
+    def __post_init__(self):
+        for name in ("height", "width", "num_frames"):
+            object.__setattr__(self, name, positive_int(f"diffusion.{name}", getattr(self, name)))
+        for name in ("text_encoders", "vae"):
+            if getattr(self, name) not in ("frozen", PRECOMPUTED):
+                raise SpecError(f"diffusion.{name}", "choose frozen or precomputed")
+
+    def to_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+SECTIONS = {"generation": GenerationConfig, "vision": VisionConfig, "diffusion": DiffusionConfig}
+
+
+def parse_section(name: str, value: Any):
+    cls = SECTIONS[name]
+    if value is None or isinstance(value, cls):
+        return value
+    if not isinstance(value, Mapping):
+        raise SpecError(name, f"expected a mapping, got {value!r}")
+    known = {f.name for f in fields(cls)}
+    for key in value:
+        if key not in known:
+            raise SpecError(f"{name}.{key}", f"unknown key; known: {', '.join(sorted(known))}")
+    return cls(**value)
+
+
+def parse_models(value: Any) -> tuple[ModelRole, ...]:
+    if value in (None, (), []):
+        return ()
+    if not isinstance(value, (list, tuple)):
+        raise SpecError("models", "expected a list of {role, model, method, precision, placement}")
+    out = []
+    for item in value:
+        if isinstance(item, ModelRole):
+            out.append(item)
+            continue
+        if not isinstance(item, Mapping) or "role" not in item or "model" not in item:
+            raise SpecError("models", f"each entry needs role and model, got {item!r}")
+        known = {f.name for f in fields(ModelRole)}
+        for key in item:
+            if key not in known:
+                raise SpecError(f"models.{item.get('role')}.{key}", "unknown key")
+        out.append(ModelRole(**item))
+    roles = [m.role for m in out]
+    if len(set(roles)) != len(roles):
+        raise SpecError("models", f"roles must be unique, got {roles}")
+    return tuple(out)
+
+
+def check_task_fields(spec) -> dict[str, Any]:
+    """Validate the multi-model fields against the task; returns normalized values."""
+    task = spec.task
+    out: dict[str, Any] = {}
+    for name in ("reference_model", "teacher", "reward_model", "critic_model"):
+        out[name] = model_ref(name, getattr(spec, name), allow_precomputed=name == "reference_model")
+    if out["reference_model"] is not None and task not in REFERENCE_TASKS + RL_TASKS:
+        raise SpecError("reference_model", f"task {task.value} keeps no reference model; "
+                        f"use task {', '.join(t.value for t in REFERENCE_TASKS)}")
+    if task is Task.DISTILL and out["teacher"] is None:
+        raise SpecError("teacher", "task distill needs a teacher model")
+    if out["teacher"] is not None and task is not Task.DISTILL:
+        raise SpecError("teacher", "only task distill takes a teacher")
+    for name in ("reward_model", "critic_model"):
+        if out[name] is not None and task not in RL_TASKS:
+            raise SpecError(name, "only tasks ppo and grpo take it")
+    for name in ("num_generations", "max_new_tokens"):
+        value = getattr(spec, name)
+        if value is not None:
+            if task not in RL_TASKS:
+                raise SpecError(name, "only tasks ppo and grpo generate")
+            out[name] = positive_int(name, value)
+    out["models"] = parse_models(spec.models)
+    for name in SECTIONS:
+        out[name] = parse_section(name, getattr(spec, name))
+    if out["diffusion"] is not None and task is not Task.DIFFUSION:
+        raise SpecError("diffusion", "set task diffusion to train a denoiser")
+    if task is Task.DIFFUSION and out["diffusion"] is None:
+        out["diffusion"] = DiffusionConfig()
+    return out
+
+
+def needs_several_models(spec) -> bool:
+    return spec.task in MULTI_MODEL_TASKS or bool(spec.models) or spec.vision is not None
+
+
+__all__ = ["DiffusionConfig", "GenerationConfig", "ModelRole", "PRECOMPUTED", "VisionConfig",
+           "check_task_fields", "model_ref", "needs_several_models", "parse_models", "parse_section"]
