@@ -169,11 +169,16 @@ def run_fake(job: Any, trace: bool = False, steps: int = 2) -> MeasureResult:
 class CudaPhaseMeter:
     """Same interface as MemoryMeter for the runner, read from the caching
     allocator (torch/cuda/memory.py): peak per phase via
-    ``reset_peak_memory_stats`` + ``max_memory_allocated``."""
+    ``reset_peak_memory_stats`` + ``max_memory_allocated`` /
+    ``max_memory_reserved``; NVML device-level usage read at each phase end
+    (the caching allocator rarely returns memory, so the largest end-of-phase
+    reading is the run's device-level peak to within one phase's growth)."""
 
     def __init__(self):
         self.phase_peaks: dict[str, int] = {}
         self.reserved_peak = 0
+        self.device_peak: int | None = None
+        self._nvml = _NvmlReader()
 
     @property
     def current(self) -> int:
@@ -190,28 +195,62 @@ class CudaPhaseMeter:
             peak = torch.cuda.max_memory_allocated()
             self.phase_peaks[name] = max(self.phase_peaks.get(name, 0), peak)
             self.reserved_peak = max(self.reserved_peak, torch.cuda.max_memory_reserved())
+            used = self._nvml.used_bytes()
+            if used is not None:
+                self.device_peak = max(self.device_peak or 0, used)
 
     def peak(self) -> tuple[int, str]:
         name = max(self.phase_peaks, key=self.phase_peaks.get)
         return self.phase_peaks[name], name
 
+    def close(self) -> None:
+        self._nvml.close()
 
-def nvml_used_bytes() -> int | None:
-    """Device-level used memory (includes the CUDA context) via nvidia-ml-py."""
-    try:
-        import pynvml
-    except ImportError:
-        return None
-    try:
-        pynvml.nvmlInit()
-        index = torch.cuda.current_device()
-        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-        return int(pynvml.nvmlDeviceGetMemoryInfo(handle).used)
-    except Exception:  # NVML missing or not permitted: report nothing
-        return None
-    finally:
-        with contextlib.suppress(Exception):
-            pynvml.nvmlShutdown()
+
+class _NvmlReader:
+    """Used bytes of the current CUDA device via nvidia-ml-py (``pynvml``), or
+    None when it is not installed or not permitted.  Includes the CUDA context
+    and every other process on the device."""
+
+    def __init__(self):
+        self.handle = None
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self.pynvml = pynvml
+            self.handle = self._handle(pynvml)
+        except Exception:  # ImportError, NVMLError: no device-level figure
+            self.handle = None
+
+    @staticmethod
+    def _handle(pynvml):
+        # CUDA_VISIBLE_DEVICES renumbers devices for torch but not for NVML:
+        # match by UUID (torch.cuda.get_device_properties(i).uuid).
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        uuid = getattr(props, "uuid", None)
+        if uuid is not None:
+            text = str(uuid)
+            text = text if text.startswith("GPU-") else f"GPU-{text}"
+            try:
+                return pynvml.nvmlDeviceGetHandleByUUID(text)
+            except Exception:
+                pass
+        return pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+
+    def used_bytes(self) -> int | None:
+        if self.handle is None:
+            return None
+        try:
+            return int(self.pynvml.nvmlDeviceGetMemoryInfo(self.handle).used)
+        except Exception:
+            return None
+
+    def close(self) -> None:
+        if self.handle is not None:
+            with contextlib.suppress(Exception):
+                self.pynvml.nvmlShutdown()
+            self.handle = None
 
 
 def run_cuda(job: Any, steps: int = 2) -> MeasureResult:
@@ -221,7 +260,10 @@ def run_cuda(job: Any, steps: int = 2) -> MeasureResult:
     torch.manual_seed(0)
     built = build(job, "cuda")
     meter = CudaPhaseMeter()
-    stats = train_steps(built, job, meter, "cuda", steps)
+    try:
+        stats = train_steps(built, job, meter, "cuda", steps)
+    finally:
+        meter.close()
     peak, name = meter.peak()
     return _result("cuda", peak, name, meter.phase_peaks, stats,
-                   peak_reserved_bytes=meter.reserved_peak, device_bytes=nvml_used_bytes())
+                   peak_reserved_bytes=meter.reserved_peak, device_bytes=meter.device_peak)
