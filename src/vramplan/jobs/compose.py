@@ -11,7 +11,7 @@ from vramplan.components.runtime import (
 )
 from vramplan.model import ModelDesc
 from vramplan.spec import Backend, JobSpec
-from vramplan.timeline import Event, StepPlan, peak_event, phase_peaks, walk
+from vramplan.timeline import Event, StepPlan, peak_event, walk
 
 
 @dataclass(slots=True)
@@ -43,6 +43,14 @@ def events_of(step: Step) -> list[Event]:
     after = [Event(ph, label, Breakdown().merge(saved).merge(plan.loss_saved if with_loss else Breakdown())
                    .merge(extra)) for ph, label, extra, with_loss in step.after_forward]
     return before + walked[:1] + after + walked[1:]
+
+
+def phase_peaks(events: list[Event]) -> dict[str, int]:
+    """Peak per phase; multi-model steps add phases (generation) to the single-model three."""
+    out: dict[str, int] = {"forward": 0, "backward": 0, "optimizer": 0}
+    for e in events:
+        out[e.phase] = max(out.get(e.phase, 0), e.total)
+    return out
 
 
 def finish(spec: JobSpec, desc: ModelDesc, step: Step, *, num_params: int, trainable_params: int,

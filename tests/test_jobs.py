@@ -1,0 +1,112 @@
+"""Multi-model jobs: spec fields, estimates against exact CPU measurements, mechanisms."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import vramplan
+from vramplan.spec import SpecError
+
+TINY = {"model_type": "llama", "vocab_size": 2048, "hidden_size": 64, "intermediate_size": 176,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "max_position_embeddings": 512, "tie_word_embeddings": False}
+BASE = {"model": TINY, "micro_batch_size": 2, "seq_len": 64, "optimizer": "adamw",
+        "optimizer_impl": "foreach", "attention": "sdpa", "backend": "cpu"}
+RESULTS = Path(__file__).resolve().parents[1] / "bench" / "jobs" / "results.json"
+
+
+def est(**fields):
+    return vramplan.estimate({**BASE, **fields})
+
+
+def test_spec_fields_validate_against_task():
+    with pytest.raises(SpecError, match="teacher"):
+        vramplan.load_spec({**BASE, "task": "sft", "teacher": TINY})
+    with pytest.raises(SpecError, match="teacher"):
+        vramplan.load_spec({**BASE, "task": "distill"})
+    with pytest.raises(SpecError, match="num_generations"):
+        vramplan.load_spec({**BASE, "task": "dpo", "num_generations": 4})
+    spec = vramplan.load_spec({**BASE, "task": "dpo", "reference_model": "PRECOMPUTED"})
+    assert spec.reference_model == "precomputed"
+    assert vramplan.load_spec(spec.to_dict()) == spec
+
+
+def test_dpo_breakdown_has_a_section_per_model_and_peaks_in_the_reference_forward():
+    e = est(task="dpo", precision="bf16")
+    groups = e.components.groups(1)
+    assert groups["policy"] > 0 and groups["reference"] > 0
+    assert e.peak_event.startswith("reference forward")
+    # the reference's weights equal the policy's (same architecture, frozen, bf16)
+    assert e.components.terms["reference/weights/frozen"] == e.components.terms["policy/weights/trainable"]
+
+
+def test_precomputed_reference_and_lora_policy_hold_no_reference_weights():
+    full, pre = est(task="dpo", precision="bf16"), est(task="dpo", precision="bf16", reference_model="precomputed")
+    assert not any(k.startswith("reference/") for k in pre.components.terms)
+    assert pre.peak_allocated_bytes < full.peak_allocated_bytes
+    lora = est(task="dpo", precision="bf16", method="lora")
+    assert not any(k.startswith("reference/weights") for k, _ in lora.events[1].live)
+    assert any("adapter disabled" in n for n in lora.notes)
+
+
+def test_chosen_and_rejected_double_the_policy_rows():
+    dpo, sft = est(task="dpo", precision="fp32", reference_model="precomputed"), est(task="sft", precision="fp32")
+    v, s, b = TINY["vocab_size"], BASE["seq_len"], BASE["micro_batch_size"]
+    assert dpo.components.total("policy/logits/log_softmax") == 2 * b * (s - 1) * v * 4 or \
+        max(e.live.total("policy/logits/log_softmax") for e in dpo.events) == 2 * b * (s - 1) * v * 4
+    assert dpo.peak_allocated_bytes > sft.peak_allocated_bytes
+
+
+def test_distill_peaks_in_the_loss_with_both_logits():
+    e = est(task="distill", precision="bf16", teacher=dict(TINY, num_hidden_layers=3))
+    assert e.peak_event.startswith("distillation loss")
+    assert e.components.total("teacher/logits") > 0 and e.components.total("student/logits") > 0
+
+
+def test_distill_rejects_a_teacher_with_another_vocabulary():
+    with pytest.raises(ValueError, match="vocabulary"):
+        est(task="distill", teacher=dict(TINY, vocab_size=4096))
+
+
+def test_grpo_generation_kv_cache_by_hand():
+    e = est(task="grpo", precision="bf16", max_new_tokens=256, num_generations=4, seq_len=16)
+    gen = next(ev for ev in e.events if ev.phase == "generation")
+    # 2 (K, V) x layers x rows x kv_heads x (prompt + completion) x head_dim x 2 bytes
+    assert gen.live.terms["policy/generation/kv_cache"] == 2 * 2 * 2 * 2 * 272 * 16 * 2
+    assert "generation" in e.phases
+
+
+def test_vllm_engine_reserves_its_fraction_of_the_gpu():
+    spec = {**BASE, "backend": "cuda", "task": "grpo", "max_new_tokens": 32, "gpu": "h100-80gb",
+            "generation": {"engine": "vllm", "gpu_memory_utilization": 0.5}}
+    e = vramplan.estimate(spec)
+    assert e.components.terms["generation/vllm_engine"] == e.gpu.memory_bytes // 2
+
+
+def test_ppo_trains_actor_and_critic():
+    e = est(task="ppo", precision="bf16", max_new_tokens=16, seq_len=16)
+    opt = next(ev for ev in e.events if ev.phase == "optimizer")
+    assert opt.live.total("actor/gradients") > 0 and opt.live.total("critic/gradients") > 0
+
+
+@pytest.mark.parametrize("name", ["dpo/bf16/full/ref-same", "dpo/fp32/full/ref-same",
+                                  "dpo/bf16/lora/adapter-disabled", "dpo/bf16/full/ref-precomputed",
+                                  "distill/bf16/full/teacher-6l", "reward-model/bf16/full"])
+def test_estimates_match_committed_cpu_measurements(name):
+    row = json.loads(RESULTS.read_text())[name]
+    measured = row["measured"]["peak_allocated_bytes"]
+    estimated = vramplan.estimate(row["job"]).peak_allocated_bytes
+    assert abs(estimated / measured - 1) < 0.02, (estimated, measured)
+
+
+def test_tiny_dpo_and_distill_measured_live():
+    pytest.importorskip("torch")
+    from vramplan.measure.jobs import measure_job
+    for fields in ({"task": "dpo", "precision": "bf16"},
+                   {"task": "distill", "precision": "bf16", "teacher": dict(TINY, num_hidden_layers=3)}):
+        job = {**BASE, **fields}
+        m = measure_job(job)
+        e = vramplan.estimate(job)
+        assert abs(e.peak_allocated_bytes / m.peak_allocated_bytes - 1) < 0.05, (fields, e.peak_allocated_bytes, m)
