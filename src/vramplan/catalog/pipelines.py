@@ -1,0 +1,86 @@
+"""Diffusion/video pipelines and vision-language models: data files under
+catalog/diffusion/ and catalog/multimodal/, loaded lazily, and the token counts their
+inputs turn into.
+
+Each file holds the published config fields of the pipeline's parts (denoiser, VAE, text
+encoders; vision tower, projector, language model). `num_params` figures are the
+published totals of each part; check them against a meta-device build before relying on
+them for weights (they are data, not derived here).
+"""
+from __future__ import annotations
+
+import functools
+import json
+from importlib import resources
+
+
+@functools.lru_cache(maxsize=None)
+def _entries(folder: str) -> dict[str, dict]:
+    out = {}
+    for item in resources.files(__package__).joinpath(folder).iterdir():
+        if item.name.endswith(".json"):
+            data = json.loads(item.read_text(encoding="utf-8"))
+            out[data["name"]] = data
+            out[data["hub_id"].lower()] = data
+    return out
+
+
+def find_pipeline(name: str) -> dict:
+    """A diffusion/video pipeline by catalog name or hub id."""
+    return _find("diffusion", name)
+
+
+def find_vlm(name: str) -> dict:
+    """A vision-language model by catalog name or hub id."""
+    return _find("multimodal", name)
+
+
+def _find(folder: str, name: str) -> dict:
+    index = _entries(folder)
+    key = name.strip().lower()
+    if key not in index:
+        import difflib
+        hint = difflib.get_close_matches(key, list(index), n=1)
+        raise KeyError(f"{name!r} is not in catalog/{folder}" + (f"; did you mean {hint[0]!r}?" if hint else ""))
+    return index[key]
+
+
+def latent_shape(pipe: dict, batch: int, height: int, width: int, frames: int) -> tuple[int, ...]:
+    """batch x channels x frames x height x width of the VAE latents. CogVideoX's causal
+    3D VAE keeps the first frame and compresses the rest by `temporal_compression`
+    (diffusers AutoencoderKLCogVideoX: 49 frames -> 13 latent frames)."""
+    vae = pipe["vae"]
+    s, t = vae["spatial_compression"], vae["temporal_compression"]
+    f = 1 if frames == 1 or t == 1 else (frames - 1) // t + 1
+    return (batch, vae["latent_channels"], f, height // s, width // s)
+
+
+def denoiser_tokens(pipe: dict, height: int, width: int, frames: int) -> dict[str, int]:
+    """Tokens per sample the denoiser attends over: latent patches (frames x (h/p) x (w/p);
+    Flux packs 2x2 latents into one token, diffusers FluxPipeline._pack_latents) plus,
+    where text joins the sequence (CogVideoX, SD3/Flux joint attention), text tokens.
+    A UNet has no token sequence: its attention runs per resolution level."""
+    den = pipe["denoiser"]
+    _, _, f, h, w = latent_shape(pipe, 1, height, width, frames)
+    if pipe["kind"] == "unet":
+        return {"image": h * w, "text": 0}
+    p = den.get("patch_size", 1) * den.get("latent_packing", 1)
+    image = f * (h // p) * (w // p)
+    text = 0
+    if pipe["kind"] == "video-dit":  # CogVideoX: T5 states concatenated before the video tokens
+        text = den["max_text_seq_length"]
+    elif pipe["kind"] == "mmdit":  # joint attention over text states and image tokens
+        text = sum(e["max_tokens"] for e in pipe["text_encoders"] if e.get("joins_sequence"))
+    return {"image": image, "text": text}
+
+
+def image_tokens(vlm: dict, image_size: int) -> int:
+    """Visual tokens one image adds to the language model's sequence: (side / patch)^2
+    patches, merged spatial_merge^2 to one (Qwen2-VL PatchMerger); LLaVA's 'default'
+    feature strategy drops the CLS token (transformers LlavaModel.get_image_features)."""
+    v = vlm["vision"]
+    side = (v.get("image_size") or image_size) // v["patch_size"]
+    return side * side // (v.get("spatial_merge", 1) ** 2)
+
+
+__all__ = ["denoiser_tokens", "find_pipeline", "find_vlm", "image_tokens", "latent_shape"]
