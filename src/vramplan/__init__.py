@@ -1,5 +1,6 @@
 """vramplan: per-GPU peak memory of a training step, in named terms, checked against measurements."""
 from vramplan.spec import JobSpec, SpecError, load_spec, save_spec
+from vramplan.check import DoesNotFitError, check  # noqa: E402  (the function shadows the module name)
 
 __version__ = "0.1.0"
 
@@ -10,4 +11,4 @@ def estimate(spec, **overrides):
     return _estimate(load_spec(spec, **overrides) if overrides or not isinstance(spec, JobSpec) else spec)
 
 
-__all__ = ["JobSpec", "SpecError", "estimate", "load_spec", "save_spec", "__version__"]
+__all__ = ["DoesNotFitError", "JobSpec", "SpecError", "check", "estimate", "load_spec", "save_spec", "__version__"]

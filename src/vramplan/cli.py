@@ -165,6 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--trace", action="store_true", help="list the tensors alive at the peak")
     m.add_argument("--json", action="store_true")
     m.set_defaults(func=cmd_measure)
+    __import__("vramplan.cli_plan").cli_plan.register(sub, _add_spec_args, spec_from_args)
     return parser
 
 

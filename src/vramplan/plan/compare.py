@@ -1,0 +1,123 @@
+"""compare: named strategies against the job as given, side by side.
+
+A strategy is a name and a set of spec changes (dotted keys reach into sections). Each row
+has the estimate, the saving against the baseline in bytes and per cent, whether it fits,
+and its step time relative to the baseline with its communication volume.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from vramplan.estimation import Estimate
+from vramplan.plan.evaluate import Evaluator, apply_changes
+from vramplan.plan.steptime import StepTime
+from vramplan.spec import JobSpec, Method, SpecError
+
+COMPARE_SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Strategy:
+    name: str
+    changes: dict = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, text: str) -> "Strategy":
+        """'NAME key=value key2=value' (or comma-separated pairs) -> Strategy."""
+        name, _, rest = text.strip().partition(" ")
+        if "=" in name:
+            name, rest = text.strip(), text.strip()
+        changes = {}
+        for pair in rest.replace(",", " ").split():
+            key, eq, value = pair.partition("=")
+            if not eq:
+                raise SpecError("strategy", f"expected key=value, got {pair!r} in {text!r}")
+            changes[key] = _scalar(value)
+        return cls(name=name, changes=changes)
+
+
+def _scalar(text: str):
+    for conv in (int, float):
+        try:
+            return conv(text)
+        except ValueError:
+            pass
+    return {"true": True, "false": False}.get(text.lower(), text)
+
+
+def default_strategies(spec: JobSpec) -> list[Strategy]:
+    """The strategies users ask about, in the order they usually try them."""
+    ckpt = {"gradient_checkpointing": "full"}
+    more = spec.num_gpus * 2
+    out = [
+        Strategy("baseline"),
+        Strategy("checkpointing", ckpt),
+        Strategy("selective checkpointing", {"gradient_checkpointing": "selective"}),
+        Strategy("zero-1 + checkpointing", {**ckpt, "parallel.zero_stage": 1}),
+        Strategy("zero-2 + checkpointing", {**ckpt, "parallel.zero_stage": 2}),
+        Strategy("zero-3 + checkpointing", {**ckpt, "parallel.zero_stage": 3}),
+        Strategy("zero-2 + cpu offload + checkpointing",
+                 {**ckpt, "parallel.zero_stage": 2, "parallel.offload_optimizer": "cpu"}),
+        Strategy("lora", {"method": "lora"}),
+        Strategy("qlora", {"method": "qlora"}),
+        Strategy("8-bit optimizer", {"optimizer": "adamw-8bit"}),
+        Strategy("half sequence", {"seq_len": max(1, spec.seq_len // 2)}),
+        Strategy(f"{more} GPUs, zero-3 + checkpointing",
+                 {**ckpt, "num_gpus": more, "parallel.zero_stage": 3}),
+    ]
+    if spec.method is not Method.FULL:
+        out = [s for s in out if s.name not in ("lora", "qlora") or s.changes["method"] != spec.method.value]
+    return out
+
+
+@dataclass(slots=True)
+class CompareRow:
+    strategy: Strategy
+    spec: JobSpec | None
+    estimate: Estimate | None
+    step: StepTime | None
+    fits: bool | None
+    saving_bytes: int = 0
+    saving_pct: float = 0.0
+    relative_step_time: float | None = None
+    note: str = ""
+
+    def to_dict(self) -> dict:
+        return {"name": self.strategy.name, "changes": dict(self.strategy.changes),
+                "spec": None if self.spec is None else self.spec.to_dict(),
+                "estimate": None if self.estimate is None else self.estimate.to_dict(),
+                "fits": self.fits, "saving_bytes": self.saving_bytes, "saving_pct": self.saving_pct,
+                "step_time_s": None if self.step is None else self.step.total_s,
+                "relative_step_time": self.relative_step_time,
+                "comm_bytes": None if self.step is None else self.step.comm_bytes,
+                "note": self.note}
+
+
+def compare(spec: JobSpec, gpu=None, *, strategies: list[Strategy] | None = None,
+            evaluator: Evaluator | None = None, headroom_bytes: int = 0, **ev_kwargs) -> list[CompareRow]:
+    """One row per strategy; the first is the baseline (the job as given)."""
+    ev = evaluator or Evaluator.for_spec(spec, gpu, headroom_bytes=headroom_bytes, **ev_kwargs)
+    strategies = list(strategies or default_strategies(spec))
+    if not strategies or strategies[0].changes:
+        strategies.insert(0, Strategy("baseline"))
+    rows = []
+    for strat in strategies:
+        try:
+            s = apply_changes(spec, strat.changes)
+        except SpecError as exc:
+            rows.append(CompareRow(strat, None, None, None, None, note=f"not applicable: {exc}"))
+            continue
+        v = ev.verdict(s)
+        rows.append(CompareRow(strat, s, v.estimate, v.step, v.fits))
+    base = rows[0]
+    for r in rows:
+        if r.estimate is None:
+            continue
+        r.saving_bytes = base.estimate.device_bytes - r.estimate.device_bytes
+        r.saving_pct = r.saving_bytes / base.estimate.device_bytes if base.estimate.device_bytes else 0.0
+        r.relative_step_time = r.step.total_s / base.step.total_s if base.step.total_s else None
+    return rows
+
+
+def compare_to_dict(rows: list[CompareRow]) -> dict:
+    return {"schema_version": COMPARE_SCHEMA_VERSION, "rows": [r.to_dict() for r in rows]}

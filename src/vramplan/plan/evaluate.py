@@ -1,0 +1,145 @@
+"""One place that turns a (spec, GPU) into an estimate, a fit verdict and a step time.
+
+A search resolves the model once and keeps every estimate it made, keyed by the fields
+the memory estimate reads, so no layout is estimated twice.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from vramplan.components.trainable import param_set
+from vramplan.estimation import Estimate, estimate_model
+from vramplan.model import ModelDesc
+from vramplan.plan.steptime import DEFAULT_MFU, ModelCounts, StepTime, step_time
+from vramplan.spec import JobSpec, load_spec
+
+
+def apply_changes(base: JobSpec | Mapping, changes: Mapping[str, Any]) -> JobSpec:
+    """A validated copy of `base` with `changes` applied; dotted keys reach into sections
+    (`parallel.zero_stage`, `lora.r`)."""
+    data = copy.deepcopy(base.to_dict() if isinstance(base, JobSpec) else dict(base))
+    for key, value in changes.items():
+        head, _, rest = key.partition(".")
+        if rest:
+            section = dict(data.get(head) or {})
+            section[rest] = value
+            data[head] = section
+        else:
+            data[key] = value
+    return load_spec(data)
+
+
+def _freeze(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return tuple(sorted((k, _freeze(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return tuple(_freeze(v) for v in value)
+    return value
+
+
+def memory_key(spec: JobSpec, *, drop: tuple[str, ...] = ()) -> tuple:
+    """The spec as a hashable key for the memory estimate.
+
+    grad_accum_steps only matters as "more than one" (gradients alive during forward,
+    estimation._step_plan) unless pipeline parallelism schedules micro-batches by count.
+    """
+    data = spec.to_dict()
+    if spec.parallel.pp == 1:
+        data["grad_accum_steps"] = min(spec.grad_accum_steps, 2)
+    for name in drop:
+        data.pop(name, None)
+    return _freeze(data)
+
+
+_TRAINABLE_FIELDS = ("task", "method", "lora", "freeze", "quantization", "num_labels")
+
+
+@dataclass(slots=True)
+class Verdict:
+    spec: JobSpec
+    estimate: Estimate
+    fits: bool
+    step: StepTime
+
+
+class Evaluator:
+    """Estimates for one model on one GPU, cached; capacity and headroom fixed."""
+
+    def __init__(self, desc: ModelDesc, gpu, *, headroom_bytes: int = 0,
+                 capacity_bytes: int | None = None, mfu: float = DEFAULT_MFU):
+        self.desc = desc
+        self.gpu = gpu
+        self.counts = ModelCounts.of(desc)
+        self.headroom_bytes = int(headroom_bytes)
+        self.capacity_bytes = int(capacity_bytes if capacity_bytes is not None else gpu.memory_bytes)
+        self.mfu = mfu
+        self.calls = 0
+        self._cache: dict[tuple, Estimate] = {}
+        self._trainable: dict[tuple, int] = {}
+
+    @classmethod
+    def for_spec(cls, spec: JobSpec, gpu=None, **kwargs) -> "Evaluator":
+        from vramplan.sources import resolve_model
+        if gpu is None:
+            from vramplan.catalog import find_gpu
+            if not spec.gpu:
+                from vramplan.spec import SpecError
+                raise SpecError("gpu", "planning needs a GPU: pass --gpu (see `vramplan gpus`)")
+            gpu = find_gpu(spec.gpu)
+        return cls(resolve_model(spec), gpu, **kwargs)
+
+    @property
+    def limit_bytes(self) -> int:
+        """device_bytes may not exceed this."""
+        return self.capacity_bytes - self.headroom_bytes
+
+    def estimate(self, spec: JobSpec) -> Estimate:
+        key = memory_key(spec)
+        est = self._cache.get(key)
+        if est is None:
+            self.calls += 1
+            est = estimate_model(self.desc, spec, self.gpu)
+            self._cache[key] = est
+        return est
+
+    def fits(self, spec: JobSpec) -> bool:
+        return self.estimate(spec).device_bytes <= self.limit_bytes
+
+    def trainable_params(self, spec: JobSpec) -> int:
+        key = tuple(getattr(spec, k) for k in _TRAINABLE_FIELDS)   # frozen, hashable sections
+        n = self._trainable.get(key)
+        if n is None:
+            n = self._trainable[key] = param_set(self.desc, spec).numel(trainable=True)
+        return n
+
+    def step_time(self, spec: JobSpec, est: Estimate | None = None) -> StepTime:
+        """Seconds per step; with the estimator's own `communication` when it reports one."""
+        comm = reported_communication(est) if est is not None else None
+        return step_time(self.counts, spec, self.gpu, mfu=self.mfu,
+                         trainable_params=self.trainable_params(spec), communication=comm)
+
+    def step_time_bound(self, spec: JobSpec, reports_comm: bool) -> float:
+        """A lower bound on step_time(spec, estimate) known before estimating: the whole
+        model when the estimator reports no communication, else everything but comm/."""
+        st = step_time(self.counts, spec, self.gpu, mfu=self.mfu,
+                       trainable_params=self.trainable_params(spec))
+        if not reports_comm:
+            return st.total_s
+        return sum(v for k, v in st.terms.items() if not k.startswith("comm/"))
+
+    def verdict(self, spec: JobSpec) -> Verdict:
+        est = self.estimate(spec)
+        return Verdict(spec=spec, estimate=est, fits=est.device_bytes <= self.limit_bytes,
+                       step=self.step_time(spec, est))
+
+
+def reported_communication(est: Estimate) -> dict | None:
+    """The estimator's own `communication` section (parallel layouts), if it has one."""
+    comm = getattr(est, "communication", None)
+    if comm is None:
+        comm = est.to_dict().get("communication")
+    if hasattr(comm, "to_dict"):
+        comm = comm.to_dict()
+    return comm if isinstance(comm, dict) and comm else None

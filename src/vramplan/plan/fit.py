@@ -1,0 +1,216 @@
+"""fit: every layout in a space that fits, ranked by estimated step time.
+
+Exact with respect to vramplan's own estimate: a layout is returned only if its estimate
+fits with the requested headroom, and the top-k are the k fastest fitting layouts of the
+space (ties: larger micro-batch first, then enumeration order). Three facts keep it fast
+without approximating:
+  1. the model is resolved once and every estimate is cached by the fields it reads;
+  2. memory never falls as the micro-batch grows with everything else fixed (every
+     activation, logit and input tensor is a multiple of b), so each group of layouts
+     that differ only in micro-batch needs one estimate to rule it out, or a binary search
+     to find its largest fitting micro-batch;
+  3. layouts are visited in order of a step-time lower bound known before estimating, and
+     the walk stops once k fitting layouts beat the next bound.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from vramplan.estimation import Estimate
+from vramplan.plan.evaluate import Evaluator, reported_communication
+from vramplan.plan.space import Candidate, default_axes, enumerate_candidates
+from vramplan.plan.steptime import StepTime
+from vramplan.spec import JobSpec
+from vramplan.units import GiB
+
+FIT_SCHEMA_VERSION = 1
+
+
+@dataclass(slots=True)
+class FitResult:
+    spec: JobSpec
+    changes: dict
+    estimate: Estimate
+    step: StepTime
+    fits: bool
+    why: list[str] = field(default_factory=list)
+
+    @property
+    def step_time_s(self) -> float:
+        return self.step.total_s
+
+    def to_dict(self) -> dict:
+        return {"spec": self.spec.to_dict(), "changes": dict(self.changes),
+                "estimate": self.estimate.to_dict(), "step_time_s": self.step_time_s,
+                "step_time": self.step.to_dict(), "fits": self.fits, "why": list(self.why)}
+
+
+@dataclass(slots=True)
+class FitReport:
+    candidates_evaluated: int
+    """Layouts whose outcome the search settled (all of the space unless interrupted)."""
+    candidates_total: int
+    estimates_computed: int
+    """Calls into the estimator core; the rest were settled by facts 2 and 3 above."""
+    elapsed_s: float
+    limit_bytes: int
+    results: list[FitResult]
+    interrupted: bool = False
+    closest: FitResult | None = None
+    """When nothing fits: the layout with the smallest device memory."""
+    suggestions: list = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"schema_version": FIT_SCHEMA_VERSION,
+                "candidates_evaluated": self.candidates_evaluated,
+                "candidates_total": self.candidates_total,
+                "estimates_computed": self.estimates_computed,
+                "elapsed_s": self.elapsed_s, "limit_bytes": self.limit_bytes,
+                "interrupted": self.interrupted,
+                "results": [r.to_dict() for r in self.results],
+                "closest": None if self.closest is None else self.closest.to_dict(),
+                "suggestions": [s.to_dict() for s in self.suggestions]}
+
+
+class _Groups:
+    """Layouts that differ only in micro-batch; each group's largest fitting micro-batch."""
+
+    def __init__(self, ev: Evaluator):
+        self.ev = ev
+        self.members: dict[tuple, list[Candidate]] = {}
+        self.largest_fit: dict[tuple, int] = {}
+
+    @staticmethod
+    def key(c: Candidate) -> tuple:
+        rest = tuple((k, v) for k, v in c.changes if k not in ("micro_batch_size", "grad_accum_steps"))
+        ga = c.spec.grad_accum_steps
+        # memory_key's rule: accumulation only matters as "more than one" without pipelines.
+        return rest + (("ga", min(ga, 2) if c.spec.parallel.pp == 1 else ga),)
+
+    def add(self, c: Candidate) -> None:
+        self.members.setdefault(self.key(c), []).append(c)
+
+    def fits(self, c: Candidate) -> bool:
+        key = self.key(c)
+        if key not in self.largest_fit:
+            self.largest_fit[key] = self._resolve(sorted(self.members[key], key=lambda m: m.spec.micro_batch_size))
+        return c.spec.micro_batch_size <= self.largest_fit[key]
+
+    def _resolve(self, ordered: list[Candidate]) -> int:
+        """Largest fitting micro-batch of a group (0 if none): smallest first, then bisect."""
+        if not self.ev.fits(ordered[0].spec):
+            return 0
+        lo, hi = 0, len(ordered) - 1          # ordered[lo] fits; find the last that fits
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self.ev.fits(ordered[mid].spec):
+                lo = mid
+            else:
+                hi = mid - 1
+        return ordered[lo].spec.micro_batch_size
+
+
+def fit(spec: JobSpec, gpu=None, *, axes: dict | None = None, top_k: int = 5,
+        headroom_bytes: int = 0, evaluator: Evaluator | None = None,
+        progress: Callable[[int, int, int], None] | None = None,
+        max_micro_batch: int = 256, suggest: bool = True, **ev_kwargs) -> FitReport:
+    """The top-k fastest layouts of `axes` (default: `default_axes`) that fit on `gpu`."""
+    start = time.perf_counter()
+    ev = evaluator or Evaluator.for_spec(spec, gpu, headroom_bytes=headroom_bytes, **ev_kwargs)
+    calls_before = ev.calls
+    reports_comm = reported_communication(ev.estimate(spec)) is not None
+    space = default_axes(spec, ev.desc) if axes is None else axes
+    cands = list(enumerate_candidates(spec, ev.desc, space, max_micro_batch=max_micro_batch))
+    groups = _Groups(ev)
+    order = []
+    for c in cands:
+        groups.add(c)
+        order.append((ev.step_time_bound(c.spec, reports_comm), -c.spec.micro_batch_size, c.index, c))
+    order.sort(key=lambda t: t[:3])
+    found: list[tuple[float, int, int, Candidate]] = []
+    settled, interrupted = 0, False
+    try:
+        for bound, neg_mb, index, c in order:
+            if len(found) >= top_k and bound > found[top_k - 1][0]:
+                settled = len(order)          # every later bound is larger still
+                break
+            settled += 1
+            if progress and settled % 500 == 0:
+                progress(settled, len(order), len(found))
+            if not groups.fits(c):
+                continue
+            true = ev.step_time(c.spec, ev.estimate(c.spec)).total_s if reports_comm else bound
+            found.append((true, neg_mb, index, c))
+            found.sort(key=lambda t: t[:3])
+        else:
+            settled = len(order)
+    except KeyboardInterrupt:
+        interrupted = True
+    results = [_result(ev, c, True) for _, _, _, c in found[:top_k]]
+    _explain(results, ev)
+    report = FitReport(candidates_evaluated=settled, candidates_total=len(order),
+                       estimates_computed=ev.calls - calls_before,
+                       elapsed_s=0.0, limit_bytes=ev.limit_bytes, results=results,
+                       interrupted=interrupted)
+    if not results and not interrupted:
+        report.closest = _closest(ev, cands)
+        if suggest:
+            from vramplan.plan.suggest import suggestions
+            report.suggestions = suggestions(ev, spec)
+    report.elapsed_s = time.perf_counter() - start
+    return report
+
+
+def _result(ev: Evaluator, c: Candidate, fits: bool) -> FitResult:
+    v = ev.verdict(c.spec)
+    return FitResult(spec=c.spec, changes=c.change_dict, estimate=v.estimate, step=v.step, fits=v.fits)
+
+
+def _closest(ev: Evaluator, cands: list[Candidate]) -> FitResult | None:
+    """Among the layouts the search estimated, the one needing the least device memory.
+    A group ruled out at its smallest micro-batch was estimated there, so the true minimum
+    of the space is among these."""
+    best = None
+    for c in cands:
+        from vramplan.plan.evaluate import memory_key
+        est = ev._cache.get(memory_key(c.spec))
+        if est is not None and (best is None or est.device_bytes < best[0]):
+            best = (est.device_bytes, c)
+    return None if best is None else _result(ev, best[1], False)
+
+
+def _top_terms(step: StepTime, n: int = 2) -> str:
+    total = step.total_s or 1.0
+    parts = sorted(step.terms.items(), key=lambda kv: -kv[1])[:n]
+    return ", ".join(f"{k} {v / total:.0%}" for k, v in parts)
+
+
+def _explain(results: list[FitResult], ev: Evaluator) -> None:
+    """One line per reason: spare memory, where the time goes, and what it beats."""
+    for i, r in enumerate(results):
+        spare = ev.limit_bytes - r.estimate.device_bytes
+        r.why.append(f"fits with {spare / GiB:.2f} GiB to spare beyond the requested headroom")
+        r.why.append(f"{r.step_time_s:.3f} s/step ({_top_terms(r.step)})")
+        if i + 1 < len(results):
+            nxt = results[i + 1]
+            r.why.append(f"faster than #{i + 2} by {_pct(nxt.step_time_s, r.step_time_s)}: "
+                         f"{_largest_gap(r.step, nxt.step)}")
+        if i == 0:
+            r.why.insert(0, "fastest layout that fits")
+
+
+def _pct(slow: float, fast: float) -> str:
+    return "0%" if slow <= 0 else f"{(slow - fast) / slow:.1%}"
+
+
+def _largest_gap(a: StepTime, b: StepTime) -> str:
+    keys = set(a.terms) | set(b.terms)
+    if not keys:
+        return "same step time"
+    key = max(keys, key=lambda k: b.terms.get(k, 0.0) - a.terms.get(k, 0.0))
+    gap = b.terms.get(key, 0.0) - a.terms.get(key, 0.0)
+    if gap <= 0:
+        return "same step time; larger micro-batch or earlier in the space"
+    return f"{key} {gap:.3f} s less"

@@ -1,0 +1,139 @@
+"""Inverse solves: the largest micro-batch or sequence length that fits, the fewest GPUs.
+
+Each relies on memory being monotone in the quantity solved for, everything else fixed:
+non-decreasing in micro-batch and sequence length (every activation is a multiple of b and
+of s, attention scores of s^2), non-increasing in the number of GPUs a layout shards over.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from vramplan.estimation import Estimate
+from vramplan.plan.evaluate import Evaluator, apply_changes
+from vramplan.plan.space import default_axes, enumerate_candidates
+from vramplan.plan.steptime import StepTime
+from vramplan.spec import JobSpec, SpecError
+
+MAXIMIZABLE = ("micro_batch_size", "seq_len")
+_CHECKPOINT_ORDER = {"full": 0, "selective": 1, "none": 2}
+
+
+def largest_value(ev: Evaluator, spec: JobSpec, name: str, *, lo: int = 1, hi: int | None = None,
+                  cap: int = 1 << 22) -> int | None:
+    """Largest integer `name` in [lo, hi] for which `spec` fits (None if lo does not fit).
+    Without hi, doubles from lo until it stops fitting (at most `cap`)."""
+    def fits(value: int) -> bool:
+        return ev.fits(spec.with_(**{name: value}))
+
+    if not fits(lo):
+        return None
+    if hi is None:
+        hi = lo
+        while hi < cap and fits(min(hi * 2, cap)):
+            hi = min(hi * 2, cap)
+        if hi >= cap:
+            return cap
+        good, bad = hi, min(hi * 2, cap)
+    else:
+        if fits(hi):
+            return hi
+        good, bad = lo, hi
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        good, bad = (mid, bad) if fits(mid) else (good, mid)
+    return good
+
+
+@dataclass(slots=True)
+class Solved:
+    name: str
+    value: int | None
+    spec: JobSpec | None
+    estimate: Estimate | None
+    step: StepTime | None
+    layouts_tried: int
+    sweep: list[tuple[int, int]] = field(default_factory=list)
+    """(value, device_bytes) points of the winning layout, for plots."""
+
+    def to_dict(self) -> dict:
+        return {"maximize": self.name, "value": self.value,
+                "spec": None if self.spec is None else self.spec.to_dict(),
+                "estimate": None if self.estimate is None else self.estimate.to_dict(),
+                "step_time_s": None if self.step is None else self.step.total_s,
+                "layouts_tried": self.layouts_tried,
+                "sweep": [{"value": v, "device_bytes": b} for v, b in self.sweep]}
+
+
+def _lean_first(spec: JobSpec) -> tuple:
+    p = spec.parallel
+    return (_CHECKPOINT_ORDER[spec.gradient_checkpointing.value], -p.zero_stage,
+            p.offload_optimizer == "none", -p.tp * p.pp)
+
+
+def maximize(ev: Evaluator, spec: JobSpec, name: str, *, axes: dict | None = None,
+             hi: int | None = None) -> Solved:
+    """The largest `name` any layout of the space fits, and the fastest layout reaching it."""
+    if name not in MAXIMIZABLE:
+        raise SpecError("maximize", f"choose one of {', '.join(MAXIMIZABLE)}")
+    if name == "seq_len" and hi is None:
+        hi = max(ev.desc.max_position_embeddings, spec.seq_len)
+    space = default_axes(spec, ev.desc) if axes is None else axes
+    layouts = sorted((c.spec for c in enumerate_candidates(spec, ev.desc, space, vary_micro_batch=False)),
+                     key=_lean_first)
+    best, winners = 0, []
+    for layout in layouts:
+        # Only a layout that fits at best + 1 can beat the best so far; one that fits at
+        # best exactly ties it. Neither needs a search of its own.
+        if best and not ev.fits(layout.with_(**{name: best + 1})):
+            if ev.fits(layout.with_(**{name: best})):
+                winners.append(layout.with_(**{name: best}))
+            continue
+        value = largest_value(ev, layout, name, lo=best + 1 if best else 1, hi=hi)
+        if value is None:
+            continue
+        if value > best:
+            best, winners = value, []
+        winners.append(layout.with_(**{name: value}))
+    if not winners:
+        return Solved(name, None, None, None, None, len(layouts))
+    # Fastest first; among equals the simpler layout (less sharding and offload).
+    fastest = min(winners, key=lambda s: (ev.step_time(s, ev.estimate(s)).total_s, s.parallel.zero_stage,
+                                          s.parallel.offload_optimizer != "none"))
+    v = ev.verdict(fastest)
+    sweep = _sweep(ev, fastest, name, best)
+    return Solved(name, best, fastest, v.estimate, v.step, len(layouts), sweep)
+
+
+def _sweep(ev: Evaluator, spec: JobSpec, name: str, best: int, points: int = 12) -> list[tuple[int, int]]:
+    top = max(2, int(best * 1.5))
+    values = sorted({max(1, round(top * i / points)) for i in range(1, points + 1)} | {best})
+    return [(v, ev.estimate(spec.with_(**{name: v})).device_bytes) for v in values]
+
+
+def fewest_gpus(spec: JobSpec, gpu=None, *, axes: dict | None = None, max_gpus: int = 1024,
+                evaluator: Evaluator | None = None, **fit_kwargs):
+    """The smallest power-of-two GPU count at which `fit` finds a layout, and that fit.
+    Bisects over counts (memory per GPU does not grow with more GPUs to shard over)."""
+    from vramplan.plan.fit import fit
+    ev = evaluator or Evaluator.for_spec(spec, gpu, headroom_bytes=fit_kwargs.pop("headroom_bytes", 0))
+    counts = [1 << i for i in range(max_gpus.bit_length()) if (1 << i) <= max_gpus]
+    rows = spec.micro_batch_size * spec.grad_accum_steps * max(1, spec.num_gpus // spec.parallel.model_parallel)
+    reports: dict[int, object] = {}
+
+    def attempt(n: int):
+        if n not in reports:
+            s = apply_changes(spec, {"num_gpus": n, "grad_accum_steps": max(1, rows // (spec.micro_batch_size * n))})
+            space = default_axes(s, ev.desc) if axes is None else axes
+            reports[n] = fit(s, axes=space, evaluator=ev, top_k=1, suggest=False, **fit_kwargs)
+        return reports[n]
+
+    lo, hi = 0, len(counts) - 1
+    if not attempt(counts[hi]).results:
+        return None, reports[counts[hi]]
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if attempt(counts[mid]).results:
+            hi = mid
+        else:
+            lo = mid + 1
+    return counts[lo], attempt(counts[lo])
