@@ -166,6 +166,11 @@ def _with_loss(desc: ModelDesc, spec: JobSpec, stages: list[Stage], logits: Sym,
         return ActivationPlan(stages, saved, fwd, Breakdown(), Breakdown().add("logits/grad_hidden", grad_hidden),
                               _layer_backward(desc, spec))
     saved.add("logits/log_softmax", full32).add("logits/labels", nbytes(tokens, "int64"))
+    if desc.final_logit_softcapping:
+        # Gemma 2 (modeling_gemma2.py Gemma2ForCausalLM.forward): logits / cap, tanh, * cap;
+        # tanh saves its output, and its backward adds one more logits-sized gradient.
+        saved.add("logits/softcap_tanh", full_c)
+        head.add("logits/grad_softcap", full_c)
     if spec.loss_impl is LossImpl.CHUNKED:
         # torchtune CEWithChunkedOutputLoss: 8 chunks, each upcast to fp32 on its own.
         fwd.add("logits/logits", full_c).add("logits/fp32_chunk", nbytes(-(-tokens // 8) * v, "fp32"))

@@ -106,14 +106,15 @@ def attention_core(rec: Recorder, ctx: Ctx, q: Sym, k: Sym, v: Sym, name: str) -
     """softmax(q k^T / sqrt(d) + mask) v, as the configured implementation saves it."""
     desc = ctx.desc
     b, a, s, d = q.shape
+    drop = desc.attention_dropout if ctx.training_dropout else 0.0
     if ctx.attention != "eager" and ctx.gqa_native:
-        return rec.sdpa(q, k, v, (b, s, a, d), name)  # output laid out (b, s, a, d)
+        return rec.sdpa(q, k, v, (b, s, a, d), name, dropout=drop)  # output laid out (b, s, a, d)
     if desc.num_kv_heads != desc.num_heads:
         # repeat_kv: expand + reshape materializes k and v at full head count.
         k = rec.new(f"{name}.k_repeated", (b, a, s, d), k.dtype, k.requires_grad)
         v = rec.new(f"{name}.v_repeated", (b, a, s, d), v.dtype, v.requires_grad)
     if ctx.attention != "eager":
-        return rec.sdpa(q, k, v, (b, s, a, d), name)
+        return rec.sdpa(q, k, v, (b, s, a, d), name, dropout=drop)
     return eager_attention(rec, ctx, q, k, v, name)
 
 
@@ -129,6 +130,10 @@ def eager_attention(rec: Recorder, ctx: Ctx, q: Sym, k: Sym, v: Sym, name: str) 
         rec.save(k)
     scores = rec.new(f"{name}.scores", (b, a, s, s), dtype, q.requires_grad or k.requires_grad)
     scores = rec.scale(scores, name=f"{name}.scaled")
+    if ctx.desc.attn_logit_softcapping:
+        # Gemma 2: scores / cap, tanh (saves its output), * cap
+        scores = rec.scale(rec.unary_saving_output(rec.scale(scores, f"{name}.capped"), f"{name}.softcap_tanh"),
+                           f"{name}.uncapped")
     scores = rec.new(f"{name}.masked", scores.shape, scores.dtype, scores.requires_grad)
     probs32 = rec.unary_saving_output(rec.to(scores, "fp32"), f"{name}.softmax", "fp32")
     probs = rec.to(probs32, q.dtype, name=f"{name}.probs")

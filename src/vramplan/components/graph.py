@@ -193,17 +193,35 @@ class Recorder:
             self.save(ids)
         return self.new(name, ids.shape + (w.shape[1],), w.dtype, w.trainable)
 
-    def sdpa(self, q: Sym, k: Sym, v: Sym, out_shape, name: str, lse_dtype: str = "fp32") -> Sym:
+    def sdpa(self, q: Sym, k: Sym, v: Sym, out_shape, name: str, lse_dtype: str = "fp32",
+             dropout: float = 0.0) -> Sym:
         """Fused attention (flash / memory-efficient / CPU flash): saves q, k, v, the output
         and the log-sum-exp, one fp32 value per (batch, head, query)
         (aten _scaled_dot_product_flash_attention[_for_cpu] derivative formula)."""
         dtype = self.autocast or q.dtype
         q, k, v = (self._autocast_input(t) if self.autocast else t for t in (q, k, v))
-        out = self.new(name, out_shape, dtype, q.requires_grad or k.requires_grad or v.requires_grad)
+        rg = q.requires_grad or k.requires_grad or v.requires_grad
+        if dropout > 0 and self.backend == "cpu":
+            return self._sdpa_math(q, k, v, out_shape, name, dropout, dtype, rg)
+        out = self.new(name, out_shape, dtype, rg)
         if out.requires_grad:
             b, a, s = q.shape[0], q.shape[1], q.shape[2]
             self.save(q, k, v, out, self.new(f"{name}.lse", (b, a, s), lse_dtype, False))
         return out
+
+    def _sdpa_math(self, q, k, v, out_shape, name, dropout, dtype, rg) -> Sym:
+        """CPU has no fused kernel with dropout: aten `_scaled_dot_product_attention_math`
+        scales q and k by sqrt(scale) (copies), softmaxes the (b, a, s, s) scores, applies
+        dropout (a noise tensor and the dropped probabilities) and multiplies by v; the
+        (b, a, s, d) result is transposed to (b, s, a, d) by a copy."""
+        b, a, s, d = q.shape
+        if rg:
+            self.save(self.new(f"{name}.q_scaled", q.shape, dtype, True),
+                      self.new(f"{name}.k_scaled_t", k.shape, dtype, True),
+                      self.new(f"{name}.v", v.shape, dtype, True))
+            for part in ("softmax", "dropout.mask", "dropped"):
+                self.save(self.new(f"{name}.{part}", (b, a, s, s), dtype, False))
+        return self.new(f"{name}.out_t", out_shape, dtype, rg)
 
 
 def _numel(shape) -> int:
