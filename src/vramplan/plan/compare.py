@@ -46,21 +46,21 @@ def _scalar(text: str):
 
 
 def default_strategies(spec: JobSpec) -> list[Strategy]:
-    """The strategies users ask about, in the order they usually try them."""
+    """The strategies users ask about, from the least to the most change to the job."""
     ckpt = {"gradient_checkpointing": "full"}
     more = spec.num_gpus * 2
     out = [
         Strategy("baseline"),
-        Strategy("checkpointing", ckpt),
         Strategy("selective checkpointing", {"gradient_checkpointing": "selective"}),
+        Strategy("checkpointing", ckpt),
         Strategy("zero-1 + checkpointing", {**ckpt, "parallel.zero_stage": 1}),
         Strategy("zero-2 + checkpointing", {**ckpt, "parallel.zero_stage": 2}),
         Strategy("zero-3 + checkpointing", {**ckpt, "parallel.zero_stage": 3}),
         Strategy("zero-2 + cpu offload + checkpointing",
                  {**ckpt, "parallel.zero_stage": 2, "parallel.offload_optimizer": "cpu"}),
+        Strategy("8-bit optimizer", {"optimizer": "adamw-8bit"}),
         Strategy("lora", {"method": "lora"}),
         Strategy("qlora", {"method": "qlora"}),
-        Strategy("8-bit optimizer", {"optimizer": "adamw-8bit"}),
         Strategy("half sequence", {"seq_len": max(1, spec.seq_len // 2)}),
         Strategy(f"{more} GPUs, zero-3 + checkpointing",
                  {**ckpt, "num_gpus": more, "parallel.zero_stage": 3}),

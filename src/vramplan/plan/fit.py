@@ -115,7 +115,8 @@ class _Groups:
 def fit(spec: JobSpec, gpu=None, *, axes: dict | None = None, top_k: int = 5,
         headroom_bytes: int = 0, evaluator: Evaluator | None = None,
         progress: Callable[[int, int, int], None] | None = None,
-        max_micro_batch: int = 256, suggest: bool = True, **ev_kwargs) -> FitReport:
+        max_micro_batch: int = 256, suggest: bool = True, progress_every: int = 500,
+        **ev_kwargs) -> FitReport:
     """The top-k fastest layouts of `axes` (default: `default_axes`) that fit on `gpu`."""
     start = time.perf_counter()
     ev = evaluator or Evaluator.for_spec(spec, gpu, headroom_bytes=headroom_bytes, **ev_kwargs)
@@ -137,7 +138,7 @@ def fit(spec: JobSpec, gpu=None, *, axes: dict | None = None, top_k: int = 5,
                 settled = len(order)          # every later bound is larger still
                 break
             settled += 1
-            if progress and settled % 500 == 0:
+            if progress and settled % progress_every == 0:
                 progress(settled, len(order), len(found))
             if not groups.fits(c):
                 continue

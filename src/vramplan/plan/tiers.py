@@ -1,8 +1,9 @@
 """GPU tiers: which catalog GPUs hold a job, and with which settings.
 
 The "80 GB / 40-80 / 24-40 / under 24 GB" guidance users ask for, computed: for each catalog
-GPU the fastest `compare` strategy that fits (by the same step-time model as `fit`), grouped
-by the GPU's marketed memory.
+GPU the first `compare` strategy that fits, in the strategies' order (least change to the
+job first: as given, recomputation, sharding, 8-bit states, then LoRA and QLoRA), grouped by
+the GPU's marketed memory.
 """
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ class TierRow:
     tier: str
     memory_bytes: int
     best: CompareRow | None
-    """Fastest fitting strategy; None if none of them fits."""
+    """First fitting strategy (least change); None if none of them fits."""
 
     def to_dict(self) -> dict:
         return {"gpu": self.gpu, "tier": self.tier, "memory_bytes": self.memory_bytes,
@@ -61,8 +62,7 @@ def gpu_tiers(spec: JobSpec, desc: ModelDesc | None = None, *, gpus=None,
     for gpu in sorted(gpus or list_gpus(), key=lambda g: -g.memory_bytes):
         ev = Evaluator(desc, gpu, headroom_bytes=headroom_bytes)
         rows = compare(spec.with_(gpu=gpu.name), evaluator=ev, strategies=strategies)
-        fitting = [r for r in rows if r.fits]
-        best = min(fitting, key=lambda r: r.step.total_s) if fitting else None
+        best = next((r for r in rows if r.fits), None)
         out.append(TierRow(gpu.name, tier_of(gpu), gpu.memory_bytes, best))
     return out
 
