@@ -12,7 +12,8 @@ from vramplan.spec import SpecError
 
 _SPEC_FLAGS = {
     # flag name -> (type, help)
-    "task": (str, "sft | pretrain | sequence-classification"),
+    "task": (str, "sft | pretrain | sequence-classification | inference | dpo | ipo | kto | orpo | simpo | "
+                  "reward-model | ppo | grpo | distill"),
     "method": (str, "full | lora | qlora | freeze"),
     "precision": (str, "fp32 | bf16 | fp16 | amp-bf16 | amp-fp16 | mixed-bf16 | mixed-fp16"),
     "optimizer": (str, "adamw | adam | sgd | adafactor | lion | adamw-8bit | paged-adamw-8bit | paged-adamw-32bit"),
@@ -29,6 +30,13 @@ _SPEC_FLAGS = {
     "gpu": (str, "GPU catalog name (see `vramplan gpus`)"),
     "num_gpus": (int, "GPUs in the job"),
     "num_params": (str, "raw size instead of a model, e.g. 8e9 or 7B"),
+    "reference_model": (str, "dpo/ipo/kto/ppo/grpo: reference model, or 'precomputed'"),
+    "teacher": (str, "distill: the frozen teacher model"),
+    "reward_model": (str, "ppo/grpo: the reward model"),
+    "critic_model": (str, "ppo: the critic (default: the model)"),
+    "num_generations": (int, "grpo: completions per prompt"),
+    "max_new_tokens": (int, "ppo/grpo/inference: generated tokens"),
+    "num_labels": (int, "sequence-classification: classes"),
     "num_layers": (int, "with --num-params: layer count"),
     "hidden_size": (int, "with --num-params: hidden size"),
 }
@@ -189,6 +197,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyError as exc:  # catalog lookups (UnknownNameError) carry their own message
         print(f"vramplan: error: {str(exc).strip(chr(34) + chr(39))}", file=sys.stderr)
+        return 2
+    except NotImplementedError as exc:
+        print(f"vramplan: error: {exc}", file=sys.stderr)
         return 2
     except ImportError as exc:
         print(f"vramplan: error: {exc.name or exc} is not installed; pip install 'vramplan[measure]'",

@@ -12,7 +12,7 @@ from vramplan.components.runtime import (
 from vramplan.components.trainable import ParamSet, param_set
 from vramplan.components.weights import gradient_stages, tied_embedding_grad_temp, weight_terms
 from vramplan.model import ModelDesc
-from vramplan.spec import Backend, Checkpointing, JobSpec
+from vramplan.spec import Backend, Checkpointing, JobSpec, Task
 from vramplan.timeline import Event, StepPlan, peak_event, phase_peaks, walk
 from vramplan.units import nbytes
 
@@ -89,11 +89,14 @@ def estimate(spec: JobSpec) -> Estimate:
 
 def estimate_model(desc: ModelDesc, spec: JobSpec, gpu=None) -> Estimate:
     params = param_set(desc, spec)
-    acts = plan_activations(desc, spec, params)
-    plan = _step_plan(desc, spec, params, acts)
-    if spec.backend is Backend.CUDA:
-        plan.static.add("runtime/cublas_workspace", cublas_workspace_bytes(gpu.name if gpu else None))
-    events = walk(plan)
+    if spec.task is Task.INFERENCE:
+        events = _inference_events(desc, spec, params, gpu)
+    else:
+        acts = plan_activations(desc, spec, params)
+        plan = _step_plan(desc, spec, params, acts)
+        if spec.backend is Backend.CUDA:
+            plan.static.add("runtime/cublas_workspace", cublas_workspace_bytes(gpu.name if gpu else None))
+        events = walk(plan)
     top = peak_event(events)
     components = top.live
     if spec.backend is Backend.CUDA:
@@ -114,6 +117,16 @@ def estimate_model(desc: ModelDesc, spec: JobSpec, gpu=None) -> Estimate:
                     peak_phase=top.phase, peak_event=top.label, phases=phases,
                     components=components, reserved_bytes=reserved, device_bytes=device,
                     events=events, gpu=gpu, notes=notes)
+
+
+def _inference_events(desc: ModelDesc, spec: JobSpec, params: ParamSet, gpu) -> list[Event]:
+    from vramplan.components.inference import inference_terms
+    persistent, transient = inference_terms(desc, spec, spec.max_new_tokens or 0)
+    live = weight_terms(spec, params).merge(persistent).merge(transient)
+    live.add("batch/input_ids", nbytes(spec.micro_batch_size * spec.seq_len, "int64"))
+    if spec.backend is Backend.CUDA:
+        live.add("runtime/cublas_workspace", cublas_workspace_bytes(gpu.name if gpu else None))
+    return [Event("forward", "no-grad forward", live)]
 
 
 def _stage_breakdown(items: list[tuple[str, int]], prefix: str) -> Breakdown:

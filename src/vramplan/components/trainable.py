@@ -85,6 +85,11 @@ def _freeze_trainable(desc: ModelDesc, spec: JobSpec, p: ParamEntry) -> bool:
 
 def param_set(desc: ModelDesc, spec: JobSpec) -> ParamSet:
     wdtype = spec.precision.weight_dtype
+    if spec.task.value == "inference":
+        quant = spec.quantization.type.value if spec.quantization else None
+        return ParamSet(tuple(
+            HeldParam(p.name, p.shape, quant if quant and is_linear(p) and not _is_head(p) else wdtype,
+                      False, "base", p.layer) for p in desc.params))
     if spec.method in (Method.FULL, Method.FREEZE):
         full = spec.method is Method.FULL
         return ParamSet(tuple(

@@ -44,6 +44,8 @@ class Task(_Choice):
     """Causal-LM next-token training; same memory shape as sft."""
     SEQUENCE_CLASSIFICATION = "sequence-classification"
     """A classification head (`num_labels` outputs) on the last token or pooled output."""
+    INFERENCE = "inference"
+    """No training: weights, a no-grad forward and, with max_new_tokens, the KV cache."""
     DPO = "dpo"
     """Direct preference optimization: trained policy plus a frozen reference (or precomputed
     reference log-probs); chosen and rejected rows go through each model (2x rows)."""

@@ -136,10 +136,10 @@ class JobSpec:
         if self.method is Method.FREEZE and self.freeze is None:
             raise SpecError("freeze", "method freeze needs a freeze section naming trainable_layers "
                             "or trainable_modules")
-        if self.quantization is not None and self.method is not Method.QLORA:
+        if self.quantization is not None and self.method is not Method.QLORA and self.task is not Task.INFERENCE:
             raise SpecError("method", f"{self.method.value} cannot train quantized weights; "
                             "use method qlora with quantization, or drop quantization")
-        if self.method is Method.QLORA and self.backend is Backend.CPU:
+        if self.quantization is not None and self.backend is Backend.CPU:
             raise SpecError("backend", "qlora's bitsandbytes kernels are modelled on cuda only")
 
     def to_dict(self) -> dict:
