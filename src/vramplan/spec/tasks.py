@@ -212,8 +212,8 @@ def check_task_fields(spec) -> dict[str, Any]:
     for name in ("num_generations", "max_new_tokens"):
         value = getattr(spec, name)
         if value is not None:
-            if task not in RL_TASKS:
-                raise SpecError(name, "only tasks ppo and grpo generate")
+            if task not in RL_TASKS and not (name == "max_new_tokens" and task is Task.INFERENCE):
+                raise SpecError(name, "only tasks ppo, grpo and inference (max_new_tokens) generate")
             out[name] = positive_int(name, value)
     out["models"] = parse_models(spec.models)
     for name in SECTIONS:
