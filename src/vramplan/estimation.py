@@ -10,7 +10,9 @@ from vramplan.components.runtime import (
     CUDA_CONTEXT_DEFAULT, cublas_workspace_bytes, reserved_from_allocated, rounding_overhead,
 )
 from vramplan.components.trainable import ParamSet, param_set
-from vramplan.components.weights import gradient_stages, tied_embedding_grad_temp, weight_terms
+from vramplan.components.weights import (
+    gradient_stages, gradient_stages_at_peak, tied_embedding_grad_temp, weight_terms,
+)
 from vramplan.model import ModelDesc
 from vramplan.spec import Backend, Checkpointing, JobSpec, Task
 from vramplan.timeline import Event, StepPlan, peak_event, phase_peaks, walk
@@ -140,14 +142,16 @@ def _step_plan(desc: ModelDesc, spec: JobSpec, params: ParamSet, acts: Activatio
     static = weight_terms(spec, params).merge(optimizer_states(spec, params))
     static.add("batch/input_ids", nbytes(spec.micro_batch_size * spec.seq_len, "int64"))
     grads = gradient_stages(desc, spec, params)
-    stage_acts, transients, labels = [], [], []
+    stage_acts, at_peak, transients, labels = [], [], [], []
     n = len(acts.stages)
     for i, st in enumerate(acts.stages):
         group = "activations/layers" if st.label.startswith("layer") else f"activations/{st.label}"
         stage_acts.append(_stage_breakdown(st.saved, group))
+        at_peak.append(_stage_breakdown([x for x in st.saved if x[0] not in st.freed_before_peak], group))
         t = Breakdown()
         if st.recompute:
-            t.merge(_stage_breakdown(st.recompute, "activations/recomputed_layer"))
+            t.merge(_stage_breakdown([x for x in st.recompute if x[0] not in st.freed_before_peak],
+                                     "activations/recomputed_layer"))
         if st.label.startswith("layer"):
             t.merge(acts.layer_backward_transient)
         elif i == n - 1:
@@ -159,6 +163,7 @@ def _step_plan(desc: ModelDesc, spec: JobSpec, params: ParamSet, acts: Activatio
     return StepPlan(static=static, grads_by_stage=grads, stage_acts=stage_acts,
                     loss_saved=acts.loss_saved, forward_end_transient=acts.forward_end_transient,
                     loss_backward_transient=acts.loss_backward_transient,
-                    stage_backward_transient=transients,
+                    stage_backward_transient=transients, stage_acts_at_peak=at_peak,
+                    stage_grads_at_peak=gradient_stages_at_peak(desc, spec, params),
                     optimizer_temporaries=step_temporaries(spec, params),
                     grads_alive_in_forward=spec.grad_accum_steps > 1, labels=labels)

@@ -46,6 +46,12 @@ class StepPlan:
     """Per stage (forward order): extra bytes alive at the peak of that stage's backward
     (recomputed activations under checkpointing, gradients of activations)."""
     optimizer_temporaries: Breakdown
+    stage_acts_at_peak: list[Breakdown] | None = None
+    """Per stage: what of its own activations is still alive at its backward peak (a layer's
+    MLP backward has already freed the down-projection input); default: all of them."""
+    stage_grads_at_peak: list[Breakdown] | None = None
+    """Per stage: which of its own gradients exist at its backward peak (a layer's MLP
+    backward has produced the down projection's gradient, not yet the others)."""
     grads_alive_in_forward: bool = False
     """Gradient accumulation: later micro-steps run forward with gradients allocated."""
     labels: list[str] = field(default_factory=list)
@@ -75,11 +81,15 @@ def walk(plan: StepPlan) -> list[Event]:
     grads_so_far = Breakdown().merge(fwd_grads)
     n = len(plan.stage_acts)
     stage_grads = _stage_grads(plan, n)
+    own_acts = plan.stage_acts_at_peak or plan.stage_acts
+    own_grads = plan.stage_grads_at_peak or stage_grads
     for i in range(n - 1, -1, -1):
+        live = Breakdown().merge(plan.static).merge(grads_so_far)
+        if not plan.grads_alive_in_forward:
+            live.merge(own_grads[i])
+        live.merge(_sum(plan.stage_acts[:i])).merge(own_acts[i]).merge(plan.stage_backward_transient[i])
         if not plan.grads_alive_in_forward:
             grads_so_far.merge(stage_grads[i])
-        live = Breakdown().merge(plan.static).merge(grads_so_far)
-        live.merge(_sum(plan.stage_acts[: i + 1])).merge(plan.stage_backward_transient[i])
         events.append(Event("backward", plan.labels[i] if plan.labels else f"stage {i} backward", live))
     events.append(Event("optimizer", "optimizer step",
                         Breakdown().merge(plan.static).merge(all_grads).merge(plan.optimizer_temporaries)))

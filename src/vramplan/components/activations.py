@@ -21,6 +21,11 @@ from vramplan.spec import Checkpointing, JobSpec, LossImpl, Task
 from vramplan.units import nbytes
 
 
+# The input of each feed-forward block's last linear: saved by it, released when its
+# MmBackward has run, which is the first node of the layer's backward.
+_MLP_OUT_INPUTS = ("mlp/act_times_up", "mlp/act", "moe/expert_act_times_up")
+
+
 @dataclass(slots=True)
 class Stage:
     label: str
@@ -28,6 +33,8 @@ class Stage:
     """(tensor name, bytes) saved until this stage's backward."""
     recompute: list[tuple[str, int]]
     """Under checkpointing: what the recomputation saves again during backward."""
+    freed_before_peak: tuple[str, ...] = ()
+    """Names of this stage's saved tensors already released at its backward peak."""
 
 
 @dataclass(slots=True)
@@ -87,9 +94,9 @@ def plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Activa
         if spec.gradient_checkpointing is Checkpointing.FULL:
             # torch.utils.checkpoint (non-reentrant, transformers 5's default) keeps the
             # layer's inputs for the recomputation and nothing the layer saves.
-            stages.append(Stage(f"layer {i}", [("checkpoint/layer_input", x.storage.nbytes)], saved))
+            stages.append(Stage(f"layer {i}", [("checkpoint/layer_input", x.storage.nbytes)], saved, _MLP_OUT_INPUTS))
         else:
-            stages.append(Stage(f"layer {i}", saved, []))
+            stages.append(Stage(f"layer {i}", saved, [], _MLP_OUT_INPUTS))
         x = Sym(f"layer{i}.out", x.shape, x.dtype, out_rg, Storage(x.storage.nbytes))
     _shared_rotary(ctx, stages)
     head_rec = _recorder(spec, seen)
@@ -197,13 +204,14 @@ def _liger_chunk(tokens: int, v: int, h: int) -> int:
 
 
 def _layer_backward(desc: ModelDesc, spec: JobSpec) -> Breakdown:
-    """Gradients of activations alive at a layer's backward peak: the incoming hidden-state
-    gradient and, in the MLP's backward, the gradients of the down-projection input and of
-    both gate and up outputs (gated) or of fc1's output (plain), in the compute dtype."""
+    """Gradients of activations alive at a layer's backward peak (the MLP's backward, seen with
+    the exact CPU meter at act * up's MulBackward): the incoming hidden-state gradient, the
+    gradient of the down-projection input and those of both gate and up outputs (gated) or
+    of fc1's output (plain), in the compute dtype."""
     tokens = spec.micro_batch_size * spec.seq_len
     c = spec.precision.compute_dtype if spec.method.value != "qlora" else spec.quantization.compute_dtype
     res = spec.precision.weight_dtype if spec.method.value != "qlora" else c
     width = desc.moe.expert_intermediate_size * desc.moe.top_k if desc.moe else desc.intermediate_size
     n_mlp = 3 if desc.mlp is MlpKind.GATED else 2
-    return (Breakdown().add("backward/grad_hidden", 2 * nbytes(tokens * desc.hidden_size, res))
+    return (Breakdown().add("backward/grad_hidden", nbytes(tokens * desc.hidden_size, res))
             .add("backward/grad_mlp", n_mlp * nbytes(tokens * width, c)))

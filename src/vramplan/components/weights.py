@@ -57,6 +57,23 @@ def gradient_stages(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> list[Br
     return stages
 
 
+# The last linear of each feed-forward block, whose weight gradient backward makes first.
+_MLP_OUT = (".mlp.down_proj", ".mlp.c_proj", ".output.dense", ".experts.down_proj", ".shared_expert.down_proj")
+
+
+def gradient_stages_at_peak(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> list[Breakdown]:
+    """Gradients of each stage that exist at that stage's backward peak: for a layer, the
+    MLP's backward (the first part of the layer to run backward) has produced only the
+    output projection's weight gradient; other stages hold all of theirs."""
+    stages = [Breakdown() for _ in range(desc.num_layers + 2)]
+    for p in params.trainable():
+        if p.layer is not None and not any(m in p.name.split("#")[0] for m in _MLP_OUT):
+            continue
+        key = "gradients/lora_adapters" if p.kind == "lora" else "gradients/trainable"
+        stages[stage_of(desc, p)].add(key, nbytes(p.numel, grad_dtype(spec, p)))
+    return stages
+
+
 def tied_embedding_grad_temp(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Breakdown:
     """embedding_dense_backward returns a fresh (v, h) gradient that AccumulateGrad adds into
     the tied weight's existing .grad (written by the lm_head backward): one more (v, h)."""
