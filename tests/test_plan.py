@@ -37,9 +37,27 @@ def brute_force(spec, desc, gpu, axes, limit, top_k, mfu=0.4):
     for c in enumerate_candidates(spec, desc, axes):
         est = estimate_model(desc, c.spec, gpu)
         if est.device_bytes <= limit:
-            rows.append((fresh.step_time(c.spec).total_s, -c.spec.micro_batch_size, c.index, c))
+            # The same step time fit reports: with the estimator's communication if it has one.
+            rows.append((fresh.step_time(c.spec, est).total_s, -c.spec.micro_batch_size, c.index, c))
     rows.sort(key=lambda r: r[:3])
     return [r[3].change_dict for r in rows[:top_k]], len(rows)
+
+
+PIPE_AXES = {"gradient_checkpointing": ("none", "full"), "parallel.pp": (1, 2),
+             "loss_impl": ("standard", "chunked"), "method": ("full", "lora"),
+             "precision": ("bf16", "mixed-bf16")}
+
+
+def test_fit_matches_exhaustive_enumeration_with_pipelines_and_pruned_families(job):
+    # qwen2.5-3b in full mixed precision holds ~42 GB of weights and states: that whole
+    # family is ruled out by its static floor; LoRA layouts fit.
+    gpu = find_gpu("rtx-4090")
+    spec = job.with_(model="qwen2.5-3b", seq_len=1024)
+    desc = resolve_model(spec)
+    report = fit(spec, gpu, axes=PIPE_AXES, top_k=8)
+    expected, n_fit = brute_force(spec, desc, gpu, PIPE_AXES, gpu.memory_bytes, 8)
+    assert n_fit > 8
+    assert [r.changes for r in report.results] == expected
 
 
 @pytest.mark.parametrize("headroom_gib", [0, 6])

@@ -39,15 +39,24 @@ def _freeze(value: Any) -> Any:
     return value
 
 
-def memory_key(spec: JobSpec, *, drop: tuple[str, ...] = ()) -> tuple:
-    """The spec as a hashable key for the memory estimate.
+def accum_key(spec: JobSpec) -> int:
+    """What of grad_accum_steps the memory estimate can depend on.
 
-    grad_accum_steps only matters as "more than one" (gradients alive during forward,
-    estimation._step_plan) unless pipeline parallelism schedules micro-batches by count.
+    Without pipelines only "more than one" matters (gradients alive during forward,
+    estimation._step_plan). Under a 1F1B pipeline at most `pp` micro-batches are in flight
+    (Narayanan et al. 2021, section 2.2), so counts beyond pp are alike; other schedules
+    (GPipe keeps all m in flight) depend on the exact count.
     """
+    ga, pp = spec.grad_accum_steps, spec.parallel.pp
+    if pp == 1:
+        return min(ga, 2)
+    return min(ga, max(pp, 2)) if spec.parallel.pp_schedule == "1f1b" else ga
+
+
+def memory_key(spec: JobSpec, *, drop: tuple[str, ...] = ()) -> tuple:
+    """The spec as a hashable key for the memory estimate (see `accum_key`)."""
     data = spec.to_dict()
-    if spec.parallel.pp == 1:
-        data["grad_accum_steps"] = min(spec.grad_accum_steps, 2)
+    data["grad_accum_steps"] = accum_key(spec)
     for name in drop:
         data.pop(name, None)
     return _freeze(data)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from vramplan.estimation import Estimate
-from vramplan.plan.evaluate import Evaluator, reported_communication
+from vramplan.plan.evaluate import Evaluator, accum_key, reported_communication
 from vramplan.plan.space import Candidate, default_axes, enumerate_candidates
 from vramplan.plan.steptime import StepTime
 from vramplan.spec import JobSpec
@@ -74,6 +74,22 @@ class FitReport:
                 "suggestions": [s.to_dict() for s in self.suggestions]}
 
 
+# Axes that change only activation-side memory (saved tensors, logits, inputs); terms under
+# _STATIC_PREFIXES (weights, optimizer states, runtime buffers) do not depend on them.
+_ACTIVATION_AXES = ("micro_batch_size", "grad_accum_steps", "gradient_checkpointing", "loss_impl",
+                    "attention", "seq_len")
+_STATIC_PREFIXES = ("weights/", "optimizer/", "master_weights/", "runtime/")
+
+
+def static_floor(est: Estimate) -> int:
+    """A lower bound on device_bytes for every layout that differs from `est`'s only in
+    _ACTIVATION_AXES: the static terms alive in every event, plus what device_bytes adds
+    on top of reserved (the CUDA context)."""
+    floor = min(sum(v for k, v in e.live.terms.items() if k.startswith(_STATIC_PREFIXES))
+                for e in est.events) if est.events else 0
+    return floor + (est.device_bytes - est.reserved_bytes)
+
+
 class _Groups:
     """Layouts that differ only in micro-batch; each group's largest fitting micro-batch."""
 
@@ -81,13 +97,16 @@ class _Groups:
         self.ev = ev
         self.members: dict[tuple, list[Candidate]] = {}
         self.largest_fit: dict[tuple, int] = {}
+        self.static_floor: dict[tuple, int] = {}
 
     @staticmethod
     def key(c: Candidate) -> tuple:
         rest = tuple((k, v) for k, v in c.changes if k not in ("micro_batch_size", "grad_accum_steps"))
-        ga = c.spec.grad_accum_steps
-        # memory_key's rule: accumulation only matters as "more than one" without pipelines.
-        return rest + (("ga", min(ga, 2) if c.spec.parallel.pp == 1 else ga),)
+        return rest + (("ga", accum_key(c.spec)),)
+
+    @staticmethod
+    def family(c: Candidate) -> tuple:
+        return tuple((k, v) for k, v in c.changes if k not in _ACTIVATION_AXES)
 
     def add(self, c: Candidate) -> None:
         self.members.setdefault(self.key(c), []).append(c)
@@ -95,8 +114,19 @@ class _Groups:
     def fits(self, c: Candidate) -> bool:
         key = self.key(c)
         if key not in self.largest_fit:
-            self.largest_fit[key] = self._resolve(sorted(self.members[key], key=lambda m: m.spec.micro_batch_size))
+            if self._family_too_big(c):
+                self.largest_fit[key] = 0
+            else:
+                ordered = sorted(self.members[key], key=lambda m: m.spec.micro_batch_size)
+                self.largest_fit[key] = self._resolve(ordered)
         return c.spec.micro_batch_size <= self.largest_fit[key]
+
+    def _family_too_big(self, c: Candidate) -> bool:
+        """Whether memory that no activation axis changes already exceeds the limit."""
+        fam = self.family(c)
+        if fam not in self.static_floor:
+            self.static_floor[fam] = static_floor(self.ev.estimate(c.spec))
+        return self.static_floor[fam] > self.ev.limit_bytes
 
     def _resolve(self, ordered: list[Candidate]) -> int:
         """Largest fitting micro-batch of a group (0 if none): smallest first, then bisect."""
