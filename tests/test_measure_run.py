@@ -96,3 +96,29 @@ def test_big_shapes_in_fake_mode_are_cheap():
     assert r.params_bytes == 2 * (2 * 32000 * 4096 + 2 * (4 * 4096 ** 2 + 3 * 4096 * 11008
                                                           + 2 * 4096) + 4096)
     assert r.peak_allocated_bytes > 4 * r.params_bytes
+
+
+DEV_TRUTH = "/work/shared/validation/cpu-dev-truth.jsonl"
+
+
+@pytest.mark.parametrize("name", [
+    "llama-60m/b2s512/fp32/full/adamw-foreach/sdpa/nogc",
+    "mistral-85m/b2s1024/bf16/lora16-7t/adamw-foreach/sdpa/gc",
+])
+def test_fake_mode_reproduces_dev_truth_to_the_byte(name):
+    """Fake mode in a fresh process (as a user runs it) gives the reference's bytes."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    if not os.path.exists(DEV_TRUTH):
+        pytest.skip("no shared dev truth here")
+    row = next(r for r in map(json.loads, open(DEV_TRUTH)) if r["name"] == name)
+    src = os.path.join(os.path.dirname(__file__), "..", "src")
+    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); from vramplan.measure import measure; "
+            "print(json.dumps(measure(json.loads(sys.argv[2]), fake=True).to_dict()))")
+    out = subprocess.run([sys.executable, "-c", code, src, json.dumps(row["job"])],
+                         capture_output=True, text=True, check=True).stdout
+    ours = json.loads(out.strip().splitlines()[-1])
+    assert {k: ours[k] for k in row["measured"]} == row["measured"]

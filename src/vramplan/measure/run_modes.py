@@ -154,11 +154,22 @@ def _module_conversion_by_set_data():
         torch.utils.swap_tensors = original
 
 
+def _import_outside_fake_mode(job: dict) -> None:
+    """Import the libraries before FakeTensorMode starts: module-level tensors
+    they create (peft's ``scale=torch.tensor(1)`` defaults) must be the real
+    ones a real run has, not fakes that also keep a real constant inside."""
+    import transformers  # noqa: F401
+
+    if job.get("method") in ("lora", "qlora"):
+        import peft  # noqa: F401
+
+
 def run_fake(job: Any, trace: bool = False, steps: int = 2) -> MeasureResult:
     """Same steps on FakeTensors: shapes and storages, no memory, no math."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     job = job_dict(job)
+    _import_outside_fake_mode(job)
     with (FakeTensorMode(allow_non_fake_inputs=True), _optimizer_scalars_patched(),
           _transformers_sees_real_tensors(), _module_conversion_by_set_data()):
         built = build(job, "cpu")
