@@ -39,6 +39,8 @@ class Estimate:
     events: list[Event] = field(repr=False, default_factory=list)
     gpu: object | None = None
     notes: list[str] = field(default_factory=list)
+    parallel: object | None = None
+    """vramplan.parallel.ParallelReport when spec.parallel is not trivial (else None)."""
 
     @property
     def fits(self) -> bool | None:
@@ -67,7 +69,14 @@ class Estimate:
             "fits": self.fits,
             "headroom_bytes": self.headroom_bytes,
             "notes": list(self.notes),
+            **self._parallel_dict(),
         }
+
+    def _parallel_dict(self) -> dict:
+        if self.parallel is None:
+            return {}
+        return {"parallel": self.parallel.to_dict(), "communication": dict(self.parallel.communication),
+                "host_bytes": {"per_rank": self.parallel.host.total(), "terms": self.parallel.host.to_dict()}}
 
 
 def estimate(spec: JobSpec) -> Estimate:
@@ -96,6 +105,10 @@ def estimate_model(desc: ModelDesc, spec: JobSpec, gpu=None) -> Estimate:
     else:
         acts = plan_activations(desc, spec, params)
         plan = _step_plan(desc, spec, params, acts)
+    par = None
+    if not spec.parallel.is_trivial or spec.num_gpus > 1:
+        from vramplan.parallel import rank_plan
+        plan, par = rank_plan(desc, spec, params, plan)
         if spec.backend is Backend.CUDA:
             plan.static.add("runtime/cublas_workspace", cublas_workspace_bytes(gpu.name if gpu else None))
         events = walk(plan)
@@ -118,7 +131,7 @@ def estimate_model(desc: ModelDesc, spec: JobSpec, gpu=None) -> Estimate:
                     trainable_params=params.numel(trainable=True), peak_allocated_bytes=peak,
                     peak_phase=top.phase, peak_event=top.label, phases=phases,
                     components=components, reserved_bytes=reserved, device_bytes=device,
-                    events=events, gpu=gpu, notes=notes)
+                    events=events, gpu=gpu, notes=notes, parallel=par)
 
 
 def _inference_events(desc: ModelDesc, spec: JobSpec, params: ParamSet, gpu) -> list[Event]:

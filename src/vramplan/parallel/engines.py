@@ -1,0 +1,110 @@
+"""The distributed engines' own buffers, from their source, in named terms.
+
+Every function returns a Breakdown of bytes on one rank. `unit` is the largest FSDP /
+ZeRO-3 wrapping unit (one decoder layer), `root` the parameters outside the layers
+(embedding, final norm, head), both unsharded, in the weight dtype.
+"""
+from __future__ import annotations
+
+from vramplan.breakdown import Breakdown
+from vramplan.parallel.layout import (
+    DDP_BUCKET_BYTES, DS_ALLGATHER_BUCKET, DS_MAX_LIVE_PARAMETERS, DS_PREFETCH_BUCKET,
+    DS_REDUCE_BUCKET, Layout,
+)
+from vramplan.units import nbytes
+
+
+def ddp_buckets(lay: Layout, grad_bytes: int) -> Breakdown:
+    """torch DDP: the Reducer allocates one flat `bucket.gradients` tensor per bucket
+    covering every gradient (torch/csrc/distributed/c10d/reducer.cpp,
+    Reducer::initialize_buckets; buckets of bucket_cap_mb=25 MiB, the first 1 MiB,
+    torch/nn/parallel/distributed.py). Unless gradient_as_bucket_view=True, param.grad is a
+    separate tensor, so the buckets are a second, persistent copy of the gradients."""
+    out = Breakdown()
+    if lay.knob("gradient_as_bucket_view", False):
+        return out
+    out.add("ddp/gradient_buckets", grad_bytes)
+    return out
+
+
+def zero12_buffers(lay: Layout, grad_dtype: str, total_grad_numel: int) -> Breakdown:
+    """DeepSpeed ZeRO-1/2 (runtime/zero/stage_1_and_2.py, DeepSpeedZeroOptimizer.backward):
+    with contiguous_gradients (default True) it allocates `ipg_buffer` =
+    torch.empty(reduce_bucket_size) in the gradient dtype before every backward, and a
+    second one when overlap_comm is set. The buffer has reduce_bucket_size elements even
+    when the model is smaller. Stage 1 reduces through `allreduce_bucket`, which flattens
+    up to reduce_bucket_size elements of gradients into one temporary."""
+    bucket = int(lay.knob("reduce_bucket_size", DS_REDUCE_BUCKET))
+    out = Breakdown()
+    if lay.zero_stage == 2 and lay.knob("contiguous_gradients", True):
+        copies = 2 if lay.knob("overlap_comm", False) else 1
+        out.add("zero/ipg_reduce_buckets", copies * nbytes(bucket, grad_dtype))
+    else:
+        out.add("zero/reduce_bucket_flat", nbytes(min(bucket, total_grad_numel), grad_dtype))
+    return out
+
+
+def zero_allgather_bucket(lay: Layout, wdtype: str, total_numel: int) -> Breakdown:
+    """After the step, ZeRO-1/2 all-gather the updated 16-bit partitions into the flat
+    bit16 groups in chunks of allgather_bucket_size (runtime/utils.py all_gather_dp_groups);
+    the output is the existing flat parameter buffer, so only the chunk bookkeeping is new;
+    counted as one bucket-sized temporary when the engine cannot gather in place."""
+    bucket = int(lay.knob("allgather_bucket_size", DS_ALLGATHER_BUCKET))
+    return Breakdown().add("zero/allgather_bucket", nbytes(min(bucket, total_numel), wdtype) // max(lay.shard_group, 1))
+
+
+def zero3_live(lay: Layout, wdtype: str, unit_numel: int, total_numel: int) -> Breakdown:
+    """ZeRO-3 gathered parameters (runtime/zero/partitioned_param_coordinator.py,
+    PartitionedParameterCoordinator.fetch_sub_module): the current module's parameters
+    are all-gathered, and parameters of upcoming modules are prefetched until
+    `stage3_prefetch_bucket_size` elements are in flight; `stage3_max_live_parameters`
+    caps what stays gathered. Live = min(max_live, unit + prefetch bucket)."""
+    prefetch = int(lay.knob("stage3_prefetch_bucket_size", DS_PREFETCH_BUCKET))
+    max_live = int(lay.knob("stage3_max_live_parameters", DS_MAX_LIVE_PARAMETERS))
+    live = min(max_live, unit_numel + prefetch, total_numel)
+    return Breakdown().add("zero/gathered_params", nbytes(max(live, unit_numel if unit_numel <= max_live else 0), wdtype))
+
+
+def zero3_reduce(lay: Layout, grad_dtype: str, unit_numel: int) -> Breakdown:
+    """ZeRO-3 (runtime/zero/stage3.py, DeepSpeedZeroOptimizer_Stage3.__init__): with
+    contiguous_gradients `__ipg_bucket_flat_buffer = torch.empty(reduce_bucket_size)`,
+    persistent; the module's full gradients exist until copied into it and reduce-scattered."""
+    bucket = int(lay.knob("reduce_bucket_size", DS_REDUCE_BUCKET))
+    out = Breakdown()
+    if lay.knob("contiguous_gradients", True):
+        out.add("zero/ipg_bucket_flat_buffer", nbytes(bucket, grad_dtype))
+    out.add("zero/unsharded_grads", nbytes(unit_numel, grad_dtype))
+    return out
+
+
+def padded(numel_rows: list[tuple[int, int]], n: int) -> int:
+    """Elements after FSDP2 pads each parameter's dim 0 to a multiple of n
+    (_fsdp_param.py: padded_sharded_size = chunks[0].size() * world_size)."""
+    return sum(-(-rows // n) * n * rest for rows, rest in numel_rows)
+
+
+def fsdp_backward_stage(unit: int, prev_unit: int, next_unit: int, grad_unit: int,
+                        wbytes: int, gbytes: int, own_acts: int, prefetch: bool) -> Breakdown:
+    """One wrapped layer's backward under FSDP full-shard, in bytes:
+    * its unsharded parameters (FSDPParamGroup.pre_backward -> unshard -> wait_for_unshard:
+      `alloc_storage` of every unsharded param, _fsdp_param.py);
+    * the previous layer's all-gather output, prefetched by `_backward_prefetch`
+      (_fsdp_param_group.py) and held in `_all_gather_result` until that layer's
+      wait_for_unshard copies it out (FSDP1: backward_prefetch=BACKWARD_PRE);
+    * its unsharded gradients, then the reduce-scatter input they are copied into
+      (_fsdp_collectives.py foreach_reduce: `reduce_scatter_input` of the padded unsharded
+      numel, allocated before `unsharded_grads.clear()`);
+    * the later layer's reduce-scatter input, kept in comm_ctx.reduce_scatter_states until
+      this layer's post_backward (reduce_scatter_max_input_buffers = 1).
+    The stage peaks either at the start of its backward (all its saved activations alive,
+    the later layer's RS input still held, no gradient of this layer yet) or at its
+    post-backward (full gradients + its own RS input, its saved activations `own_acts`
+    already freed); the larger excess over the start is one term."""
+    out = Breakdown()
+    out.add("fsdp/unsharded_params", unit * wbytes)
+    if prefetch:
+        out.add("fsdp/prefetch_all_gather", prev_unit * wbytes)
+    start = next_unit * gbytes
+    post = 2 * grad_unit * gbytes - own_acts
+    out.add("fsdp/reduce_scatter_or_unsharded_grads", max(start, post, 0))
+    return out

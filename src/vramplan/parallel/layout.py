@@ -1,0 +1,88 @@
+"""Layout: the parallel degrees of one job and which ranks shard the model states.
+
+Legend: n_gpu = num_gpus, t = tp, p = pp, c = cp, e = ep, d = data-parallel degree.
+Megatron's rank grid (megatron/core/parallel_state.py, initialize_model_parallel):
+world = t * c * p * d; experts are split over e ranks carved out of d * c
+(expert-data-parallel degree = d * c / e when expert-TP equals 1).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vramplan.spec import JobSpec
+
+# DeepSpeed ZeRO defaults (deepspeed/runtime/zero/config.py, DeepSpeedZeroConfig fields),
+# in elements, not bytes.
+DS_REDUCE_BUCKET = 500_000_000
+DS_ALLGATHER_BUCKET = 500_000_000
+DS_PREFETCH_BUCKET = 50_000_000
+DS_MAX_LIVE_PARAMETERS = 1_000_000_000
+DS_PARAM_PERSISTENCE_THRESHOLD = 100_000
+# torch/nn/parallel/distributed.py DistributedDataParallel.__init__: bucket_cap_mb=25.
+DDP_BUCKET_BYTES = 25 * 2**20
+GPUS_PER_NODE = 8
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    num_gpus: int
+    dp: int
+    tp: int
+    pp: int
+    cp: int
+    ep: int
+    sp: bool
+    zero_stage: int
+    fsdp: str
+    fsdp_version: int
+    offload_optimizer: str
+    offload_params: str
+    pp_schedule: str
+    extras: dict
+
+    @classmethod
+    def of(cls, spec: JobSpec) -> "Layout":
+        par = spec.parallel
+        mp = par.tp * par.pp * par.cp
+        if spec.num_gpus % mp:
+            raise ValueError(f"num_gpus: {spec.num_gpus} is not divisible by tp*pp*cp = {mp}")
+        dp = spec.num_gpus // mp
+        return cls(num_gpus=spec.num_gpus, dp=dp, tp=par.tp, pp=par.pp, cp=par.cp, ep=par.ep,
+                   sp=par.sp, zero_stage=par.zero_stage, fsdp=par.fsdp, fsdp_version=par.fsdp_version,
+                   offload_optimizer=par.offload_optimizer, offload_params=par.offload_params,
+                   pp_schedule=par.pp_schedule, extras=dict(par.extras))
+
+    @property
+    def engine(self) -> str:
+        """ddp | zero | fsdp | single."""
+        if self.fsdp != "none":
+            return "fsdp"
+        if self.zero_stage:
+            return "zero"
+        return "ddp" if self.dp * self.cp > 1 else "single"
+
+    @property
+    def shard_group(self) -> int:
+        """Ranks over which ZeRO / FSDP partition model states.
+        Megatron's distributed optimizer and torchtitan's FSDP mesh shard over d * c
+        (parallel_state.py: data_parallel_group_with_cp); hybrid-shard shards within a node
+        (torch FSDP ShardingStrategy.HYBRID_SHARD / HSDP mesh (replicate, shard))."""
+        group = self.dp * self.cp
+        if self.fsdp == "hybrid-shard":
+            return min(group, int(self.extras.get("shard_group_size", GPUS_PER_NODE)))
+        if self.fsdp == "no-shard":
+            return 1
+        return group
+
+    def knob(self, name: str, default):
+        value = self.extras.get(name, default)
+        return default if value in (None, "auto") else value
+
+    @property
+    def gpus_per_node(self) -> int:
+        return min(self.num_gpus, int(self.extras.get("gpus_per_node", GPUS_PER_NODE)))
+
+    def to_dict(self) -> dict:
+        return {"num_gpus": self.num_gpus, "dp": self.dp, "tp": self.tp, "pp": self.pp,
+                "cp": self.cp, "ep": self.ep, "sp": self.sp, "engine": self.engine,
+                "shard_group": self.shard_group}

@@ -1,0 +1,250 @@
+"""Per-rank StepPlan: the single-GPU plan with model states sharded, activations divided and
+the engines' buffers added. The worst pipeline stage is the rank reported."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from vramplan.breakdown import Breakdown
+from vramplan.components.optimizer import optimizer_states, step_temporaries
+from vramplan.components.trainable import HeldParam, ParamSet, grad_dtype
+from vramplan.components.weights import gradient_stages, weight_terms
+from vramplan.model import ModelDesc
+from vramplan.parallel import activations as acts
+from vramplan.parallel import engines
+from vramplan.parallel.comm import volumes
+from vramplan.parallel.layout import DS_PARAM_PERSISTENCE_THRESHOLD, Layout
+from vramplan.parallel.shard import dp_shard, model_parallel_set, pp_layers
+from vramplan.spec import JobSpec
+from vramplan.timeline import StepPlan, peak_event, walk
+from vramplan.units import nbytes
+
+
+@dataclass(slots=True)
+class ParallelReport:
+    layout: Layout
+    stage: int
+    """Pipeline stage of the reported (worst) rank."""
+    stage_peaks: list[int]
+    communication: dict[str, dict]
+    host: Breakdown
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {**self.layout.to_dict(), "reported_pp_stage": self.stage,
+                "pp_stage_peaks": list(self.stage_peaks), "notes": list(self.notes)}
+
+
+@dataclass(slots=True)
+class _Sets:
+    weights: ParamSet
+    grads: ParamSet
+    states: ParamSet
+    full: ParamSet
+
+
+def rank_plan(desc: ModelDesc, spec: JobSpec, params: ParamSet, plan: StepPlan) -> tuple[StepPlan, ParallelReport]:
+    lay = Layout.of(spec)
+    ranges = pp_layers(desc.num_layers, lay.pp, lay.extras.get("pp_layers"))
+    plans = [_stage_plan(desc, spec, params, plan, lay, r, ranges[r]) for r in range(lay.pp)]
+    peaks = [peak_event(walk(p)).total for p, _ in plans]
+    worst = max(range(lay.pp), key=lambda r: peaks[r])
+    best_plan, sets = plans[worst]
+    w = sum(nbytes(p.numel, p.dtype) for p in sets.full.params)
+    g = sum(nbytes(p.numel, grad_dtype(spec, p)) for p in sets.full.trainable())
+    layers = ranges[worst]
+    moe = len([i for i in layers if i in desc.moe_layers])
+    comm = volumes(desc, spec, lay, w, g, len(layers), moe)
+    report = ParallelReport(lay, worst, peaks, comm, _host(spec, lay, sets))
+    return best_plan, report
+
+
+def _sets(desc, spec, params, lay: Layout, stage: int, layers: range) -> _Sets:
+    mp = model_parallel_set(desc, params, tp=lay.tp, ep=lay.ep, pp=lay.pp, stage=stage, layers=layers)
+    n = lay.shard_group
+    dim0 = lay.engine == "fsdp" and lay.fsdp_version == 2
+    zero3 = lay.engine == "zero" and lay.zero_stage == 3
+    persist = int(lay.knob("stage3_param_persistence_threshold", DS_PARAM_PERSISTENCE_THRESHOLD)) if zero3 else 0
+    expert_n = max(1, n // lay.ep) if lay.ep > 1 else None
+    flat = dp_shard(mp, n, per_param_dim0=dim0, persist_below=persist, expert_n=expert_n)
+    fsdp_params = lay.fsdp in ("full-shard", "hybrid-shard")
+    fsdp_grads = lay.fsdp in ("full-shard", "hybrid-shard", "shard-grad-op")
+    return _Sets(weights=flat if (zero3 or fsdp_params) else mp,
+                 grads=flat if (lay.zero_stage >= 2 or fsdp_grads) else mp,
+                 states=flat if (lay.zero_stage >= 1 or lay.engine == "fsdp") else mp, full=mp)
+
+
+def _select(items: list, stage: int, pp: int, layers: range) -> list:
+    """Forward stages (embedding, layers..., head) that live on a pipeline stage."""
+    first, last = stage == 0, stage == pp - 1
+    out = [items[0]] if first else []
+    out += [items[i + 1] for i in layers]
+    if last:
+        out.append(items[-1])
+    return out
+
+
+def _stage_plan(desc, spec, params, plan: StepPlan, lay: Layout, stage: int, layers: range):
+    sets = _sets(desc, spec, params, lay, stage, layers)
+    last = stage == lay.pp - 1
+    static = _model_states(spec, lay, sets)
+    static.add("batch/input_ids", -(-plan.static.total("batch/") // lay.cp))
+    grads = _select(gradient_stages(desc, spec, sets.grads), stage, lay.pp, layers)
+    stage_acts = [acts.scale(b, lay) for b in _select(plan.stage_acts, stage, lay.pp, layers)]
+    trans = [acts.scale(b, lay) for b in _select(plan.stage_backward_transient, stage, lay.pp, layers)]
+    labels = _select(plan.labels or [f"stage {i}" for i in range(len(plan.stage_acts))], stage, lay.pp, layers)
+    in_flight = acts.pipeline_in_flight(lay, stage, spec.grad_accum_steps)
+    if in_flight > 1:
+        one = sum(b.total() for b in stage_acts)
+        static.add("activations/pipeline_in_flight", int((in_flight - 1) * one))
+    empty = Breakdown()
+    fwd_end = acts.scale(plan.forward_end_transient, lay) if last else empty
+    loss_bwd = acts.scale(plan.loss_backward_transient, lay) if last else Breakdown()
+    out = StepPlan(static=static, grads_by_stage=grads, stage_acts=stage_acts,
+                   loss_saved=acts.scale(plan.loss_saved, lay) if last else Breakdown(),
+                   forward_end_transient=Breakdown().merge(fwd_end), loss_backward_transient=loss_bwd,
+                   stage_backward_transient=trans,
+                   optimizer_temporaries=Breakdown() if lay.offload_optimizer != "none"
+                   else step_temporaries(spec, sets.states),
+                   grads_alive_in_forward=plan.grads_alive_in_forward, labels=labels)
+    _engine_buffers(desc, spec, lay, sets, out, stage, layers)
+    return out, sets
+
+
+def _model_states(spec: JobSpec, lay: Layout, sets: _Sets) -> Breakdown:
+    """Weights, optimizer states and master weights one GPU keeps. Offloaded ones live in
+    host memory instead (DeepSpeed offload_optimizer / offload_param, FSDP CPUOffload)."""
+    out = Breakdown()
+    if lay.offload_params == "none":
+        out.merge(weight_terms(spec, sets.weights))
+    if lay.offload_optimizer == "none":
+        out.merge(optimizer_states(spec, sets.states))
+    return out
+
+
+def _host(spec: JobSpec, lay: Layout, sets: _Sets) -> Breakdown:
+    """Host RAM per rank: DeepSpeed CPU offload keeps the fp32 master partition, the
+    optimizer states and an fp32 gradient partition on the host (runtime/zero/
+    stage_1_and_2.py: single_partition_of_fp32_groups and its .grad in pinned memory when
+    cpu_offload; DeepSpeedCPUAdam steps there); offload_param keeps the 16-bit partition
+    (runtime/zero/partition_parameters.py, ds_tensor on cpu). NVMe moves them to disk,
+    keeping swap buffers (aio buffer_count x buffer_size) in pinned host memory."""
+    out = Breakdown()
+    if lay.offload_optimizer == "cpu":
+        out.merge(optimizer_states(spec, sets.states), prefix="host/")
+        if not spec.precision.has_master_weights:
+            pass
+        out.add("host/fp32_grad_partition", sum(nbytes(p.numel, "fp32") for p in sets.states.trainable()))
+    elif lay.offload_optimizer == "nvme":
+        out.add("host/nvme_swap_buffers", int(lay.knob("buffer_count", 4)) * int(lay.knob("buffer_size", 100_000_000)) * 4)
+    if lay.offload_params == "cpu":
+        out.merge(weight_terms(spec, sets.weights), prefix="host/")
+    return out
+
+
+def _numel(params) -> int:
+    return sum(p.numel for p in params)
+
+
+def _wbytes(spec: JobSpec, params: ParamSet) -> int:
+    ps = [p for p in params.params]
+    return nbytes(1, ps[0].dtype) if ps else 2
+
+
+def _engine_buffers(desc, spec, lay: Layout, sets: _Sets, out: StepPlan, stage: int, layers: range) -> None:
+    full = sets.full
+    train = full.trainable()
+    gdt = grad_dtype(spec, train[0]) if train else spec.precision.weight_dtype
+    wb, gb = _wbytes(spec, full), nbytes(1, gdt)
+    n = lay.shard_group
+    unit = {i: [p for p in full.params if p.layer == i] for i in layers}
+    root = [p for p in full.params if p.layer is None]
+    if lay.engine == "ddp":
+        out.static.merge(engines.ddp_buckets(lay, sum(nbytes(p.numel, grad_dtype(spec, p)) for p in train)))
+    elif lay.engine == "zero" and lay.zero_stage in (1, 2):
+        bufs = engines.zero12_buffers(lay, gdt, _numel(train))
+        for t in [out.loss_backward_transient, *out.stage_backward_transient]:
+            t.merge(bufs)
+    elif lay.engine == "zero":
+        biggest = max([_numel(u) for u in unit.values()] + [max((p.numel for p in root), default=0)])
+        out.static.merge(Breakdown().add("zero/ipg_bucket_flat_buffer",
+                                         engines.zero3_reduce(lay, gdt, 0).total("zero/ipg")))
+        live = engines.zero3_live(lay, spec.precision.weight_dtype, biggest, _numel(full.params))
+        for t in [out.forward_end_transient, out.loss_backward_transient, *out.stage_backward_transient]:
+            t.merge(live)
+        for i, t in enumerate(out.stage_backward_transient):
+            t.add("zero/unsharded_grads", biggest * gb)
+    elif lay.engine == "fsdp" and lay.fsdp != "no-shard":
+        _fsdp(lay, out, unit, root, layers, stage, wb, gb, n)
+    if lay.cp > 1:
+        kv = 4 * nbytes(spec.micro_batch_size * (spec.seq_len // lay.cp) * desc.num_kv_heads * desc.head_dim,
+                        spec.precision.compute_dtype)
+        for t in out.stage_backward_transient:
+            t.add("cp/ring_kv_buffers", kv)
+    if lay.pp > 1:
+        act = nbytes(spec.micro_batch_size * (spec.seq_len // lay.cp) * desc.hidden_size,
+                     spec.precision.compute_dtype) // (lay.tp if lay.sp else 1)
+        out.static.add("pp/p2p_buffers", 2 * act)
+
+
+def _padded(params, n: int, dim0: bool) -> int:
+    if dim0:
+        total = 0
+        for p in params:
+            rows = p.shape[0] if p.shape else 1
+            total += -(-rows // n) * n * (p.numel // max(rows, 1))
+        return total
+    numel = _numel(params)
+    return -(-numel // n) * n
+
+
+def _fsdp(lay: Layout, out: StepPlan, unit: dict, root: list, layers: range, stage: int,
+          wb: int, gb: int, n: int) -> None:
+    """FSDP with every decoder layer wrapped and the root wrapping the rest (the
+    transformer auto-wrap policy of accelerate / torchtitan's per-block fully_shard).
+    The root is not resharded after forward (FSDP2 _fsdp_state.py _lazy_init sets the
+    root's post_forward_mesh_info to None; FSDP1 _runtime_utils.py skips the root in
+    _post_forward_reshard), so its unsharded parameters live from forward to the end of
+    backward, and its full gradients until its post-backward reduce-scatter at the end."""
+    dim0 = lay.fsdp_version == 2
+    sizes = {i: _padded(unit[i], n, dim0) for i in layers}
+    gsizes = {i: _padded([p for p in unit[i] if p.trainable], n, dim0) for i in layers}
+    root_w = _padded(root, n, dim0) * wb
+    root_g = _padded([p for p in root if p.trainable], n, dim0) * gb
+    # Backward writes the head's (and final norm's) gradients first, the untied
+    # embedding's last (components/weights.py stage_of).
+    head_g = _padded([p for p in root if p.trainable and not _is_embedding(p)], n, dim0) * gb
+    keep_all = lay.fsdp == "shard-grad-op"
+    root_terms = Breakdown().add("fsdp/root_unsharded_params", root_w)
+    fwd = Breakdown().merge(root_terms)
+    if keep_all:
+        fwd.add("fsdp/unsharded_layers", sum(sizes.values()) * wb)
+    out.forward_end_transient.merge(fwd)
+    out.loss_backward_transient.merge(fwd)
+    order = list(layers)
+    first = 1 if stage == 0 else 0
+    for j, i in enumerate(order):
+        t = out.stage_backward_transient[first + j]
+        prev = sizes.get(i - 1, 0)
+        nxt = gsizes.get(i + 1, 0)
+        own_acts = out.stage_acts[first + j].total()
+        t.merge(engines.fsdp_backward_stage(sizes[i], prev, nxt, gsizes[i], wb, gb, own_acts,
+                                            prefetch=not keep_all))
+        t.merge(root_terms).add("fsdp/root_unsharded_grads", head_g)
+        if keep_all:
+            t.add("fsdp/unsharded_layers", sum(sizes[k] for k in order if k < i) * wb)
+    if stage == lay.pp - 1:
+        out.stage_backward_transient[-1].merge(root_terms).add("fsdp/root_unsharded_grads", head_g)
+    if lay.pp == 1 and not out.grads_alive_in_forward:
+        # The root's sharded gradients (views of its reduce-scatter output) exist only after
+        # its post-backward, which runs after the last backward stage: alive in the step.
+        for k in (0, -1):
+            out.optimizer_temporaries.merge(out.grads_by_stage[k])
+            out.grads_by_stage[k] = Breakdown()
+    if stage == 0:
+        out.stage_backward_transient[0].merge(root_terms).add("fsdp/root_unsharded_grads", root_g)
+        out.stage_backward_transient[0].add("fsdp/reduce_scatter_input", root_g)
+
+
+def _is_embedding(p: HeldParam) -> bool:
+    base = p.name.split("#", 1)[0]
+    return any(w in base for w in ("embed_tokens", "wte", "wpe", "embeddings"))

@@ -1,0 +1,147 @@
+"""Per-rank parameter shapes: what tensor, pipeline and expert parallelism leave on a rank,
+and what ZeRO / FSDP partitioning over the data-parallel group leaves of that.
+
+Each function returns a ParamSet of the same HeldParam records with smaller shapes, so the
+components (weights, gradients, optimizer) compute per-rank terms with their own rules.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from vramplan.components.trainable import HeldParam, ParamSet
+from vramplan.model import ModelDesc
+
+# Megatron-LM tensor parallelism (megatron/core/tensor_parallel/layers.py):
+# ColumnParallelLinear splits the output dim (q/k/v, gate/up, fc1, the output head);
+# RowParallelLinear splits the input dim (o_proj, down_proj, fc2);
+# VocabParallelEmbedding splits the vocabulary. Norms and row-parallel biases are replicated.
+_COLUMN = ("q_proj", "k_proj", "v_proj", "qkv_proj", "gate_proj", "up_proj", "gate_up_proj",
+           "c_attn", "c_fc", "fc1", "w1", "w3", "lm_head", "embed_tokens", "wte", "query", "key",
+           "value", "intermediate.dense")
+_ROW = ("o_proj", "down_proj", "c_proj", "fc2", "w2", "dense")
+
+
+def _leaf(p: HeldParam) -> str:
+    base = p.name.split("#", 1)[0]
+    parts = base.rsplit(".", 2)
+    return parts[-2] if len(parts) >= 2 else base
+
+
+def is_expert(p: HeldParam) -> bool:
+    return ".experts." in p.name
+
+
+def tp_shape(p: HeldParam, t: int) -> tuple[int, ...]:
+    """Shape of one TP rank's slice (ceil division; LoRA A/B follow their base linear:
+    PEFT's Megatron LoRA splits B with a column base and A with a row base)."""
+    if t == 1 or not p.shape:
+        return p.shape
+    leaf = _leaf(p)
+    is_bias = p.name.endswith(".bias")
+    if any(leaf == c or leaf.endswith(c) for c in _COLUMN) or "embed" in leaf:
+        if p.kind == "lora":
+            return (-(-p.shape[0] // t),) + p.shape[1:] if p.name.endswith("lora_B") else p.shape
+        return (-(-p.shape[0] // t),) + p.shape[1:]
+    if any(leaf == r or leaf.endswith(r) for r in _ROW) and not is_bias and len(p.shape) == 2:
+        if p.kind == "lora":
+            return (p.shape[0], -(-p.shape[1] // t)) if p.name.endswith("lora_A") else p.shape
+        return (p.shape[0], -(-p.shape[1] // t))
+    return p.shape
+
+
+def pp_layers(num_layers: int, pp: int, split: list[int] | None = None) -> list[range]:
+    """Layer ranges per pipeline stage. Default: as even as possible, earlier stages take the
+    remainder (torchtitan pipelining `generate_split_points`); `split` = layers per stage
+    (Megatron decoder_first/last_pipeline_num_layers give uneven splits)."""
+    if split:
+        if sum(split) != num_layers or len(split) != pp:
+            raise ValueError(f"parallel.extras.pp_layers: {split} must have {pp} entries summing to {num_layers}")
+        sizes = list(split)
+    else:
+        base, extra = divmod(num_layers, pp)
+        sizes = [base + (1 if i < extra else 0) for i in range(pp)]
+    out, start = [], 0
+    for n in sizes:
+        out.append(range(start, start + n))
+        start += n
+    return out
+
+
+def on_stage(desc: ModelDesc, p: HeldParam, stage: int, pp: int, layers: range) -> bool:
+    """Megatron: embedding on the first stage, final norm and head on the last; a tied
+    embedding keeps a copy on the last stage too (megatron/core/models/common/
+    language_module/language_module.py, setup_embeddings_and_output_layer)."""
+    if pp == 1:
+        return True
+    if p.layer is not None:
+        return p.layer in layers
+    base = p.name.split("#", 1)[0]
+    is_embed = any(w in base for w in ("embed_tokens", "wte", "wpe", "embeddings"))
+    if is_embed:
+        return stage == 0 or (stage == pp - 1 and desc.tie_word_embeddings)
+    return stage == pp - 1
+
+
+def model_parallel_set(desc: ModelDesc, params: ParamSet, *, tp: int, ep: int, pp: int,
+                       stage: int, layers: range) -> ParamSet:
+    """Parameters one rank of (tp, pp stage, ep) holds before any data-parallel sharding."""
+    held = []
+    for p in params.params:
+        if not on_stage(desc, p, stage, pp, layers):
+            continue
+        shape = tp_shape(p, tp)
+        if is_expert(p) and ep > 1:
+            # Expert parallelism: each EP rank holds num_experts / ep experts. Experts here are
+            # listed per expert, so keep every ep-th one.
+            idx = _expert_index(p)
+            if idx is not None and idx % ep:
+                continue
+        held.append(replace(p, shape=shape))
+    return ParamSet(tuple(held), params.unmatched_targets)
+
+
+def _expert_index(p: HeldParam) -> int | None:
+    tail = p.name.split(".experts.", 1)[1]
+    head = tail.split(".", 1)[0]
+    return int(head) if head.isdigit() else None
+
+
+def flat_numel(p: HeldParam) -> int:
+    n = 1
+    for d in p.shape:
+        n *= d
+    return n
+
+
+def dp_shard(params: ParamSet, n: int, *, per_param_dim0: bool, persist_below: int = 0,
+             expert_n: int | None = None) -> ParamSet:
+    """One data-parallel rank's partition of each tensor.
+
+    per_param_dim0: FSDP2 shards each parameter on dim 0 and pads dim 0 to a multiple of n
+    (torch/distributed/fsdp/_fully_shard/_fsdp_param.py, FSDPParam._init_sharded_param:
+    `chunks = torch.chunk(tensor, world_size, dim=0)`, padded to `padded_sharded_size`).
+    Otherwise flat partitioning (DeepSpeed ZeRO flattens each param group and splits it into
+    n equal partitions, runtime/zero/stage_1_and_2.py `get_data_parallel_partitions`;
+    FSDP1 FlatParameter, torch/distributed/fsdp/_flat_param.py `_get_shard`): ceil(numel/n).
+    persist_below: ZeRO-3 keeps parameters with fewer elements unpartitioned
+    (runtime/zero/parameter_offload.py, `persistence_threshold` -> `ds_persist`)."""
+    held = []
+    for p in params.params:
+        k = expert_n if (expert_n and is_expert(p)) else n
+        numel = flat_numel(p)
+        if k == 1 or numel < persist_below:
+            held.append(p)
+            continue
+        if per_param_dim0 and p.shape:
+            rows = -(-p.shape[0] // k)
+            shard = rows
+            for d in p.shape[1:]:
+                shard *= d
+        else:
+            shard = -(-numel // k)
+        held.append(replace(p, shape=(shard,)))
+    return ParamSet(tuple(held), params.unmatched_targets)
+
+
+def numel_where(params: ParamSet, pred) -> int:
+    return sum(flat_numel(p) for p in params.params if pred(p))
