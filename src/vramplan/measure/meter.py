@@ -69,6 +69,13 @@ def _op_name(func) -> str:
     return name.rsplit(".", 1)[0] if name.endswith(".default") else name
 
 
+def _node_key() -> int:
+    """Identity of the autograd node executing now (0 outside backward); the
+    Python wrapper of a node is stable while the node runs."""
+    node = torch._C._current_autograd_node()
+    return 0 if node is None else id(node)
+
+
 def _current_node() -> str:
     # torch/csrc/autograd/python_engine: the node being executed in backward.
     node = torch._C._current_autograd_node()
@@ -95,7 +102,8 @@ class MemoryMeter(TorchDispatchMode):
         self.phase_peaks: dict[str, int] = {}
         self.snapshots: dict[str, Snapshot] = {}
         self.marks: dict[str, Snapshot] = {}
-        self.module_stack: list[str] = []
+        # (module path, autograd node key when entered): see _module_now
+        self.module_stack: list[tuple[str, int]] = []
         self._module_names: dict[int, str] = {}
         self._hook_handles: list = []
         self._category_fn: Callable[[], dict[int, str]] = dict
@@ -142,15 +150,27 @@ class MemoryMeter(TorchDispatchMode):
         # be skipped (non-reentrant checkpoint recomputation stops early with
         # _StopRecomputationError, torch/utils/checkpoint.py).
         stack = self.module_stack
-        while stack and stack[-1] and not name.startswith(stack[-1] + "."):
+        while stack and stack[-1][0] and not name.startswith(stack[-1][0] + "."):
             stack.pop()
-        stack.append(name)
+        stack.append((name, _node_key()))
 
     def _post_hook(self, module, args, output):
         name = self._module_names.get(id(module))
-        if name is not None and name in self.module_stack:
-            while self.module_stack.pop() != name:
+        names = [n for n, _ in self.module_stack]
+        if name is not None and name in names:
+            while self.module_stack.pop()[0] != name:
                 pass
+
+    def _module_now(self) -> str:
+        """The innermost module entered under the autograd node running now.
+
+        A module entered in forward (node key 0) or during another node's
+        checkpoint recomputation is stale once backward moves on to other
+        nodes (recomputation can stop before post-hooks run)."""
+        if not self.module_stack:
+            return ""
+        name, key = self.module_stack[-1]
+        return name if key == _node_key() else ""
 
     def close(self) -> None:
         """Remove the module hooks and drop the category function (it refers
@@ -199,7 +219,7 @@ class MemoryMeter(TorchDispatchMode):
             return
         self.live[key] = StorageInfo(
             key, nbytes, str(t.dtype).replace("torch.", ""), tuple(t.shape), op,
-            self.module_stack[-1] if self.module_stack else "", _current_node(),
+            self._module_now(), _current_node(),
             self.phase_name,
         )
         self.current += nbytes
