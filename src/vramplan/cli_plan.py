@@ -64,6 +64,8 @@ def _gib(n) -> str:
 def cmd_compare(args) -> int:
     from vramplan.plan.compare import Strategy, compare, compare_to_dict, default_strategies
     spec = _SPEC_FROM_ARGS(args)
+    if args.tiers:
+        return _tiers(spec, args)
     strategies = None
     if args.strategy or args.strategies:
         strategies = [Strategy.parse(s) for s in args.strategy or []]
@@ -91,6 +93,20 @@ def cmd_compare(args) -> int:
     _table(f"{spec.model or 'model'} on {ev.gpu.name} ({_gib(ev.limit_bytes)} GiB usable): strategies",
            ["strategy", "peak alloc GiB", "device GiB", "saves GiB", "saves %", "fits",
             "step time", "comm/step"], table)
+    return 0
+
+
+def _tiers(spec, args) -> int:
+    from vramplan.plan.tiers import gpu_tiers, tiers_summary
+    rows = gpu_tiers(spec, headroom_bytes=0 if args.headroom is None else parse_headroom(args.headroom, 0))
+    if args.json:
+        print(json.dumps({"schema_version": 1, "gpus": [r.to_dict() for r in rows],
+                          "tiers": tiers_summary(rows)}, indent=2))
+        return 0
+    _table("which GPUs hold this job, and with what (least change first)",
+           ["tier", "gpu", "GiB", "needs", "device GiB"],
+           [[r.tier, r.gpu, _gib(r.memory_bytes), "does not fit" if r.best is None else r.best.strategy.name,
+             "-" if r.best is None else _gib(r.best.estimate.device_bytes)] for r in rows])
     return 0
 
 
@@ -169,16 +185,20 @@ def _render_fit(report, ev) -> None:
         layout = short_layout(r.changes)
         rows.append([str(i), layout, _gib(r.estimate.device_bytes), f"{r.step_time_s:.3f}", r.why[0]])
     note = " (interrupted: best so far)" if report.interrupted else ""
-    _table(f"{report.candidates_evaluated:,} of {report.candidates_total:,} layouts settled with "
-           f"{report.estimates_computed} estimates in {report.elapsed_s:.2f} s on {ev.gpu.name}{note}",
-           ["#", "layout", "device GiB", "s/step", "why"], rows)
+    if rows:
+        _table(f"{report.candidates_evaluated:,} of {report.candidates_total:,} layouts settled with "
+               f"{report.estimates_computed} estimates in {report.elapsed_s:.2f} s on {ev.gpu.name}{note}",
+               ["#", "layout", "device GiB", "s/step", "why"], rows)
+    else:
+        print(f"none of {report.candidates_total:,} layouts fits on {ev.gpu.name} "
+              f"({report.estimates_computed} estimates, {report.elapsed_s:.2f} s){note}")
     for i, r in enumerate(report.results, 1):
         print(f"#{i}: " + "; ".join(r.why[1:]))
     if not report.results:
         closest = report.closest
         if closest is not None:
             short = closest.estimate.device_bytes - report.limit_bytes
-            print(f"nothing fits; the closest layout ({closest.changes}) needs {short / GiB:.2f} GiB more")
+            print(f"the closest layout ({short_layout(closest.changes)}) needs {short / GiB:.2f} GiB more")
         for s in report.suggestions:
             print(f"  would fit: {s}")
 
@@ -241,6 +261,7 @@ def register(sub, add_spec_args, spec_from_args) -> None:
     c.add_argument("--strategy", action="append", help="'NAME key=value ...' (repeatable)")
     c.add_argument("--strategies", help="YAML/JSON file: a list of {name, changes}")
     c.add_argument("--with-defaults", action="store_true", help="keep the built-in strategies too")
+    c.add_argument("--tiers", action="store_true", help="every catalog GPU: the least change that fits")
     _common(c)
     c.set_defaults(func=cmd_compare)
     f = sub.add_parser("fit", help="layouts that fit, ranked by estimated step time")

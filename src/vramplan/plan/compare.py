@@ -60,13 +60,15 @@ def default_strategies(spec: JobSpec) -> list[Strategy]:
                  {**ckpt, "parallel.zero_stage": 2, "parallel.offload_optimizer": "cpu"}),
         Strategy("8-bit optimizer", {"optimizer": "adamw-8bit"}),
         Strategy("lora", {"method": "lora"}),
+        Strategy("lora + checkpointing", {**ckpt, "method": "lora"}),
         Strategy("qlora", {"method": "qlora"}),
+        Strategy("qlora + checkpointing", {**ckpt, "method": "qlora"}),
         Strategy("half sequence", {"seq_len": max(1, spec.seq_len // 2)}),
         Strategy(f"{more} GPUs, zero-3 + checkpointing",
                  {**ckpt, "num_gpus": more, "parallel.zero_stage": 3}),
     ]
     if spec.method is not Method.FULL:
-        out = [s for s in out if s.name not in ("lora", "qlora") or s.changes["method"] != spec.method.value]
+        out = [s for s in out if s.changes.get("method") != spec.method.value]
     return out
 
 

@@ -190,6 +190,7 @@ def fit(spec: JobSpec, gpu=None, *, axes: dict | None = None, top_k: int = 5,
         if suggest:
             from vramplan.plan.suggest import suggestions
             report.suggestions = suggestions(ev, spec)
+    report.estimates_computed = ev.calls - calls_before
     report.elapsed_s = time.perf_counter() - start
     return report
 
@@ -199,17 +200,26 @@ def _result(ev: Evaluator, c: Candidate, fits: bool) -> FitResult:
     return FitResult(spec=c.spec, changes=c.change_dict, estimate=v.estimate, step=v.step, fits=v.fits)
 
 
+_LEAN = {"full": 0, "selective": 1, "none": 2, "fused-linear-cross-entropy": 0, "chunked": 1,
+         "standard": 2, "flash": 0, "sdpa": 1, "eager": 2}
+
+
+def _lean_key(c: Candidate) -> tuple:
+    s = c.spec
+    return (_LEAN[s.gradient_checkpointing.value], _LEAN[s.loss_impl.value], _LEAN[s.attention.value],
+            s.micro_batch_size, c.index)
+
+
 def _closest(ev: Evaluator, cands: list[Candidate]) -> FitResult | None:
-    """Among the layouts the search estimated, the one needing the least device memory.
-    A group ruled out at its smallest micro-batch was estimated there, so the true minimum
-    of the space is among these."""
-    best = None
+    """When nothing fits: the layout needing the least device memory, taken per family
+    (layouts alike but for activation axes) at its leanest activation settings."""
+    leanest: dict[tuple, Candidate] = {}
     for c in cands:
-        from vramplan.plan.evaluate import memory_key
-        est = ev._cache.get(memory_key(c.spec))
-        if est is not None and (best is None or est.device_bytes < best[0]):
-            best = (est.device_bytes, c)
-    return None if best is None else _result(ev, best[1], False)
+        fam = _Groups.family(c)
+        if fam not in leanest or _lean_key(c) < _lean_key(leanest[fam]):
+            leanest[fam] = c
+    best = min(leanest.values(), key=lambda c: ev.estimate(c.spec).device_bytes, default=None)
+    return None if best is None else _result(ev, best, False)
 
 
 def _top_terms(step: StepTime, n: int = 2) -> str:
