@@ -100,15 +100,15 @@ def estimate(spec: JobSpec) -> Estimate:
 
 def estimate_model(desc: ModelDesc, spec: JobSpec, gpu=None) -> Estimate:
     params = param_set(desc, spec)
+    par = None
     if spec.task is Task.INFERENCE:
         events = _inference_events(desc, spec, params, gpu)
     else:
         acts = plan_activations(desc, spec, params)
         plan = _step_plan(desc, spec, params, acts)
-    par = None
-    if not spec.parallel.is_trivial or spec.num_gpus > 1:
-        from vramplan.parallel import rank_plan
-        plan, par = rank_plan(desc, spec, params, plan)
+        if not spec.parallel.is_trivial or spec.num_gpus > 1:
+            from vramplan.parallel import rank_plan
+            plan, par = rank_plan(desc, spec, params, plan)
         if spec.backend is Backend.CUDA:
             plan.static.add("runtime/cublas_workspace", cublas_workspace_bytes(gpu.name if gpu else None))
         events = walk(plan)

@@ -41,8 +41,18 @@ class Layout:
     extras: dict
 
     @classmethod
-    def of(cls, spec: JobSpec) -> "Layout":
+    def of(cls, spec: JobSpec, hidden_size: int | None = None) -> "Layout":
         par = spec.parallel
+        extras = dict(par.extras)
+        if hidden_size:
+            # transformers/integrations/deepspeed.py HfTrainerDeepSpeedConfig
+            # trainer_config_finalize: "auto" buckets from the model's hidden size.
+            h = hidden_size
+            for key, value in (("reduce_bucket_size", h * h),
+                               ("stage3_prefetch_bucket_size", int(0.9 * h * h)),
+                               ("stage3_param_persistence_threshold", 10 * h)):
+                if extras.get(key) == "auto":
+                    extras[key] = value
         mp = par.tp * par.pp * par.cp
         if spec.num_gpus % mp:
             raise ValueError(f"num_gpus: {spec.num_gpus} is not divisible by tp*pp*cp = {mp}")
@@ -50,7 +60,7 @@ class Layout:
         return cls(num_gpus=spec.num_gpus, dp=dp, tp=par.tp, pp=par.pp, cp=par.cp, ep=par.ep,
                    sp=par.sp, zero_stage=par.zero_stage, fsdp=par.fsdp, fsdp_version=par.fsdp_version,
                    offload_optimizer=par.offload_optimizer, offload_params=par.offload_params,
-                   pp_schedule=par.pp_schedule, extras=dict(par.extras))
+                   pp_schedule=par.pp_schedule, extras=extras)
 
     @property
     def engine(self) -> str:

@@ -43,7 +43,7 @@ class _Sets:
 
 
 def rank_plan(desc: ModelDesc, spec: JobSpec, params: ParamSet, plan: StepPlan) -> tuple[StepPlan, ParallelReport]:
-    lay = Layout.of(spec)
+    lay = Layout.of(spec, desc.hidden_size)
     ranges = pp_layers(desc.num_layers, lay.pp, lay.extras.get("pp_layers"))
     plans = [_stage_plan(desc, spec, params, plan, lay, r, ranges[r]) for r in range(lay.pp)]
     peaks = [peak_event(walk(p)).total for p, _ in plans]
@@ -65,10 +65,13 @@ def _sets(desc, spec, params, lay: Layout, stage: int, layers: range) -> _Sets:
     zero3 = lay.engine == "zero" and lay.zero_stage == 3
     persist = int(lay.knob("stage3_param_persistence_threshold", DS_PARAM_PERSISTENCE_THRESHOLD)) if zero3 else 0
     expert_n = max(1, n // lay.ep) if lay.ep > 1 else None
-    flat = dp_shard(mp, n, per_param_dim0=dim0, persist_below=persist, expert_n=expert_n)
+    flat = dp_shard(mp, n, per_param_dim0=dim0, expert_n=expert_n)
+    # Persistent (small) ZeRO-3 parameters stay gathered; their gradients and optimizer
+    # states are still partitioned (stage3.py treats ds_persist params like any other there).
+    flat_w = dp_shard(mp, n, per_param_dim0=dim0, persist_below=persist, expert_n=expert_n) if persist else flat
     fsdp_params = lay.fsdp in ("full-shard", "hybrid-shard")
     fsdp_grads = lay.fsdp in ("full-shard", "hybrid-shard", "shard-grad-op")
-    return _Sets(weights=flat if (zero3 or fsdp_params) else mp,
+    return _Sets(weights=flat_w if (zero3 or fsdp_params) else mp,
                  grads=flat if (lay.zero_stage >= 2 or fsdp_grads) else mp,
                  states=flat if (lay.zero_stage >= 1 or lay.engine == "fsdp") else mp, full=mp)
 

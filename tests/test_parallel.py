@@ -1,0 +1,114 @@
+"""Per-rank estimates of parallel layouts: sharding sums, monotonicity, ZeRO-3 / FSDP terms."""
+import json
+import pathlib
+
+import pytest
+
+from vramplan.estimation import estimate
+from vramplan.spec import load_spec
+
+TINY = {"model_type": "llama", "vocab_size": 2048, "hidden_size": 256, "intermediate_size": 688,
+        "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 4,
+        "max_position_embeddings": 512, "rms_norm_eps": 1e-05, "tie_word_embeddings": False}
+BASE = {"model": TINY, "precision": "mixed-bf16", "micro_batch_size": 2, "seq_len": 128, "backend": "cpu"}
+STATES = ("weights/", "optimizer/", "master_weights/")
+
+
+def est(**kw):
+    par = kw.pop("parallel", {})
+    return estimate(load_spec({**BASE, **kw, "parallel": par}))
+
+
+def static_total(e, prefix):
+    return e.events[-1].live.total(prefix)  # optimizer event: static + grads + temporaries
+
+
+def test_zero3_states_sum_to_unsharded_total():
+    single = est()
+    n = 4
+    sharded = est(num_gpus=n, parallel={"zero_stage": 3, "extras": {"stage3_param_persistence_threshold": 0}})
+    for prefix in STATES:
+        total = static_total(single, prefix)
+        per_rank = static_total(sharded, prefix)
+        assert per_rank * n == pytest.approx(total, rel=1e-3), prefix
+
+
+def test_zero3_per_rank_weights_are_total_over_n_plus_gathered_unit():
+    single, n = est(), 4
+    z3 = est(num_gpus=n, parallel={"zero_stage": 3, "extras": {"stage3_param_persistence_threshold": 0,
+                                                              "stage3_prefetch_bucket_size": 0}})
+    assert z3.events[-1].live.total("weights/") == pytest.approx(single.events[-1].live.total("weights/") / n, rel=1e-3)
+    layer = 4 * 256 * 256 + 3 * 256 * 688 + 2 * 256
+    gathered = max(ev.live.total("zero/gathered_params") for ev in z3.events)
+    assert gathered == max(layer, 2048 * 256) * 2  # the largest unit (a layer here), bf16
+
+
+@pytest.mark.parametrize("layout", [{"zero_stage": 1}, {"zero_stage": 2}, {"zero_stage": 3},
+                                    {"fsdp": "full-shard"}, {"fsdp": "shard-grad-op"}])
+def test_per_rank_model_states_never_rise_with_more_gpus(layout):
+    previous = None
+    for n in (1, 2, 4, 8):
+        e = est(num_gpus=n, parallel=layout)
+        states = sum(e.events[-1].live.total(p) for p in STATES)
+        if previous is not None:
+            assert states <= previous
+        previous = states
+
+
+def test_model_states_do_not_rise_with_zero_stage():
+    states = [sum(est(num_gpus=8, parallel={"zero_stage": s, "extras": {"reduce_bucket_size": 1000}})
+                  .events[-1].live.total(p) for p in ("weights/", "optimizer/", "master_weights/", "gradients/"))
+              for s in (0, 1, 2, 3)]
+    assert states == sorted(states, reverse=True)
+
+
+def test_deepspeed_reduce_bucket_is_allocated_at_its_configured_size():
+    e = est(num_gpus=2, parallel={"zero_stage": 2, "extras": {"overlap_comm": True}})
+    top = max(ev.live.total("zero/ipg") for ev in e.events)
+    assert top == 2 * 500_000_000 * 2  # two bf16 buffers of reduce_bucket_size elements
+
+
+def test_ddp_keeps_a_bucket_copy_of_the_gradients():
+    e = est(num_gpus=2)
+    assert e.components.total("ddp/gradient_buckets") == e.events[-1].live.total("gradients/")
+    assert e.parallel.communication["dp"]["bytes"] > 0
+
+
+def test_tensor_parallel_divides_attention_and_mlp_but_not_norms_without_sp():
+    one, tp = est(), est(num_gpus=2, parallel={"tp": 2})
+    acts = lambda e, key: e.events[0].live.total(key)  # end of forward
+    assert acts(tp, "activations/layers/mlp/") * 2 == pytest.approx(acts(one, "activations/layers/mlp/"), rel=1e-3)
+    assert acts(tp, "activations/layers/attn_norm") == acts(one, "activations/layers/attn_norm")
+    sp = est(num_gpus=2, parallel={"tp": 2, "sp": True})
+    assert acts(sp, "activations/layers/attn_norm") * 2 == pytest.approx(acts(one, "activations/layers/attn_norm"), rel=1e-3)
+    assert "tp" in tp.parallel.communication
+
+
+def test_pipeline_first_stage_holds_pp_micro_batches():
+    e = est(num_gpus=4, grad_accum_steps=8, parallel={"pp": 4})
+    assert e.parallel.stage in (0, 3)
+    first = est(num_gpus=4, grad_accum_steps=8, parallel={"pp": 4, "extras": {"pp_layers": [1, 1, 1, 1]}})
+    assert len(first.parallel.stage_peaks) == 4
+    assert e.components.total("activations/pipeline_in_flight") > 0 or e.parallel.stage == 3
+
+
+def test_offload_moves_optimizer_to_host():
+    e = est(num_gpus=2, parallel={"zero_stage": 2, "offload_optimizer": "cpu"})
+    assert e.events[-1].live.total("optimizer/") == 0
+    assert e.parallel.host.total() > 0
+    assert e.to_dict()["host_bytes"]["per_rank"] == e.parallel.host.total()
+
+
+def test_fsdp2_measured_ground_truth_within_5_percent():
+    path = pathlib.Path(__file__).parents[1] / "bench/parallel/results-cpu.json"
+    rows = json.loads(path.read_text())["results"]
+    assert rows
+    for row in rows:
+        measured = max(m["peak_allocated_bytes"] for m in row["measured"])
+        spec = load_spec({**row["job"], "num_gpus": row["world_size"]})
+        assert abs(estimate(spec).peak_allocated_bytes - measured) / measured < 0.05, row["name"]
+
+
+def test_indivisible_layout_is_one_clear_error():
+    with pytest.raises(ValueError, match="num_gpus"):
+        est(num_gpus=3, parallel={"tp": 2})
