@@ -1,0 +1,67 @@
+"""What the CLI calls for --deepspeed, --training-args, --accelerate-config and --recipe:
+read each file (JSON or YAML), import it, and merge the results in a fixed order
+(recipe, accelerate config, training arguments, DeepSpeed: later, more specific files win)."""
+from __future__ import annotations
+
+import json
+import os
+
+from vramplan.importers.accelerate_cfg import from_accelerate
+from vramplan.importers.deepspeed import from_deepspeed
+from vramplan.importers.hf_args import from_training_args
+from vramplan.importers.recipes import from_recipe
+from vramplan.importers.report import ImportError_, merge
+
+
+def read_config(path: str) -> dict:
+    """A JSON or YAML file as a mapping; errors are one line naming the file."""
+    if not os.path.isfile(path):
+        raise ImportError_(f"{path}: file not found")
+    with open(path, encoding="utf-8") as fh:
+        text = fh.read()
+    try:
+        if path.endswith(".json"):
+            data = json.loads(text)
+        else:
+            import yaml
+            data = yaml.safe_load(text)
+    except Exception as exc:  # noqa: BLE001  (both parsers' errors become one line)
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ImportError_(f"{path}: not valid JSON/YAML ({first})") from None
+    if not isinstance(data, dict):
+        raise ImportError_(f"{path}: expected a mapping at the top level")
+    return data
+
+
+def import_config_files(deepspeed: str | None = None, training_args: str | None = None,
+                        accelerate_config: str | None = None, recipe: str | None = None) -> tuple[dict, list[str]]:
+    """Spec overrides (a mapping for vramplan.spec.load_spec) and report lines.
+    Raises ImportError_ (a ValueError) with one line naming the file and field."""
+    overrides: dict = {}
+    lines: list[str] = []
+    ds_path = deepspeed
+    for path, fn in ((recipe, from_recipe), (accelerate_config, from_accelerate),
+                     (training_args, from_training_args)):
+        if not path:
+            continue
+        out, rep = fn(read_config(path), source=path)
+        inline = out.pop("__deepspeed__", None)
+        gc = (out.get("parallel") or {}).pop("__gc__", None)
+        if gc:
+            out["gradient_checkpointing"] = "full"
+        if inline is not None and ds_path is None:
+            ds_path = inline
+        merge(overrides, out)
+        lines += rep.lines()
+    if ds_path:
+        if isinstance(ds_path, dict):
+            cfg, source = ds_path, "deepspeed (inline)"
+        else:
+            base = os.path.dirname(training_args or recipe or accelerate_config or "")
+            path = ds_path if os.path.isabs(ds_path) or os.path.isfile(ds_path) else os.path.join(base, ds_path)
+            cfg, source = read_config(path), path
+        context = {k: overrides[k] for k in ("micro_batch_size", "grad_accum_steps", "precision") if k in overrides}
+        out, rep = from_deepspeed(cfg, context, source=source)
+        merge(overrides, out)
+        lines += rep.lines()
+    return overrides, lines

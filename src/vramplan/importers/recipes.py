@@ -1,0 +1,185 @@
+"""Training recipes (YAML) of axolotl, LLaMA-Factory and torchtune -> spec overrides.
+Field names from axolotl's docs/config.qmd, LLaMA-Factory's hparams/*_args.py and
+torchtune's recipes/configs/*.yaml."""
+from __future__ import annotations
+
+from vramplan.importers.hf_args import OPTIM, from_training_args
+from vramplan.importers.report import ImportError_, ImportReport
+
+
+def detect(cfg: dict) -> str:
+    if any(isinstance(v, dict) and "_component_" in v for v in cfg.values()):
+        return "torchtune"
+    if "finetuning_type" in cfg or "model_name_or_path" in cfg or "cutoff_len" in cfg:
+        return "llama-factory"
+    if "base_model" in cfg or "sequence_len" in cfg or "adapter" in cfg:
+        return "axolotl"
+    raise ImportError_("recipe: not an axolotl, LLaMA-Factory or torchtune recipe "
+                       "(no base_model / model_name_or_path / _component_ fields)")
+
+
+def from_recipe(cfg: dict, source: str = "recipe") -> tuple[dict, ImportReport]:
+    if not isinstance(cfg, dict):
+        raise ImportError_(f"{source}: expected a mapping")
+    kind = detect(cfg)
+    return {"axolotl": _axolotl, "llama-factory": _llama_factory, "torchtune": _torchtune}[kind](cfg, f"{source} ({kind})")
+
+
+def _common(cfg: dict, names: dict, rep: ImportReport, out: dict) -> None:
+    """Fields that map one to one: recipe name -> spec key."""
+    for name, key in names.items():
+        if name in cfg and cfg[name] is not None:
+            value = cfg[name]
+            if key in ("micro_batch_size", "grad_accum_steps", "seq_len"):
+                if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                    raise ImportError_(f"{rep.source}: {name} must be a positive integer, got {value!r}")
+            out[key] = value
+            rep.use(name, key)
+
+
+def _axolotl(cfg: dict, source: str) -> tuple[dict, ImportReport]:
+    rep = ImportReport(source)
+    out: dict = {}
+    _common(cfg, {"base_model": "model", "micro_batch_size": "micro_batch_size",
+                  "gradient_accumulation_steps": "grad_accum_steps", "sequence_len": "seq_len",
+                  "sample_packing": "packing"}, rep, out)
+    if cfg.get("gradient_checkpointing"):
+        out["gradient_checkpointing"] = "full"
+        rep.use("gradient_checkpointing", "gradient_checkpointing")
+    for p in ("bf16", "fp16"):
+        if cfg.get(p) in (True, "auto"):
+            out["precision"] = f"amp-{p}"
+            rep.use(p, "precision")
+    adapter = cfg.get("adapter")
+    if adapter in ("lora", "qlora"):
+        out["method"] = "qlora" if adapter == "qlora" or cfg.get("load_in_4bit") else "lora"
+        lora = {"r": cfg.get("lora_r", 8), "alpha": cfg.get("lora_alpha", 16), "dropout": cfg.get("lora_dropout", 0.0)}
+        if cfg.get("lora_target_linear"):
+            lora["target_modules"] = "all-linear"
+        elif cfg.get("lora_target_modules"):
+            lora["target_modules"] = cfg["lora_target_modules"]
+        out["lora"] = lora
+        for k in ("adapter", "lora_r", "lora_alpha", "lora_dropout", "lora_target_linear", "lora_target_modules", "load_in_4bit"):
+            if k in cfg:
+                rep.use(k, "method/lora")
+    if cfg.get("flash_attention"):
+        out["attention"] = "flash"
+        rep.use("flash_attention", "attention")
+    if "optimizer" in cfg:
+        _optimizer(cfg["optimizer"], out, rep, "optimizer")
+    if cfg.get("deepspeed"):
+        out["__deepspeed__"] = cfg["deepspeed"]
+        rep.use("deepspeed", "DeepSpeed config (imported separately)")
+    if cfg.get("fsdp"):
+        sub, _ = from_training_args({"fsdp": cfg["fsdp"], "fsdp_config": cfg.get("fsdp_config") or {}})
+        out.setdefault("parallel", {}).update(sub.get("parallel", {}))
+        rep.use("fsdp", "parallel.fsdp")
+    _rest(cfg, rep)
+    return out, rep
+
+
+def _llama_factory(cfg: dict, source: str) -> tuple[dict, ImportReport]:
+    rep = ImportReport(source)
+    out: dict = {}
+    _common(cfg, {"model_name_or_path": "model", "per_device_train_batch_size": "micro_batch_size",
+                  "gradient_accumulation_steps": "grad_accum_steps", "cutoff_len": "seq_len",
+                  "packing": "packing"}, rep, out)
+    ft = cfg.get("finetuning_type", "lora")
+    quant = cfg.get("quantization_bit")
+    if ft == "lora":
+        out["method"] = "qlora" if quant else "lora"
+        target = cfg.get("lora_target", "all")
+        out["lora"] = {"r": cfg.get("lora_rank", 8), "alpha": cfg.get("lora_alpha") or 2 * cfg.get("lora_rank", 8),
+                       "dropout": cfg.get("lora_dropout", 0.0),
+                       "target_modules": "all-linear" if target == "all" else [t.strip() for t in str(target).split(",")]}
+        if quant:
+            out["quantization"] = {"bits": int(quant), "type": "nf4" if int(quant) == 4 else "int8"}
+        for k in ("finetuning_type", "lora_rank", "lora_alpha", "lora_dropout", "lora_target", "quantization_bit"):
+            if k in cfg:
+                rep.use(k, "method/lora")
+    elif ft == "full":
+        out["method"] = "full"
+        rep.use("finetuning_type", "method")
+    else:
+        rep.unresolved["finetuning_type"] = f"{ft!r}: freeze needs the trained layers; set freeze in the spec"
+    for p in ("bf16", "fp16"):
+        if cfg.get(p):
+            out["precision"] = f"amp-{p}"
+            rep.use(p, "precision")
+    if cfg.get("flash_attn") in ("fa2", "auto"):
+        out["attention"] = "flash" if cfg["flash_attn"] == "fa2" else "sdpa"
+        rep.use("flash_attn", "attention")
+    if cfg.get("deepspeed"):
+        out["__deepspeed__"] = cfg["deepspeed"]
+        rep.use("deepspeed", "DeepSpeed config (imported separately)")
+    if "optim" in cfg:
+        _optimizer(cfg["optim"], out, rep, "optim")
+    _rest(cfg, rep)
+    return out, rep
+
+
+def _torchtune(cfg: dict, source: str) -> tuple[dict, ImportReport]:
+    rep = ImportReport(source)
+    out: dict = {}
+    _common(cfg, {"batch_size": "micro_batch_size", "gradient_accumulation_steps": "grad_accum_steps"}, rep, out)
+    model = cfg.get("model") or {}
+    comp = str(model.get("_component_", ""))
+    if comp:
+        out["model"] = comp.rsplit(".", 1)[-1]
+        rep.use("model._component_", "model (torchtune builder name; map to a catalog model)")
+        if "lora" in comp:
+            out["method"] = "qlora" if "qlora" in comp else "lora"
+            attn = model.get("lora_attn_modules") or ["q_proj", "v_proj"]
+            names = {"q_proj": "q_proj", "k_proj": "k_proj", "v_proj": "v_proj", "output_proj": "o_proj"}
+            targets = [names.get(a, a) for a in attn]
+            if model.get("apply_lora_to_mlp"):
+                targets += ["gate_proj", "up_proj", "down_proj"]
+            out["lora"] = {"r": model.get("lora_rank", 8), "alpha": model.get("lora_alpha", 16),
+                           "dropout": model.get("lora_dropout", 0.0), "target_modules": targets}
+            rep.use("model.lora_*", "lora")
+    seq = (cfg.get("tokenizer") or {}).get("max_seq_len")
+    if seq:
+        out["seq_len"] = seq
+        rep.use("tokenizer.max_seq_len", "seq_len")
+    if cfg.get("enable_activation_checkpointing"):
+        out["gradient_checkpointing"] = "full"
+        rep.use("enable_activation_checkpointing", "gradient_checkpointing")
+    if cfg.get("dtype") in ("bf16", "fp32", "fp16"):
+        out["precision"] = cfg["dtype"]
+        rep.use("dtype", "precision (torchtune trains in pure dtype)")
+    opt = cfg.get("optimizer") or {}
+    comp = str(opt.get("_component_", "")).lower()
+    if comp:
+        name = comp.rsplit(".", 1)[-1]
+        mapping = {"adamw": "adamw", "adam": "adam", "sgd": "sgd", "adamw8bit": "adamw-8bit",
+                   "pagedadamw8bit": "paged-adamw-8bit", "adafactor": "adafactor"}
+        if name in mapping:
+            out["optimizer"] = mapping[name]
+            if opt.get("fused"):
+                out["optimizer_impl"] = "fused"
+            rep.use("optimizer._component_", "optimizer")
+        else:
+            rep.unresolved["optimizer._component_"] = f"{comp!r} is not modelled"
+    loss = str((cfg.get("loss") or {}).get("_component_", ""))
+    if "Chunked" in loss:
+        out["loss_impl"] = "chunked"
+        rep.use("loss._component_", "loss_impl = chunked")
+    _rest(cfg, rep)
+    return out, rep
+
+
+def _optimizer(value, out: dict, rep: ImportReport, name: str) -> None:
+    key = str(value).lower()
+    if key in OPTIM:
+        opt, impl = OPTIM[key]
+        out["optimizer"] = opt
+        if impl:
+            out["optimizer_impl"] = impl
+        rep.use(name, "optimizer")
+    else:
+        rep.unresolved[name] = f"optimizer {value!r} is not modelled"
+
+
+def _rest(cfg: dict, rep: ImportReport) -> None:
+    used_roots = {k.split(".", 1)[0] for k in rep.used} | {k.split(".", 1)[0] for k in rep.unresolved}
+    rep.ignored.extend(k for k in cfg if k not in used_roots)
