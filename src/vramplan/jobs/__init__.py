@@ -35,6 +35,13 @@ def resolve_models(spec: JobSpec) -> dict[str, ModelDesc]:
 
 
 def estimate_job(spec: JobSpec, gpu=None):
+    if spec.vision is not None:  # the model is a VLM: vision tower + projector + LM
+        from vramplan.jobs import vlm
+        vis, lm = vlm.resolve_vlm(spec.model)
+        return vlm.vlm_estimate(vis, lm, spec, gpu)
+    if spec.task is Task.DIFFUSION:  # the model is a pipeline (catalog or inline)
+        from vramplan.jobs import diffusion
+        return diffusion.diffusion_estimate(diffusion.resolve_pipeline(spec.model), spec, gpu)
     return estimate_descs(resolve_models(spec), spec, gpu)
 
 

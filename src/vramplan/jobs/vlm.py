@@ -1,0 +1,225 @@
+"""Vision-language jobs (LLaVA-style): vision tower + projector + language model.
+
+Source: transformers 5.x models/llava/modeling_llava.py. LlavaModel.forward embeds the
+token ids, runs `get_image_features` (vision tower, `hidden_states[vision_feature_layer]`,
+`[:, 1:]` under the default strategy, LlavaMultiModalProjector), and writes the features
+into the embeddings with `masked_scatter` at the image-token positions (the processor
+has expanded each `<image>` into one token per visual feature). The language model then
+runs on s + images * visual_tokens positions with the ordinary causal-LM loss.
+
+Estimate = the core's plan for the language model at that sequence length, with the
+projector (trained) and, when `vision.freeze_vision_tower` is false, the vision tower's
+layers as extra stages before it (their saved tensors replayed on the recorder,
+components/arch_vit.py); a frozen tower holds its weights and a no-grad-like forward
+transient (nothing requires grad, so autograd saves nothing).
+Legend: b micro-batch, s text tokens, S = s + m * t_v, m images per sample, n = b * m,
+t tokens per image in the tower, t_v visual tokens per image, e vision hidden.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from vramplan.breakdown import Breakdown
+from vramplan.components.activations import plan_activations
+from vramplan.components.arch_vit import VisionDesc, VitCtx, projector, vit_embed, vit_layer
+from vramplan.components.graph import Param, Recorder
+from vramplan.components.optimizer import optimizer_states, step_temporaries
+from vramplan.components.trainable import HeldParam, ParamSet, param_set
+from vramplan.components.weights import weight_terms
+from vramplan.jobs.compose import Step, finish
+from vramplan.jobs.trained import prefixed, single_spec
+from vramplan.model import ModelDesc
+from vramplan.spec import JobSpec, Method
+from vramplan.timeline import StepPlan
+from vramplan.units import nbytes
+
+# transformers CLIPVisionConfig defaults (configuration_clip.py), for inline configs
+_CLIP_DEFAULTS = {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12,
+                  "num_attention_heads": 12, "num_channels": 3, "image_size": 224, "patch_size": 32,
+                  "hidden_act": "quick_gelu"}
+
+
+def vision_from_llava_config(cfg: dict) -> VisionDesc:
+    """VisionDesc of an inline HF LLaVA config (model_type llava, vision_config of CLIP or
+    SigLIP: SigLIP has no class token and no pre-norm)."""
+    v = {**_CLIP_DEFAULTS, **cfg.get("vision_config", {})}
+    siglip = v.get("model_type", "clip_vision_model").startswith("siglip")
+    text_h = cfg["text_config"]["hidden_size"]
+    fl = cfg.get("vision_feature_layer", -2)
+    if not isinstance(fl, int):
+        raise ValueError("vision_feature_layer: a list of layers is not modelled yet")
+    return VisionDesc(hidden_size=v["hidden_size"], num_layers=v["num_hidden_layers"],
+                      num_heads=v["num_attention_heads"], intermediate_size=v["intermediate_size"],
+                      image_size=v["image_size"], patch_size=v["patch_size"], num_channels=v["num_channels"],
+                      hidden_act=v.get("hidden_act", "gelu_pytorch_tanh" if siglip else "quick_gelu"),
+                      class_token=not siglip, pre_norm=not siglip, feature_layer=fl,
+                      select_strategy=cfg.get("vision_feature_select_strategy", "default"),
+                      projector=((v["hidden_size"], text_h), (text_h, text_h)),
+                      projector_bias=cfg.get("multimodal_projector_bias", True),
+                      projector_act=cfg.get("projector_hidden_act", "gelu"))
+
+
+def vision_from_catalog(entry: dict) -> VisionDesc:
+    v = entry["vision"]
+    return VisionDesc(hidden_size=v["hidden_size"], num_layers=v["num_layers"], num_heads=v["num_heads"],
+                      intermediate_size=v["intermediate_size"], image_size=v.get("image_size"),
+                      patch_size=v["patch_size"], hidden_act=v.get("hidden_act", "quick_gelu"),
+                      class_token=entry["kind"] == "llava", pre_norm=entry["kind"] == "llava",
+                      fused_qkv=entry["kind"] == "qwen2-vl", spatial_merge=v.get("spatial_merge", 1),
+                      feature_layer=v.get("vision_feature_layer", -1),
+                      select_strategy=v.get("vision_feature_select_strategy", "full"),
+                      projector=tuple(tuple(x) for x in entry["projector"]["layers"]))
+
+
+def _held(vis: VisionDesc, spec: JobSpec, train_tower: bool) -> ParamSet:
+    """Vision tower (`vision_tower.`) and projector (`projector.`) parameters. Layers past
+    the feature layer run but feed nothing: they get no gradient and (torch.optim creates
+    state lazily) no optimizer state, so they count as frozen."""
+    w = spec.precision.weight_dtype
+    out: list[HeldParam] = []
+    lora = train_tower and spec.method in (Method.LORA, Method.QLORA)
+    for name, shape, layer in vis.params():
+        used = layer is None or layer < vis.used_layers
+        trains = train_tower and used and not lora and not name.startswith("post_layernorm")
+        out.append(HeldParam("vision_tower." + name, shape, w, trains, "base", layer))
+        module = name.rsplit(".", 1)[0]
+        if lora and used and layer is not None and name.endswith(".weight") and len(shape) == 2 and \
+                any(module.endswith(t) for t in spec.lora.target_modules):
+            out.append(HeldParam(f"vision_tower.{module}.lora_A", (spec.lora.r, shape[1]), "fp32", True, "lora", layer))
+            out.append(HeldParam(f"vision_tower.{module}.lora_B", (shape[0], spec.lora.r), "fp32", True, "lora", layer))
+    out += [HeldParam("projector." + n, s, w, True, "base", None) for n, s in vis.projector_params()]
+    return ParamSet(tuple(out))
+
+
+def _vit_ctx(vis: VisionDesc, held: ParamSet) -> VitCtx:
+    params, lora = {}, {}
+    for p in held.params:
+        name = p.name.split(".", 1)[1]
+        if p.kind == "lora":
+            lora.setdefault(name.rsplit(".", 1)[0], []).append(Param(p.name, p.shape, p.dtype, True))
+        else:
+            params[name] = Param(p.name, p.shape, p.dtype, p.trainable)
+    return VitCtx(vis, params, {m: (ab[0], ab[1]) for m, ab in lora.items()})
+
+
+def _grads(held: ParamSet, pick, key: str = "vision_tower/gradients") -> Breakdown:
+    return Breakdown().add(key, sum(nbytes(p.numel, p.dtype) for p in held.params if p.trainable and pick(p)))
+
+
+def _extra_stages(vis, spec, held, n, side, rows, S):
+    """(label, saved Breakdown, grads Breakdown) for the tower (trained) and projector,
+    in forward order."""
+    ctx = _vit_ctx(vis, held)
+    seen: set[int] = set()
+    rec = Recorder(backend=spec.backend.value, seen=seen)
+    pixels = rec.new("batch/pixel_values", (n, vis.num_channels, side, side), spec.precision.weight_dtype, False)
+    seen.add(id(pixels.storage))  # the batch's own tensor, counted under batch/
+    out, alive = [], [rec]  # recorders kept alive: `seen` holds id()s of their storages
+    x = vit_embed(rec, ctx, pixels)
+    out.append(("vision embeddings", _items(rec, "vision_tower/activations/embeddings"),
+                _grads(held, lambda p: p.layer is None and p.name.startswith("vision_tower."))))
+    for i in range(vis.used_layers):
+        rec = Recorder(backend=spec.backend.value, seen=seen)
+        alive.append(rec)
+        x = vit_layer(rec, ctx, x, i)
+        out.append((f"vision layer {i}", _items(rec, "vision_tower/activations/layers"),
+                    _grads(held, lambda p, i=i: p.layer == i)))
+    rec = Recorder(backend=spec.backend.value, seen=seen)
+    alive.append(rec)
+    projector(rec, ctx, x, side)
+    saved = _items(rec, "projector/activations")
+    # masked_scatter saves its bool mask (b, S, 1) for the backward (derivatives.yaml).
+    saved.add("projector/activations/image_token_mask", nbytes(rows * S, "bool"))
+    out.append(("projector", saved, _grads(held, lambda p: p.name.startswith("projector."), "projector/gradients")))
+    return out
+
+
+def _items(rec: Recorder, group: str) -> Breakdown:
+    out = Breakdown()
+    for name, size in rec.saved_items():
+        out.add(f"{group}/{name.replace('/', '.')}", size)
+    return out
+
+
+def frozen_tower_transient(vis: VisionDesc, n: int, t: int, c: str) -> Breakdown:
+    """A frozen tower's forward (nothing requires grad, nothing saved): LLaVA asks for every
+    layer's hidden state (t x e each, kept in the output until get_image_features returns)
+    and one MLP's working set at a time: ln2 output, fc1 output and the activation's
+    intermediates (QuickGELU: the scaled input, its sigmoid, the product)."""
+    e, f = vis.hidden_size, vis.intermediate_size
+    acts = 3 if vis.hidden_act == "quick_gelu" else 1
+    return (Breakdown().add("vision_tower/forward/hidden_states", (vis.num_layers + 1) * nbytes(n * t * e, c))
+            .add("vision_tower/forward/mlp", nbytes(n * t * e, c) + (1 + acts) * nbytes(n * t * f, c)))
+
+
+def vlm_estimate(vis: VisionDesc, lm: ModelDesc, spec: JobSpec, gpu=None):
+    from vramplan.estimation import _step_plan
+    cfg = spec.vision
+    b, m = spec.micro_batch_size, cfg.num_images
+    side = vis.image_size or cfg.image_size
+    n, t = b * m, vis.tokens_per_image(side)
+    S = spec.seq_len + m * vis.visual_tokens(side)
+    train_tower = not cfg.freeze_vision_tower
+    one = single_spec(spec, b, S)
+    params = param_set(lm, one)
+    held = _held(vis, spec, train_tower)
+    # inputs_embeds requires grad when the projector trains (masked_scatter of its output),
+    # even with a frozen embedding (LoRA): replay with the embedding seen as trained, then
+    # drop what a trained embedding alone would save (its ids).
+    embed_frozen = any(p.name.endswith("embed_tokens.weight") and not p.trainable for p in params.params)
+    act_params = ParamSet(tuple(replace(p, trainable=True) if p.name.endswith("embed_tokens.weight") else p
+                                for p in params.params)) if embed_frozen else params
+    acts = plan_activations(lm, one, act_params)
+    if embed_frozen:
+        acts.stages[0].saved = [x for x in acts.stages[0].saved if x[0] != "input_ids"]
+    plan = prefixed(_step_plan(lm, one, params, acts), "language_model")
+    extra = _extra_stages(vis, spec, held, n, side, b, S) if train_tower else \
+        [_extra_stages(vis, spec, held, n, side, b, S)[-1]]
+    _prepend(plan, extra)
+    c = spec.precision.compute_dtype
+    tower = Breakdown().merge(weight_terms(spec, ParamSet(tuple(p for p in held.params if p.name.startswith("vision_tower.")))),
+                              prefix="vision_tower/")
+    proj = Breakdown().merge(weight_terms(spec, ParamSet(tuple(p for p in held.params if p.name.startswith("projector.")))),
+                             prefix="projector/")
+    plan.static.merge(tower).merge(proj).merge(optimizer_states(spec, held), prefix="vision_and_projector/")  # noqa
+    plan.static.add("batch/pixel_values", nbytes(n * vis.num_channels * side * side, spec.precision.weight_dtype))
+    union = ParamSet(params.params + held.params)
+    plan.optimizer_temporaries = Breakdown().merge(step_temporaries(spec, union), prefix="language_model/")
+    step = Step(plan)
+    if not train_tower:
+        step.before.append(("forward", "vision tower forward (frozen)", frozen_tower_transient(vis, n, t, c)))
+    notes = [f"{m} image(s) per sample -> {S - spec.seq_len} visual tokens; language model at seq_len {S}"]
+    return finish(spec, lm, step, num_params=lm.num_params() + sum(p.numel for p in held.params if p.kind == "base"),
+                  trainable_params=union.numel(trainable=True), gpu=gpu, notes=notes)
+
+
+def _prepend(plan: StepPlan, extra) -> None:
+    """Put the tower/projector stages before the language model's (forward order)."""
+    labels = [f"{label} backward" for label, _, _ in extra]
+    acts = [a for _, a, _ in extra]
+    grads = [g for _, _, g in extra]
+    plan.stage_acts[:0] = acts
+    plan.grads_by_stage[:0] = grads
+    plan.stage_backward_transient[:0] = [Breakdown() for _ in extra]
+    plan.labels[:0] = labels
+    if plan.stage_acts_at_peak is not None:
+        plan.stage_acts_at_peak[:0] = acts
+    if plan.stage_grads_at_peak is not None:
+        plan.stage_grads_at_peak[:0] = grads
+
+
+def resolve_vlm(model) -> tuple[VisionDesc, ModelDesc]:
+    """An edge: the VLM's vision description and its language model's ModelDesc."""
+    from vramplan.catalog.hf import model_from_hf_config
+    if isinstance(model, dict):
+        if model.get("model_type") != "llava":
+            raise ValueError(f"vision: inline configs of model_type llava are modelled, got {model.get('model_type')!r}")
+        text = dict(model["text_config"])
+        return vision_from_llava_config(model), model_from_hf_config(text, name=text.get("model_type", "llm"))
+    from vramplan.catalog.pipelines import find_vlm
+    from vramplan.jobs import _desc
+    entry = find_vlm(model)
+    return vision_from_catalog(entry), _desc(entry["language_model"])
+
+
+__all__ = ["frozen_tower_transient", "resolve_vlm", "vision_from_catalog", "vision_from_llava_config", "vlm_estimate"]
