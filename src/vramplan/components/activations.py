@@ -22,8 +22,10 @@ from vramplan.units import nbytes
 
 
 # The input of each feed-forward block's last linear: saved by it, released when its
-# MmBackward has run, which is the first node of the layer's backward.
-_MLP_OUT_INPUTS = ("mlp/act_times_up", "mlp/act", "moe/expert_act_times_up")
+# MmBackward has run, which is the first node of the layer's backward. In a gated MLP that
+# is act * up (the activation itself is still needed by the product's backward); in a
+# plain MLP it is the activation's output.
+_MLP_OUT_INPUTS = {MlpKind.GATED: ("mlp/act_times_up", "moe/expert_act_times_up"), MlpKind.PLAIN: ("mlp/act",)}
 
 
 @dataclass(slots=True)
@@ -94,9 +96,9 @@ def plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Activa
         if spec.gradient_checkpointing is Checkpointing.FULL:
             # torch.utils.checkpoint (non-reentrant, transformers 5's default) keeps the
             # layer's inputs for the recomputation and nothing the layer saves.
-            stages.append(Stage(f"layer {i}", [("checkpoint/layer_input", x.storage.nbytes)], saved, _MLP_OUT_INPUTS))
+            stages.append(Stage(f"layer {i}", [("checkpoint/layer_input", x.storage.nbytes)], saved, _MLP_OUT_INPUTS[desc.mlp]))
         else:
-            stages.append(Stage(f"layer {i}", saved, [], _MLP_OUT_INPUTS))
+            stages.append(Stage(f"layer {i}", saved, [], _MLP_OUT_INPUTS[desc.mlp]))
         x = Sym(f"layer{i}.out", x.shape, x.dtype, out_rg, Storage(x.storage.nbytes))
     _shared_rotary(ctx, stages)
     head_rec = _recorder(spec, seen)

@@ -106,6 +106,8 @@ def _stage_plan(desc, spec, params, plan: StepPlan, lay: Layout, stage: int, lay
                    loss_saved=acts.scale(plan.loss_saved, lay) if last else Breakdown(),
                    forward_end_transient=Breakdown().merge(fwd_end), loss_backward_transient=loss_bwd,
                    stage_backward_transient=trans,
+                   stage_acts_at_peak=[acts.scale(b, lay) for b in
+                                       _select(plan.stage_acts_at_peak or plan.stage_acts, stage, lay.pp, layers)],
                    optimizer_temporaries=Breakdown() if lay.offload_optimizer != "none"
                    else step_temporaries(spec, sets.states),
                    grads_alive_in_forward=plan.grads_alive_in_forward, labels=labels)
