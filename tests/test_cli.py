@@ -82,3 +82,22 @@ def test_unknown_hub_id_offline(capsys, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     code, _, err = run(capsys, "estimate", "someorg/not-a-model")
     assert code == 2 and "offline" in err
+
+
+def test_parallel_flags_and_deepspeed_import(tmp_path, capsys):
+    ds = tmp_path / "ds.json"
+    ds.write_text(json.dumps({"zero_optimization": {"stage": 3}, "bf16": {"enabled": True},
+                              "train_micro_batch_size_per_gpu": 2}))
+    code, out, err = run(capsys, "estimate", "llama-3.2-1b", "--num-gpus", "4", "--deepspeed", str(ds), "--json")
+    assert code == 0
+    data = json.loads(out)
+    assert data["spec"]["parallel"]["zero_stage"] == 3 and data["spec"]["micro_batch_size"] == 2
+    assert "zero_optimization.stage" in err
+    code, out, _ = run(capsys, "estimate", "llama-3.2-1b", "--num-gpus", "4", "--zero-stage", "3", "--json")
+    single = json.loads(run(capsys, "estimate", "llama-3.2-1b", "--json")[1])
+    assert json.loads(out)["components"].get("optimizer/exp_avg", 0) < single["components"].get("optimizer/exp_avg", 1)
+
+
+def test_missing_engine_config_is_one_line(capsys):
+    code, _, err = run(capsys, "estimate", "llama-3.2-1b", "--deepspeed", "/nonexistent/ds.json")
+    assert code == 2 and err.count("\n") == 1 and "not found" in err

@@ -42,6 +42,20 @@ _SPEC_FLAGS = {
 }
 
 
+_PARALLEL_FLAGS = (
+    ("zero_stage", int, "DeepSpeed ZeRO stage 0-3"),
+    ("fsdp", str, "none | full-shard | shard-grad-op | hybrid-shard | no-shard"),
+    ("fsdp_version", int, "1 or 2"),
+    ("tp", int, "tensor-parallel size"),
+    ("sp", _bool := (lambda v: str(v).lower() in ("1", "true", "yes", "on")), "sequence parallelism with tp"),
+    ("cp", int, "context-parallel size"),
+    ("pp", int, "pipeline-parallel size"),
+    ("ep", int, "expert-parallel size"),
+    ("offload_optimizer", str, "none | cpu | nvme"),
+    ("offload_params", str, "none | cpu | nvme"),
+)
+
+
 class UsageError(Exception):
     pass
 
@@ -62,7 +76,27 @@ def _add_spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lora-dropout", type=float)
     p.add_argument("--lora-target-modules", help="comma-separated names or all-linear")
     p.add_argument("--packing", action="store_true", default=None, help="packed rows with a document mask")
+    for name, typ, help_ in _PARALLEL_FLAGS:
+        p.add_argument("--" + name.replace("_", "-"), dest="parallel_" + name, type=typ, help=help_)
+    for name, help_ in (("deepspeed", "DeepSpeed config JSON"), ("training_args", "HF TrainingArguments / TRL config"),
+                        ("accelerate_config", "accelerate config YAML"),
+                        ("recipe", "axolotl / LLaMA-Factory / torchtune recipe YAML")):
+        p.add_argument("--" + name.replace("_", "-"), dest="import_" + name, help=help_)
     p.add_argument("--trust-remote-code", action="store_true", default=None)
+
+
+def _imported(args, data: dict) -> dict:
+    """Merge engine/trainer config files into the spec mapping; report what was used."""
+    files = {k: getattr(args, "import_" + k, None)
+             for k in ("deepspeed", "training_args", "accelerate_config", "recipe")}
+    if not any(files.values()):
+        return data
+    from vramplan.importers.cli_args import import_config_files
+    from vramplan.importers.report import merge
+    overrides, lines = import_config_files(**files)
+    for line in lines:
+        print(f"vramplan: {line}", file=sys.stderr)
+    return merge(data, overrides)
 
 
 def spec_from_args(args) -> "object":
@@ -71,6 +105,14 @@ def spec_from_args(args) -> "object":
     if args.spec:
         from vramplan.spec.job import _read_file
         data = _read_file(args.spec)
+    data = _imported(args, data)
+    parallel = dict(data.get("parallel") or {})
+    for name, _, _ in _PARALLEL_FLAGS:
+        value = getattr(args, "parallel_" + name, None)
+        if value is not None:
+            parallel[name] = value
+    if parallel:
+        data["parallel"] = parallel
     if args.model:
         data["model"] = args.model
         data.pop("num_params", None)
@@ -192,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"vramplan: error: {exc}", file=sys.stderr)
         return 2
-    except SpecError as exc:
+    except (SpecError, ValueError) as exc:  # SpecError, importer and catalog input errors
         print(f"vramplan: error: {exc}", file=sys.stderr)
         return 2
     except KeyError as exc:  # catalog lookups (UnknownNameError) carry their own message
