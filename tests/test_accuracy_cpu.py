@@ -34,6 +34,9 @@ CASES = {
                                     "n_head": 4}},
     "llama-freeze-last-layer": {"model": tiny(num_hidden_layers=3), "method": "freeze",
                                 "freeze": {"trainable_layers": [-1]}},
+    "llama-bf16-lora-gc-input-leaf": {"model": tiny(), "precision": "bf16", "method": "lora",
+                                      "gradient_checkpointing": "full",
+                                      "lora": {"r": 4, "target_modules": "all-linear"}},
     "llama-grad-accum": {"model": tiny(), "grad_accum_steps": 2, "optimizer_impl": "fused"},
 }
 

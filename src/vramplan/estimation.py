@@ -144,6 +144,15 @@ def _inference_events(desc: ModelDesc, spec: JobSpec, params: ParamSet, gpu) -> 
     return [Event("forward", "no-grad forward", live)]
 
 
+def _optimizer_extras(spec: JobSpec, params: ParamSet, acts: ActivationPlan) -> Breakdown:
+    out = step_temporaries(spec, params)
+    if acts.input_leaf_bytes:
+        # the loss (and so its graph, holding the input leaf and its gradient) is kept until
+        # after optimizer.step() in a plain training loop; HF Trainer detaches it earlier.
+        out.add("activations/input_leaf", acts.input_leaf_bytes).add("gradients/input_leaf", acts.input_leaf_bytes)
+    return out
+
+
 def _stage_breakdown(items: list[tuple[str, int]], prefix: str) -> Breakdown:
     out = Breakdown()
     for name, size in items:
@@ -171,6 +180,8 @@ def _step_plan(desc: ModelDesc, spec: JobSpec, params: ParamSet, acts: Activatio
             t.merge(acts.head_backward_transient)
         elif i == 0:
             t.merge(tied_embedding_grad_temp(desc, spec, params))
+            if acts.input_leaf_bytes:
+                t.add("activations/input_leaf", acts.input_leaf_bytes).add("gradients/input_leaf", acts.input_leaf_bytes)
         transients.append(t)
         labels.append(f"{st.label} backward")
     return StepPlan(static=static, grads_by_stage=grads, stage_acts=stage_acts,
@@ -178,5 +189,5 @@ def _step_plan(desc: ModelDesc, spec: JobSpec, params: ParamSet, acts: Activatio
                     loss_backward_transient=acts.loss_backward_transient,
                     stage_backward_transient=transients, stage_acts_at_peak=at_peak,
                     stage_grads_at_peak=gradient_stages_at_peak(desc, spec, params),
-                    optimizer_temporaries=step_temporaries(spec, params),
+                    optimizer_temporaries=_optimizer_extras(spec, params, acts),
                     grads_alive_in_forward=spec.grad_accum_steps > 1, labels=labels)

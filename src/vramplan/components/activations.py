@@ -47,6 +47,10 @@ class ActivationPlan:
     loss_backward_transient: Breakdown
     head_backward_transient: Breakdown
     layer_backward_transient: Breakdown
+    input_leaf_bytes: int = 0
+    """enable_input_require_grads' embedding output (a leaf that requires grad) under
+    checkpointing with frozen embeddings: it and its .grad stay alive while the loss graph
+    lives, which in a plain loop (loss kept until after optimizer.step()) spans the step."""
 
 
 def build_ctx(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Ctx:
@@ -86,6 +90,14 @@ def plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Activa
     rec = _recorder(spec, seen)
     ids = rec.new("input_ids", (b, s), "int64", False)
     x = _embed(rec, ctx, ids)
+    input_leaf = 0
+    if spec.gradient_checkpointing is not Checkpointing.NONE and not x.requires_grad:
+        # transformers' enable_input_require_grads (used with checkpointing when the
+        # embeddings are frozen: LoRA, freeze): a forward hook calls
+        # output.requires_grad_(True) on the embedding output, so layer 0 sees an input
+        # that needs a gradient.
+        x = Sym(x.name, x.shape, x.dtype, True, x.storage)
+        input_leaf = x.storage.nbytes
     stages = [Stage("embedding", rec.saved_items(), [])]
     cache: dict[tuple, tuple[list, bool]] = {}
     for i in range(desc.num_layers):
@@ -105,6 +117,7 @@ def plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Activa
     logits = _head(head_rec, ctx, x)
     stages.append(Stage("head", head_rec.saved_items(), []))
     plan = _with_loss(desc, spec, stages, logits, x)
+    plan.input_leaf_bytes = input_leaf
     head_in = head_rec.last_linear_input
     if head_in is not None and id(head_in.storage) not in seen:
         # The output head's input is a local of the model's forward, alive while the loss
