@@ -1,0 +1,230 @@
+"""Diffusion / video denoiser training (`task: diffusion`).
+
+A step (diffusers examples/*/train_*.py, e.g. cogvideo/train_cogvideox_lora.py and
+dreambooth/train_dreambooth_lora_sd3.py): encode the prompt with the frozen text
+encoder(s) and the pixels with the frozen VAE under torch.no_grad() (or read precomputed
+embeddings / latents), add noise, run the denoiser with gradients, MSE loss against the
+target in fp32, backward, optimizer step. Optionally a frozen copy of the denoiser
+(unlearning, distillation) runs a no_grad forward on the same input after the trained one.
+
+The denoiser's activations: transformer denoisers replay one block on the recorder
+(components/arch_dit.py) per layer over b x (text + video) tokens; a UNet sums its levels
+(arch_dit.unet_level_saved). Frozen modules either stay on this GPU or, with
+`offload_frozen` (diffusers enable_model_cpu_offload: one model on the GPU at a time, moved
+in at its forward), count only in their own forward event.
+Legend: b batch, C latent channels, F latent frames, H, W latent side, n video tokens,
+m text tokens, h hidden, c compute dtype.
+"""
+from __future__ import annotations
+
+from vramplan.breakdown import Breakdown
+from vramplan.catalog.pipelines import denoiser_tokens, latent_shape
+from vramplan.components.arch_dit import DitCtx, joint_block, unet_level_saved
+from vramplan.components.graph import Recorder
+from vramplan.components.optimizer import optimizer_states, step_temporaries
+from vramplan.components.trainable import HeldParam, ParamSet
+from vramplan.jobs.compose import Step, finish
+from vramplan.spec import Checkpointing, JobSpec, Method
+from vramplan.spec.tasks import PRECOMPUTED
+from vramplan.timeline import StepPlan
+from vramplan.units import nbytes
+
+
+def resolve_pipeline(model) -> dict:
+    """An edge: a catalog pipeline by name / hub id, or an inline dict of the same fields."""
+    if isinstance(model, dict):
+        if "denoiser" not in model or "kind" not in model:
+            raise ValueError("an inline pipeline needs kind, denoiser, vae and text_encoders")
+        return model
+    from vramplan.catalog.pipelines import find_pipeline
+    return find_pipeline(model)
+
+
+def _hidden(den: dict) -> int:
+    return den["num_attention_heads"] * den["attention_head_dim"]
+
+
+def denoiser_params(pipe: dict, spec: JobSpec) -> ParamSet:
+    """The denoiser's weights as one tensor per block (catalog `num_params`, evenly per
+    block: memory depends on counts, not on the split), plus LoRA adapters on to_q, to_k,
+    to_v, to_out.0 of every transformer block (r x h + h x r each)."""
+    den = pipe["denoiser"]
+    w = spec.precision.weight_dtype
+    full = spec.method is Method.FULL
+    if pipe["kind"] == "unet":
+        return ParamSet((HeldParam("denoiser", (den["num_params"],), w, full, "base"),))
+    layers = den["num_layers"] + den.get("num_single_layers", 0)
+    per = den["num_params"] // layers
+    out = [HeldParam(f"blocks.{i}", (per,), w, full, "base", i) for i in range(layers)]
+    out.append(HeldParam("embeddings_and_head", (den["num_params"] - per * layers,), w, full, "base"))
+    if spec.method in (Method.LORA, Method.QLORA):
+        h, r = _hidden(den), spec.lora.r
+        for i in range(layers):
+            out += [HeldParam(f"blocks.{i}.{m}.lora", (2 * r * h,), "fp32", True, "lora", i)
+                    for m in ("to_q", "to_k", "to_v", "to_out.0")]
+    return ParamSet(tuple(out))
+
+
+def transformer_stages(pipe: dict, spec: JobSpec, b: int, n: int, m: int) -> list[Breakdown]:
+    """Saved tensors per block (forward order), replayed once and repeated."""
+    den = pipe["denoiser"]
+    h, c = _hidden(den), spec.precision.compute_dtype
+    full = spec.method is Method.FULL
+    ctx = DitCtx(hidden=h, heads=den["num_attention_heads"], ff_mult=den.get("ff_mult", 4), dtype=c,
+                 trainable=full, lora_rank=spec.lora.r if spec.lora and not full else 0,
+                 qk_norm=den.get("qk_norm", True))
+    rec = Recorder(backend=spec.backend.value)
+    x = rec.new("hidden", (b, n, h), c, full)
+    txt = rec.new("text", (b, m, h), c, full) if m else None
+    emb = rec.new("temb", (b, 1, h), c, full)
+    rec.seen.update({id(x.storage), id(emb.storage)} | ({id(txt.storage)} if txt is not None else set()))
+    joint_block(rec, ctx, x, txt, emb)
+    one = Breakdown()
+    for name, size in rec.saved_items():
+        one.add(f"denoiser/activations/blocks/{name.replace('/', '.')}", size)
+    # the block's inputs are its predecessor's outputs: count them once per block
+    one.add("denoiser/activations/blocks/input", nbytes(b * (n + m) * h, c) if full or ctx.lora_rank else 0)
+    layers = den["num_layers"] + den.get("num_single_layers", 0)
+    return [Breakdown().merge(one) for _ in range(layers)]
+
+
+def unet_stages(pipe: dict, spec: JobSpec, b: int, lat_h: int, lat_w: int, m: int) -> list[Breakdown]:
+    """One stage per resolution level (down path then up path, mid block with the last down
+    level): down levels hold layers_per_block resnets, up levels one more
+    (diffusers UNet2DConditionModel: up blocks have layers_per_block + 1)."""
+    den = pipe["denoiser"]
+    c = spec.precision.compute_dtype
+    lpb, width = den["layers_per_block"], den.get("transformer_layers_per_block", 1)
+    width = width if isinstance(width, int) else max(width)
+    out, hw = [], lat_h * lat_w
+    levels = list(zip(den["block_out_channels"], den["down_block_types"]))
+    for up, blocks in ((False, levels), (True, list(reversed(list(zip(den["block_out_channels"], den["up_block_types"])))))):
+        for j, (ch, kind) in enumerate(blocks):
+            level = j if not up else len(blocks) - 1 - j
+            n_res = lpb + (1 if up else 0)
+            n_attn = n_res if kind.startswith("CrossAttn") else 0
+            terms = unet_level_saved(ch, hw // (4 ** level), b, n_res, n_attn, m, den["cross_attention_dim"],
+                                     den.get("attention_head_dim", 8), width)
+            st = Breakdown()
+            for k, v in terms.items():
+                st.add(f"denoiser/activations/{'up' if up else 'down'}_{level}/{k}", nbytes(v, c))
+            out.append(st)
+    return out
+
+
+def text_encoder_forward(enc: dict, b: int, c: str) -> Breakdown:
+    """A frozen text encoder under no_grad: one layer's working set at a time (hidden,
+    normed, q, k, v, the fp32 attention scores of T5's eager attention, the FF's d_ff
+    activation twice: wi output and its activation) and its output embeddings."""
+    t, d, f = enc["max_tokens"], enc["d_model"], enc["d_ff"]
+    heads = enc["num_heads"]
+    return (Breakdown().add("forward/hidden", 5 * nbytes(b * t * d, c))
+            .add("forward/scores", nbytes(b * heads * t * t, "fp32")).add("forward/ff", 2 * nbytes(b * t * f, c)))
+
+
+def vae_encode_forward(pipe: dict, b: int, frames: int, height: int, width: int, c: str) -> Breakdown:
+    """A frozen VAE encode at full resolution under no_grad: the first level's ResnetBlock
+    holds its input, the GroupNorm output, the SiLU output and the conv output at once
+    (diffusers models/resnet.py ResnetBlock2D.forward), 128 channels (block_out_channels[0]
+    of the SD/CogVideoX VAEs)."""
+    ch = pipe["vae"].get("first_channels", 128)
+    return Breakdown().add("forward/level0", 4 * nbytes(b * ch * frames * height * width, c))
+
+
+def diffusion_estimate(pipe: dict, spec: JobSpec, gpu=None):
+    cfg = spec.diffusion
+    b, c, w = spec.micro_batch_size, spec.precision.compute_dtype, spec.precision.weight_dtype
+    shape = latent_shape(pipe, b, cfg.height, cfg.width, cfg.num_frames)
+    tokens = denoiser_tokens(pipe, cfg.height, cfg.width, cfg.num_frames)
+    n, m = tokens["image"], tokens["text"]
+    params = denoiser_params(pipe, spec)
+    if pipe["kind"] == "unet":
+        ctx_tokens = sum(e["max_tokens"] for e in pipe["text_encoders"])
+        stages = unet_stages(pipe, spec, b, shape[3], shape[4], ctx_tokens)
+    else:
+        stages = transformer_stages(pipe, spec, b, n, m)
+    latent_elems = 1
+    for d in shape:
+        latent_elems *= d
+    static = Breakdown()
+    trainable_keys = ParamSet(params.params)
+    for p in params.params:
+        key = "weights/lora_adapters" if p.kind == "lora" else ("weights/trainable" if p.trainable else "weights/frozen")
+        static.add(f"denoiser/{key}", nbytes(p.numel, p.dtype))
+    static.merge(optimizer_states(spec, trainable_keys), prefix="denoiser/")
+    static.add("batch/latents", nbytes(latent_elems, w)).add("batch/noisy_latents", nbytes(latent_elems, w))
+    grads = _grads_by_stage(params, len(stages), spec)
+    # loss: F.mse_loss(pred.float(), target.float()): the fp32 difference is saved.
+    loss_saved = Breakdown().add("loss/pred_minus_target_fp32", nbytes(latent_elems, "fp32"))
+    fwd_end = Breakdown().add("loss/pred", nbytes(latent_elems, c)).add("loss/pred_fp32", nbytes(latent_elems, "fp32"))
+    bwd0 = Breakdown().add("loss/grad_pred_fp32", nbytes(latent_elems, "fp32"))
+    transient = [Breakdown().add("denoiser/backward/grad_hidden", 2 * nbytes(b * (n + m) * _hidden(pipe["denoiser"]), c))
+                 if pipe["kind"] != "unet" else Breakdown() for _ in stages]
+    if spec.gradient_checkpointing is Checkpointing.FULL and pipe["kind"] != "unet":
+        # diffusers' gradient checkpointing (torch.utils.checkpoint per block): each block
+        # keeps its inputs; its saved tensors come back only during its own backward.
+        kept = nbytes(b * (n + m) * _hidden(pipe["denoiser"]), c)
+        transient = [t.merge(s, prefix="recomputed/") for t, s in zip(transient, stages)]
+        stages = [Breakdown().add("denoiser/activations/checkpoint/block_input", kept) for _ in stages]
+    plan = StepPlan(static=static, grads_by_stage=grads, stage_acts=stages, loss_saved=loss_saved,
+                    forward_end_transient=fwd_end, loss_backward_transient=bwd0,
+                    stage_backward_transient=transient, optimizer_temporaries=step_temporaries(spec, params),
+                    labels=[f"denoiser stage {i} backward" for i in range(len(stages))])
+    step = Step(plan)
+    total, notes = pipe["denoiser"]["num_params"], [f"latents {shape}; tokens {tokens}"]
+    total += _frozen_modules(pipe, spec, step, b, c, w, notes)
+    return finish(spec, _desc_stub(pipe), step, num_params=total,
+                  trainable_params=params.numel(trainable=True), gpu=gpu, notes=notes)
+
+
+def _grads_by_stage(params: ParamSet, n_stages: int, spec: JobSpec) -> list[Breakdown]:
+    out = [Breakdown() for _ in range(n_stages)]
+    for p in params.trainable():
+        i = p.layer if p.layer is not None and p.layer < n_stages else 0
+        out[i].add("denoiser/gradients", nbytes(p.numel, p.dtype))
+    return out
+
+
+def _frozen_modules(pipe, spec, step: Step, b, c, w, notes) -> int:
+    """Text encoders, VAE and the frozen denoiser copy: weights (here, or only during their
+    forward when offloaded) and their no_grad forwards; returns their parameter count."""
+    cfg, total, off = spec.diffusion, 0, spec.diffusion.offload_frozen
+    modules = []
+    if cfg.text_encoders != PRECOMPUTED:
+        for enc in pipe["text_encoders"]:
+            modules.append((f"text_encoder_{enc['role']}", enc["num_params"], text_encoder_forward(enc, b, c), "before"))
+    else:
+        m = sum(e["max_tokens"] * e["d_model"] for e in pipe["text_encoders"])
+        step.plan.static.add("batch/text_embeddings", nbytes(b * m, w))
+    if cfg.vae != PRECOMPUTED:
+        modules.append(("vae", pipe["vae"]["num_params"],
+                        vae_encode_forward(pipe, b, cfg.num_frames, cfg.height, cfg.width, c), "before"))
+        step.plan.static.add("batch/pixels", nbytes(b * 3 * cfg.num_frames * cfg.height * cfg.width, w))
+    if cfg.frozen_copy:
+        copy = Breakdown().add("forward/output", nbytes(b * pipe["vae"]["latent_channels"], c))
+        modules.append(("frozen_denoiser", pipe["denoiser"]["num_params"], copy, "after"))
+    for name, count, fwd, where in modules:
+        total += count
+        weights = Breakdown().add("weights/frozen", nbytes(count, w))
+        event = Breakdown().merge(fwd, prefix=f"{name}/")
+        if off:
+            event.merge(weights, prefix=f"{name}/")
+        else:
+            step.plan.static.merge(weights, prefix=f"{name}/")
+        label = f"{name} forward (no_grad{', moved in from the CPU' if off else ''})"
+        if where == "before":
+            step.before.append(("forward", label, event))
+        else:
+            step.after_forward.append(("forward", label, event, True))
+    if off:
+        notes.append("frozen modules offloaded: each is on the GPU only during its own forward")
+    return total
+
+
+def _desc_stub(pipe: dict):
+    """Estimate.model for a pipeline: the one field reports read of it (its name)."""
+    from types import SimpleNamespace
+    return SimpleNamespace(name=pipe.get("name", "pipeline"))
+
+
+__all__ = ["denoiser_params", "diffusion_estimate", "resolve_pipeline", "transformer_stages", "unet_stages"]

@@ -1,0 +1,99 @@
+"""A job no preset covers: the trained `model` plus a list of models, each with its own
+method (frozen / full / lora), precision and placement (this GPU, CPU-offloaded, another GPU).
+
+Each model is its own section of the breakdown (`policy/...`, `<role>/...`).
+* The spec's `model` is trained with the job's method and a causal-LM loss (the core's plan).
+* A trained role (full / lora) is another trained model in the same step, its graph built
+  before the policy's (as PPO's PolicyAndValueWrapper does): its activations stay alive
+  through the policy's backward, its gradients and optimizer states are this GPU's.
+* A frozen role on this GPU holds its weights for the whole step; its forward runs under
+  torch.no_grad() after the policy's forward (the reference / teacher position, the
+  policy's saved activations alive) and peaks at one layer's working set or its logits
+  (jobs/frozen.py).
+* placement `cpu`: the weights live on the host and visit the GPU only for their forward
+  (diffusers' enable_model_cpu_offload: `cpu_offload_with_hook` moves a model in at its
+  forward and the next model's hook moves it out), so they count only in that event.
+* placement `other-gpu`: nothing on this GPU.
+Legend: b micro-batch, s sequence, v vocabulary, c compute dtype.
+"""
+from __future__ import annotations
+
+from vramplan.breakdown import Breakdown
+from vramplan.components.activations import plan_activations
+from vramplan.components.trainable import param_set
+from vramplan.jobs.compose import Step, finish
+from vramplan.jobs.frozen import frozen_weights, no_grad_forward_peak
+from vramplan.jobs.trained import compute_dtype, prefixed, single_spec
+from vramplan.model import ModelDesc
+from vramplan.spec import JobSpec, Method
+from vramplan.timeline import StepPlan
+from vramplan.units import nbytes
+
+
+def core_plan(desc: ModelDesc, one: JobSpec) -> tuple[StepPlan, int]:
+    """The single-model plan of estimation.py (causal-LM loss) and its trainable count."""
+    from vramplan.estimation import _step_plan
+    params = param_set(desc, one)
+    return _step_plan(desc, one, params, plan_activations(desc, one, params)), params.numel(trainable=True)
+
+
+def _merge_trained(plan: StepPlan, other: StepPlan, role: str) -> None:
+    """`other` built first, so its backward runs after the policy's (rl._with_critic)."""
+    def total(parts):
+        out = Breakdown()
+        for p in parts:
+            out.merge(p)
+        return out
+    plan.static.merge(other.static)
+    plan.stage_acts.insert(0, total(other.stage_acts))
+    plan.grads_by_stage.insert(0, total(other.grads_by_stage))
+    plan.stage_backward_transient.insert(0, other.stage_backward_transient[-1])
+    plan.labels.insert(0, f"{role} backward")
+    for name in ("stage_acts_at_peak", "stage_grads_at_peak"):
+        if getattr(plan, name) is not None:
+            getattr(plan, name).insert(0, plan.stage_acts[0] if name == "stage_acts_at_peak" else plan.grads_by_stage[0])
+    plan.loss_saved.merge(other.loss_saved)
+    plan.optimizer_temporaries.merge(other.optimizer_temporaries)
+
+
+def generic_estimate(descs: dict[str, ModelDesc], spec: JobSpec, gpu=None):
+    desc = descs["policy"]
+    b, s = spec.micro_batch_size, spec.seq_len
+    c = compute_dtype(spec)
+    plan, trainable = core_plan(desc, single_spec(spec, b))
+    step = Step(prefixed(plan, "policy"))
+    total, notes = desc.num_params(), []
+    for role in spec.models:
+        if role.model == "precomputed":
+            notes.append(f"{role.role}: precomputed, holds nothing")
+            continue
+        d = descs[role.role]
+        precision = role.precision or spec.precision
+        total += d.num_params()
+        if role.placement == "other-gpu":
+            notes.append(f"{role.role}: on another GPU, not counted here")
+            continue
+        if role.method in ("full", "lora"):
+            if role.placement == "cpu":
+                raise ValueError(f"models.{role.role}: a trained model cannot be CPU-offloaded here; "
+                                 "use placement gpu or other-gpu")
+            one = single_spec(spec, b, precision=precision, method=Method(role.method),
+                              lora=spec.lora if role.method == "lora" else None)
+            other, n_train = core_plan(d, one)
+            _merge_trained(step.plan, prefixed(other, role.role), role.role)
+            trainable += n_train
+            continue
+        weights = frozen_weights(d, precision.weight_dtype)
+        head = Breakdown().add("logits/logits", nbytes(b * s * d.vocab_size, c))
+        fwd = Breakdown().merge(no_grad_forward_peak(d, b, s, c, head))
+        if role.placement == "cpu":
+            fwd.merge(weights)
+            notes.append(f"{role.role}: CPU-offloaded, on the GPU only during its forward")
+        else:
+            step.plan.static.merge(weights, prefix=f"{role.role}/")
+        step.after_forward.append(("forward", f"{role.role} forward (no_grad)",
+                                   Breakdown().merge(fwd, prefix=f"{role.role}/"), True))
+    return finish(spec, desc, step, num_params=total, trainable_params=trainable, gpu=gpu, notes=notes)
+
+
+__all__ = ["core_plan", "generic_estimate"]

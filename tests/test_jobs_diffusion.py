@@ -1,0 +1,61 @@
+"""Diffusion / video jobs: tokens, the recorder's block, and the mechanisms of frozen
+modules (precomputed, offloaded, frozen copy), LoRA and checkpointing."""
+from __future__ import annotations
+
+import pytest
+
+import vramplan
+from vramplan.components.arch_dit import DitCtx, joint_block
+from vramplan.components.graph import Recorder
+
+BASE = {"task": "diffusion", "model": "cogvideox-2b", "precision": "bf16", "method": "lora",
+        "micro_batch_size": 1, "diffusion": {"height": 480, "width": 720, "num_frames": 49}}
+
+
+def est(diffusion=None, **fields):
+    return vramplan.estimate({**BASE, **fields, "diffusion": {**BASE["diffusion"], **(diffusion or {})}})
+
+
+def test_cogvideox_tokens_and_latents():
+    e = est()
+    # 49 frames -> 13 latent frames; 480x720 / 8 / patch 2 -> 30 x 45; + 226 T5 tokens
+    assert any("(1, 16, 13, 60, 90)" in n and "'image': 17550" in n and "'text': 226" in n for n in e.notes)
+    assert e.components.terms["batch/latents"] == 16 * 13 * 60 * 90 * 2
+
+
+def test_full_block_saves_more_than_lora_and_lora_saves_adapter_inputs():
+    def saved(trainable, rank):
+        rec = Recorder(backend="cpu")
+        ctx = DitCtx(hidden=64, heads=4, ff_mult=4, dtype="bf16", trainable=trainable, lora_rank=rank)
+        x, t, emb = rec.new("x", (1, 10, 64), "bf16", trainable), rec.new("t", (1, 3, 64), "bf16", trainable), \
+            rec.new("e", (1, 1, 64), "bf16", trainable)
+        joint_block(rec, ctx, x, t, emb)
+        return rec.saved_bytes()
+    assert saved(True, 0) > saved(False, 8) > saved(False, 0) == 0
+
+
+def test_frozen_modules_precomputed_offloaded_and_copied():
+    base, pre = est(), est({"text_encoders": "precomputed", "vae": "precomputed"})
+    assert "text_encoder_t5/weights/frozen" in base.events[0].live.terms
+    assert not any(k.startswith(("text_encoder", "vae/")) for e in pre.events for k in e.live.terms)
+    off = est({"offload_frozen": True})
+    peak_static = [e for e in off.events if e.label.startswith("denoiser")]
+    assert peak_static and not any("text_encoder_t5/weights" in k for k in peak_static[0].live.terms)
+    assert off.peak_allocated_bytes < base.peak_allocated_bytes
+    copy = est({"frozen_copy": True, "text_encoders": "precomputed", "vae": "precomputed"})
+    assert copy.components.terms["frozen_denoiser/weights/frozen"] == 1692494016 * 2
+
+
+def test_checkpointing_and_method():
+    lora = est({"vae": "precomputed"})
+    gc = est({"vae": "precomputed"}, gradient_checkpointing="full")
+    full = est({"vae": "precomputed"}, method="full")
+    assert gc.peak_allocated_bytes < lora.peak_allocated_bytes < full.peak_allocated_bytes
+    assert full.trainable_params == 1692494016
+
+
+@pytest.mark.parametrize("name", ["stable-diffusion-v1-5", "stable-diffusion-xl-base-1.0", "flux.1-dev",
+                                  "stable-diffusion-3-medium", "cogvideox-5b"])
+def test_every_catalog_pipeline_estimates(name):
+    e = vramplan.estimate({**BASE, "model": name, "diffusion": {"height": 512, "width": 512, "num_frames": 1}})
+    assert e.peak_allocated_bytes > 0 and e.components.total("denoiser/activations") > 0
