@@ -23,7 +23,9 @@ from vramplan.model import MlpKind, ModelDesc, MoEDesc, NormKind, ParamEntry, Po
 
 _ROPE_DECODERS = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
                   "gemma", "gemma2", "gemma3_text", "phi3", "phi")
-SUPPORTED_MODEL_TYPES = (*_ROPE_DECODERS, "gpt2", "bert", "gemma3")
+_MORE = ("gpt_neox", "bloom", "opt", "qwen")
+"""Families built by `vramplan.catalog.hf_more` (same rules; kept apart for file size)."""
+SUPPORTED_MODEL_TYPES = (*_ROPE_DECODERS, "gpt2", "bert", "gemma3", *_MORE)
 """`gemma3` (multimodal) is read through its `text_config` (the language model only)."""
 
 _COMMON = {"num_key_value_heads": None, "head_dim": None, "attention_dropout": 0.0,
@@ -111,6 +113,9 @@ def model_from_hf_config(config: dict, name: str | None = None, *,
         raise ValueError("config is missing required field 'model_type'")
     if "text_config" in config or model_type == "gemma3":
         return _from_text_config(config, model_type, name, num_labels)
+    if model_type in _MORE:
+        from vramplan.catalog.hf_more import model_from_more
+        return model_from_more(config, name or config.get("_name_or_path") or model_type, num_labels)
     if model_type not in _CLASS_DEFAULTS:
         raise ValueError(f"unsupported model_type {model_type!r}; supported: "
                          + ", ".join(SUPPORTED_MODEL_TYPES))
