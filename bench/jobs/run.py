@@ -1,4 +1,5 @@
-"""Measured vs estimated peaks of multi-model jobs (DPO, distillation, reward model).
+"""Measured vs estimated peaks of multi-model jobs (DPO, distillation, reward model,
+vision-language: a tiny LLaVA through vramplan.measure.vlm).
 
     python bench/jobs/run.py [--only SUBSTRING] [--estimate-only]
 
@@ -28,6 +29,16 @@ TEACHER = dict(LLAMA, hidden_size=512, intermediate_size=1376, num_hidden_layers
 BASE = {"model": LLAMA, "micro_batch_size": 2, "seq_len": 256, "optimizer": "adamw",
         "optimizer_impl": "foreach", "attention": "sdpa", "backend": "cpu"}
 LORA = {"method": "lora", "lora": {"r": 8, "target_modules": ["q_proj", "v_proj"]}}
+# A tiny LLaVA: CLIP vision tower (3 layers, 112 px, patch 14 -> 64 visual tokens), Llama LM.
+LLAVA_TEXT = {"model_type": "llama", "vocab_size": 2048, "hidden_size": 128, "intermediate_size": 344,
+              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4,
+              "max_position_embeddings": 1024, "tie_word_embeddings": False}
+LLAVA_VISION = {"model_type": "clip_vision_model", "hidden_size": 96, "intermediate_size": 384,
+                "num_hidden_layers": 3, "num_attention_heads": 4, "image_size": 112, "patch_size": 14,
+                "projection_dim": 64}
+LLAVA = {"model_type": "llava", "text_config": LLAVA_TEXT, "vision_config": LLAVA_VISION, "image_token_id": 2047,
+         "vision_feature_layer": -2, "vision_feature_select_strategy": "default", "projector_hidden_act": "gelu"}
+VLM = {"task": "sft", "model": LLAVA, "seq_len": 64}
 
 
 def case(name: str, **fields) -> tuple[str, dict]:
@@ -46,12 +57,18 @@ CASES = dict([
     case("distill/fp32/full/teacher-6l", task="distill", precision="fp32", teacher=TEACHER),
     case("reward-model/bf16/full", task="reward-model", precision="bf16"),
     case("reward-model/fp32/full/b4", task="reward-model", precision="fp32", micro_batch_size=4),
+    case("vlm/fp32/full/tower-frozen", **VLM, precision="fp32", vision={"num_images": 1, "freeze_vision_tower": True}),
+    case("vlm/fp32/full/tower-trained", **VLM, precision="fp32", vision={"num_images": 1, "freeze_vision_tower": False}),
+    case("vlm/bf16/full/tower-trained", **VLM, precision="bf16", vision={"num_images": 1, "freeze_vision_tower": False}),
+    case("vlm/bf16/lora/tower-frozen/2img", **VLM, precision="bf16", **LORA,
+         vision={"num_images": 2, "freeze_vision_tower": True}),
 ])
 
 
 def measure(job: dict) -> dict:
-    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); "
-            "from vramplan.measure.jobs import measure_job; "
+    fn = ("from vramplan.measure.vlm import measure_vlm as measure_job; " if job.get("vision") else
+          "from vramplan.measure.jobs import measure_job; ")
+    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); " + fn +
             "print(json.dumps(measure_job(json.loads(sys.argv[2])).to_dict()))")
     proc = subprocess.run([sys.executable, "-c", code, str(SRC), json.dumps(job)],
                           capture_output=True, text=True, check=False)
