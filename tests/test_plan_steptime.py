@@ -59,3 +59,13 @@ def test_reported_communication_is_read_when_present():
     assert _reported_bytes({"total_bytes": 123}) == 123
     assert _reported_bytes({"dp": {"all_reduce_bytes": 10}, "tp": {"bytes": 5}}) == 15
     assert _reported_bytes({"note": "x"}) is None
+
+
+def test_step_time_uses_the_estimators_communication_per_group(counts):
+    gpu = find_gpu("a100-40gb")
+    spec = load_spec({"model": "qwen2.5-0.5b", "num_gpus": 8})
+    reported = {"dp": {"bytes": 3e9, "formula": "..."}, "tp": {"bytes": 1e9}}
+    st = step_time(counts, spec, gpu, communication=reported)
+    assert st.comm_bytes == pytest.approx(4e9)
+    assert st.terms["comm/dp"] == pytest.approx(3e9 / (gpu.interconnect_gbps * 1e9))
+    assert "comm/dp_grads" not in st.terms                     # our own model stands aside

@@ -73,7 +73,6 @@ def cmd_compare(args) -> int:
             strategies += _read_strategies(args.strategies)
         if args.with_defaults:
             strategies = default_strategies(spec) + strategies
-    from vramplan.plan.evaluate import Evaluator
     ev = _evaluator(spec, args)
     rows = compare(spec, strategies=strategies, evaluator=ev)
     if args.plot:
@@ -237,7 +236,7 @@ def _fit_minimize(spec, ev, axes, args) -> int:
 
 # ------------------------------------------------------------------ check
 def cmd_check(args) -> int:
-    from vramplan.check import DoesNotFitError, NoGPUError, check
+    from vramplan.check import NoGPUError, check
     spec = _SPEC_FROM_ARGS(args)
     try:
         result = check(spec, device=args.device, raise_error=False,

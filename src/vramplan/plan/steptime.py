@@ -147,6 +147,10 @@ def _communication(counts: ModelCounts, spec: JobSpec, d: int, trainable: int | 
                    reported: dict | None) -> dict[str, float]:
     """Bytes per GPU per optimizer step, by collective."""
     if reported:
+        # The estimator's own volumes, one term per collective group (dp, tp, pp, ...).
+        per_group = {name: _reported_bytes(v) for name, v in reported.items() if isinstance(v, dict)}
+        if per_group and all(v is not None for v in per_group.values()):
+            return per_group
         total = _reported_bytes(reported)
         if total is not None:
             return {"reported": total}
