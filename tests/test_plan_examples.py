@@ -22,8 +22,8 @@ def spec_or_skip(example: str, name: str = "job.yaml"):
     path = os.path.join(EXAMPLES, example, name)
     try:
         spec = load_spec(path)
-        from vramplan.sources import resolve_model
-        resolve_model(spec)
+        from vramplan.estimation import estimate
+        estimate(spec)                        # every model of the job resolves
         return spec
     except (SpecError, KeyError) as exc:
         pytest.skip(f"{example}/{name} does not load yet: {exc}")
@@ -53,6 +53,8 @@ def test_dpo_8b_holds_a_reference_copy_and_zero3_never_costs(capsys, monkeypatch
     assert est["device_bytes"] > sft["device_bytes"], "a frozen reference and paired rows cost memory"
     assert any(k.startswith("reference") for k in est["components"])
     rows = {r["name"]: r for r in run_json(capsys, monkeypatch, "dpo-8b-4gpu", "compare", "--spec", "job.yaml")["rows"]}
+    # compare estimates the whole job (policy and reference), exactly as `estimate` does.
+    assert rows["baseline"]["estimate"]["device_bytes"] == est["device_bytes"]
     assert rows["zero-3 + checkpointing"]["estimate"]["device_bytes"] <= rows["baseline"]["estimate"]["device_bytes"]
     fit = run_json(capsys, monkeypatch, "dpo-8b-4gpu", "fit", "--spec", "job.yaml", "--top-k", "3")
     assert all(r["fits"] for r in fit["results"])
@@ -80,6 +82,10 @@ def test_cogvideox_unlearning_offload_lowers_device_memory(capsys, monkeypatch):
     plain = run_json(capsys, monkeypatch, "cogvideox-5b-unlearning", "estimate", "--spec", "job.yaml")
     off = run_json(capsys, monkeypatch, "cogvideox-5b-unlearning", "estimate", "--spec", "job-offload.yaml")
     assert off["device_bytes"] < plain["device_bytes"]
+    rows = run_json(capsys, monkeypatch, "cogvideox-5b-unlearning", "compare", "--spec", "job.yaml",
+                    "--strategy", "offload frozen diffusion.offload_frozen=true")["rows"]
+    assert [r["name"] for r in rows] == ["baseline", "offload frozen"]
+    assert rows[1]["estimate"]["device_bytes"] == off["device_bytes"]       # the same job either way
 
 
 def test_deepseek_long_context_flash_and_fused_loss(capsys, monkeypatch, tmp_path):

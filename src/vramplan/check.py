@@ -156,14 +156,14 @@ def check(spec, *, device: int | None = None, headroom_bytes: int = 0, raise_err
     """
     from vramplan.plan.evaluate import Evaluator
     from vramplan.plan.suggest import suggestions
-    from vramplan.sources import resolve_model
+    from vramplan.plan.evaluate import trained_desc
     spec = load_spec(spec)
     local = _pick(spec, device, gpus)
     gpu = catalog_gpu_for(local) if local.source != "catalog" else None
     if gpu is None:
         from vramplan.catalog import find_gpu
         gpu = find_gpu(spec.gpu)
-    ev = Evaluator(resolve_model(spec), gpu, headroom_bytes=headroom_bytes, capacity_bytes=local.free_bytes)
+    ev = Evaluator(trained_desc(spec), gpu, headroom_bytes=headroom_bytes, capacity_bytes=local.free_bytes)
     result = CheckResult(device=local, estimate=ev.estimate(spec), headroom_bytes=headroom_bytes)
     if not result.fits:
         result.suggestions = suggestions(ev, spec)

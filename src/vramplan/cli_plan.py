@@ -128,11 +128,11 @@ def _evaluator(spec, args):
     from vramplan.catalog import find_gpu
     from vramplan.plan.evaluate import Evaluator
     from vramplan.plan.steptime import DEFAULT_MFU
-    from vramplan.sources import resolve_model
+    from vramplan.plan.evaluate import trained_desc
     if not spec.gpu:
         raise SpecError("gpu", "planning needs a GPU: pass --gpu (see `vramplan gpus`)")
     gpu = find_gpu(spec.gpu)
-    return Evaluator(resolve_model(spec), gpu, headroom_bytes=parse_headroom(args.headroom, gpu.memory_bytes),
+    return Evaluator(trained_desc(spec), gpu, headroom_bytes=parse_headroom(args.headroom, gpu.memory_bytes),
                      mfu=args.mfu or DEFAULT_MFU)
 
 

@@ -23,14 +23,15 @@ class Strategy:
 
     @classmethod
     def parse(cls, text: str) -> "Strategy":
-        """'NAME key=value key2=value' (or comma-separated pairs) -> Strategy."""
-        name, _, rest = text.strip().partition(" ")
-        if "=" in name:
-            name, rest = text.strip(), text.strip()
+        """'NAME WORDS key=value key2=value' (pairs may be comma-separated) -> Strategy;
+        the words without '=' name it."""
+        words = text.replace(",", " ").split()
+        pairs = [w for w in words if "=" in w]
+        name = " ".join(w for w in words if "=" not in w) or text.strip()
         changes = {}
-        for pair in rest.replace(",", " ").split():
-            key, eq, value = pair.partition("=")
-            if not eq:
+        for pair in pairs:
+            key, _, value = pair.partition("=")
+            if not key:
                 raise SpecError("strategy", f"expected key=value, got {pair!r} in {text!r}")
             changes[key] = _scalar(value)
         return cls(name=name, changes=changes)

@@ -13,7 +13,8 @@ from vramplan.components.trainable import param_set
 from vramplan.estimation import Estimate, estimate_model
 from vramplan.model import ModelDesc
 from vramplan.plan.steptime import DEFAULT_MFU, ModelCounts, StepTime, step_time
-from vramplan.spec import JobSpec, load_spec
+from vramplan.spec import JobSpec, SpecError, load_spec
+from vramplan.spec.tasks import needs_several_models
 
 
 def apply_changes(base: JobSpec | Mapping, changes: Mapping[str, Any]) -> JobSpec:
@@ -29,6 +30,18 @@ def apply_changes(base: JobSpec | Mapping, changes: Mapping[str, Any]) -> JobSpe
         else:
             data[key] = value
     return load_spec(data)
+
+
+def trained_desc(spec: JobSpec) -> ModelDesc | None:
+    """The trained model's description (the policy of a DPO job, the reward model ...);
+    None for jobs whose trained model is no transformer ModelDesc (diffusion pipelines)."""
+    from vramplan.sources import resolve_model
+    if not needs_several_models(spec):
+        return resolve_model(spec)
+    try:
+        return resolve_model(spec)
+    except (SpecError, KeyError):
+        return None
 
 
 def _freeze(value: Any) -> Any:
@@ -76,11 +89,12 @@ class Verdict:
 class Evaluator:
     """Estimates for one model on one GPU, cached; capacity and headroom fixed."""
 
-    def __init__(self, desc: ModelDesc, gpu, *, headroom_bytes: int = 0,
+    def __init__(self, desc: ModelDesc | None, gpu, *, headroom_bytes: int = 0,
                  capacity_bytes: int | None = None, mfu: float = DEFAULT_MFU):
         self.desc = desc
+        """The trained model; None where it is no transformer ModelDesc (diffusion pipelines)."""
         self.gpu = gpu
-        self.counts = ModelCounts.of(desc)
+        self.counts = ModelCounts.of(desc) if desc is not None else None
         self.headroom_bytes = int(headroom_bytes)
         self.capacity_bytes = int(capacity_bytes if capacity_bytes is not None else gpu.memory_bytes)
         self.mfu = mfu
@@ -90,14 +104,13 @@ class Evaluator:
 
     @classmethod
     def for_spec(cls, spec: JobSpec, gpu=None, **kwargs) -> "Evaluator":
-        from vramplan.sources import resolve_model
         if gpu is None:
             from vramplan.catalog import find_gpu
             if not spec.gpu:
                 from vramplan.spec import SpecError
                 raise SpecError("gpu", "planning needs a GPU: pass --gpu (see `vramplan gpus`)")
             gpu = find_gpu(spec.gpu)
-        return cls(resolve_model(spec), gpu, **kwargs)
+        return cls(trained_desc(spec), gpu, **kwargs)
 
     @property
     def limit_bytes(self) -> int:
@@ -109,7 +122,12 @@ class Evaluator:
         est = self._cache.get(key)
         if est is None:
             self.calls += 1
-            est = estimate_model(self.desc, spec, self.gpu)
+            if needs_several_models(spec) or self.desc is None:
+                # Several models (DPO reference, teacher, diffusion parts): the job estimator.
+                from vramplan.jobs import estimate_job
+                est = estimate_job(spec, self.gpu)
+            else:
+                est = estimate_model(self.desc, spec, self.gpu)
             self._cache[key] = est
         return est
 
@@ -120,11 +138,14 @@ class Evaluator:
         key = tuple(getattr(spec, k) for k in _TRAINABLE_FIELDS)   # frozen, hashable sections
         n = self._trainable.get(key)
         if n is None:
-            n = self._trainable[key] = param_set(self.desc, spec).numel(trainable=True)
+            n = 0 if self.desc is None else param_set(self.desc, spec).numel(trainable=True)
+            self._trainable[key] = n
         return n
 
     def step_time(self, spec: JobSpec, est: Estimate | None = None) -> StepTime:
         """Seconds per step; with the estimator's own `communication` when it reports one."""
+        if self.counts is None:
+            return StepTime(mfu=self.mfu)     # no FLOPs model without a transformer description
         comm = reported_communication(est) if est is not None else None
         return step_time(self.counts, spec, self.gpu, mfu=self.mfu,
                          trainable_params=self.trainable_params(spec), communication=comm)
@@ -132,6 +153,8 @@ class Evaluator:
     def step_time_bound(self, spec: JobSpec, reports_comm: bool) -> float:
         """A lower bound on step_time(spec, estimate) known before estimating: the whole
         model when the estimator reports no communication, else everything but comm/."""
+        if self.counts is None:
+            return 0.0
         st = step_time(self.counts, spec, self.gpu, mfu=self.mfu,
                        trainable_params=self.trainable_params(spec))
         if not reports_comm:

@@ -76,7 +76,7 @@ def maximize(ev: Evaluator, spec: JobSpec, name: str, *, axes: dict | None = Non
     if name not in MAXIMIZABLE:
         raise SpecError("maximize", f"choose one of {', '.join(MAXIMIZABLE)}")
     if name == "seq_len" and hi is None:
-        hi = max(ev.desc.max_position_embeddings, spec.seq_len)
+        hi = max(ev.desc.max_position_embeddings if ev.desc is not None else 0, spec.seq_len)
     space = default_axes(spec, ev.desc) if axes is None else axes
     layouts = sorted((c.spec for c in enumerate_candidates(spec, ev.desc, space, vary_micro_batch=False)),
                      key=_lean_first)

@@ -54,7 +54,7 @@ def axis_name(name: str) -> str:
     return key
 
 
-def default_axes(spec: JobSpec, desc: ModelDesc) -> dict[str, tuple]:
+def default_axes(spec: JobSpec, desc: ModelDesc | None) -> dict[str, tuple]:
     """What `fit` searches when the user names nothing: the memory/speed trade-offs that do
     not change the model being trained (sharding, offload, recomputation, micro-batch)."""
     axes: dict[str, tuple] = {"gradient_checkpointing": KNOWN_AXES["gradient_checkpointing"]}
@@ -83,13 +83,16 @@ def divisors(n: int, cap: int) -> list[int]:
     return [d for d in range(1, min(n, cap) + 1) if n % d == 0]
 
 
-def _valid(values: Mapping[str, Any], spec_data: dict, desc: ModelDesc) -> bool:
+def _valid(values: Mapping[str, Any], spec_data: dict, desc: ModelDesc | None) -> bool:
     par = spec_data.get("parallel") or {}
     tp, pp, cp = par.get("tp", 1), par.get("pp", 1), par.get("cp", 1)
     gpus = spec_data.get("num_gpus", 1)
     if gpus % (tp * pp * cp):
         return False
-    if desc.num_heads % tp or desc.num_kv_heads % tp or pp > desc.num_layers:
+    if desc is None:
+        if tp * pp * cp > 1:
+            return False                      # no layer shapes to split (diffusion pipelines)
+    elif desc.num_heads % tp or desc.num_kv_heads % tp or pp > desc.num_layers:
         return False
     zero, fsdp = par.get("zero_stage", 0), par.get("fsdp", "none")
     if zero and fsdp != "none":
@@ -109,7 +112,7 @@ def _valid(values: Mapping[str, Any], spec_data: dict, desc: ModelDesc) -> bool:
     return True
 
 
-def enumerate_candidates(spec: JobSpec, desc: ModelDesc, axes: Mapping[str, tuple], *,
+def enumerate_candidates(spec: JobSpec, desc: ModelDesc | None, axes: Mapping[str, tuple], *,
                          vary_micro_batch: bool = True, max_micro_batch: int = 256) -> Iterator[Candidate]:
     """Every valid layout in the product of `axes`, with the micro-batch split."""
     base = spec.to_dict()

@@ -51,8 +51,8 @@ def gpu_tiers(spec: JobSpec, desc: ModelDesc | None = None, *, gpus=None,
     """One row per catalog GPU, largest memory first."""
     from vramplan.catalog import list_gpus
     if desc is None:
-        from vramplan.sources import resolve_model
-        desc = resolve_model(spec)
+        from vramplan.plan.evaluate import trained_desc
+        desc = trained_desc(spec)
     if strategies is None:
         from vramplan.plan.compare import default_strategies
         # Tiers answer "can this job run here": drop strategies that change the job itself.
