@@ -88,7 +88,8 @@ def cmd_compare(args) -> int:
             continue
         table.append([r.strategy.name, _gib(r.estimate.peak_allocated_bytes), _gib(r.estimate.device_bytes),
                       _gib(r.saving_bytes), f"{r.saving_pct:.1%}", "yes" if r.fits else "NO",
-                      f"{r.relative_step_time:.2f}x", f"{r.step.comm_bytes / GB:,.2f} GB"])
+                      "-" if r.relative_step_time is None else f"{r.relative_step_time:.2f}x",
+                      f"{r.step.comm_bytes / GB:,.2f} GB"])
     _table(f"{spec.model or 'model'} on {ev.gpu.name} ({_gib(ev.limit_bytes)} GiB usable): strategies",
            ["strategy", "peak alloc GiB", "device GiB", "saves GiB", "saves %", "fits",
             "step time", "comm/step"], table)
