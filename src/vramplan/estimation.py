@@ -7,7 +7,7 @@ from vramplan.breakdown import Breakdown
 from vramplan.components.activations import ActivationPlan, plan_activations
 from vramplan.components.optimizer import optimizer_states, step_temporaries
 from vramplan.components.runtime import (
-    CUDA_CONTEXT_DEFAULT, cublas_workspace_bytes, reserved_from_allocated, rounding_overhead,
+    CUDA_CONTEXT_DEFAULT, cublas_workspace_bytes, reserved_from_allocated,
 )
 from vramplan.components.trainable import ParamSet, param_set
 from vramplan.components.weights import (
@@ -114,14 +114,13 @@ def estimate_model(desc: ModelDesc, spec: JobSpec, gpu=None) -> Estimate:
         events = walk(plan)
     top = peak_event(events)
     components = top.live
-    if spec.backend is Backend.CUDA:
-        components.add("allocator/rounding", rounding_overhead(list(components.terms.values())))
     peak = components.total()
     phases = phase_peaks(events)
     phases[top.phase] = peak
     reserved, device = peak, peak
     if spec.backend is Backend.CUDA:
-        largest = max((e.live.total("logits") for e in events), default=0)
+        # the logits-sized blocks live at the end of forward and the start of backward
+        largest = max((e.live.total("logits") for e in events[:2]), default=0)
         reserved = reserved_from_allocated(peak, largest)
         context = getattr(gpu, "cuda_context_bytes_typical", None) or CUDA_CONTEXT_DEFAULT
         device = reserved + context

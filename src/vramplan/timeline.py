@@ -14,16 +14,32 @@ from dataclasses import dataclass, field
 from vramplan.breakdown import Breakdown
 
 
-@dataclass(slots=True)
 class Event:
-    phase: str
-    """forward | backward | optimizer."""
-    label: str
-    live: Breakdown
+    """A moment of the step. `total` is computed from subtotals; the Breakdown of what is
+    alive (`live`) is only assembled when asked for (the peak, a report)."""
+
+    __slots__ = ("phase", "label", "total", "_parts", "_live")
+
+    def __init__(self, phase: str, label: str, parts: "list[Breakdown] | Breakdown", total: int | None = None):
+        if isinstance(parts, Breakdown):
+            parts = [parts]
+        self.phase = phase
+        """forward | backward | optimizer (| generation for multi-model jobs)."""
+        self.label = label
+        self._parts = parts
+        self._live: Breakdown | None = None
+        self.total = sum(p.total() for p in parts) if total is None else total
 
     @property
-    def total(self) -> int:
-        return self.live.total()
+    def live(self) -> Breakdown:
+        if self._live is None:
+            self._live = _sum(self._parts)
+        return self._live
+
+    @live.setter
+    def live(self, value: Breakdown) -> None:
+        self._live, self._parts = value, [value]
+        self.total = value.total()
 
 
 @dataclass(slots=True)
@@ -65,34 +81,36 @@ def _sum(parts) -> Breakdown:
 
 
 def walk(plan: StepPlan) -> list[Event]:
-    events: list[Event] = []
-    all_grads = _sum(plan.grads_by_stage)
-    fwd_grads = all_grads if plan.grads_alive_in_forward else Breakdown()
-    acts = _sum(plan.stage_acts)
-    base = Breakdown().merge(plan.static).merge(fwd_grads)
-    events.append(Event("forward", "end of forward (logits and loss)",
-                        Breakdown().merge(base).merge(acts).merge(plan.loss_saved)
-                        .merge(plan.forward_end_transient)))
-    events.append(Event("backward", "loss backward (logits gradient)",
-                        Breakdown().merge(base).merge(acts).merge(plan.loss_saved)
-                        .merge(plan.loss_backward_transient)))
-    # Backward, last stage first: the stage's activations are still alive, its gradient
-    # and its transients are added; then its activations go.
-    grads_so_far = Breakdown().merge(fwd_grads)
     n = len(plan.stage_acts)
     stage_grads = _stage_grads(plan, n)
+    all_grads = _sum(stage_grads)
+    fwd_grads = all_grads if plan.grads_alive_in_forward else Breakdown()
+    acts = _sum(plan.stage_acts)
+    base = [plan.static, fwd_grads, acts, plan.loss_saved]
+    events = [Event("forward", "end of forward (logits and loss)", base + [plan.forward_end_transient]),
+              Event("backward", "loss backward (logits gradient)", base + [plan.loss_backward_transient])]
+    # Backward, last stage first: earlier stages' activations and this stage's (less what
+    # its own backward has freed by its peak) are alive, with the gradients made so far
+    # and this stage's transients; then its activations go.
     own_acts = plan.stage_acts_at_peak or plan.stage_acts
     own_grads = plan.stage_grads_at_peak or stage_grads
+    acts_tot = [b.total() for b in plan.stage_acts]
+    prefix = [0]
+    for t in acts_tot:
+        prefix.append(prefix[-1] + t)
+    static_tot, accum = plan.static.total(), plan.grads_alive_in_forward
+    done: list[Breakdown] = [fwd_grads]
+    done_tot = fwd_grads.total()
     for i in range(n - 1, -1, -1):
-        live = Breakdown().merge(plan.static).merge(grads_so_far)
-        if not plan.grads_alive_in_forward:
-            live.merge(own_grads[i])
-        live.merge(_sum(plan.stage_acts[:i])).merge(own_acts[i]).merge(plan.stage_backward_transient[i])
-        if not plan.grads_alive_in_forward:
-            grads_so_far.merge(stage_grads[i])
-        events.append(Event("backward", plan.labels[i] if plan.labels else f"stage {i} backward", live))
-    events.append(Event("optimizer", "optimizer step",
-                        Breakdown().merge(plan.static).merge(all_grads).merge(plan.optimizer_temporaries)))
+        mine = [] if accum else [own_grads[i]]
+        parts = [plan.static, *done, *mine, *plan.stage_acts[:i], own_acts[i], plan.stage_backward_transient[i]]
+        total = (static_tot + done_tot + sum(b.total() for b in mine) + prefix[i] + own_acts[i].total()
+                 + plan.stage_backward_transient[i].total())
+        events.append(Event("backward", plan.labels[i] if plan.labels else f"stage {i} backward", parts, total))
+        if not accum:
+            done.append(stage_grads[i])
+            done_tot += stage_grads[i].total()
+    events.append(Event("optimizer", "optimizer step", [plan.static, all_grads, plan.optimizer_temporaries]))
     return events
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from vramplan.breakdown import Breakdown
 from vramplan.components.arch import Ctx, norm
-from vramplan.components.arch_other import layer_fn, layer_prefix, other_embed, other_head
+from vramplan.components.arch_other import OTHER_MODEL_TYPES, layer_fn, layer_prefix, other_embed, other_head
 from vramplan.components.graph import Param, Recorder, Storage, Sym
 from vramplan.components.trainable import ParamSet
 from vramplan.model import MlpKind, ModelDesc
@@ -127,10 +127,25 @@ def plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Activa
 
 
 def _signature(ctx: Ctx, i: int, x: Sym) -> tuple:
-    prefix = f"{layer_prefix(ctx.desc)}.{i}."
-    flags = tuple(p.trainable for n, p in sorted(ctx.params.items()) if n.startswith(prefix))
-    lora = tuple(sorted(m[len(prefix):] for m in ctx.lora if m.startswith(prefix)))
-    return (i in ctx.desc.moe_layers, flags, lora, x.requires_grad, x.dtype)
+    """What makes one layer's saved set differ from another's."""
+    if "layer_keys" not in ctx.shared_keys:
+        ctx.shared_keys["layer_keys"] = _layer_keys(ctx)
+    return (i in ctx.desc.moe_layers, ctx.shared_keys["layer_keys"].get(i), x.requires_grad, x.dtype)
+
+
+def _layer_keys(ctx: Ctx) -> dict[int, tuple]:
+    """Per layer: which of its parameters train (by suffix) and which modules carry LoRA."""
+    prefix = layer_prefix(ctx.desc) + "."
+    flags: dict[int, list] = {}
+    for name, p in ctx.params.items():
+        if name.startswith(prefix):
+            idx, rest = name[len(prefix):].split(".", 1)
+            flags.setdefault(int(idx), []).append((rest, p.trainable))
+    for module in ctx.lora:
+        if module.startswith(prefix):
+            idx, rest = module[len(prefix):].split(".", 1)
+            flags.setdefault(int(idx), []).append((rest, "lora"))
+    return {i: tuple(sorted(v, key=str)) for i, v in flags.items()}
 
 
 def _layer(ctx: Ctx, spec: JobSpec, i: int, x: Sym, b: int, s: int, seen: set[int]):
@@ -149,7 +164,7 @@ def _shared_rotary(ctx: Ctx, stages: list[Stage]) -> None:
 
 def _embed(rec: Recorder, ctx: Ctx, ids: Sym) -> Sym:
     desc = ctx.desc
-    if desc.model_type in ("gpt2", "bert"):
+    if desc.model_type in OTHER_MODEL_TYPES:
         return other_embed(rec, ctx, ids)
     x = rec.embedding(ids, ctx.p("model.embed_tokens.weight"), "embed/tokens")
     if desc.embed_scale:
@@ -160,7 +175,7 @@ def _embed(rec: Recorder, ctx: Ctx, ids: Sym) -> Sym:
 
 def _head(rec: Recorder, ctx: Ctx, x: Sym) -> Sym:
     desc = ctx.desc
-    if desc.model_type in ("gpt2", "bert"):
+    if desc.model_type in OTHER_MODEL_TYPES:
         return other_head(rec, ctx, x)
     h = norm(rec, ctx, x, "model.norm", "final_norm")
     head = (ctx.params.get("lm_head.weight") or ctx.params.get("score.weight")

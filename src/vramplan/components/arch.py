@@ -34,6 +34,8 @@ class Ctx:
     training_dropout: bool = True
     shared: dict[str, Sym] = field(default_factory=dict)
     """Tensors made once per forward (rotary cos/sin)."""
+    shared_keys: dict = field(default_factory=dict)
+    """Per-forward memo (per-layer signatures)."""
 
     def p(self, name: str) -> Param:
         return self.params[name]

@@ -4,8 +4,9 @@ from __future__ import annotations
 from vramplan.units import MiB, round_up
 
 # PyTorch's caching allocator rounds every request up to a multiple of 512 bytes
-# (c10/cuda/CUDACachingAllocator.cpp, kMinBlockSize = 512); requests above 1 MiB are served
-# from segments rounded to 2 MiB (kRoundLarge), smaller ones from 2 MiB pools (kSmallBuffer).
+# (c10/cuda/CUDACachingAllocator.cpp, kMinBlockSize = 512): under 1 MB for a model's few
+# hundred parameter and state tensors, so not a separate term. Requests above 1 MiB are
+# served from segments rounded to 2 MiB (kRoundLarge), smaller ones from 2 MiB pools.
 ALLOC_ROUND = 512
 LARGE_SEGMENT_ROUND = 2 * MiB
 
@@ -23,11 +24,6 @@ def cublas_workspace_bytes(gpu_name: str | None) -> int:
 # perf_train_gpu_one guide measured 1343 MiB on a V100 before CUDA lazy module loading.
 # With lazy loading (CUDA >= 11.7, PyTorch's default) about 500 MiB is typical.
 CUDA_CONTEXT_DEFAULT = 500 * MiB
-
-
-def rounding_overhead(tensor_bytes: list[int]) -> int:
-    """Bytes the 512-byte rounding adds to these tensors."""
-    return sum(round_up(n, ALLOC_ROUND) - n for n in tensor_bytes if n)
 
 
 def reserved_from_allocated(peak_allocated: int, largest_transient: int) -> int:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from vramplan.breakdown import Breakdown
 from vramplan.components.runtime import (
-    CUDA_CONTEXT_DEFAULT, cublas_workspace_bytes, reserved_from_allocated, rounding_overhead,
+    CUDA_CONTEXT_DEFAULT, cublas_workspace_bytes, reserved_from_allocated,
 )
 from vramplan.model import ModelDesc
 from vramplan.spec import Backend, JobSpec
@@ -65,8 +65,6 @@ def finish(spec: JobSpec, desc: ModelDesc, step: Step, *, num_params: int, train
     events = events_of(step)
     top = peak_event(events)
     components = top.live
-    if spec.backend is Backend.CUDA:
-        components.add("allocator/rounding", rounding_overhead(list(components.terms.values())))
     peak = components.total()
     phases = phase_peaks(events)
     phases[top.phase] = peak
