@@ -92,6 +92,14 @@ def _stage_plan(desc, spec, params, plan: StepPlan, lay: Layout, stage: int, lay
     static = _model_states(spec, lay, sets)
     static.add("batch/input_ids", -(-plan.static.total("batch/") // lay.cp))
     grads = _select(gradient_stages(desc, spec, sets.grads), stage, lay.pp, layers)
+    if _grads_offloaded(lay):
+        # The sharded gradient goes to host memory as soon as it is reduced: DeepSpeed's
+        # offload_optimizer copies each reduced partition into the pinned fp32 gradient
+        # buffer (stage_1_and_2.py async_inplace_copy_grad_to_fp32_buffer_from_gpu;
+        # stage3.py partition_grads -> offload); FSDP2's CPUOffloadPolicy moves the sharded
+        # gradient to CPU after reduce-scatter (_fsdp_param_group.post_backward). Only the
+        # engine's buckets stay on the GPU.
+        grads = [Breakdown() for _ in grads]
     stage_acts = [acts.scale(b, lay) for b in _select(plan.stage_acts, stage, lay.pp, layers)]
     trans = [acts.scale(b, lay) for b in _select(plan.stage_backward_transient, stage, lay.pp, layers)]
     labels = _select(plan.labels or [f"stage {i}" for i in range(len(plan.stage_acts))], stage, lay.pp, layers)
@@ -113,6 +121,12 @@ def _stage_plan(desc, spec, params, plan: StepPlan, lay: Layout, stage: int, lay
                    grads_alive_in_forward=plan.grads_alive_in_forward, labels=labels)
     _engine_buffers(desc, spec, lay, sets, out, stage, layers)
     return out, sets
+
+
+def _grads_offloaded(lay: Layout) -> bool:
+    if lay.engine == "fsdp":
+        return lay.offload_params != "none"
+    return lay.offload_optimizer != "none"
 
 
 def _model_states(spec: JobSpec, lay: Layout, sets: _Sets) -> Breakdown:
