@@ -9,8 +9,14 @@ without approximating:
      activation, logit and input tensor is a multiple of b), so each group of layouts
      that differ only in micro-batch needs one estimate to rule it out, or a binary search
      to find its largest fitting micro-batch;
-  3. layouts are visited in order of a step-time lower bound known before estimating, and
-     the walk stops once k fitting layouts beat the next bound.
+  3. weights, optimizer states and runtime buffers do not change with the activation axes
+     (micro-batch, checkpointing, loss, attention, sequence), so one estimate per family of
+     layouts alike in everything else gives a floor that can rule the whole family out;
+  4. layouts are visited in order of a step-time lower bound known before estimating (the
+     whole step-time model, or all but its communication when the estimator reports its own),
+     and the walk stops once k fitting layouts beat the next bound.
+Multi-model jobs (DPO reference, teacher, diffusion parts) are estimated by the job
+estimator; their step time counts the trained model's FLOPs only.
 """
 from __future__ import annotations
 
@@ -53,7 +59,7 @@ class FitReport:
     """Layouts whose outcome the search settled (all of the space unless interrupted)."""
     candidates_total: int
     estimates_computed: int
-    """Calls into the estimator core; the rest were settled by facts 2 and 3 above."""
+    """Calls into the estimator core; the rest were settled by facts 2-4 above."""
     elapsed_s: float
     limit_bytes: int
     results: list[FitResult]
