@@ -68,11 +68,13 @@ def build_ctx(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Ctx:
     # transformers: use_gqa_in_sdpa -> enable_gqa when there is no attention mask (no
     # padding, no packing) and head_dim <= 256 (integrations/sdpa_attention.py).
     gqa_native = not spec.packing and desc.head_dim <= 256
-    return Ctx(desc=desc, params=table, lora={m: (ab[0], ab[1]) for m, ab in lora.items()},
+    ctx = Ctx(desc=desc, params=table, lora={m: (ab[0], ab[1]) for m, ab in lora.items()},
                lora_dropout=spec.lora.dropout if spec.lora else 0.0,
                act_dtype=spec.precision.weight_dtype if spec.method.value != "qlora"
                else spec.quantization.compute_dtype,
                attention=spec.attention.value, gqa_native=gqa_native)
+    ctx.shared_keys["param_set"] = params
+    return ctx
 
 
 def _autocast(spec: JobSpec) -> str | None:
@@ -129,8 +131,25 @@ def plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Activa
 def _signature(ctx: Ctx, i: int, x: Sym) -> tuple:
     """What makes one layer's saved set differ from another's."""
     if "layer_keys" not in ctx.shared_keys:
-        ctx.shared_keys["layer_keys"] = _layer_keys(ctx)
+        ctx.shared_keys["layer_keys"] = _layer_keys_memo(ctx)
     return (i in ctx.desc.moe_layers, ctx.shared_keys["layer_keys"].get(i), x.requires_grad, x.dtype)
+
+
+_LAYER_KEYS: dict[int, tuple[object, dict]] = {}
+
+
+def _layer_keys_memo(ctx: Ctx) -> dict[int, tuple]:
+    """_layer_keys depends only on the parameter set, which param_set memoizes."""
+    owner = ctx.shared_keys.get("param_set")
+    hit = _LAYER_KEYS.get(id(owner))
+    if owner is not None and hit is not None and hit[0] is owner:
+        return hit[1]
+    keys = _layer_keys(ctx)
+    if owner is not None:
+        if len(_LAYER_KEYS) >= 64:
+            _LAYER_KEYS.pop(next(iter(_LAYER_KEYS)))
+        _LAYER_KEYS[id(owner)] = (owner, keys)
+    return keys
 
 
 def _layer_keys(ctx: Ctx) -> dict[int, tuple]:
