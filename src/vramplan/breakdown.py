@@ -52,6 +52,8 @@ class Breakdown:
         return self
 
     def total(self, prefix: str = "") -> int:
+        if not prefix:
+            return sum(self.terms.values())
         return sum(v for k, v in self.terms.items() if k.startswith(prefix))
 
     def groups(self, depth: int = 1) -> dict[str, int]:

@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 
 from vramplan.breakdown import Breakdown
 from vramplan.components.activations import ActivationPlan, plan_activations
+from vramplan.components.memo import cached
 from vramplan.components.optimizer import optimizer_states, step_temporaries
 from vramplan.components.runtime import (
     CUDA_CONTEXT_DEFAULT, cublas_workspace_bytes, reserved_from_allocated,
@@ -144,7 +145,8 @@ def _inference_events(desc: ModelDesc, spec: JobSpec, params: ParamSet, gpu) -> 
 
 
 def _optimizer_extras(spec: JobSpec, params: ParamSet, acts: ActivationPlan) -> Breakdown:
-    out = step_temporaries(spec, params)
+    out = cached(params, ("temporaries", spec.optimizer, spec.optimizer_impl, spec.precision, spec.weight_decay),
+                 lambda: step_temporaries(spec, params))
     if acts.input_leaf_bytes:
         # the loss (and so its graph, holding the input leaf and its gradient) is kept until
         # after optimizer.step() in a plain training loop; HF Trainer detaches it earlier.
@@ -160,19 +162,33 @@ def _stage_breakdown(items: list[tuple[str, int]], prefix: str) -> Breakdown:
 
 
 def _step_plan(desc: ModelDesc, spec: JobSpec, params: ParamSet, acts: ActivationPlan) -> StepPlan:
-    static = weight_terms(spec, params).merge(optimizer_states(spec, params))
+    opt_key = ("states", spec.optimizer, spec.optimizer_impl, spec.precision, spec.backend, spec.momentum)
+    static = cached(params, ("weights", spec.quantization), lambda: weight_terms(spec, params))
+    static.merge(cached(params, opt_key, lambda: optimizer_states(spec, params)))
     static.add("batch/input_ids", nbytes(spec.micro_batch_size * spec.seq_len, "int64"))
-    grads = gradient_stages(desc, spec, params)
+    grads = cached(params, ("grads", spec.precision), lambda: gradient_stages(desc, spec, params))
+    grads_at_peak = cached(params, ("grads_at_peak", spec.precision),
+                           lambda: gradient_stages_at_peak(desc, spec, params))
     stage_acts, at_peak, transients, labels = [], [], [], []
     n = len(acts.stages)
+    # Layers with one signature share their saved list; build each list's breakdowns once
+    # (the timeline only reads them).
+    built: dict[tuple, tuple[Breakdown, Breakdown]] = {}
     for i, st in enumerate(acts.stages):
         group = "activations/layers" if st.label.startswith("layer") else f"activations/{st.label}"
-        stage_acts.append(_stage_breakdown(st.saved, group))
-        at_peak.append(_stage_breakdown([x for x in st.saved if x[0] not in st.freed_before_peak], group))
+        key = (id(st.saved), group, st.freed_before_peak)
+        if key not in built:
+            built[key] = (_stage_breakdown(st.saved, group),
+                          _stage_breakdown([x for x in st.saved if x[0] not in st.freed_before_peak], group))
+        stage_acts.append(built[key][0])
+        at_peak.append(built[key][1])
         t = Breakdown()
         if st.recompute:
-            t.merge(_stage_breakdown([x for x in st.recompute if x[0] not in st.freed_before_peak],
-                                     "activations/recomputed_layer"))
+            rkey = (id(st.recompute), "recompute", st.freed_before_peak)
+            if rkey not in built:
+                built[rkey] = (_stage_breakdown([x for x in st.recompute if x[0] not in st.freed_before_peak],
+                                                "activations/recomputed_layer"), Breakdown())
+            t.merge(built[rkey][0])
         if st.label.startswith("layer"):
             t.merge(acts.layer_backward_transient)
         elif i == n - 1:
@@ -187,6 +203,6 @@ def _step_plan(desc: ModelDesc, spec: JobSpec, params: ParamSet, acts: Activatio
                     loss_saved=acts.loss_saved, forward_end_transient=acts.forward_end_transient,
                     loss_backward_transient=acts.loss_backward_transient,
                     stage_backward_transient=transients, stage_acts_at_peak=at_peak,
-                    stage_grads_at_peak=gradient_stages_at_peak(desc, spec, params),
+                    stage_grads_at_peak=grads_at_peak,
                     optimizer_temporaries=_optimizer_extras(spec, params, acts),
                     grads_alive_in_forward=spec.grad_accum_steps > 1, labels=labels)

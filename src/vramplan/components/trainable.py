@@ -83,7 +83,25 @@ def _freeze_trainable(desc: ModelDesc, spec: JobSpec, p: ParamEntry) -> bool:
     return (p.layer is not None and p.layer in layers) or any(m in p.name for m in cfg.trainable_modules)
 
 
+_CACHE: dict[tuple, tuple[ModelDesc, ParamSet]] = {}
+_CACHE_SIZE = 64
+
+
 def param_set(desc: ModelDesc, spec: JobSpec) -> ParamSet:
+    """Memoized on the model and the spec fields that decide it (a search re-estimates the
+    same model under many layouts); ParamSet is immutable, so sharing it is safe."""
+    key = (id(desc), spec.task, spec.method, spec.lora, spec.quantization, spec.freeze, spec.precision)
+    hit = _CACHE.get(key)
+    if hit is not None and hit[0] is desc:
+        return hit[1]
+    if len(_CACHE) >= _CACHE_SIZE:
+        _CACHE.pop(next(iter(_CACHE)))
+    result = _param_set(desc, spec)
+    _CACHE[key] = (desc, result)
+    return result
+
+
+def _param_set(desc: ModelDesc, spec: JobSpec) -> ParamSet:
     wdtype = spec.precision.weight_dtype
     if spec.task.value == "inference":
         quant = spec.quantization.type.value if spec.quantization else None
