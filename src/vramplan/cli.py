@@ -137,6 +137,9 @@ def spec_from_args(args) -> "object":
 def cmd_estimate(args) -> int:
     from vramplan.estimation import estimate
     est = estimate(spec_from_args(args))
+    if args.plot:
+        from vramplan.report.plots import plot_breakdown
+        plot_breakdown(est, args.plot)
     if args.json:
         print(json.dumps(est.to_dict(), indent=2))
     else:
@@ -202,6 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_spec_args(est)
     est.add_argument("--json", action="store_true", help="print the versioned JSON form")
     est.add_argument("--depth", type=int, default=2, help="group terms by this many key parts")
+    est.add_argument("--plot", help="write the breakdown as stacked bars (.png, .svg or interactive .html)")
     est.set_defaults(func=cmd_estimate)
     for name, fn, help_ in (("models", cmd_models, "the built-in model catalog"),
                             ("gpus", cmd_gpus, "the built-in GPU catalog")):
