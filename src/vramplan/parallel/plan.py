@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 from vramplan.breakdown import Breakdown
 from vramplan.components.optimizer import optimizer_states, step_temporaries
 from vramplan.components.trainable import HeldParam, ParamSet, grad_dtype
+from vramplan.components.memo import cached
 from vramplan.components.weights import gradient_stages, weight_terms
 from vramplan.model import ModelDesc
 from vramplan.parallel import activations as acts
@@ -58,7 +59,25 @@ def rank_plan(desc: ModelDesc, spec: JobSpec, params: ParamSet, plan: StepPlan) 
     return best_plan, report
 
 
+_SETS: dict[tuple, tuple[ParamSet, _Sets]] = {}
+
+
 def _sets(desc, spec, params, lay: Layout, stage: int, layers: range) -> _Sets:
+    """Memoized: the sharded parameter sets depend on the (memoized, immutable) ParamSet and
+    the layout, not on batch, sequence or checkpointing, which a search varies most."""
+    key = (id(params), lay.tp, lay.ep, lay.pp, lay.dp, lay.shard_group, lay.engine, lay.zero_stage, lay.fsdp,
+           lay.fsdp_version, str(sorted(lay.extras.items())), stage, layers.start, layers.stop)
+    hit = _SETS.get(key)
+    if hit is not None and hit[0] is params:
+        return hit[1]
+    value = _compute_sets(desc, spec, params, lay, stage, layers)
+    if len(_SETS) >= 256:
+        _SETS.pop(next(iter(_SETS)))
+    _SETS[key] = (params, value)
+    return value
+
+
+def _compute_sets(desc, spec, params, lay: Layout, stage: int, layers: range) -> _Sets:
     mp = model_parallel_set(desc, params, tp=lay.tp, ep=lay.ep, pp=lay.pp, stage=stage, layers=layers)
     n = lay.shard_group
     dim0 = lay.engine == "fsdp" and lay.fsdp_version == 2
@@ -91,7 +110,8 @@ def _stage_plan(desc, spec, params, plan: StepPlan, lay: Layout, stage: int, lay
     last = stage == lay.pp - 1
     static = _model_states(spec, lay, sets)
     static.add("batch/input_ids", -(-plan.static.total("batch/") // lay.cp))
-    grads = _select(gradient_stages(desc, spec, sets.grads), stage, lay.pp, layers)
+    grads = _select(cached(sets.grads, ("grads", spec.precision), lambda: gradient_stages(desc, spec, sets.grads)),
+                    stage, lay.pp, layers)
     if _grads_offloaded(lay):
         # The sharded gradient goes to host memory as soon as it is reduced: DeepSpeed's
         # offload_optimizer copies each reduced partition into the pinned fp32 gradient
@@ -100,7 +120,14 @@ def _stage_plan(desc, spec, params, plan: StepPlan, lay: Layout, stage: int, lay
         # gradient to CPU after reduce-scatter (_fsdp_param_group.post_backward). Only the
         # engine's buckets stay on the GPU.
         grads = [Breakdown() for _ in grads]
-    stage_acts = [acts.scale(b, lay) for b in _select(plan.stage_acts, stage, lay.pp, layers)]
+    scaled: dict[int, Breakdown] = {}  # layers share breakdowns: scale each once
+
+    def sc(b: Breakdown) -> Breakdown:
+        if id(b) not in scaled:
+            scaled[id(b)] = acts.scale(b, lay)
+        return scaled[id(b)]
+
+    stage_acts = [sc(b) for b in _select(plan.stage_acts, stage, lay.pp, layers)]
     trans = [acts.scale(b, lay) for b in _select(plan.stage_backward_transient, stage, lay.pp, layers)]
     labels = _select(plan.labels or [f"stage {i}" for i in range(len(plan.stage_acts))], stage, lay.pp, layers)
     in_flight = acts.pipeline_in_flight(lay, stage, spec.grad_accum_steps)
@@ -114,7 +141,7 @@ def _stage_plan(desc, spec, params, plan: StepPlan, lay: Layout, stage: int, lay
                    loss_saved=acts.scale(plan.loss_saved, lay) if last else Breakdown(),
                    forward_end_transient=Breakdown().merge(fwd_end), loss_backward_transient=loss_bwd,
                    stage_backward_transient=trans,
-                   stage_acts_at_peak=[acts.scale(b, lay) for b in
+                   stage_acts_at_peak=[sc(b) for b in
                                        _select(plan.stage_acts_at_peak or plan.stage_acts, stage, lay.pp, layers)],
                    optimizer_temporaries=Breakdown() if lay.offload_optimizer != "none"
                    else step_temporaries(spec, sets.states),
@@ -134,9 +161,10 @@ def _model_states(spec: JobSpec, lay: Layout, sets: _Sets) -> Breakdown:
     host memory instead (DeepSpeed offload_optimizer / offload_param, FSDP CPUOffload)."""
     out = Breakdown()
     if lay.offload_params == "none":
-        out.merge(weight_terms(spec, sets.weights))
+        out.merge(cached(sets.weights, ("weights", spec.quantization), lambda: weight_terms(spec, sets.weights)))
     if lay.offload_optimizer == "none":
-        out.merge(optimizer_states(spec, sets.states))
+        key = ("states", spec.optimizer, spec.optimizer_impl, spec.precision, spec.backend, spec.momentum)
+        out.merge(cached(sets.states, key, lambda: optimizer_states(spec, sets.states)))
     return out
 
 
