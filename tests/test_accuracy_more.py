@@ -1,4 +1,4 @@
-"""GPT-NeoX, BLOOM and OPT estimates against real training steps under the exact CPU meter.
+"""GPT-NeoX, BLOOM, OPT and Falcon estimates against real training steps under the exact CPU meter.
 
 Each case runs two real steps of a tiny random-init transformers model under
 vramplan.measure (CPU, exact live-tensor bytes) and checks the estimate of the same spec:
@@ -28,6 +28,12 @@ CASES = {
     "bloom-tied": {"model": {"model_type": "bloom", **TINY}, "attention": "eager"},
     "bloom-bf16-dropout": {"model": {"model_type": "bloom", **TINY, "hidden_dropout": 0.1,
                                      "attention_dropout": 0.1}, "precision": "bf16", "attention": "eager"},
+    "falcon-7b-shape-multi-query": {"model": {"model_type": "falcon", **TINY}},
+    "falcon-7b-shape-bf16": {"model": {"model_type": "falcon", **TINY}, "precision": "bf16"},
+    "falcon-40b-shape-new-arch": {"model": {"model_type": "falcon", **TINY, "new_decoder_architecture": True,
+                                            "num_kv_heads": 2}},
+    "falcon-sequential-mha-bias-dropout": {"model": {"model_type": "falcon", **TINY, "multi_query": False,
+                                                     "parallel_attn": False, "bias": True, "hidden_dropout": 0.1}},
     "opt-fp32-sdpa-dropout": {"model": OPT},
     "opt-350m-shape-post-norm-proj": {"model": OPT | {"word_embed_proj_dim": 32, "do_layer_norm_before": False}},
     "opt-bf16-eager": {"model": OPT, "precision": "bf16", "attention": "eager"},

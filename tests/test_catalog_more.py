@@ -42,6 +42,13 @@ CASES = {
     "opt-default": {"model_type": "opt", **TINY, "ffn_dim": 256},
     "opt-350m-shape": {"model_type": "opt", **TINY, "ffn_dim": 256, "word_embed_proj_dim": 32,
                        "do_layer_norm_before": False, "max_position_embeddings": 128},
+    "falcon-7b-shape-multi-query": {"model_type": "falcon", **TINY},
+    "falcon-40b-shape-new-arch": {"model_type": "falcon", **TINY, "new_decoder_architecture": True,
+                                  "num_kv_heads": 2, "bias": False},
+    "falcon-sequential-bias-mha": {"model_type": "falcon", **TINY, "multi_query": False,
+                                   "parallel_attn": False, "bias": True, "tie_word_embeddings": False},
+    "falcon-new-arch-one-norm": {"model_type": "falcon", **TINY, "new_decoder_architecture": True,
+                                 "num_kv_heads": 4, "num_ln_in_parallel_attn": 1, "ffn_hidden_size": 96},
     "opt-untied-nobias": {"model_type": "opt", **TINY, "ffn_dim": 128, "enable_bias": False,
                           "tie_word_embeddings": False},
 }
@@ -104,3 +111,10 @@ def test_qwen1_missing_width_is_one_line_error():
     cfg = {k: v for k, v in QWEN_7B.items() if k != "intermediate_size"}
     with pytest.raises(ValueError, match="ffn_hidden_size"):
         model_from_hf_config(cfg)
+
+
+def test_falcon_7b_param_count():
+    desc = model_from_hf_config({"model_type": "falcon", "hidden_size": 4544, "num_attention_heads": 71,
+                                 "num_hidden_layers": 32, "vocab_size": 65024, "multi_query": True,
+                                 "parallel_attn": True, "bias": False})
+    assert desc.num_kv_heads == 1 and desc.num_params() == 6_921_720_704  # tiiuae/falcon-7b

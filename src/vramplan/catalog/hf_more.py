@@ -31,13 +31,17 @@ class ExtendedDesc(ModelDesc):
     alibi: bool = False
     """ALiBi biases on the attention scores (BLOOM); there is no position table. ModelDesc's
     `position` is then LEARNED only because PositionKind has no ALiBi member."""
+    num_layer_norms: int = 2
+    """Falcon: norms per layer (1 when attention and MLP share `input_layernorm`)."""
+    grouped_qkv: bool = False
+    """Falcon `new_decoder_architecture`: qkv laid out per kv group (q heads, k, v)."""
     pre_norm: bool = True
     """OPT `do_layer_norm_before`; False (OPT-350m) normalizes after each residual add."""
     embed_proj_dim: int = 0
     """OPT `word_embed_proj_dim` when it differs from h (project_in / project_out); else 0."""
 
 
-MORE_MODEL_TYPES = ("gpt_neox", "bloom", "opt", "qwen")
+MORE_MODEL_TYPES = ("gpt_neox", "bloom", "opt", "qwen", "falcon")
 
 # Defaults of the transformers 5.23 config classes (configuration_<family>.py) for the keys
 # read below; Qwen-1's from Qwen/Qwen-7B configuration_qwen.py (QWenConfig).
@@ -53,6 +57,11 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
             "_remove_final_layer_norm": False, "word_embed_proj_dim": None, "dropout": 0.1,
             "attention_dropout": 0.0, "activation_function": "relu", "enable_bias": True,
             "layer_norm_elementwise_affine": True, "tie_word_embeddings": True, "layerdrop": 0.0},
+    "falcon": {"num_ln_in_parallel_attn": None, "hidden_dropout": 0.0, "attention_dropout": 0.0,
+               "num_kv_heads": None, "alibi": False, "new_decoder_architecture": False,
+               "multi_query": True, "parallel_attn": True, "bias": False,
+               "max_position_embeddings": 2048, "ffn_hidden_size": None, "activation": "gelu",
+               "tie_word_embeddings": True},
     "qwen": {"max_position_embeddings": 8192, "kv_channels": 128, "no_bias": True,
              "tie_word_embeddings": False, "attn_dropout_prob": 0.0, "emb_dropout_prob": 0.0,
              "rotary_pct": 1.0},
@@ -75,7 +84,10 @@ def model_from_more(config: dict, name: str, num_labels: int | None) -> ModelDes
                          "estimate the causal LM (leave num_labels unset)")
     if mt == "bloom":
         config = {(_BLOOM_ALIASES.get(k, k)): v for k, v in config.items()}
-    build = {"gpt_neox": _gpt_neox, "bloom": _bloom, "opt": _opt, "qwen": _qwen}[mt]
+    if mt == "falcon":
+        config = {({"n_embed": "hidden_size", "n_layer": "num_hidden_layers", "n_head": "num_attention_heads"}
+                   .get(k, k)): v for k, v in config.items()}  # FalconConfig.attribute_map / n_embed
+    build = {"gpt_neox": _gpt_neox, "bloom": _bloom, "opt": _opt, "qwen": _qwen, "falcon": _falcon}[mt]
     return build(_MoreCfg(config, mt), name)
 
 
@@ -197,4 +209,40 @@ def _qwen(c: _Cfg, name: str) -> ModelDesc:
         out += _linear(p + "mlp.w1", f, h, bias, i) + _linear(p + "mlp.w2", f, h, bias, i)
         out += _linear(p + "mlp.c_proj", h, f, bias, i)
     out += _norm("transformer.ln_f", h, False, None) + _head(desc, "lm_head", bias=False)
+    return _with_params(desc, out)
+
+
+# ---------------------------------------------------------------- Falcon
+def _falcon(c: _Cfg, name: str) -> ModelDesc:
+    """FalconForCausalLM (models/falcon/modeling_falcon.py) with rotary (alibi=False):
+    Falcon-7B (multi_query, parallel_attn, one norm) and the new decoder architecture of
+    Falcon-40B/180B (num_kv_heads groups, ln_attn and ln_mlp)."""
+    h, L, a = c.int("hidden_size"), c.int("num_hidden_layers"), c.int("num_attention_heads")
+    if c["alibi"]:
+        raise ValueError("falcon: alibi=True (Falcon-RW) is not modelled yet")
+    new, parallel, bias = bool(c["new_decoder_architecture"]), bool(c["parallel_attn"]), bool(c["bias"])
+    d, f = h // a, c["ffn_hidden_size"] or 4 * h  # FalconConfig.__post_init__: 4h when unset
+    # FalconAttention: kv heads of the fused projection.
+    k = (c["num_kv_heads"] or a) if new else (1 if c["multi_query"] else a)
+    # FalconDecoderLayer.__init__: two norms unless parallel with num_ln_in_parallel_attn != 2.
+    n_ln = c["num_ln_in_parallel_attn"] or (2 if new else None)
+    norms = 2 if not parallel or n_ln == 2 else 1
+    desc = ExtendedDesc(
+        **(_common(c, name, h, L, a, f) | {"num_kv_heads": k}), mlp=MlpKind.PLAIN,
+        hidden_act=c["activation"], norm=NormKind.LAYERNORM, position=PositionKind.ROPE,
+        max_position_embeddings=c.int("max_position_embeddings"), qkv_bias=bias, o_bias=bias,
+        mlp_bias=bias, fused_qkv=True, attention_dropout=float(c["attention_dropout"]),
+        hidden_dropout=float(c["hidden_dropout"]), rotary_dim=d, parallel_residual=parallel,
+        num_layer_norms=norms, grouped_qkv=new)
+    out = [ParamEntry("transformer.word_embeddings.weight", (desc.vocab_size, h))]
+    for i in range(L):
+        p = f"transformer.h.{i}."
+        out += _linear(p + "self_attention.query_key_value", (a + 2 * k) * d, h, bias, i)
+        out += _linear(p + "self_attention.dense", h, h, bias, i)
+        out += _linear(p + "mlp.dense_h_to_4h", f, h, bias, i) + _linear(p + "mlp.dense_4h_to_h", h, f, bias, i)
+        names = (("input_layernorm", "post_attention_layernorm") if not parallel
+                 else ("ln_attn", "ln_mlp") if norms == 2 else ("input_layernorm",))
+        for n in names:
+            out += _norm(p + n, h, True, i)
+    out += _norm("transformer.ln_f", h, True, None) + _head(desc, "lm_head", bias=False)
     return _with_params(desc, out)

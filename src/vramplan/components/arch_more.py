@@ -12,7 +12,7 @@ from vramplan.components.arch import Ctx, activation, attention_core, eager_atte
 from vramplan.components.graph import Recorder, Sym
 
 MORE_LAYER_PREFIX = {"gpt_neox": "gpt_neox.layers", "bloom": "transformer.h",
-                     "opt": "model.decoder.layers", "qwen": "transformer.h"}
+                     "opt": "model.decoder.layers", "qwen": "transformer.h", "falcon": "transformer.h"}
 
 
 def _drop(ctx: Ctx, p: float) -> float:
@@ -258,6 +258,81 @@ def qwen_head(rec: Recorder, ctx: Ctx, x: Sym) -> Sym:
     return rec.linear(h, head, name="logits")
 
 
-MORE_LAYERS = {"gpt_neox": gpt_neox_layer, "bloom": bloom_block, "opt": opt_layer, "qwen": qwen_block}
-MORE_EMBEDS = {"gpt_neox": gpt_neox_embed, "bloom": bloom_embed, "opt": opt_embed, "qwen": qwen_embed}
-MORE_HEADS = {"gpt_neox": gpt_neox_head, "bloom": bloom_head, "opt": opt_head, "qwen": qwen_head}
+# --- Falcon: models/falcon/modeling_falcon.py (rotary; alibi=False) ---------------------------
+def falcon_layer(rec: Recorder, ctx: Ctx, x: Sym, i: int, b: int, s: int) -> Sym:
+    """FalconDecoderLayer: attention and MLP off one norm (Falcon-7B), off ln_attn / ln_mlp
+    (new decoder architecture), or sequential with dropout_add between; the MLP output
+    gets the attention output added in place, then dropout_add(residual)."""
+    desc, pre = ctx.desc, f"transformer.h.{i}"
+    two = desc.parallel_residual and desc.num_layer_norms == 2
+    attn_in = _ln(rec, ctx, x, f"{pre}.{'ln_attn' if two else 'input_layernorm'}", "attn_norm")
+    attn = falcon_attention(rec, ctx, attn_in, i, b, s)
+    if not desc.parallel_residual:
+        x = rec.add(rec.dropout(attn, _drop(ctx, desc.attention_dropout), "attn/resid_dropout"), x,
+                    name="attn_residual")
+        mlp_in = _ln(rec, ctx, x, f"{pre}.post_attention_layernorm", "mlp_norm")
+    else:
+        mlp_in = _ln(rec, ctx, x, f"{pre}.ln_mlp", "mlp_norm") if two else attn_in
+    h = lin(rec, ctx, mlp_in, f"{pre}.mlp.dense_h_to_4h", "mlp/fc")
+    h = lin(rec, ctx, mlp_act(rec, h, desc.hidden_act), f"{pre}.mlp.dense_4h_to_h", "mlp/proj")
+    h = rec.dropout(h, _drop(ctx, desc.hidden_dropout), "mlp/dropout")  # `+= attn` is in place
+    return rec.add(h, x, name="mlp_residual")
+
+
+def falcon_attention(rec: Recorder, ctx: Ctx, x: Sym, i: int, b: int, s: int) -> Sym:
+    """FalconAttention: _split_heads then `transpose(1, 2).reshape` copy q, k and v to
+    contiguous (b, heads, s, d) (multi-query k, v have one head; the new architecture
+    broadcasts k, v to all heads); llama rotary on q and k; then attention, whose output
+    _merge_heads' reshape copies to (b, s, h) for dense."""
+    desc, pre = ctx.desc, f"transformer.h.{i}.self_attention"
+    a, d = desc.num_heads, desc.head_dim
+    kv = 1 if desc.num_kv_heads == 1 else a
+    qkv = lin(rec, ctx, x, f"{pre}.query_key_value", "attn/qkv")
+    q, k, v = (rec.new(f"attn/{n}", (b, heads, s, d), qkv.dtype, qkv.requires_grad)
+               for n, heads in (("q", a), ("k", kv), ("v", kv)))
+    mha = kv == a and not desc.grouped_qkv
+    if mha:  # (b, s, a, 3, d) views: `reshape` to the same shape keeps them views of qkv
+        q, k, v = (rec.view(qkv, (b, a, s, d), f"attn/{n}") for n in "qkv")
+    cos, sin = partial_rotary(rec, ctx, s)
+    q = apply_partial_rope(rec, q, cos, sin, "attn/q_rope")
+    k = apply_partial_rope(rec, k, cos, sin, "attn/k_rope")
+    if kv == 1 or ctx.attention == "eager":
+        out = falcon_broadcast_attention(rec, ctx, q, k, v)
+    else:
+        # FalconModel always materializes the causal mask (allow_is_causal_skip=False)
+        if mha:  # measured: this path saves a (b, 1, s, s) float mask per layer
+            rec.save(rec.new("attn/mask", (b, 1, s, s), rec.autocast or q.dtype, False))
+        out = rec.sdpa(q, k, v, (b, s, a, d), "attn/core")
+    merged = (rec.view(out, (b, s, a * d)) if mha and kv != 1 and ctx.attention != "eager"
+              else rec.new("attn/merged", (b, s, a * d), out.dtype, out.requires_grad))
+    return lin(rec, ctx, merged, f"{pre}.dense", "attn/o")
+
+
+def falcon_broadcast_attention(rec: Recorder, ctx: Ctx, q: Sym, k: Sym, v: Sym) -> Sym:
+    """Eager (q @ k^T, softmax in the hidden dtype, @ v), or SDPA with one k/v head: without
+    enable_gqa torch takes the math path (aten _scaled_dot_product_attention_math), which on
+    CPU computes bf16/fp16 in fp32 and saves scaled q, k, the softmax and v. Either way
+    matmul broadcasts the one-head k and v by an expand + reshape that copies them to all
+    a heads, and those copies are what is saved (seen with the exact CPU meter)."""
+    b, a, s, d = q.shape
+    dtype = q.dtype
+    if ctx.attention != "eager" and rec.backend == "cpu" and dtype in ("bf16", "fp16"):
+        dtype = "fp32"
+    full = (b, a, s, d)
+    rec.save(rec.new("attn/q_used", full, dtype, True) if dtype != q.dtype or ctx.attention != "eager" else q,
+             rec.new("attn/k_broadcast", full, dtype, True), rec.new("attn/v_broadcast", full, dtype, True))
+    rec.save(rec.new("attn/softmax", (b, a, s, s), dtype, True))
+    return rec.new("attn/out", full, q.dtype, True)
+
+
+def falcon_embed(rec: Recorder, ctx: Ctx, ids: Sym) -> Sym:
+    """FalconModel.forward: word_embeddings, no dropout."""
+    return rec.embedding(ids, ctx.p("transformer.word_embeddings.weight"), "embed/tokens")
+
+
+MORE_LAYERS = {"gpt_neox": gpt_neox_layer, "bloom": bloom_block, "opt": opt_layer, "qwen": qwen_block,
+               "falcon": falcon_layer}
+MORE_EMBEDS = {"gpt_neox": gpt_neox_embed, "bloom": bloom_embed, "opt": opt_embed, "qwen": qwen_embed,
+               "falcon": falcon_embed}
+MORE_HEADS = {"gpt_neox": gpt_neox_head, "bloom": bloom_head, "opt": opt_head, "qwen": qwen_head,
+              "falcon": bloom_head}
