@@ -157,8 +157,8 @@ def test_architecture_flags():
 
 # ---------------------------------------------------------------- adapter errors
 def test_unknown_model_type_lists_supported():
-    with pytest.raises(ValueError, match=r"model_type 'falcon'.*llama.*gpt2"):
-        model_from_hf_config({"model_type": "falcon", "hidden_size": 8})
+    with pytest.raises(ValueError, match=r"model_type 'made_up_arch'.*llama.*gpt2"):
+        model_from_hf_config({"model_type": "made_up_arch", "hidden_size": 8})
 
 
 def test_missing_field_is_named():
