@@ -37,14 +37,20 @@ def quant_state_bytes(spec: JobSpec, numel: int) -> int:
     return 4 * blocks
 
 
+# Token embedding tables (Llama/Qwen embed_tokens, GPT-2/Qwen-1 wte, BERT/BLOOM
+# word_embeddings, GPT-NeoX embed_in) and other input-side embeddings.
+_TOKEN_EMBED = ("embed_tokens", "wte", "word_embeddings", "embed_in")
+_EMBED = _TOKEN_EMBED + ("wpe", "embed_positions", "embeddings")
+
+
 def stage_of(desc: ModelDesc, p: HeldParam) -> int:
     """Index of the forward stage (0 embedding, 1..L layers, L+1 head) owning a gradient.
     A tied embedding's gradient is first written by the output head's backward."""
     if p.layer is not None:
         return p.layer + 1
     base = p.name.split("#", 1)[0]
-    is_embedding = any(w in base for w in ("embed_tokens", "wte", "wpe", "embeddings"))
-    if is_embedding and not (desc.tie_word_embeddings and ("embed_tokens" in base or "wte" in base)):
+    is_embedding = any(w in base for w in _EMBED)
+    if is_embedding and not (desc.tie_word_embeddings and any(w in base for w in _TOKEN_EMBED)):
         return 0
     return desc.num_layers + 1
 
@@ -58,7 +64,8 @@ def gradient_stages(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> list[Br
 
 
 # The last linear of each feed-forward block, whose weight gradient backward makes first.
-_MLP_OUT = (".mlp.down_proj", ".mlp.c_proj", ".output.dense", ".experts.down_proj", ".shared_expert.down_proj")
+_MLP_OUT = (".mlp.down_proj", ".mlp.c_proj", ".output.dense", ".experts.down_proj", ".shared_expert.down_proj",
+            ".mlp.dense_4h_to_h", ".fc2")
 
 
 def gradient_stages_at_peak(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> list[Breakdown]:
@@ -81,6 +88,6 @@ def tied_embedding_grad_temp(desc: ModelDesc, spec: JobSpec, params: ParamSet) -
     if not desc.tie_word_embeddings:
         return out
     for p in params.trainable():
-        if p.layer is None and ("embed_tokens" in p.name or "wte" in p.name) and "#" not in p.name:
+        if p.layer is None and any(w in p.name for w in _TOKEN_EMBED) and "#" not in p.name:
             out.add("backward/tied_embedding_grad", nbytes(p.numel, grad_dtype(spec, p)))
     return out
