@@ -58,6 +58,8 @@ def finish(spec: JobSpec, desc: ModelDesc, step: Step, *, num_params: int, train
     """An Estimate from the step's events (same device-level terms as estimation.py).
     `floor`: memory held outside the allocator's live tensors (a colocated vLLM pool)."""
     from vramplan.estimation import Estimate
+    from vramplan.jobs.sharding import shard_step
+    shard_step(step.plan, spec, desc)
     if spec.backend is Backend.CUDA:
         step.plan.static.add("runtime/cublas_workspace", cublas_workspace_bytes(gpu.name if gpu else None))
     if floor:
