@@ -101,3 +101,9 @@ def test_parallel_flags_and_deepspeed_import(tmp_path, capsys):
 def test_missing_engine_config_is_one_line(capsys):
     code, _, err = run(capsys, "estimate", "llama-3.2-1b", "--deepspeed", "/nonexistent/ds.json")
     assert code == 2 and err.count("\n") == 1 and "not found" in err
+
+
+def test_loose_names_match_one_catalog_entry():
+    from vramplan.catalog import find_gpu, find_model
+    assert find_gpu("rtx4090").name == find_gpu("RTX 4090").name == "rtx-4090"
+    assert find_model("Llama 3.1 8B").name == "llama-3.1-8b"

@@ -128,3 +128,13 @@ def test_cuda_estimate_reports_device_levels():
 def test_raw_size_model_counts_close_to_request():
     est = vramplan.estimate(load_spec({"num_params": "7B"}))
     assert abs(est.num_params - 7e9) / 7e9 < 0.001
+
+
+def test_paged_optimizer_state_is_outside_the_allocator_but_on_nvidia_smi():
+    plain = estimate(load_spec({"model": "llama-3.2-1b", "optimizer": "adamw", "seq_len": 256, "gpu": "a100-80gb"}))
+    paged = estimate(load_spec({"model": "llama-3.2-1b", "optimizer": "paged-adamw-32bit", "seq_len": 256,
+                                "gpu": "a100-80gb", "precision": "bf16"}))
+    assert paged.managed_bytes > 0
+    assert not any(k.startswith("optimizer_paged") for k in paged.components.terms)
+    assert paged.device_bytes >= paged.reserved_bytes + paged.managed_bytes
+    assert paged.peak_allocated_bytes < plain.peak_allocated_bytes

@@ -42,6 +42,9 @@ class Estimate:
     notes: list[str] = field(default_factory=list)
     parallel: object | None = None
     """vramplan.parallel.ParallelReport when spec.parallel is not trivial (else None)."""
+    managed_bytes: int = 0
+    """CUDA managed memory (bitsandbytes paged optimizer state): outside the caching
+    allocator's statistics, inside nvidia-smi's figure while resident."""
 
     @property
     def fits(self) -> bool | None:
@@ -69,6 +72,7 @@ class Estimate:
             "gpu": None if self.gpu is None else {"name": self.gpu.name, "memory_bytes": self.gpu.memory_bytes},
             "fits": self.fits,
             "headroom_bytes": self.headroom_bytes,
+            "managed_bytes": self.managed_bytes,
             "notes": list(self.notes),
             **self._parallel_dict(),
         }
@@ -101,12 +105,13 @@ def estimate(spec: JobSpec) -> Estimate:
 
 def estimate_model(desc: ModelDesc, spec: JobSpec, gpu=None) -> Estimate:
     params = param_set(desc, spec)
+    managed = Breakdown()
     par = None
     if spec.task is Task.INFERENCE:
         events = _inference_events(desc, spec, params, gpu)
     else:
         acts = plan_activations(desc, spec, params)
-        plan = _step_plan(desc, spec, params, acts)
+        plan = _step_plan(desc, spec, params, acts, managed)
         if not spec.parallel.is_trivial or spec.num_gpus > 1:
             from vramplan.parallel import rank_plan
             plan, par = rank_plan(desc, spec, params, plan)
@@ -120,18 +125,20 @@ def estimate_model(desc: ModelDesc, spec: JobSpec, gpu=None) -> Estimate:
     phases[top.phase] = peak
     reserved, device = peak, peak
     if spec.backend is Backend.CUDA:
-        # the logits-sized blocks live at the end of forward and the start of backward
-        largest = max((e.live.total("logits") for e in events[:2]), default=0)
+        # the largest single block (a logits-sized tensor, alive at the end of forward or
+        # the start of backward) that the allocator may hold one extra segment of
+        largest = max((v for e in events[:2] for k, v in e.live if k.startswith("logits/")), default=0)
         reserved = reserved_from_allocated(peak, largest)
         context = getattr(gpu, "cuda_context_bytes_typical", None) or CUDA_CONTEXT_DEFAULT
-        device = reserved + context
+        # managed (paged) pages count in nvidia-smi while resident on the GPU
+        device = reserved + context + managed.total()
     notes = [f"LoRA target or modules_to_save {t!r} matches no module of {desc.name}; "
              "PEFT would ignore it" for t in params.unmatched_targets]
     return Estimate(spec=spec, model=desc, num_params=desc.num_params(),
                     trainable_params=params.numel(trainable=True), peak_allocated_bytes=peak,
                     peak_phase=top.phase, peak_event=top.label, phases=phases,
                     components=components, reserved_bytes=reserved, device_bytes=device,
-                    events=events, gpu=gpu, notes=notes, parallel=par)
+                    events=events, gpu=gpu, notes=notes, parallel=par, managed_bytes=managed.total())
 
 
 def _inference_events(desc: ModelDesc, spec: JobSpec, params: ParamSet, gpu) -> list[Event]:
@@ -161,10 +168,15 @@ def _stage_breakdown(items: list[tuple[str, int]], prefix: str) -> Breakdown:
     return out
 
 
-def _step_plan(desc: ModelDesc, spec: JobSpec, params: ParamSet, acts: ActivationPlan) -> StepPlan:
+def _step_plan(desc: ModelDesc, spec: JobSpec, params: ParamSet, acts: ActivationPlan,
+               managed: Breakdown | None = None) -> StepPlan:
+    """`managed` receives paged optimizer state (outside the allocator); without it, that
+    state stays with the rest (multi-model jobs)."""
     opt_key = ("states", spec.optimizer, spec.optimizer_impl, spec.precision, spec.backend, spec.momentum)
     static = cached(params, ("weights", spec.quantization), lambda: weight_terms(spec, params))
-    static.merge(cached(params, opt_key, lambda: optimizer_states(spec, params)))
+    for key, value in cached(params, opt_key, lambda: optimizer_states(spec, params)):
+        # paged optimizer state is CUDA managed memory, outside the caching allocator
+        (managed if managed is not None and key.startswith("optimizer_paged") else static).add(key, value)
     static.add("batch/input_ids", nbytes(spec.micro_batch_size * spec.seq_len, "int64"))
     grads = cached(params, ("grads", spec.precision), lambda: gradient_stages(desc, spec, params))
     grads_at_peak = cached(params, ("grads_at_peak", spec.precision),

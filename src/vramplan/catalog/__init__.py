@@ -69,10 +69,21 @@ def _key(text: str) -> str:
     return text.strip().lower()
 
 
+def _loose(text: str) -> str:
+    """Letters and digits only: 'RTX 4090', 'rtx4090' and 'rtx-4090' are one name."""
+    return "".join(ch for ch in text.lower() if ch.isalnum())
+
+
 def _lookup(kind: str, index: dict[str, Any], query: str) -> Any:
     hit = index.get(_key(query))
     if hit is not None:
         return hit
+    loose = {}
+    for key, value in index.items():
+        loose.setdefault(_loose(key), []).append(value)
+    same = {id(v): v for v in loose.get(_loose(query), [])}
+    if len(same) == 1:
+        return next(iter(same.values()))
     close = difflib.get_close_matches(_key(query), list(index), n=1, cutoff=0.6)
     hint = f"; did you mean {close[0]!r}?" if close else ""
     raise UnknownNameError(f"unknown {kind} {query!r}{hint}")

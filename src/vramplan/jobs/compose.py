@@ -72,7 +72,7 @@ def finish(spec: JobSpec, desc: ModelDesc, step: Step, *, num_params: int, train
     phases[top.phase] = peak
     reserved = device = peak
     if spec.backend is Backend.CUDA:
-        largest = max((sum(v for k, v in e.live.terms.items() if "logits/" in k) for e in events), default=0)
+        largest = max((v for e in events for k, v in e.live.terms.items() if "logits/" in k), default=0)
         reserved = reserved_from_allocated(peak, largest)
         context = getattr(gpu, "cuda_context_bytes_typical", None) or CUDA_CONTEXT_DEFAULT
         device = reserved + context

@@ -164,7 +164,10 @@ def _model_states(spec: JobSpec, lay: Layout, sets: _Sets) -> Breakdown:
         out.merge(cached(sets.weights, ("weights", spec.quantization), lambda: weight_terms(spec, sets.weights)))
     if lay.offload_optimizer == "none":
         key = ("states", spec.optimizer, spec.optimizer_impl, spec.precision, spec.backend, spec.momentum)
-        out.merge(cached(sets.states, key, lambda: optimizer_states(spec, sets.states)))
+        states = cached(sets.states, key, lambda: optimizer_states(spec, sets.states))
+        for name, value in states:  # paged state is managed memory, outside the allocator
+            if not name.startswith("optimizer_paged"):
+                out.add(name, value)
     return out
 
 
