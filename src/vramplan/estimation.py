@@ -128,7 +128,8 @@ def estimate_model(desc: ModelDesc, spec: JobSpec, gpu=None) -> Estimate:
         # the largest single block (a logits-sized tensor, alive at the end of forward or
         # the start of backward) that the allocator may hold one extra segment of
         largest = max((v for e in events[:2] for k, v in e.live if k.startswith("logits/")), default=0)
-        reserved = reserved_from_allocated(peak, largest)
+        churn = max(e.live.total("activations") + e.live.total("backward") for e in [top, *events[1:2]])
+        reserved = reserved_from_allocated(peak, largest, churn)
         context = getattr(gpu, "cuda_context_bytes_typical", None) or CUDA_CONTEXT_DEFAULT
         # managed (paged) pages count in nvidia-smi while resident on the GPU
         device = reserved + context + managed.total()
