@@ -31,6 +31,7 @@ def _real_shapes(config: dict, num_labels: int | None = None) -> dict[str, tuple
         cfg["num_labels"] = num_labels
     hf_config = transformers.AutoConfig.for_model(model_type, **cfg)
     auto = (transformers.AutoModelForSequenceClassification if seq_cls
+            else transformers.AutoModelForSeq2SeqLM if getattr(hf_config, "is_encoder_decoder", False)
             else transformers.AutoModelForCausalLM)
     with torch.device("meta"):
         model = auto.from_config(hf_config)
