@@ -23,7 +23,7 @@ from vramplan.model import MlpKind, ModelDesc, MoEDesc, NormKind, ParamEntry, Po
 
 _ROPE_DECODERS = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
                   "gemma", "gemma2", "gemma3_text", "phi3", "phi")
-_MORE = ("gpt_neox", "bloom", "opt", "qwen", "falcon")
+_MORE = ("gpt_neox", "bloom", "opt", "qwen", "falcon", "t5", "mt5")
 """Families built by `vramplan.catalog.hf_more` (same rules; kept apart for file size)."""
 SUPPORTED_MODEL_TYPES = (*_ROPE_DECODERS, "gpt2", "bert", "gemma3", *_MORE)
 """`gemma3` (multimodal) is read through its `text_config` (the language model only)."""

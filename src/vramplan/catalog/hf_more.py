@@ -39,9 +39,18 @@ class ExtendedDesc(ModelDesc):
     """OPT `do_layer_norm_before`; False (OPT-350m) normalizes after each residual add."""
     embed_proj_dim: int = 0
     """OPT `word_embed_proj_dim` when it differs from h (project_in / project_out); else 0."""
+    num_encoder_layers: int = 0
+    """Encoder-decoder (T5, mT5): blocks of the encoder. `num_layers` then counts the blocks
+    of both stacks, and ParamEntry.layer is encoder block i -> i, decoder block j -> Le + j;
+    0 for decoder-only models."""
+    relative_attention_num_buckets: int = 0
+    """T5 relative position bias: buckets of the (buckets, a) table in each stack's first block."""
+    scale_decoder_outputs: bool = False
+    """T5: the decoder output is multiplied by h**-0.5 before lm_head (T5Config.__post_init__:
+    unless the config says tie_word_embeddings=False; MT5ForConditionalGeneration never)."""
 
 
-MORE_MODEL_TYPES = ("gpt_neox", "bloom", "opt", "qwen", "falcon")
+MORE_MODEL_TYPES = ("gpt_neox", "bloom", "opt", "qwen", "falcon", "t5", "mt5")
 
 # Defaults of the transformers 5.23 config classes (configuration_<family>.py) for the keys
 # read below; Qwen-1's from Qwen/Qwen-7B configuration_qwen.py (QWenConfig).
@@ -62,6 +71,13 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
                "multi_query": True, "parallel_attn": True, "bias": False,
                "max_position_embeddings": 2048, "ffn_hidden_size": None, "activation": "gelu",
                "tie_word_embeddings": True},
+    # T5Config / MT5Config fields (configuration_t5.py, configuration_mt5.py).
+    "t5": {"vocab_size": 32128, "d_model": 512, "d_kv": 64, "d_ff": 2048, "num_layers": 6,
+           "num_decoder_layers": None, "num_heads": 8, "relative_attention_num_buckets": 32,
+           "dropout_rate": 0.1, "feed_forward_proj": "relu", "tie_word_embeddings": True},
+    "mt5": {"vocab_size": 250112, "d_model": 512, "d_kv": 64, "d_ff": 1024, "num_layers": 8,
+            "num_decoder_layers": None, "num_heads": 6, "relative_attention_num_buckets": 32,
+            "dropout_rate": 0.1, "feed_forward_proj": "gated-gelu", "tie_word_embeddings": True},
     "qwen": {"max_position_embeddings": 8192, "kv_channels": 128, "no_bias": True,
              "tie_word_embeddings": False, "attn_dropout_prob": 0.0, "emb_dropout_prob": 0.0,
              "rotary_pct": 1.0},
@@ -87,7 +103,8 @@ def model_from_more(config: dict, name: str, num_labels: int | None) -> ModelDes
     if mt == "falcon":
         config = {({"n_embed": "hidden_size", "n_layer": "num_hidden_layers", "n_head": "num_attention_heads"}
                    .get(k, k)): v for k, v in config.items()}  # FalconConfig.attribute_map / n_embed
-    build = {"gpt_neox": _gpt_neox, "bloom": _bloom, "opt": _opt, "qwen": _qwen, "falcon": _falcon}[mt]
+    build = {"gpt_neox": _gpt_neox, "bloom": _bloom, "opt": _opt, "qwen": _qwen, "falcon": _falcon,
+             "t5": _t5, "mt5": _t5}[mt]
     return build(_MoreCfg(config, mt), name)
 
 
@@ -246,3 +263,63 @@ def _falcon(c: _Cfg, name: str) -> ModelDesc:
             out += _norm(p + n, h, True, i)
     out += _norm("transformer.ln_f", h, True, None) + _head(desc, "lm_head", bias=False)
     return _with_params(desc, out)
+
+
+# ---------------------------------------------------------------- T5, mT5 (encoder-decoder)
+def _t5(c: _Cfg, name: str) -> ModelDesc:
+    """T5ForConditionalGeneration / MT5ForConditionalGeneration (models/t5/modeling_t5.py,
+    models/mt5/modeling_mt5.py): `shared` embedding, encoder and decoder T5Stacks of T5Blocks
+    (self-attention, the decoder's cross-attention `EncDecAttention`, T5LayerFF), each layer
+    with its T5LayerNorm (RMS, weight only); no biases anywhere. `relative_attention_bias`
+    lives in block 0 of each stack. transformers 5.23 ties lm_head to `shared` always
+    (T5Config/MT5Config.__post_init__ force tie_word_embeddings=True), so lm_head is not a
+    parameter of its own even for v1.1 checkpoints that say tie_word_embeddings=false; that
+    flag only turns off T5's h**-0.5 rescale of the decoder output.
+    feed_forward_proj "relu" (T5 v1.0): DenseReluDense wi, wo; "gated-<act>" (v1.1, mT5, T0,
+    Flan-T5): wi_0 (through the activation; "gated-gelu" means gelu_new), wi_1, wo."""
+    h, a, d, f = c.int("d_model"), c.int("num_heads"), c.int("d_kv"), c.int("d_ff")
+    Le = c.int("num_layers")
+    Ld = c["num_decoder_layers"] or Le  # T5Config.__post_init__: symmetric by default
+    proj = c["feed_forward_proj"]
+    gated, act = proj.startswith("gated-"), proj.split("-")[-1]
+    act = "gelu_new" if proj == "gated-gelu" else act
+    buckets, drop = c.int("relative_attention_num_buckets"), float(c["dropout_rate"])
+    desc = ExtendedDesc(
+        name=name, model_type=c.model_type, is_encoder=False, num_layers=Le + Ld, hidden_size=h,
+        num_heads=a, num_kv_heads=a, head_dim=d, intermediate_size=f, vocab_size=c.int("vocab_size"),
+        mlp=MlpKind.GATED if gated else MlpKind.PLAIN, hidden_act=act, norm=NormKind.RMSNORM,
+        # relative position buckets, no position table (PositionKind has no member for it)
+        position=PositionKind.LEARNED, max_position_embeddings=0, tie_word_embeddings=True,
+        attention_dropout=drop, hidden_dropout=drop, embedding_dropout=drop,
+        hub_id=c.raw.get("_name_or_path"), num_encoder_layers=Le,
+        relative_attention_num_buckets=buckets,
+        scale_decoder_outputs=c.model_type == "t5" and c.raw.get("tie_word_embeddings") is not False)
+    out = [ParamEntry("shared.weight", (desc.vocab_size, h))]
+    for stack, n, first in (("encoder", Le, 0), ("decoder", Ld, Le)):
+        for j in range(n):
+            out += _t5_block(f"{stack}.block.{j}.layer.", first + j, h, (a, d), f, gated,
+                             buckets if j == 0 else 0, cross=stack == "decoder")
+        out += _norm(f"{stack}.final_layer_norm", h, False, None)
+    return _with_params(desc, out)
+
+
+def _t5_block(p: str, i: int, h: int, heads: tuple[int, int], f: int, gated: bool, buckets: int,
+              cross: bool) -> list[ParamEntry]:
+    """T5Block: layer.0 T5LayerSelfAttention, (decoder) layer.1 T5LayerCrossAttention, then
+    T5LayerFF; each attention has q, k, v (a*d, h) and o (h, a*d) without bias, and the
+    first block's self-attention the (buckets, a) relative_attention_bias embedding."""
+    a, d = heads
+    inner, out = a * d, []
+    for k, attn in enumerate(("SelfAttention", "EncDecAttention") if cross else ("SelfAttention",)):
+        for proj in ("q", "k", "v"):
+            out += _linear(f"{p}{k}.{attn}.{proj}", inner, h, False, i)
+        out += _linear(f"{p}{k}.{attn}.o", h, inner, False, i)
+        if k == 0 and buckets:
+            out.append(ParamEntry(f"{p}0.SelfAttention.relative_attention_bias.weight", (buckets, a), i))
+        out += _norm(f"{p}{k}.layer_norm", h, False, i)
+    ff = f"{p}{2 if cross else 1}."
+    wi = [("wi_0", f), ("wi_1", f)] if gated else [("wi", f)]
+    for leaf, width in wi:
+        out += _linear(f"{ff}DenseReluDense.{leaf}", width, h, False, i)
+    out += _linear(f"{ff}DenseReluDense.wo", h, f, False, i)
+    return out + _norm(f"{ff}layer_norm", h, False, i)

@@ -103,6 +103,9 @@ def _recorder(spec: JobSpec, seen: set[int]) -> Recorder:
 
 
 def plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> ActivationPlan:
+    if getattr(desc, "num_encoder_layers", 0):  # encoder-decoder (T5): its own stages
+        from vramplan.components.seq2seq import plan_seq2seq
+        return plan_seq2seq(desc, spec, params)
     ctx = build_ctx(desc, spec, params)
     b, s = spec.micro_batch_size, spec.seq_len
     seen: set[int] = set()

@@ -43,9 +43,20 @@ _TOKEN_EMBED = ("embed_tokens", "wte", "word_embeddings", "embed_in")
 _EMBED = _TOKEN_EMBED + ("wpe", "embed_positions", "embeddings")
 
 
+def num_stages(desc: ModelDesc) -> int:
+    """Embedding, layers, head; an encoder-decoder adds the encoder's final norm and the
+    decoder's embedding (components/seq2seq.py)."""
+    return desc.num_layers + (4 if getattr(desc, "num_encoder_layers", 0) else 2)
+
+
 def stage_of(desc: ModelDesc, p: HeldParam) -> int:
     """Index of the forward stage (0 embedding, 1..L layers, L+1 head) owning a gradient.
     A tied embedding's gradient is first written by the output head's backward."""
+    Le = getattr(desc, "num_encoder_layers", 0)
+    if Le:  # T5: encoder blocks 1..Le, its final norm Le+1, decoder blocks after Le+2
+        if p.layer is not None:
+            return p.layer + 1 if p.layer < Le else p.layer + 3
+        return Le + 1 if p.name.startswith("encoder.final_layer_norm") else desc.num_layers + 3
     if p.layer is not None:
         return p.layer + 1
     base = p.name.split("#", 1)[0]
@@ -56,7 +67,7 @@ def stage_of(desc: ModelDesc, p: HeldParam) -> int:
 
 
 def gradient_stages(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> list[Breakdown]:
-    stages = [Breakdown() for _ in range(desc.num_layers + 2)]
+    stages = [Breakdown() for _ in range(num_stages(desc))]
     for p in params.trainable():
         key = "gradients/lora_adapters" if p.kind == "lora" else "gradients/trainable"
         stages[stage_of(desc, p)].add(key, nbytes(p.numel, grad_dtype(spec, p)))
@@ -65,14 +76,14 @@ def gradient_stages(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> list[Br
 
 # The last linear of each feed-forward block, whose weight gradient backward makes first.
 _MLP_OUT = (".mlp.down_proj", ".mlp.c_proj", ".output.dense", ".experts.down_proj", ".shared_expert.down_proj",
-            ".mlp.dense_4h_to_h", ".fc2")
+            ".mlp.dense_4h_to_h", ".fc2", ".DenseReluDense.wo")
 
 
 def gradient_stages_at_peak(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> list[Breakdown]:
     """Gradients of each stage that exist at that stage's backward peak: for a layer, the
     MLP's backward (the first part of the layer to run backward) has produced only the
     output projection's weight gradient; other stages hold all of theirs."""
-    stages = [Breakdown() for _ in range(desc.num_layers + 2)]
+    stages = [Breakdown() for _ in range(num_stages(desc))]
     for p in params.trainable():
         if p.layer is not None and not any(m in p.name.split("#")[0] for m in _MLP_OUT):
             continue

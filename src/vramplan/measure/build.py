@@ -86,7 +86,9 @@ def build_model(job: dict, device: str = "cpu", dtype: torch.dtype = torch.float
     afterwards: under FakeTensorMode, ``Module._apply`` swaps parameters with
     ``torch.utils.swap_tensors`` (torch/nn/modules/module.py), which refuses
     tensors that FakeTensorMode holds weak references to."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
+    from transformers import (
+        AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoModelForSequenceClassification,
+    )
 
     task = job.get("task", "sft")
     if job.get("loss_impl", "standard") != "standard":
@@ -106,6 +108,10 @@ def build_model(job: dict, device: str = "cpu", dtype: torch.dtype = torch.float
         raise ValueError("attention: flash attention needs device='cuda'")
     auto = (AutoModelForSequenceClassification if task == "sequence-classification"
             else AutoModelForCausalLM)
+    if getattr(config, "is_encoder_decoder", False) and task != "sequence-classification":
+        # T5/mT5: labels go in, the model shifts them right into decoder_input_ids
+        # (T5ForConditionalGeneration._shift_right); the target length is the input's.
+        auto = AutoModelForSeq2SeqLM
     model = auto.from_config(config, attn_implementation=attn, trust_remote_code=remote, dtype=dtype)
     if getattr(model.config, "pad_token_id", None) is None and auto is AutoModelForSequenceClassification:
         model.config.pad_token_id = 0
@@ -134,7 +140,10 @@ def apply_method(model: torch.nn.Module, job: dict, device: str) -> torch.nn.Mod
     if method == "full":
         return model
     if method == "lora":
-        return _apply_lora(model, job.get("lora") or {}, job.get("task", "sft"))
+        task = job.get("task", "sft")
+        if getattr(model.config, "is_encoder_decoder", False) and task != "sequence-classification":
+            task = "seq2seq"
+        return _apply_lora(model, job.get("lora") or {}, task)
     if method == "freeze":
         return _apply_freeze(model, job.get("freeze") or {})
     if method == "qlora":
@@ -152,7 +161,7 @@ def _apply_lora(model, lora: dict, task: str):
         lora_dropout=float(lora.get("dropout", 0.0)),
         target_modules=lora.get("target_modules") or None,
         modules_to_save=lora.get("modules_to_save") or None,
-        task_type="SEQ_CLS" if task == "sequence-classification" else "CAUSAL_LM",
+        task_type={"sequence-classification": "SEQ_CLS", "seq2seq": "SEQ_2_SEQ_LM"}.get(task, "CAUSAL_LM"),
     )
     return get_peft_model(model, config)
 
