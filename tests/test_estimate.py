@@ -138,3 +138,16 @@ def test_paged_optimizer_state_is_outside_the_allocator_but_on_nvidia_smi():
     assert not any(k.startswith("optimizer_paged") for k in paged.components.terms)
     assert paged.device_bytes >= paged.reserved_bytes + paged.managed_bytes
     assert paged.peak_allocated_bytes < plain.peak_allocated_bytes
+
+
+def test_selective_checkpointing_drops_only_the_attention_core():
+    eager = dict(attention="eager", seq_len=128)
+    none = estimate(job(**eager))
+    sel = estimate(job(**eager, gradient_checkpointing="selective"))
+    full = estimate(job(**eager, gradient_checkpointing="full"))
+    acts = lambda e: [x for x in e.events if x.label.startswith("end of forward")][0].live.total("activations")  # noqa: E731
+    assert acts(full) < acts(sel) < acts(none)
+    # per layer the fp32 softmax output (b, a, s, s) is what selective recomputation drops
+    assert acts(none) - acts(sel) == 2 * (2 * 4 * 128 * 128 * 4)
+    sdpa_none, sdpa_sel = estimate(job(seq_len=128)), estimate(job(seq_len=128, gradient_checkpointing="selective"))
+    assert acts(sdpa_none) == acts(sdpa_sel)

@@ -131,6 +131,9 @@ def plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Activa
             # torch.utils.checkpoint (non-reentrant, transformers 5's default) keeps the
             # layer's inputs for the recomputation and nothing the layer saves.
             stages.append(Stage(f"layer {i}", [("checkpoint/layer_input", x.storage.nbytes)], saved, _MLP_OUT_INPUTS[desc.mlp]))
+        elif spec.gradient_checkpointing is Checkpointing.SELECTIVE:
+            keep, redo = _split_attention_core(saved)
+            stages.append(Stage(f"layer {i}", keep, redo, _MLP_OUT_INPUTS[desc.mlp]))
         else:
             stages.append(Stage(f"layer {i}", saved, [], _MLP_OUT_INPUTS[desc.mlp]))
         x = Sym(f"layer{i}.out", x.shape, x.dtype, out_rg, Storage(x.storage.nbytes))
@@ -146,6 +149,20 @@ def plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Activa
         # is computed even when the head does not save it (frozen head, autocast copy).
         plan.forward_end_transient.add("logits/head_input", head_in.storage.nbytes)
     return plan
+
+
+_CORE_WORDS = ("scores", "softmax", "probs", "dropped", "softcap", "core.dropout")
+
+
+def _split_attention_core(saved: list[tuple[str, int]]) -> tuple[list, list]:
+    """Selective recomputation (Korthikanti et al. 2022, section 4.2; Megatron-LM
+    `--recompute-granularity selective`): the attention core's (b, a, s, s) tensors --
+    scores, softmax, its dropout mask and output -- are recomputed in backward instead of
+    kept; everything else is saved as without checkpointing. Fused attention (sdpa, flash)
+    saves no such tensor, so there it changes nothing."""
+    core = [(n, v) for n, v in saved if n.startswith("attn/") and any(w in n for w in _CORE_WORDS)]
+    names = {n for n, _ in core}
+    return [(n, v) for n, v in saved if n not in names], core
 
 
 def _signature(ctx: Ctx, i: int, x: Sym) -> tuple:
