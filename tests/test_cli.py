@@ -107,3 +107,20 @@ def test_loose_names_match_one_catalog_entry():
     from vramplan.catalog import find_gpu, find_model
     assert find_gpu("rtx4090").name == find_gpu("RTX 4090").name == "rtx-4090"
     assert find_model("Llama 3.1 8B").name == "llama-3.1-8b"
+
+
+def test_measure_puts_the_estimate_beside_the_measurement(tmp_path, capsys):
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    spec = tmp_path / "job.yaml"
+    spec.write_text("model: {model_type: llama, vocab_size: 500, hidden_size: 64, intermediate_size: 128, "
+                    "num_hidden_layers: 2, num_attention_heads: 4, num_key_value_heads: 2}\n"
+                    "precision: fp32\nmicro_batch_size: 2\nseq_len: 32\nbackend: cpu\n")
+    code, out, _ = run(capsys, "measure", "--spec", str(spec), "--device", "cpu", "--json")
+    assert code == 0
+    data = json.loads(out)
+    assert data["measured"]["peak_allocated_bytes"] > 0 and data["failure"] is None
+    err = data["error"]
+    assert set(err["phases"]) == {"forward", "backward", "optimizer"}
+    assert err["params"] == 0 and err["grads"] == 0
+    assert abs(err["peak"]) < 0.02

@@ -13,7 +13,9 @@ JSON shape (schema ``vramplan.measure/1``)::
                   activation_bytes_end_of_forward, peak_phase, phase_peaks,
                   [peak_reserved_bytes, device_bytes on CUDA]} | null,
      "estimated": <vramplan.estimate(spec).to_dict()> | null,
-     "error": {"stage", "type", "message"} | null,
+     "error": {peak, phases {forward, backward, optimizer}, params, grads, optimizer_states,
+               activations_end_of_forward: estimate / measured - 1} | null,
+     "failure": {"stage", "type", "message"} | null,
      ["trace": {snapshot name: [raw storages]} with --trace]}
 """
 from __future__ import annotations
@@ -46,15 +48,42 @@ def _device(args) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _estimated(spec) -> tuple[dict | None, dict | None]:
+def _estimated(spec):
+    """(Estimate or None, failure dict or None)."""
     try:
         from vramplan import estimate
     except ImportError:
         return None, None
     try:
-        return estimate(spec).to_dict(), None
+        return estimate(spec), None
     except Exception as exc:  # the estimate is a companion; never lose the measurement
         return None, {"stage": "estimate", "type": type(exc).__name__, "message": str(exc)}
+
+
+def _rel(est: int, measured: int) -> float | None:
+    return None if not measured else est / measured - 1
+
+
+def attributed_errors(est, measured: dict) -> dict:
+    """Relative error of the estimate per attributable term: the peak, each phase, and the
+    model state (weights, gradients, optimizer states: as alive in the optimizer step) and
+    the activations alive at the end of forward (saved tensors plus the loss's)."""
+    opt = [e for e in est.events if e.phase == "optimizer"]
+    fwd = [e for e in est.events if e.label.startswith("end of forward")]
+    out = {"peak": _rel(est.peak_allocated_bytes, measured["peak_allocated_bytes"]),
+           "phases": {k: _rel(est.phases.get(k, 0), v) for k, v in measured["phases"].items()}}
+    if opt:
+        live = opt[0].live
+        out["params"] = _rel(live.total("weights/"), measured.get("params_bytes", 0))
+        out["grads"] = _rel(live.total("gradients/"), measured.get("grad_bytes", 0))
+        out["optimizer_states"] = _rel(live.total("optimizer/") + live.total("master_weights/"),
+                                       measured.get("optimizer_state_bytes", 0))
+    if fwd:
+        live = fwd[0].live
+        acts = live.total("activations/") + live.total("logits/log_softmax") + live.total("logits/labels") \
+            + live.total("logits/softcap")
+        out["activations_end_of_forward"] = _rel(acts, measured.get("activation_bytes_end_of_forward", 0))
+    return out
 
 
 def measure_main(args) -> dict:
@@ -66,11 +95,11 @@ def measure_main(args) -> dict:
     device = "fake" if fake else _device(args)
     trace = bool(getattr(args, "trace", False))
     out: dict = {"schema": SCHEMA, "device": device, "job": spec.to_dict(),
-                 "measured": None, "estimated": None, "error": None}
+                 "measured": None, "estimated": None, "error": None, "failure": None}
     try:
         result = measure(spec, device="cpu" if fake else device, fake=fake, trace=trace)
     except (ValueError, NotImplementedError, RuntimeError) as exc:
-        out["error"] = {"stage": "measure", "type": type(exc).__name__, "message": str(exc)}
+        out["failure"] = {"stage": "measure", "type": type(exc).__name__, "message": str(exc)}
         result = None
     if result is not None:
         measured = result.to_dict()
@@ -78,8 +107,11 @@ def measure_main(args) -> dict:
         out["measured"] = measured
         if trace and result.trace is not None:
             out["trace"] = {name: result.trace.raw(name) for name in result.trace.names()}
-    out["estimated"], est_error = _estimated(spec)
-    out["error"] = out["error"] or est_error
+    est, est_failure = _estimated(spec)
+    out["estimated"] = est.to_dict() if est is not None else None
+    out["failure"] = out["failure"] or est_failure
+    if est is not None and out["measured"]:
+        out["error"] = attributed_errors(est, out["measured"])
     if not getattr(args, "json", False):
         print(render(out, result.trace if result is not None and trace else None))
     return out
@@ -90,8 +122,8 @@ def render(out: dict, trace=None) -> str:
     from vramplan.measure.trace import fmt_bytes
 
     lines = [f"device: {out['device']}"]
-    if out["error"]:
-        lines.append(f"error ({out['error']['stage']}): {out['error']['message']}")
+    if out["failure"]:
+        lines.append(f"failed ({out['failure']['stage']}): {out['failure']['message']}")
     m = out["measured"]
     if m:
         rows = [("peak_allocated_bytes", m["peak_allocated_bytes"])]
@@ -105,6 +137,9 @@ def render(out: dict, trace=None) -> str:
         if est is not None:
             err = (est - m["peak_allocated_bytes"]) / max(1, m["peak_allocated_bytes"])
             lines.append(f"  {'estimated peak':34s} {est:>15d}  {fmt_bytes(est):>11s}  ({err:+.1%})")
+        for name, value in (out["error"] or {}).items():
+            if isinstance(value, float):
+                lines.append(f"  {'error of ' + name:34s} {value:>+15.2%}")
     if trace is not None:
         for name in ("peak", "end_of_forward"):
             if name in trace.snapshots:
