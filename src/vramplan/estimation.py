@@ -15,7 +15,7 @@ from vramplan.components.weights import (
     gradient_stages, gradient_stages_at_peak, tied_embedding_grad_temp, weight_terms,
 )
 from vramplan.model import ModelDesc
-from vramplan.spec import Backend, Checkpointing, JobSpec, Task
+from vramplan.spec import Backend, JobSpec, Task
 from vramplan.timeline import Event, StepPlan, peak_event, phase_peaks, walk
 from vramplan.units import nbytes
 

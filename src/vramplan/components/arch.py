@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from vramplan.components.graph import Param, Recorder, Sym
-from vramplan.model import ModelDesc, MlpKind, NormKind
+from vramplan.model import ModelDesc, NormKind
 
 
 @dataclass(slots=True)

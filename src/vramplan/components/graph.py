@@ -60,7 +60,6 @@ class Recorder:
     cast_cache: dict[int, Sym] = field(default_factory=dict)
     """autocast caches the casts of leaf tensors that require grad (weights) for the region
     (aten/src/ATen/autocast_mode.cpp `cached_cast`); frozen weights are cast at each use."""
-    transient_weight_casts: dict[int, Sym] = field(default_factory=dict)
     last_linear_input: Sym | None = None
     seen: set[int] = field(default_factory=set)
     """Storages already saved by an earlier stage (shared tensors are counted once)."""
@@ -122,10 +121,8 @@ class Recorder:
         wc = self._cast_param(w)
         if w.trainable:
             self.save(xin)
-        if xin.requires_grad and wc is not None and wc.name.startswith("autocast_weight/"):
+        if xin.requires_grad and wc.name.startswith("autocast_weight/"):
             self.save(wc)
-        elif wc.name.startswith("autocast_weight/"):
-            self.transient_weight_casts[id(wc)] = wc
         rg = x.requires_grad or w.trainable or bool(bias and bias.trainable)
         out_features = w.shape[0] if not name.startswith("conv1d") else w.shape[1]
         return self.new(name, x.shape[:-1] + (out_features,), xin.dtype, rg)

@@ -7,7 +7,6 @@ from vramplan.units import MiB, round_up
 # (c10/cuda/CUDACachingAllocator.cpp, kMinBlockSize = 512): under 1 MB for a model's few
 # hundred parameter and state tensors, so not a separate term. Requests above 1 MiB are
 # served from segments rounded to 2 MiB (kRoundLarge), smaller ones from 2 MiB pools.
-ALLOC_ROUND = 512
 LARGE_SEGMENT_ROUND = 2 * MiB
 
 # cuBLAS workspace, allocated through the caching allocator once per handle/stream

@@ -52,7 +52,7 @@ def plan_seq2seq(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Activation
         raise ValueError(f"{desc.model_type}: loss_impl {spec.loss_impl.value!r} is not modelled for "
                          "encoder-decoder models (T5 computes its own CrossEntropyLoss)")
     ctx = build_ctx(desc, spec, params)
-    b, s, Le = spec.micro_batch_size, spec.seq_len, desc.num_encoder_layers
+    Le = desc.num_encoder_layers
     gc = spec.gradient_checkpointing is Checkpointing.FULL
     seen: set[int] = set()
     stages: list[Stage] = []
