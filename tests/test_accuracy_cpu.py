@@ -37,6 +37,7 @@ CASES = {
     "llama-bf16-lora-gc-input-leaf": {"model": tiny(), "precision": "bf16", "method": "lora",
                                       "gradient_checkpointing": "full",
                                       "lora": {"r": 4, "target_modules": "all-linear"}},
+    "llama-amp-gc-autocast-cache": {"model": tiny(), "precision": "amp-bf16", "gradient_checkpointing": "full"},
     "llama-grad-accum": {"model": tiny(), "grad_accum_steps": 2, "optimizer_impl": "fused"},
 }
 

@@ -143,6 +143,14 @@ def plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Activa
     stages.append(Stage("head", head_rec.saved_items(), []))
     plan = _with_loss(desc, spec, stages, logits, x)
     plan.input_leaf_bytes = input_leaf
+    if spec.precision.is_autocast and spec.gradient_checkpointing is not Checkpointing.NONE:
+        # autocast caches the low-precision copy of every trained weight until the autocast
+        # region exits (aten/src/ATen/autocast_mode.cpp cached_cast; the cache is cleared on
+        # exit), so under checkpointing, where the layers keep none of them, all the casts
+        # made in forward are still alive while the loss is computed.
+        cache = sum(v for st in stages for n, v in st.recompute if n.startswith("autocast_weight/"))
+        if cache:
+            plan.forward_end_transient.add("activations/autocast_weight_cache", cache)
     head_in = head_rec.last_linear_input
     if head_in is not None and id(head_in.storage) not in seen:
         # The output head's input is a local of the model's forward, alive while the loss
