@@ -112,3 +112,19 @@ def test_fsdp2_measured_ground_truth_within_5_percent():
 def test_indivisible_layout_is_one_clear_error():
     with pytest.raises(ValueError, match="num_gpus"):
         est(num_gpus=3, parallel={"tp": 2})
+
+
+def test_fsdp1_flat_parameter_runs_are_in_the_measured_ground_truth():
+    path = pathlib.Path(__file__).parents[1] / "bench/parallel/results-cpu.json"
+    rows = json.loads(path.read_text())["results"]
+    versions = {(r["job"]["parallel"]["fsdp_version"], r["job"]["parallel"]["fsdp"]) for r in rows}
+    assert {(1, "full-shard"), (1, "shard-grad-op"), (2, "full-shard"), (2, "shard-grad-op")} <= versions
+
+
+def test_shard_grad_op_keeps_only_the_shard_at_rest():
+    # FSDP SHARD_GRAD_OP frees the unsharded parameters in the post-backward; at the
+    # optimizer step every rank holds 1/n of the weights, like full-shard.
+    sgo = est(num_gpus=4, parallel={"fsdp": "shard-grad-op"})
+    full = est(num_gpus=4, parallel={"fsdp": "full-shard"})
+    assert sgo.events[-1].live.total("weights/") == full.events[-1].live.total("weights/")
+    assert max(ev.live.total("fsdp/unsharded_layers") for ev in sgo.events) > 0

@@ -1,17 +1,25 @@
-"""Measured ground truth for FSDP2 per-rank peaks: gloo on CPU, N processes, exact meter.
+"""Measured ground truth for FSDP2 and FSDP1 per-rank peaks: gloo on CPU, N processes, exact meter.
 
 Each rank builds the job's model the way vramplan.measure does (random weights, HF
-transformers), wraps every decoder layer and then the root with
-torch.distributed.fsdp.fully_shard (the torchtitan / accelerate FSDP2 recipe), builds the
-optimizer over the sharded parameters and runs `steps` training steps under
-vramplan.measure.meter.MemoryMeter, extended for two things FSDP2 does that a dispatch
+transformers) and wraps it the way the job's `parallel.fsdp_version` says:
+  * FSDP2: torch.distributed.fsdp.fully_shard on every decoder layer and then the root
+    (the torchtitan / accelerate FSDP2 recipe);
+  * FSDP1: torch.distributed.fsdp.FullyShardedDataParallel with
+    transformer_auto_wrap_policy on the decoder layer class (one FlatParameter per layer,
+    the root's FlatParameter holding embedding, final norm and head), use_orig_params=True,
+    the accelerate / HF Trainer FSDP1 recipe; backward_prefetch=BACKWARD_PRE (the default).
+It builds the optimizer over the sharded parameters and runs `steps` training steps under
+vramplan.measure.meter.MemoryMeter, extended for two things FSDP does that a dispatch
 mode alone cannot see:
-  * FSDP2 allocates and frees unsharded parameters by resizing their storage in place
-    (torch/distributed/fsdp/_fully_shard/_fsdp_param.py, alloc_storage / free_storage);
-    UntypedStorage.resize_ is patched to update the meter.
+  * FSDP allocates and frees unsharded parameters by resizing their storage in place
+    (FSDP2 torch/distributed/fsdp/_fully_shard/_fsdp_param.py alloc_storage / free_storage;
+    FSDP1 torch/distributed/utils.py _alloc_storage / _free_storage on the padded
+    unsharded FlatParameter); UntypedStorage.resize_ is patched to update the meter.
   * DTensor outputs are wrapper subclasses without storage; their local tensor is counted.
 
     .venv/bin/python bench/parallel/fsdp2_cpu.py --world 2 --out bench/parallel/results-cpu.json
+
+`--out` merges: rows of the cases run replace the rows of the same name and world size.
 """
 from __future__ import annotations
 
@@ -44,7 +52,46 @@ CASES = [
      "job": {"model": {**TINY_LLAMA, "vocab_size": 32000}, "precision": "fp32", "optimizer": "adamw",
              "optimizer_impl": "foreach", "micro_batch_size": 1, "seq_len": 256, "backend": "cpu",
              "attention": "sdpa", "parallel": {"fsdp": "full-shard", "fsdp_version": 2}}},
+    {"name": "tiny-llama/b2s128/fp32/adamw-forloop/fsdp1-full-shard",
+     "job": {"model": TINY_LLAMA, "precision": "fp32", "optimizer": "adamw", "micro_batch_size": 2,
+             "seq_len": 128, "backend": "cpu", "attention": "sdpa",
+             "parallel": {"fsdp": "full-shard", "fsdp_version": 1}}},
+    {"name": "tiny-llama-v32k/b1s256/fp32/adamw-foreach/fsdp1-full-shard",
+     "job": {"model": {**TINY_LLAMA, "vocab_size": 32000}, "precision": "fp32", "optimizer": "adamw",
+             "optimizer_impl": "foreach", "micro_batch_size": 1, "seq_len": 256, "backend": "cpu",
+             "attention": "sdpa", "parallel": {"fsdp": "full-shard", "fsdp_version": 1}}},
+    {"name": "tiny-llama/b2s128/fp32/adamw-forloop/fsdp1-shard-grad-op",
+     "job": {"model": TINY_LLAMA, "precision": "fp32", "optimizer": "adamw", "micro_batch_size": 2,
+             "seq_len": 128, "backend": "cpu", "attention": "sdpa",
+             "parallel": {"fsdp": "shard-grad-op", "fsdp_version": 1}}},
+    {"name": "tiny-llama/b2s128/fp32/adamw-forloop/fsdp2-shard-grad-op",
+     "job": {"model": TINY_LLAMA, "precision": "fp32", "optimizer": "adamw", "micro_batch_size": 2,
+             "seq_len": 128, "backend": "cpu", "attention": "sdpa",
+             "parallel": {"fsdp": "shard-grad-op", "fsdp_version": 2}}},
 ]
+
+
+def wrap(model, job: dict, world: int):
+    """Shard `model` the way the job's parallel section says (see the module docstring)."""
+    par = job.get("parallel", {})
+    if par.get("fsdp_version", 2) == 1:
+        import functools
+        from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
+        from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+        layer_cls = {type(model.model.layers[0])}
+        strategy = {"full-shard": ShardingStrategy.FULL_SHARD,
+                    "shard-grad-op": ShardingStrategy.SHARD_GRAD_OP}[par.get("fsdp", "full-shard")]
+        return FullyShardedDataParallel(
+            model, auto_wrap_policy=functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=layer_cls),
+            sharding_strategy=strategy, use_orig_params=True, device_id=torch.device("cpu"))
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    mesh = init_device_mesh("cpu", (world,))
+    reshard = par.get("fsdp", "full-shard") != "shard-grad-op"
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh, reshard_after_forward=reshard)
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
+    return model
 
 
 def _local(t):
@@ -84,15 +131,10 @@ def _rank(rank: int, world: int, port: int, job: dict, steps: int, queue) -> Non
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.set_num_threads(1)
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-    mesh = init_device_mesh("cpu", (world,))
     torch.manual_seed(0)
     model = build_model(job, "cpu", torch.float32)
     model.train()
-    for layer in model.model.layers:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    model = wrap(model, job, world)
     optimizer = build_optimizer([p for p in model.parameters() if p.requires_grad], job)
     batch = make_inputs(job, model.config.vocab_size, "cpu")
     gc.collect()
@@ -160,11 +202,11 @@ def main(argv=None) -> int:
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--out")
-    ap.add_argument("--only", type=int, help="index into CASES")
+    ap.add_argument("--only", type=int, nargs="*", help="indices into CASES")
     args = ap.parse_args(argv)
     results = []
     for i, case in enumerate(CASES):
-        if args.only is not None and i != args.only:
+        if args.only is not None and i not in args.only:
             continue
         PORT[0] = _free_port()
         measured = measure_fsdp2(case["job"], args.world, args.steps)
@@ -177,6 +219,13 @@ def main(argv=None) -> int:
               f"estimated {est['peak_allocated_bytes']} ({row['rel_error']:+.2%})", file=sys.stderr)
         results.append(row)
     if args.out:
+        if os.path.exists(args.out):
+            with open(args.out) as fh:
+                old = json.load(fh)["results"]
+            done = {(r["name"], r["world_size"]) for r in results}
+            order = {c["name"]: i for i, c in enumerate(CASES)}
+            results = sorted([r for r in old if (r["name"], r["world_size"]) not in done] + results,
+                             key=lambda r: (r["world_size"], order.get(r["name"], len(order))))
         with open(args.out, "w") as fh:
             json.dump({"schema_version": 1, "torch": torch.__version__, "results": results}, fh, indent=1)
             fh.write("\n")

@@ -88,7 +88,13 @@ def _compute_sets(desc, spec, params, lay: Layout, stage: int, layers: range) ->
     # Persistent (small) ZeRO-3 parameters stay gathered; their gradients and optimizer
     # states are still partitioned (stage3.py treats ds_persist params like any other there).
     flat_w = dp_shard(mp, n, per_param_dim0=dim0, persist_below=persist, expert_n=expert_n) if persist else flat
-    fsdp_params = lay.fsdp in ("full-shard", "hybrid-shard")
+    # Every sharding strategy but no-shard keeps only the shard at rest: SHARD_GRAD_OP
+    # (FSDP2 reshard_after_forward=False) keeps the unsharded parameters from forward into
+    # backward only, and frees them in the post-backward (FSDP1 torch/distributed/fsdp/
+    # _runtime_utils.py _post_backward_hook -> _should_free_in_backward is True whenever
+    # gradients are synced; FSDP2 _fsdp_param_group.py post_backward -> reshard). Those
+    # unsharded layers are the engine term "fsdp/unsharded_layers" (_fsdp below).
+    fsdp_params = lay.fsdp in ("full-shard", "hybrid-shard", "shard-grad-op")
     fsdp_grads = lay.fsdp in ("full-shard", "hybrid-shard", "shard-grad-op")
     return _Sets(weights=flat_w if (zero3 or fsdp_params) else mp,
                  grads=flat if (lay.zero_stage >= 2 or fsdp_grads) else mp,
