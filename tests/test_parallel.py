@@ -128,3 +128,25 @@ def test_shard_grad_op_keeps_only_the_shard_at_rest():
     full = est(num_gpus=4, parallel={"fsdp": "full-shard"})
     assert sgo.events[-1].live.total("weights/") == full.events[-1].live.total("weights/")
     assert max(ev.live.total("fsdp/unsharded_layers") for ev in sgo.events) > 0
+
+
+def test_host_ram_check_per_node():
+    lay = {"zero_stage": 2, "offload_optimizer": "cpu"}
+    e = est(num_gpus=8, parallel=lay)
+    per_rank = e.parallel.host.total()
+    assert e.to_dict()["host_bytes"]["per_node"] == 8 * per_rank
+    assert any("host_memory_bytes" in n for n in e.notes)  # RAM unknown: asks for it
+    ok = est(num_gpus=8, parallel={**lay, "extras": {"host_memory_bytes": 8 * per_rank}})
+    assert any("fits in" in n for n in ok.notes)
+    short = est(num_gpus=8, parallel={**lay, "extras": {"host_memory_bytes": 8 * per_rank - 1}})
+    assert any("does NOT fit" in n for n in short.notes)
+    assert not any("host memory" in n for n in est(num_gpus=8, parallel={"zero_stage": 2}).notes)
+
+
+def test_host_ram_local_is_read_at_the_edge_only():
+    import os
+    local = est(num_gpus=2, parallel={"zero_stage": 3, "offload_params": "cpu", "offload_optimizer": "cpu",
+                                      "extras": {"host_memory_bytes": "local"}})
+    ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    assert local.spec.parallel.extras["host_memory_bytes"] == ram
+    assert any("fits in" in n for n in local.notes)

@@ -81,7 +81,8 @@ class Estimate:
         if self.parallel is None:
             return {}
         return {"parallel": self.parallel.to_dict(), "communication": dict(self.parallel.communication),
-                "host_bytes": {"per_rank": self.parallel.host.total(), "terms": self.parallel.host.to_dict()}}
+                "host_bytes": {"per_rank": self.parallel.host.total(), "per_node": self.parallel.host_per_node,
+                               "terms": self.parallel.host.to_dict()}}
 
 
 def estimate(spec: JobSpec) -> Estimate:
@@ -94,6 +95,8 @@ def estimate(spec: JobSpec) -> Estimate:
             from vramplan.catalog import find_gpu
             gpu = find_gpu(spec.gpu)
         return estimate_job(spec, gpu)
+    from vramplan.parallel.host import resolve_local
+    spec = resolve_local(spec)  # parallel.extras.host_memory_bytes: "local" -> this machine's RAM
     from vramplan.sources import resolve_model
     desc = resolve_model(spec)
     gpu = None
@@ -139,7 +142,7 @@ def estimate_model(desc: ModelDesc, spec: JobSpec, gpu=None) -> Estimate:
                     trainable_params=params.numel(trainable=True), peak_allocated_bytes=peak,
                     peak_phase=top.phase, peak_event=top.label, phases=phases,
                     components=components, reserved_bytes=reserved, device_bytes=device,
-                    events=events, gpu=gpu, notes=notes, parallel=par, managed_bytes=managed.total())
+                    events=events, gpu=gpu, notes=notes + (par.notes if par else []), parallel=par, managed_bytes=managed.total())
 
 
 def _inference_events(desc: ModelDesc, spec: JobSpec, params: ParamSet, gpu) -> list[Event]:

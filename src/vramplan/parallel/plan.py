@@ -13,6 +13,7 @@ from vramplan.model import ModelDesc
 from vramplan.parallel import activations as acts
 from vramplan.parallel import engines
 from vramplan.parallel.comm import volumes
+from vramplan.parallel.host import host_notes, host_per_node
 from vramplan.parallel.layout import DS_PARAM_PERSISTENCE_THRESHOLD, Layout
 from vramplan.parallel.shard import dp_shard, model_parallel_set, pp_layers
 from vramplan.spec import JobSpec
@@ -29,6 +30,11 @@ class ParallelReport:
     communication: dict[str, dict]
     host: Breakdown
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def host_per_node(self) -> int:
+        """Host bytes of one node: ranks per node x the reported rank's host bytes."""
+        return host_per_node(self.layout, self.host.total())
 
     def to_dict(self) -> dict:
         return {**self.layout.to_dict(), "reported_pp_stage": self.stage,
@@ -55,7 +61,8 @@ def rank_plan(desc: ModelDesc, spec: JobSpec, params: ParamSet, plan: StepPlan) 
     layers = ranges[worst]
     moe = len([i for i in layers if i in desc.moe_layers])
     comm = volumes(desc, spec, lay, w, g, len(layers), moe)
-    report = ParallelReport(lay, worst, peaks, comm, _host(spec, lay, sets))
+    host = _host(spec, lay, sets)
+    report = ParallelReport(lay, worst, peaks, comm, host, notes=host_notes(lay, host.total()))
     return best_plan, report
 
 
