@@ -73,8 +73,9 @@ def test_distill_rejects_a_teacher_with_another_vocabulary():
 def test_grpo_generation_kv_cache_by_hand():
     e = est(task="grpo", precision="bf16", max_new_tokens=256, num_generations=4, seq_len=16)
     gen = next(ev for ev in e.events if ev.phase == "generation")
-    # 2 (K, V) x layers x rows x kv_heads x (prompt + completion) x head_dim x 2 bytes
-    assert gen.live.terms["policy/generation/kv_cache"] == 2 * 2 * 2 * 2 * 272 * 16 * 2
+    # 2 (K, V) x layers x rows x kv_heads x (prompt + completion - 1) x head_dim x 2 bytes:
+    # the last sampled token is never fed back through the model
+    assert gen.live.terms["policy/generation/kv_cache"] == 2 * 2 * 2 * 2 * 271 * 16 * 2
     assert "generation" in e.phases
 
 
@@ -93,7 +94,9 @@ def test_ppo_trains_actor_and_critic():
 
 @pytest.mark.parametrize("name", ["dpo/bf16/full/ref-same", "dpo/fp32/full/ref-same",
                                   "dpo/bf16/lora/adapter-disabled", "dpo/bf16/full/ref-precomputed",
-                                  "distill/bf16/full/teacher-6l", "reward-model/bf16/full"])
+                                  "distill/bf16/full/teacher-6l", "reward-model/bf16/full",
+                                  "grpo/bf16/full/g4-c128", "grpo/fp32/full/g4-c32",
+                                  "grpo/bf16/lora/adapter-disabled", "grpo/bf16/full/gc/b4"])
 def test_estimates_match_committed_cpu_measurements(name):
     row = json.loads(RESULTS.read_text())[name]
     measured = row["measured"]["peak_allocated_bytes"]
@@ -110,6 +113,17 @@ def test_tiny_dpo_and_distill_measured_live():
         m = measure_job(job)
         e = vramplan.estimate(job)
         assert abs(e.peak_allocated_bytes / m.peak_allocated_bytes - 1) < 0.05, (fields, e.peak_allocated_bytes, m)
+
+
+def test_tiny_grpo_with_generation_measured_live_per_phase():
+    pytest.importorskip("torch")
+    from vramplan.measure.rl import measure_grpo
+    job = {**BASE, "task": "grpo", "precision": "fp32", "micro_batch_size": 4, "seq_len": 16,
+           "num_generations": 2, "max_new_tokens": 16}
+    m, e = measure_grpo(job), vramplan.estimate(job)
+    assert abs(e.peak_allocated_bytes / m.peak_allocated_bytes - 1) < 0.02, (e.peak_allocated_bytes, m)
+    for phase in ("generation", "forward", "backward", "optimizer"):
+        assert abs(e.phases[phase] / m.phases[phase] - 1) < 0.02, (phase, e.phases, m.phases)
 
 
 def test_pipeline_catalog_token_counts_from_frames_resolution_vae_and_patches():

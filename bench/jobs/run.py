@@ -1,5 +1,6 @@
 """Measured vs estimated peaks of multi-model jobs (DPO, distillation, reward model,
-vision-language: a tiny LLaVA through vramplan.measure.vlm).
+vision-language: a tiny LLaVA through vramplan.measure.vlm; GRPO with generation through
+vramplan.measure.rl).
 
     python bench/jobs/run.py [--only SUBSTRING] [--estimate-only]
 
@@ -39,6 +40,9 @@ LLAVA_VISION = {"model_type": "clip_vision_model", "hidden_size": 96, "intermedi
 LLAVA = {"model_type": "llava", "text_config": LLAVA_TEXT, "vision_config": LLAVA_VISION, "image_token_id": 2047,
          "vision_feature_layer": -2, "vision_feature_select_strategy": "default", "projector_hidden_act": "gelu"}
 VLM = {"task": "sft", "model": LLAVA, "seq_len": 64}
+# GRPO: micro_batch_size completions (micro_batch_size / num_generations prompts of seq_len
+# tokens), generated to max_new_tokens with the KV cache, then reference and policy log-probs.
+GRPO = {"task": "grpo", "micro_batch_size": 8, "seq_len": 64, "num_generations": 4, "max_new_tokens": 32}
 
 
 def case(name: str, **fields) -> tuple[str, dict]:
@@ -62,11 +66,19 @@ CASES = dict([
     case("vlm/bf16/full/tower-trained", **VLM, precision="bf16", vision={"num_images": 1, "freeze_vision_tower": False}),
     case("vlm/bf16/lora/tower-frozen/2img", **VLM, precision="bf16", **LORA,
          vision={"num_images": 2, "freeze_vision_tower": True}),
+    case("grpo/bf16/full/g4-c128", **dict(GRPO, max_new_tokens=128), precision="bf16"),
+    case("grpo/bf16/full/g4-c32", **GRPO, precision="bf16"),
+    case("grpo/fp32/full/g4-c32", **GRPO, precision="fp32"),
+    case("grpo/bf16/lora/adapter-disabled", **GRPO, precision="bf16", **LORA),
+    case("grpo/bf16/full/gqa-ref-2l/g8-c48", **dict(GRPO, seq_len=32, num_generations=8, max_new_tokens=48),
+         precision="bf16", model=LLAMA_GQA, reference_model=dict(LLAMA_GQA, num_hidden_layers=2)),
+    case("grpo/bf16/full/gc/b4", **dict(GRPO, micro_batch_size=4), precision="bf16", gradient_checkpointing="full"),
 ])
 
 
 def measure(job: dict) -> dict:
     fn = ("from vramplan.measure.vlm import measure_vlm as measure_job; " if job.get("vision") else
+          "from vramplan.measure.rl import measure_grpo as measure_job; " if job.get("task") == "grpo" else
           "from vramplan.measure.jobs import measure_job; ")
     code = ("import json, sys; sys.path.insert(0, sys.argv[1]); " + fn +
             "print(json.dumps(measure_job(json.loads(sys.argv[2])).to_dict()))")
@@ -99,6 +111,8 @@ def main(argv=None) -> int:
             err = est.peak_allocated_bytes / m["peak_allocated_bytes"] - 1
             print(f"{name:34} measured {m['peak_allocated_bytes']:>12} ({m['peak_phase']:6}) "
                   f"estimated {est.peak_allocated_bytes:>12} {err:+7.3%}  [{est.peak_event}]", flush=True)
+            phases = {k: f"{est.phases[k] / v - 1:+.2%}" for k, v in m["phases"].items() if v and k in est.phases}
+            print(f"{'':34} per phase: {phases}", flush=True)
     path.write_text(json.dumps(out, indent=1) + "\n")
     return 0
 

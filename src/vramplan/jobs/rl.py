@@ -4,20 +4,25 @@ and PPO (actor and critic trained, reference and reward frozen).
 What is alive when (trl/trainer/grpo_trainer.py, `_generate_and_score_completions` then
 `compute_loss`; trl/trainer/ppo_trainer.py `train`, TRL 0.x):
 1. Generation, under torch.no_grad() with the trained model itself
-   (`unwrapped_model.generate`): the step's weights and optimizer states are alive, the
-   gradients are not (zero_grad(set_to_none=True) ran). transformers' DynamicCache holds a
-   key and a value tensor (rows, k, S, d) per layer and grows each by torch.cat, so one
-   layer's K or V exists twice at the last step; the prefill runs one no_grad forward over
-   the prompts. With a colocated vLLM engine (`vllm_mode="colocate"`) the engine instead
-   holds `vllm_gpu_memory_utilization` of the GPU for the whole job (weights and a
-   pre-allocated paged KV cache), outside PyTorch's allocator.
+   (`unwrapped_model.generate`, gradient checkpointing disabled around it by
+   trl.models.utils.disable_gradient_checkpointing so the cache is used): the step's
+   weights and optimizer states are alive, the gradients are not
+   (zero_grad(set_to_none=True) ran). transformers' DynamicCache holds a key and a value
+   (rows, k, S, d) per layer, grown by torch.cat; the cache peaks at P + C - 1 positions
+   (the last sampled token is not fed back). With a colocated vLLM engine
+   (`vllm_mode="colocate"`) the engine instead holds `vllm_gpu_memory_utilization` of the
+   GPU for the whole job (weights and a pre-allocated paged KV cache), outside PyTorch's
+   allocator.
 2. Reference (and PPO: critic, reward) forwards under no_grad on the generated rows:
-   `_get_per_token_logps`: logits for the completion positions plus one, divided by the
-   temperature (a copy), `selective_log_softmax` row by row.
+   TRL 0.x `_get_per_token_logps`: logits for the completion positions plus one,
+   `selective_log_softmax` (trl/trainer/utils.py) row by row (bf16) or gather + per-row
+   logsumexp (fp32); temperature 1.0 (the default) makes no scaled copy. TRL 1.x's fused
+   chunked head (`add_fused_lm_head`) is not modelled.
 3. The policy's training forward on prompt + completion (the core's plan with seq_len =
    prompt + completion) and the same log-prob head with gradients; then backward and the
    optimizer step. PPO's PolicyAndValueWrapper runs the critic backbone then the policy
    in one graph: the critic's activations stay alive through the policy's backward.
+Measured against vramplan.measure.rl (bench/jobs: every phase within 0.5%).
 Legend: r rows (completions per micro-step), P prompt length, C completion length,
 S = P + C, L layers, k KV heads, d head_dim, v vocabulary, c compute dtype.
 """
@@ -42,37 +47,68 @@ GRPO_MAX_COMPLETION = 512
 
 
 def kv_cache(desc: ModelDesc, rows: int, length: int, c: str) -> Breakdown:
-    """transformers DynamicCache: per layer a key and a value (rows, k, length, d) in c;
-    the last torch.cat holds one layer's K (or V) twice."""
+    """transformers DynamicCache (cache_utils.py DynamicLayer.update: `torch.cat` of the
+    new key/value onto the old per layer): a key and a value (rows, k, length, d) in c
+    per layer."""
     per = nbytes(rows * desc.num_kv_heads * length * desc.head_dim, c)
-    return Breakdown().add("generation/kv_cache", 2 * desc.num_layers * per).add("generation/kv_cat_copy", per)
+    return Breakdown().add("generation/kv_cache", 2 * desc.num_layers * per)
+
+
+def sampling_temporaries(rows: int, v: int, c: str) -> Breakdown:
+    """One sampling step of transformers GenerationMixin._sample: the model's last-position
+    logits (rows, 1, v) in c (`outputs` is alive until `del outputs`), their fp32 copy
+    `outputs.logits[:, -1].to(copy=True, dtype=torch.float32)`, `softmax` probabilities
+    (fp32), and torch.multinomial's fp32 working copy of them (the second aten._to_copy
+    the meter sees). TRL's GenerationConfig adds no logits processor at temperature 1.0,
+    top_k 0, top_p 1.0."""
+    return (Breakdown().add("generation/next_token_logits", nbytes(rows * v, c))
+            .add("generation/next_token_fp32", 3 * nbytes(rows * v, "fp32")))
 
 
 def generation_peak(desc: ModelDesc, rows: int, prompt: int, new: int, c: str) -> Breakdown:
-    """The larger of the prefill (prompt KV plus one no_grad layer over the prompts) and the
-    last decoding step (full KV, the fp32 next-token logits `logits[:, -1].float()`)."""
-    prefill = kv_cache(desc, rows, prompt, c).merge(layer_working_set(desc, rows, prompt, c))
-    last = kv_cache(desc, rows, prompt + new, c).add("generation/next_token_logits",
-                                                     nbytes(rows * desc.vocab_size, "fp32"))
+    """The larger of the prefill (the prompts' KV plus one no_grad layer over them) and the
+    last decoding forward. The last sampled token is never fed back, so the cache peaks at
+    prompt + new - 1 positions; at that step either one layer's torch.cat holds its old K
+    (or V) beside the new one, or the sampling temporaries are alive, whichever is larger.
+    The growing `input_ids` is cat'ed too (old and new int64 rows x length)."""
+    v, s = desc.vocab_size, prompt + new - 1
+    ids = Breakdown().add("generation/input_ids", 2 * nbytes(rows * s, "int64"))
+    sample = sampling_temporaries(rows, v, c)
+    layer = layer_working_set(desc, rows, prompt, c)
+    prefill = kv_cache(desc, rows, prompt, c).merge(layer if layer.total() > sample.total() else sample)
+    copy = Breakdown().add("generation/kv_cat_copy", nbytes(rows * desc.num_kv_heads * (s - 1) * desc.head_dim, c))
+    last = kv_cache(desc, rows, s, c).merge(ids).merge(sample if sample.total() > copy.total() else copy)
     return prefill if prefill.total() > last.total() else last
 
 
 def completion_logps_head(rows: int, new: int, v: int, c: str) -> Breakdown:
-    """_get_per_token_logps under no_grad: logits for C + 1 positions, their division by
-    the temperature (C positions), one row's log_softmax in selective_log_softmax."""
-    return (Breakdown().add("logits/logits", nbytes(rows * (new + 1) * v, c))
-            .add("logits/scaled", nbytes(rows * new * v, c)).add("logits/row_log_softmax", nbytes(new * v, c)))
+    """TRL 0.x `_get_per_token_logps` under no_grad: `model(..., logits_to_keep=C + 1)`
+    logits (rows, C + 1, v) in c, the last position dropped (a view), then
+    trl.trainer.utils.selective_log_softmax: for bf16/fp16 a loop over rows holding one
+    row's `log_softmax` (C, v) at a time; for fp32 `gather` and a per-row `torch.logsumexp`
+    (fused on the row: no (C, v) temporary). Temperature 1.0 (TRL's default): no scaled copy."""
+    out = Breakdown().add("logits/logits", nbytes(rows * (new + 1) * v, c))
+    if c != "fp32":
+        out.add("logits/row_log_softmax", nbytes(new * v, c))
+    return out
 
 
 def completion_logps_loss(rows: int, new: int, v: int, c: str) -> LossTerms:
-    """The same head with gradients: every row's log_softmax output is saved (c); backward
-    makes the scaled logits' gradient, then SliceBackward's full-size zeros."""
-    saved = Breakdown().add("logits/log_softmax", nbytes(rows * new * v, c))
-    fwd = Breakdown().add("logits/logits", nbytes(rows * (new + 1) * v, c)).add("logits/scaled", nbytes(rows * new * v, c))
-    start = Breakdown().add("logits/grad_log_softmax", nbytes(rows * new * v, c))
-    head = (Breakdown().add("logits/grad_scaled", nbytes(rows * new * v, c))
-            .add("logits/grad_logits", nbytes(rows * (new + 1) * v, c)))
-    return LossTerms(saved, fwd, start, head)
+    """The same head with gradients (selective_log_softmax, trl/trainer/utils.py).
+    bf16/fp16 rows: each row's log_softmax output is saved (rows x C x v in all); backward
+    turns them one by one into row gradients, UnbindBackward stacks them (rows, C, v) with
+    the saved outputs gone, then SliceBackward's full-size (rows, C + 1, v) zeros.
+    fp32: `gather` and `logsumexp` save the logits themselves (views: the (C + 1) logits
+    stay alive); backward holds gather's `new_zeros` and `scatter_add` and the stacked
+    logsumexp row gradients (3 x rows x C x v fp32) beside them, then SliceBackward."""
+    rcv, full = nbytes(rows * new * v, c), nbytes(rows * (new + 1) * v, c)
+    head = Breakdown().add("logits/grad_logits", full)
+    if c != "fp32":
+        return LossTerms(Breakdown().add("logits/log_softmax", rcv), Breakdown().add("logits/logits", full),
+                         Breakdown().add("logits/grad_rows_stacked", rcv), head)
+    return LossTerms(Breakdown().add("logits/logits", full), Breakdown(),
+                     Breakdown().add("logits/grad_gather_zeros", rcv).add("logits/grad_gather_scatter", rcv)
+                     .add("logits/grad_rows_stacked", rcv), head)
 
 
 def _with_critic(plan: StepPlan, critic: StepPlan) -> StepPlan:
@@ -115,9 +151,14 @@ def rl_estimate(descs: dict[str, ModelDesc], spec: JobSpec, gpu=None):
         total += critic_desc.num_params()
         trainable += critic.params.numel(trainable=True)
     step = Step(plan)
+    # What _generate_and_score_completions hands the loss: prompt + completion ids and their
+    # attention mask, the completion mask (int64), the reference's per-token log-probs (in
+    # c: selective_log_softmax returns the logits' dtype), the advantages (fp32).
     step.plan.static.add("batch/prompt_completion_ids", nbytes(gen_rows * total_len, "int64"))
+    step.plan.static.add("batch/attention_mask", nbytes(gen_rows * total_len, "int64"))
     step.plan.static.add("batch/completion_mask", nbytes(gen_rows * new, "int64"))
-    step.plan.static.add("batch/ref_per_token_logps", nbytes(gen_rows * new, "fp32"))
+    step.plan.static.add("batch/ref_per_token_logps", nbytes(gen_rows * new, c))
+    step.plan.static.add("batch/advantages", nbytes(gen_rows, "fp32"))
     floor = Breakdown()
     if spec.generation and spec.generation.engine == "vllm":
         if gpu is None:
