@@ -43,31 +43,35 @@ TINY_LLAMA = {"model_type": "llama", "vocab_size": 2048, "hidden_size": 256,
               "num_key_value_heads": 4, "max_position_embeddings": 512, "rms_norm_eps": 1e-05,
               "tie_word_embeddings": False}
 
+# The collectives run on gloo: the estimate counts gloo's reduce-scatter buffer
+# (vramplan.parallel.plan._gloo).
+GLOO = {"extras": {"dist_backend": "gloo"}}
+
 CASES = [
     {"name": "tiny-llama/b2s128/fp32/adamw-forloop/fsdp2-full-shard",
      "job": {"model": TINY_LLAMA, "precision": "fp32", "optimizer": "adamw", "micro_batch_size": 2,
              "seq_len": 128, "backend": "cpu", "attention": "sdpa",
-             "parallel": {"fsdp": "full-shard", "fsdp_version": 2}}},
+             "parallel": {"fsdp": "full-shard", "fsdp_version": 2, **GLOO}}},
     {"name": "tiny-llama-v32k/b1s256/fp32/adamw-foreach/fsdp2-full-shard",
      "job": {"model": {**TINY_LLAMA, "vocab_size": 32000}, "precision": "fp32", "optimizer": "adamw",
              "optimizer_impl": "foreach", "micro_batch_size": 1, "seq_len": 256, "backend": "cpu",
-             "attention": "sdpa", "parallel": {"fsdp": "full-shard", "fsdp_version": 2}}},
+             "attention": "sdpa", "parallel": {"fsdp": "full-shard", "fsdp_version": 2, **GLOO}}},
     {"name": "tiny-llama/b2s128/fp32/adamw-forloop/fsdp1-full-shard",
      "job": {"model": TINY_LLAMA, "precision": "fp32", "optimizer": "adamw", "micro_batch_size": 2,
              "seq_len": 128, "backend": "cpu", "attention": "sdpa",
-             "parallel": {"fsdp": "full-shard", "fsdp_version": 1}}},
+             "parallel": {"fsdp": "full-shard", "fsdp_version": 1, **GLOO}}},
     {"name": "tiny-llama-v32k/b1s256/fp32/adamw-foreach/fsdp1-full-shard",
      "job": {"model": {**TINY_LLAMA, "vocab_size": 32000}, "precision": "fp32", "optimizer": "adamw",
              "optimizer_impl": "foreach", "micro_batch_size": 1, "seq_len": 256, "backend": "cpu",
-             "attention": "sdpa", "parallel": {"fsdp": "full-shard", "fsdp_version": 1}}},
+             "attention": "sdpa", "parallel": {"fsdp": "full-shard", "fsdp_version": 1, **GLOO}}},
     {"name": "tiny-llama/b2s128/fp32/adamw-forloop/fsdp1-shard-grad-op",
      "job": {"model": TINY_LLAMA, "precision": "fp32", "optimizer": "adamw", "micro_batch_size": 2,
              "seq_len": 128, "backend": "cpu", "attention": "sdpa",
-             "parallel": {"fsdp": "shard-grad-op", "fsdp_version": 1}}},
+             "parallel": {"fsdp": "shard-grad-op", "fsdp_version": 1, **GLOO}}},
     {"name": "tiny-llama/b2s128/fp32/adamw-forloop/fsdp2-shard-grad-op",
      "job": {"model": TINY_LLAMA, "precision": "fp32", "optimizer": "adamw", "micro_batch_size": 2,
              "seq_len": 128, "backend": "cpu", "attention": "sdpa",
-             "parallel": {"fsdp": "shard-grad-op", "fsdp_version": 2}}},
+             "parallel": {"fsdp": "shard-grad-op", "fsdp_version": 2, **GLOO}}},
 ]
 
 
@@ -121,6 +125,13 @@ class ShardedMeter(MemoryMeter):
         torch.UntypedStorage.resize_ = resize_
         return super().__enter__()
 
+    def _snapshot(self, label):
+        # copy each record: resize_ changes a live record's nbytes after the snapshot
+        import dataclasses
+        snap = super()._snapshot(label)
+        snap.storages = [dataclasses.replace(i) for i in snap.storages]
+        return snap
+
     def __exit__(self, *exc):
         torch.UntypedStorage.resize_ = self._original_resize
         return super().__exit__(*exc)
@@ -157,7 +168,7 @@ def _rank(rank: int, world: int, port: int, job: dict, steps: int, queue) -> Non
         print("PEAK", snap.label, snap.total_bytes, file=sys.stderr)
         groups = {}
         for info in rows:
-            key = (info.op, info.phase, info.node)
+            key = (info.op, info.phase, info.node, info.shape)
             groups[key] = groups.get(key, 0) + info.nbytes
         for key, total in sorted(groups.items(), key=lambda kv: -kv[1])[:30]:
             print(f"  {total:>10} {key}", file=sys.stderr)

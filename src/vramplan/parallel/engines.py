@@ -84,7 +84,8 @@ def padded(numel_rows: list[tuple[int, int]], n: int) -> int:
 
 
 def fsdp_backward_stage(unit: int, prev_unit: int, next_unit: int, grad_unit: int,
-                        wbytes: int, gbytes: int, own_acts: int, prefetch: bool) -> Breakdown:
+                        wbytes: int, gbytes: int, own_acts: int, prefetch: bool,
+                        version: int = 2, gloo: bool = False) -> Breakdown:
     """One wrapped layer's backward under FSDP full-shard, in bytes:
     * its unsharded parameters (FSDPParamGroup.pre_backward -> unshard -> wait_for_unshard:
       `alloc_storage` of every unsharded param, _fsdp_param.py);
@@ -99,12 +100,25 @@ def fsdp_backward_stage(unit: int, prev_unit: int, next_unit: int, grad_unit: in
     The stage peaks either at the start of its backward (all its saved activations alive,
     the later layer's RS input still held, no gradient of this layer yet) or at its
     post-backward (full gradients + its own RS input, its saved activations `own_acts`
-    already freed); the larger excess over the start is one term."""
+    already freed); the larger excess over the start is one term.
+    FSDP2 reshards before it reduces (_fsdp_param_group.py FSDPParamGroup.post_backward:
+    self.reshard() and only then foreach_reduce), so its unsharded parameters are gone when
+    the reduce-scatter input is allocated: the moments are the end of the layer's compute
+    (later RS input + full gradients) and after the reshard (gradients + RS input, minus the
+    parameters). FSDP1 (use_orig_params) concatenates the original parameters' gradients into
+    the flat gradient in SplitWithSizesBackward0 while the unsharded FlatParameter is alive
+    (_flat_param.py _use_unsharded_views), and then reduce-scatters the flat gradient itself
+    (_runtime_utils.py _reduce_grad). On gloo the reduce-scatter holds one more buffer of the
+    input size (ProcessGroupGloo.cpp reduce_scatter_tensor_coalesced)."""
     out = Breakdown()
     out.add("fsdp/unsharded_params", unit * wbytes)
     if prefetch:
         out.add("fsdp/prefetch_all_gather", prev_unit * wbytes)
     start = next_unit * gbytes
-    post = 2 * grad_unit * gbytes - own_acts
+    g = grad_unit * gbytes
+    if version == 2:
+        post = max(start + g, (2 + gloo) * g - unit * wbytes) - own_acts
+    else:
+        post = max(2 * g, (1 + gloo) * g - unit * wbytes) - own_acts
     out.add("fsdp/reduce_scatter_or_unsharded_grads", max(start, post, 0))
     return out

@@ -291,7 +291,7 @@ def _fsdp(lay: Layout, out: StepPlan, unit: dict, root: list, layers: range, sta
         nxt = gsizes.get(i + 1, 0)
         own_acts = out.stage_acts[first + j].total()
         t.merge(engines.fsdp_backward_stage(sizes[i], prev, nxt, gsizes[i], wb, gb, own_acts,
-                                            prefetch=not keep_all))
+                                            prefetch=not keep_all, version=lay.fsdp_version, gloo=_gloo(lay)))
         t.merge(root_terms).add("fsdp/root_unsharded_grads", head_g)
         if keep_all:
             t.add("fsdp/unsharded_layers", sum(sizes[k] for k in order if k < i) * wb)
@@ -304,8 +304,38 @@ def _fsdp(lay: Layout, out: StepPlan, unit: dict, root: list, layers: range, sta
             out.optimizer_temporaries.merge(out.grads_by_stage[k])
             out.grads_by_stage[k] = Breakdown()
     if stage == 0:
-        out.stage_backward_transient[0].merge(root_terms).add("fsdp/root_unsharded_grads", root_g)
-        out.stage_backward_transient[0].add("fsdp/reduce_scatter_input", root_g)
+        # The root's post-backward at the end of backward. Both versions reshard before they
+        # reduce: FSDP2 _fsdp_param_group.py FSDPParamGroup.post_backward calls
+        # self.reshard() and only then foreach_reduce (_fsdp_collectives.py), which
+        # allocates the padded reduce-scatter input, copies the unsharded gradients in
+        # (foreach_reduce_scatter_copy_in) and clears them; FSDP1 _runtime_utils.py
+        # _post_backward_hook calls _post_backward_reshard before _reduce_grad, which
+        # reduce-scatters the padded flat gradient itself (_get_reduce_scatter_tensors:
+        # no copy when no padding is needed). So the root's unsharded gradients meet either
+        # its unsharded parameters (and the first layer's reduce-scatter input, still held in
+        # reduce_scatter_states) or the reduce-scatter buffers, never both.
+        # FSDP1 with use_orig_params: the original parameters are views of the unsharded
+        # FlatParameter (_flat_param.py FlatParamHandle._use_unsharded_views, split_with_sizes),
+        # so autograd's SplitWithSizesBackward0 concatenates their gradients into the flat
+        # gradient while the views' gradients and the unsharded FlatParameter are still alive:
+        # one more gradient-sized tensor before the reshard.
+        t = out.stage_backward_transient[0]
+        t.add("fsdp/root_unsharded_grads", root_g)
+        held = root_w + (gsizes.get(order[0], 0) * gb if order else 0)
+        if lay.fsdp_version == 1:
+            held = max(held, root_w + root_g)
+        copies = (1 if lay.fsdp_version == 2 else 0) + (1 if _gloo(lay) else 0)
+        t.add("fsdp/root_params_then_reduce_scatter", max(held, copies * root_g))
+
+
+def _gloo(lay: Layout) -> bool:
+    """Collectives on gloo (parallel.extras.dist_backend; the CPU runs of bench/parallel).
+    ProcessGroupGloo has no native reduce-scatter: torch/csrc/distributed/c10d/
+    ProcessGroupGloo.cpp ProcessGroupGloo::_reduce_scatter_base -> reduce_scatter_tensor_coalesced
+    reduces a full-size buffer and copies each rank's chunk out of it, so one more buffer of the
+    unsharded gradient size is alive while the reduce-scatter runs (seen by the exact meter as
+    an `aten.split` output of the input's size at the root's post-backward)."""
+    return str(lay.extras.get("dist_backend", "")).lower() == "gloo"
 
 
 def _is_embedding(p: HeldParam) -> bool:
