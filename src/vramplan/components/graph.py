@@ -210,14 +210,17 @@ class Recorder:
         """CPU has no fused kernel with dropout: aten `_scaled_dot_product_attention_math`
         scales q and k by sqrt(scale) (copies), softmaxes the (b, a, s, s) scores, applies
         dropout (a noise tensor and the dropped probabilities) and multiplies by v; the
-        (b, a, s, d) result is transposed to (b, s, a, d) by a copy."""
+        (b, a, s, d) result is transposed to (b, s, a, d) by a copy. On CPU the math path
+        computes 16-bit inputs in fp32 (it converts q, k and v first), so what it saves is
+        fp32 and only the output returns to the input dtype."""
         b, a, s, d = q.shape
+        inner = "fp32" if dtype in ("bf16", "fp16") else dtype
         if rg:
-            self.save(self.new(f"{name}.q_scaled", q.shape, dtype, True),
-                      self.new(f"{name}.k_scaled_t", k.shape, dtype, True),
-                      self.new(f"{name}.v", v.shape, dtype, True))
+            self.save(self.new(f"{name}.q_scaled", q.shape, inner, True),
+                      self.new(f"{name}.k_scaled_t", k.shape, inner, True),
+                      self.new(f"{name}.v", v.shape, inner, True))
             for part in ("softmax", "dropout.mask", "dropped"):
-                self.save(self.new(f"{name}.{part}", (b, a, s, s), dtype, False))
+                self.save(self.new(f"{name}.{part}", (b, a, s, s), inner, False))
         return self.new(f"{name}.out_t", out_shape, dtype, rg)
 
 
