@@ -59,3 +59,18 @@ def test_checkpointing_and_method():
 def test_every_catalog_pipeline_estimates(name):
     e = vramplan.estimate({**BASE, "model": name, "diffusion": {"height": 512, "width": 512, "num_frames": 1}})
     assert e.peak_allocated_bytes > 0 and e.components.total("denoiser/activations") > 0
+
+
+def test_inline_tiny_dit_matches_committed_and_live_cpu_measurements():
+    import json
+    from pathlib import Path
+    rows = json.loads((Path(__file__).resolve().parents[1] / "bench" / "jobs" / "results.json").read_text())
+    for name, row in rows.items():
+        if name.startswith("diffusion/"):
+            m = row["measured"]["peak_allocated_bytes"]
+            assert abs(vramplan.estimate(row["job"]).peak_allocated_bytes / m - 1) < 0.02, name
+    pytest.importorskip("diffusers")
+    from vramplan.measure.diffusion import measure_diffusion
+    job = dict(rows["diffusion/fp32/full/cogvideox-tiny/128px"]["job"])
+    m, e = measure_diffusion(job), vramplan.estimate(job)
+    assert abs(e.peak_allocated_bytes / m.peak_allocated_bytes - 1) < 0.03, (e.peak_allocated_bytes, m)

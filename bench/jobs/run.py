@@ -1,6 +1,7 @@
 """Measured vs estimated peaks of multi-model jobs (DPO, distillation, reward model,
 vision-language: a tiny LLaVA through vramplan.measure.vlm; GRPO with generation through
-vramplan.measure.rl).
+vramplan.measure.rl; a tiny CogVideoX-style diffusion transformer through
+vramplan.measure.diffusion).
 
     python bench/jobs/run.py [--only SUBSTRING] [--estimate-only]
 
@@ -42,6 +43,20 @@ LLAVA = {"model_type": "llava", "text_config": LLAVA_TEXT, "vision_config": LLAV
 VLM = {"task": "sft", "model": LLAVA, "seq_len": 64}
 # GRPO: micro_batch_size completions (micro_batch_size / num_generations prompts of seq_len
 # tokens), generated to max_new_tokens with the KV cache, then reference and policy log-probs.
+# Diffusion: a tiny CogVideoX-style transformer (2 blocks, h 128, qk LayerNorm, joint text +
+# video attention) on precomputed latents (9 frames -> 3 latent frames, 256 px / 8 / patch 2)
+# and text embeddings; an inline pipeline (num_params: the built model's count, checked).
+TINY_COG = {"name": "tiny-cogvideox", "kind": "video-dit",
+            "denoiser": {"class": "CogVideoXTransformer3DModel", "num_layers": 2, "num_attention_heads": 4,
+                         "attention_head_dim": 32, "in_channels": 4, "out_channels": 4, "patch_size": 2,
+                         "text_embed_dim": 64, "max_text_seq_length": 16, "time_embed_dim": 64,
+                         "num_params": 638608},
+            "vae": {"latent_channels": 4, "spatial_compression": 8, "temporal_compression": 4, "num_params": 0},
+            "text_encoders": [{"role": "t5", "d_model": 64, "max_tokens": 16, "num_heads": 1, "d_ff": 64,
+                               "num_params": 0}]}
+DIT = {"task": "diffusion", "model": TINY_COG,
+       "diffusion": {"height": 256, "width": 256, "num_frames": 9, "text_encoders": "precomputed",
+                     "vae": "precomputed"}}
 GRPO = {"task": "grpo", "micro_batch_size": 8, "seq_len": 64, "num_generations": 4, "max_new_tokens": 32}
 
 
@@ -72,6 +87,13 @@ CASES = dict([
     case("grpo/bf16/lora/adapter-disabled", **GRPO, precision="bf16", **LORA),
     case("grpo/bf16/full/gqa-ref-2l/g8-c48", **dict(GRPO, seq_len=32, num_generations=8, max_new_tokens=48),
          precision="bf16", model=LLAMA_GQA, reference_model=dict(LLAMA_GQA, num_hidden_layers=2)),
+    case("diffusion/fp32/full/cogvideox-tiny", **DIT, precision="fp32"),
+    case("diffusion/bf16/full/cogvideox-tiny", **DIT, precision="bf16"),
+    case("diffusion/bf16/lora/cogvideox-tiny", **DIT, precision="bf16", method="lora", lora={"r": 8}),
+    case("diffusion/fp32/full/cogvideox-tiny/frozen-copy", **dict(DIT, diffusion=dict(DIT["diffusion"], frozen_copy=True)),
+         precision="fp32"),
+    case("diffusion/fp32/full/cogvideox-tiny/128px", **dict(DIT, diffusion=dict(DIT["diffusion"], height=128, width=128)),
+         precision="fp32"),
     case("grpo/bf16/full/gc/b4", **dict(GRPO, micro_batch_size=4), precision="bf16", gradient_checkpointing="full"),
 ])
 
@@ -79,6 +101,7 @@ CASES = dict([
 def measure(job: dict) -> dict:
     fn = ("from vramplan.measure.vlm import measure_vlm as measure_job; " if job.get("vision") else
           "from vramplan.measure.rl import measure_grpo as measure_job; " if job.get("task") == "grpo" else
+          "from vramplan.measure.diffusion import measure_diffusion as measure_job; " if job.get("task") == "diffusion" else
           "from vramplan.measure.jobs import measure_job; ")
     code = ("import json, sys; sys.path.insert(0, sys.argv[1]); " + fn +
             "print(json.dumps(measure_job(json.loads(sys.argv[2])).to_dict()))")

@@ -77,6 +77,14 @@ def joint_block(rec: Recorder, ctx: DitCtx, x: Sym, txt: Sym | None, emb: Sym) -
         q = rec.layer_norm(q, _w(ctx, "attn.norm_q", (d,)), "attn.norm_q")
         k = rec.layer_norm(k, _w(ctx, "attn.norm_k", (d,)), "attn.norm_k")
     o = rec.sdpa(q, k, v, (b, m + n, a, d), "attn/core")
+    if ctx.qk_norm and rec.backend == "cpu":
+        # The processors' `hidden_states.transpose(1, 2).reshape(b, -1, heads * d)`
+        # (diffusers models/attention_processor.py CogVideoXAttnProcessor2_0,
+        # JointAttnProcessor2_0): the normed q is contiguous (b, a, s, d) and the CPU fused
+        # kernel's output follows q's layout, so the reshape copies (to_out saves the copy).
+        # Without qk_norm q stays a (b, s, a, d)-laid view and the reshape is a view; CUDA's
+        # flash/efficient kernels lay their output out (b, s, a, d) either way.
+        o = rec.new("attn/core.out_t", (b, m + n, a, d), o.dtype, o.requires_grad)
     o = _lin(rec, ctx, rec.view(o, (b, m + n, h)), h, "attn.to_out.0", True)
     # the joint output is split back into text and video (views of one tensor)
     x = gated(rec, x, rec.view(o, (b, n, h), "attn/video_out"), emb, "attn")

@@ -12,6 +12,8 @@ The denoiser's activations: transformer denoisers replay one block on the record
 (arch_dit.unet_level_saved). Frozen modules either stay on this GPU or, with
 `offload_frozen` (diffusers enable_model_cpu_offload: one model on the GPU at a time, moved
 in at its forward), count only in their own forward event.
+Measured against vramplan.measure.diffusion (a tiny CogVideoXTransformer3DModel, full /
+LoRA / frozen copy, fp32 / bf16; bench/jobs): peaks within 1.5%.
 Legend: b batch, C latent channels, F latent frames, H, W latent side, n video tokens,
 m text tokens, h hidden, c compute dtype.
 """
@@ -85,7 +87,29 @@ def transformer_stages(pipe: dict, spec: JobSpec, b: int, n: int, m: int) -> lis
     # the block's inputs are its predecessor's outputs: count them once per block
     one.add("denoiser/activations/blocks/input", nbytes(b * (n + m) * h, c) if full or ctx.lora_rank else 0)
     layers = den["num_layers"] + den.get("num_single_layers", 0)
-    return [Breakdown().merge(one) for _ in range(layers)]
+    return [Breakdown().merge(one) for _ in range(layers)] + [output_stage(pipe, spec, b, n)]
+
+
+def output_stage(pipe: dict, spec: JobSpec, b: int, n: int) -> Breakdown:
+    """After the blocks (diffusers CogVideoXTransformer3DModel.forward, SD3Transformer2DModel
+    / FluxTransformer2DModel: `norm_out` then `proj_out`, then the unpatchify reshape):
+    the last block's video output (saved by the next LayerNorm), CogVideoX's `norm_final`
+    output (its LayerNorm over the video tokens, before norm_out), AdaLayerNorm's LayerNorm
+    output (saved by the `* (1 + scale)` product) and its modulated output (saved by
+    proj_out), all (b, n, h); proj_out's output and the unpatchified prediction (a copy:
+    the permute before the reshape makes it non-contiguous), latent-sized. Only when the
+    blocks train (full); LoRA on attention leaves these unsaved."""
+    den, c = pipe["denoiser"], spec.precision.compute_dtype
+    bnh = nbytes(b * n * _hidden(den), c)
+    video = pipe["kind"] == "video-dit"
+    if spec.method is not Method.FULL:
+        # frozen norm_out / proj_out: only the LayerNorms' inputs are saved (the hidden
+        # states still require grad through the adapters); the frozen scale saves nothing.
+        return Breakdown().add("denoiser/activations/output/hidden", (2 if video else 1) * bnh)
+    p = den.get("patch_size", 1) * den.get("latent_packing", 1)
+    out_elems = b * n * p * p * den.get("out_channels", den.get("in_channels", pipe["vae"]["latent_channels"]))
+    return (Breakdown().add("denoiser/activations/output/hidden", (4 if video else 3) * bnh)
+            .add("denoiser/activations/output/proj_out", 2 * nbytes(out_elems, c)))
 
 
 def unet_stages(pipe: dict, spec: JobSpec, b: int, lat_h: int, lat_w: int, m: int) -> list[Breakdown]:
@@ -122,6 +146,23 @@ def text_encoder_forward(enc: dict, b: int, c: str) -> Breakdown:
             .add("forward/scores", nbytes(b * heads * t * t, "fp32")).add("forward/ff", 2 * nbytes(b * t * f, c)))
 
 
+def frozen_block_forward(pipe: dict, b: int, tokens: int, c: str) -> Breakdown:
+    """A frozen copy of a transformer denoiser under no_grad (measured with
+    CogVideoXTransformer3DModel, diffusers models/transformers/cogvideox_transformer_3d.py
+    CogVideoXBlock.forward): the peak is a block's feed-forward, where the block input (the
+    residual stream, b x (m + n) x h), the attention residual, the attention output and the
+    concatenated norm2 output (`torch.cat([norm_encoder_hidden_states, norm_hidden_states])`)
+    are alive beside ff.net.0.proj's output and its GELU (b x (m + n) x f each); its
+    prediction (latent-sized) is the step's target."""
+    den = pipe["denoiser"]
+    if pipe["kind"] == "unet":
+        return Breakdown().add("forward/output", nbytes(b * pipe["vae"]["latent_channels"], c))
+    h = _hidden(den)
+    t = b * tokens
+    f = den.get("ff_mult", 4) * h
+    return (Breakdown().add("forward/hidden", 4 * nbytes(t * h, c)).add("forward/ff", 2 * nbytes(t * f, c)))
+
+
 def vae_encode_forward(pipe: dict, b: int, frames: int, height: int, width: int, c: str) -> Breakdown:
     """A frozen VAE encode at full resolution under no_grad: the first level's ResnetBlock
     holds its input, the GroupNorm output, the SiLU output and the conv output at once
@@ -153,13 +194,29 @@ def diffusion_estimate(pipe: dict, spec: JobSpec, gpu=None):
         static.add(f"denoiser/{key}", nbytes(p.numel, p.dtype))
     static.merge(optimizer_states(spec, trainable_keys), prefix="denoiser/")
     static.add("batch/latents", nbytes(latent_elems, w)).add("batch/noisy_latents", nbytes(latent_elems, w))
+    den = pipe["denoiser"]
+    if pipe["kind"] == "video-dit" and not den.get("use_rotary_positional_embeddings", False):
+        # CogVideoXPatchEmbed (diffusers models/embeddings.py): without rotary embeddings
+        # (CogVideoX-2b) a sinusoidal `pos_embedding` buffer over text + video tokens.
+        static.add("denoiser/buffers/pos_embedding", nbytes((n + m) * _hidden(den), w))
     grads = _grads_by_stage(params, len(stages), spec)
-    # loss: F.mse_loss(pred.float(), target.float()): the fp32 difference is saved.
-    loss_saved = Breakdown().add("loss/pred_minus_target_fp32", nbytes(latent_elems, "fp32"))
-    fwd_end = Breakdown().add("loss/pred", nbytes(latent_elems, c)).add("loss/pred_fp32", nbytes(latent_elems, "fp32"))
+    # loss: F.mse_loss(pred.float(), target.float()) (diffusers train_dreambooth_lora_sd3.py):
+    # mse_loss saves both inputs (tools/autograd/derivatives.yaml); in fp32 .float() is a
+    # no-op and they are the prediction and the noise themselves, otherwise two fp32 copies,
+    # with the c prediction alive until the loss is taken. The noise (the target) is alive
+    # through the step as the latents are.
+    static.add("batch/noise", nbytes(latent_elems, w))
+    if c == "fp32":
+        loss_saved, fwd_end = Breakdown().add("loss/pred", nbytes(latent_elems, c)), Breakdown()
+    else:
+        loss_saved = (Breakdown().add("loss/pred_fp32", nbytes(latent_elems, "fp32"))
+                      .add("loss/target_fp32", nbytes(latent_elems, "fp32")))
+        fwd_end = Breakdown().add("loss/pred", nbytes(latent_elems, c))
     bwd0 = Breakdown().add("loss/grad_pred_fp32", nbytes(latent_elems, "fp32"))
-    transient = [Breakdown().add("denoiser/backward/grad_hidden", 2 * nbytes(b * (n + m) * _hidden(pipe["denoiser"]), c))
-                 if pipe["kind"] != "unet" else Breakdown() for _ in stages]
+    transient = [_block_backward_transient(pipe, spec, b, n + m, c) for _ in stages]
+    if pipe["kind"] != "unet":  # the output stage (norm_out, proj_out) has no feed-forward
+        transient[-1] = Breakdown().add("denoiser/backward/grad_hidden",
+                                        2 * nbytes(b * (n + m) * _hidden(pipe["denoiser"]), c))
     if spec.gradient_checkpointing is Checkpointing.FULL and pipe["kind"] != "unet":
         # diffusers' gradient checkpointing (torch.utils.checkpoint per block): each block
         # keeps its inputs; its saved tensors come back only during its own backward.
@@ -172,9 +229,27 @@ def diffusion_estimate(pipe: dict, spec: JobSpec, gpu=None):
                     labels=[f"denoiser stage {i} backward" for i in range(len(stages))])
     step = Step(plan)
     total, notes = pipe["denoiser"]["num_params"], [f"latents {shape}; tokens {tokens}"]
-    total += _frozen_modules(pipe, spec, step, b, c, w, notes)
+    total += _frozen_modules(pipe, spec, step, b, c, w, notes, n + m)
     return finish(spec, _desc_stub(pipe), step, num_params=total,
                   trainable_params=params.numel(trainable=True), gpu=gpu, notes=notes)
+
+
+def _block_backward_transient(pipe: dict, spec: JobSpec, b: int, tokens: int, c: str) -> Breakdown:
+    """Above a block's saved tensors during its backward: the incoming and outgoing hidden
+    gradients (2 x b x tokens x h). With the feed-forward frozen (LoRA on attention), the
+    GELU's output was not saved, so at GeluBackward its incoming gradient and its result
+    (b x tokens x f each, diffusers FeedForward: ff.net.0.proj -> GELU -> ff.net.2) come on
+    top of everything the block saved (measured with the exact CPU meter)."""
+    if pipe["kind"] == "unet":
+        return Breakdown()
+    h = _hidden(pipe["denoiser"])
+    out = Breakdown().add("denoiser/backward/grad_hidden", 2 * nbytes(b * tokens * h, c))
+    if spec.method is not Method.FULL:
+        f = pipe["denoiser"].get("ff_mult", 4) * h
+        ff = 2 * nbytes(b * tokens * f, c)
+        if ff > out.total():
+            return Breakdown().add("denoiser/backward/grad_ff", ff)
+    return out
 
 
 def _grads_by_stage(params: ParamSet, n_stages: int, spec: JobSpec) -> list[Breakdown]:
@@ -185,7 +260,7 @@ def _grads_by_stage(params: ParamSet, n_stages: int, spec: JobSpec) -> list[Brea
     return out
 
 
-def _frozen_modules(pipe, spec, step: Step, b, c, w, notes) -> int:
+def _frozen_modules(pipe, spec, step: Step, b, c, w, notes, tokens: int) -> int:
     """Text encoders, VAE and the frozen denoiser copy: weights (here, or only during their
     forward when offloaded) and their no_grad forwards; returns their parameter count."""
     cfg, total, off = spec.diffusion, 0, spec.diffusion.offload_frozen
@@ -201,11 +276,13 @@ def _frozen_modules(pipe, spec, step: Step, b, c, w, notes) -> int:
                         vae_encode_forward(pipe, b, cfg.num_frames, cfg.height, cfg.width, c), "before"))
         step.plan.static.add("batch/pixels", nbytes(b * 3 * cfg.num_frames * cfg.height * cfg.width, w))
     if cfg.frozen_copy:
-        copy = Breakdown().add("forward/output", nbytes(b * pipe["vae"]["latent_channels"], c))
+        copy = frozen_block_forward(pipe, b, tokens, c)
         modules.append(("frozen_denoiser", pipe["denoiser"]["num_params"], copy, "after"))
     for name, count, fwd, where in modules:
         total += count
         weights = Breakdown().add("weights/frozen", nbytes(count, w))
+        if name == "frozen_denoiser" and "denoiser/buffers/pos_embedding" in step.plan.static.terms:
+            weights.add("buffers/pos_embedding", step.plan.static.terms["denoiser/buffers/pos_embedding"])
         event = Breakdown().merge(fwd, prefix=f"{name}/")
         if off:
             event.merge(weights, prefix=f"{name}/")

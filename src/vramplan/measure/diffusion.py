@@ -1,0 +1,151 @@
+"""A real diffusion-transformer training step under the exact CPU meter.
+
+    from vramplan.measure.diffusion import measure_diffusion
+    result = measure_diffusion({"task": "diffusion", "model": {inline pipeline}, "diffusion": {...}, ...})
+
+The denoiser is the diffusers class the inline pipeline names (``denoiser.class``, e.g.
+``CogVideoXTransformer3DModel``) built from the pipeline's fields with random weights
+(the keys its ``__init__`` takes; ``sample_*`` set from the job's resolution so the
+positional embedding matches). Text embeddings and latents are precomputed (the job must
+say ``text_encoders: precomputed`` and ``vae: precomputed``): ``(b, m, text_embed_dim)``
+embeddings and ``(b, F, C, H, W)`` latents in the weight dtype (CogVideoX's layout).
+
+The step follows diffusers' training scripts (examples/cogvideo/train_cogvideox_lora.py,
+examples/dreambooth/train_dreambooth_lora_sd3.py): noise and timesteps drawn, the noisy
+latents ``sqrt(a) * x + sqrt(1 - a) * noise`` (DDPMScheduler.add_noise), the denoiser with
+gradients, ``F.mse_loss(pred.float(), target.float())`` against the noise, backward,
+optimizer step. With ``frozen_copy`` a deep copy of the denoiser (frozen) runs a
+no_grad forward on the same inputs after the trained one and its prediction is the target
+(distillation / unlearning toward the original).
+LoRA: PEFT adapters on ``to_q, to_k, to_v, to_out.0`` (``transformer.add_adapter``).
+Phases: ``s{n}.fwd``, ``s{n}.ref`` (the frozen copy), ``s{n}.bwd``, ``s{n}.opt``.
+"""
+from __future__ import annotations
+
+import copy
+import inspect
+
+import torch
+import torch.nn.functional as F
+
+from . import MeasureResult
+from .build import build_optimizer, norm_precision, precision_dtypes
+from .jobs import PHASES, _live_tensors
+from .meter import MemoryMeter
+from .run import unique_bytes
+
+
+def latent_dims(pipe: dict, diffusion: dict) -> tuple[int, int, int, int]:
+    vae = pipe["vae"]
+    s, t = vae["spatial_compression"], vae["temporal_compression"]
+    frames = int(diffusion.get("num_frames", 1))
+    f = 1 if frames == 1 or t == 1 else (frames - 1) // t + 1
+    return f, vae["latent_channels"], int(diffusion.get("height", 512)) // s, int(diffusion.get("width", 512)) // s
+
+
+def build_denoiser(pipe: dict, diffusion: dict, dtype: torch.dtype) -> torch.nn.Module:
+    import diffusers
+    den = dict(pipe["denoiser"])
+    cls = getattr(diffusers, den["class"])
+    accepted = inspect.signature(cls.__init__).parameters
+    f, _, h, w = latent_dims(pipe, diffusion)
+    den.update(sample_height=h, sample_width=w,
+               sample_frames=(f - 1) * pipe["vae"]["temporal_compression"] + 1)
+    cfg = {k: v for k, v in den.items() if k in accepted}
+    return cls(**cfg).to(dtype)
+
+
+def count_params(pipe: dict, diffusion: dict | None = None) -> int:
+    """The denoiser's parameter count (for an inline pipeline's `num_params`)."""
+    return sum(p.numel() for p in build_denoiser(pipe, diffusion or {}, torch.float32).parameters())
+
+
+def measure_diffusion(job: dict, steps: int = 2, trace: bool = False) -> MeasureResult:
+    job = dict(job.to_dict() if hasattr(job, "to_dict") else job)
+    pipe, diffusion = job["model"], dict(job.get("diffusion") or {})
+    if diffusion.get("text_encoders") != "precomputed" or diffusion.get("vae") != "precomputed":
+        raise ValueError("measure_diffusion runs the denoiser only: set diffusion.text_encoders and "
+                         "diffusion.vae to precomputed")
+    dtype, _ = precision_dtypes(norm_precision(job.get("precision", "fp32")))
+    torch.manual_seed(0)
+    model = build_denoiser(pipe, diffusion, dtype)
+    built = sum(p.numel() for p in model.parameters())
+    if pipe["denoiser"].get("num_params") != built:
+        raise ValueError(f"denoiser.num_params: the pipeline says {pipe['denoiser'].get('num_params')}, "
+                         f"the built {pipe['denoiser']['class']} has {built}")
+    frozen = None
+    if diffusion.get("frozen_copy"):
+        frozen = copy.deepcopy(model).eval().requires_grad_(False)
+    if job.get("method", "full") == "lora":
+        from peft import LoraConfig
+        r = int((job.get("lora") or {}).get("r", 8))
+        model.requires_grad_(False)
+        model.add_adapter(LoraConfig(r=r, lora_alpha=r, init_lora_weights=True,
+                                     target_modules=["to_q", "to_k", "to_v", "to_out.0"]))
+        for p in model.parameters():  # diffusers' scripts cast the adapters to fp32
+            if p.requires_grad:
+                p.data = p.data.float()
+    elif job.get("method", "full") != "full":
+        raise ValueError("method: full or lora")
+    if job.get("gradient_checkpointing") in ("full", True):
+        model.enable_gradient_checkpointing()
+    model.train()
+    opt = build_optimizer([p for p in model.parameters() if p.requires_grad], job)
+    b = int(job.get("micro_batch_size", 1))
+    f, c, h, w = latent_dims(pipe, diffusion)
+    m = sum(e["max_tokens"] for e in pipe["text_encoders"])
+    text_dim = pipe["denoiser"].get("text_embed_dim") or pipe["text_encoders"][0]["d_model"]
+    meter = MemoryMeter(trace=trace)
+    meter.register(model.parameters(), "parameter")
+    meter.register(model.buffers(), "buffer")
+    if frozen is not None:
+        meter.register(frozen.parameters(), "frozen_parameter")
+        meter.register(frozen.buffers(), "buffer")
+    meter.register(_live_tensors(), "preexisting")
+    g = torch.Generator().manual_seed(0)
+    grads = 0
+    with meter:
+        latents = torch.randn(b, f, c, h, w, generator=g).to(dtype)
+        embeds = torch.randn(b, m, text_dim, generator=g).to(dtype)
+        meter.register([latents, embeds], "batch")
+        for step in range(1, steps + 1):
+            with meter.phase(f"s{step}.fwd"):
+                noise = torch.randn(latents.shape, generator=g).to(dtype)
+                t = torch.randint(0, 1000, (b,), generator=g)
+                alpha = torch.rand(b, generator=g).to(dtype).view(b, 1, 1, 1, 1)
+                noisy = alpha.sqrt() * latents + (1 - alpha).sqrt() * noise
+                pred = model(hidden_states=noisy, encoder_hidden_states=embeds, timestep=t, return_dict=False)[0]
+                target = noise
+                if frozen is not None:  # the frozen copy's prediction is the target
+                    with meter.phase(f"s{step}.ref"), torch.no_grad():
+                        target = frozen(hidden_states=noisy, encoder_hidden_states=embeds, timestep=t,
+                                        return_dict=False)[0]
+                loss = F.mse_loss(pred.float(), target.float())
+                del pred, target
+            if step == steps:
+                meter.mark("end_of_forward")
+            with meter.phase(f"s{step}.bwd"):
+                loss.backward()
+            grads = unique_bytes([p.grad for p in model.parameters() if p.grad is not None])
+            with meter.phase(f"s{step}.opt"):
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            del loss, noise, noisy, t, alpha
+    states = [v for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
+    phases = {v: 0 for v in ("forward", "backward", "optimizer")}
+    for name, peak in meter.phase_peaks.items():
+        kind = PHASES.get(name.rsplit(".", 1)[-1])
+        if kind:
+            phases[kind] = max(phases[kind], peak)
+    result = MeasureResult(
+        device="cpu", peak_allocated_bytes=meter.peak, phases=phases,
+        params_bytes=unique_bytes(list(model.parameters())), grad_bytes=grads,
+        optimizer_state_bytes=unique_bytes(states), activation_bytes_end_of_forward=0,
+        peak_phase=meter.peak_label, phase_peaks=dict(meter.phase_peaks))
+    if trace:
+        from .trace import Trace
+        result.trace = Trace.from_meter(meter)
+    return result
+
+
+__all__ = ["build_denoiser", "count_params", "measure_diffusion"]
