@@ -150,3 +150,25 @@ def test_host_ram_local_is_read_at_the_edge_only():
     ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     assert local.spec.parallel.extras["host_memory_bytes"] == ram
     assert any("fits in" in n for n in local.notes)
+
+
+def test_megatron_distributed_optimizer_shards_states_not_grads():
+    plain = est(num_gpus=8, parallel={"tp": 2})
+    dist = est(num_gpus=8, parallel={"tp": 2, "extras": {"distributed_optimizer": True}})
+    opt = lambda e: [x for x in e.events if x.phase == "optimizer"][0].live  # noqa: E731
+    assert opt(dist).total("optimizer/exp_avg") * 4 == pytest.approx(opt(plain).total("optimizer/exp_avg"), rel=0.01)
+    assert opt(dist).total("gradients") == opt(plain).total("gradients")
+
+
+def test_expert_parallel_and_expert_tp_divide_3d_expert_tensors():
+    moe = {"model_type": "qwen2_moe", "vocab_size": 1000, "hidden_size": 64, "intermediate_size": 128,
+           "moe_intermediate_size": 32, "shared_expert_intermediate_size": 64, "num_experts": 8,
+           "num_experts_per_tok": 2, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4}
+    one = estimate(load_spec({"model": moe, "seq_len": 32}))
+    ep4 = estimate(load_spec({"model": moe, "seq_len": 32, "num_gpus": 4, "parallel": {"ep": 4}}))
+    w = lambda e: [x for x in e.events if x.phase == "optimizer"][0].live.total("weights")  # noqa: E731
+    assert w(ep4) < w(one)
+    etp = estimate(load_spec({"model": moe, "seq_len": 32, "num_gpus": 8,
+                                       "parallel": {"ep": 4, "tp": 2, "extras": {"expert_tp": 1}}}))
+    tp_all = estimate(load_spec({"model": moe, "seq_len": 32, "num_gpus": 8, "parallel": {"ep": 4, "tp": 2}}))
+    assert w(tp_all) < w(etp)

@@ -85,7 +85,8 @@ def _sets(desc, spec, params, lay: Layout, stage: int, layers: range) -> _Sets:
 
 
 def _compute_sets(desc, spec, params, lay: Layout, stage: int, layers: range) -> _Sets:
-    mp = model_parallel_set(desc, params, tp=lay.tp, ep=lay.ep, pp=lay.pp, stage=stage, layers=layers)
+    mp = model_parallel_set(desc, params, tp=lay.tp, ep=lay.ep, pp=lay.pp, stage=stage, layers=layers,
+                            expert_tp=lay.extras.get("expert_tp"))
     n = lay.shard_group
     dim0 = lay.engine == "fsdp" and lay.fsdp_version == 2
     zero3 = lay.engine == "zero" and lay.zero_stage == 3
@@ -105,7 +106,17 @@ def _compute_sets(desc, spec, params, lay: Layout, stage: int, layers: range) ->
     fsdp_grads = lay.fsdp in ("full-shard", "hybrid-shard", "shard-grad-op")
     return _Sets(weights=flat_w if (zero3 or fsdp_params) else mp,
                  grads=flat if (lay.zero_stage >= 2 or fsdp_grads) else mp,
-                 states=flat if (lay.zero_stage >= 1 or lay.engine == "fsdp") else mp, full=mp)
+                 states=flat if (lay.zero_stage >= 1 or lay.engine == "fsdp" or _distributed_optimizer(lay))
+                 else mp, full=mp)
+
+
+def _distributed_optimizer(lay: Layout) -> bool:
+    """Megatron's distributed optimizer (--use-distributed-optimizer): the fp32 main
+    parameters and the optimizer states are partitioned over the data-parallel group with
+    context parallelism, while the gradient buffer stays whole on every rank
+    (megatron/core/optimizer/distrib_optimizer.py, DistributedOptimizer: each rank owns a
+    contiguous range of the grad buffer and steps only its shard of the main params)."""
+    return bool(lay.extras.get("distributed_optimizer"))
 
 
 def _select(items: list, stage: int, pp: int, layers: range) -> list:

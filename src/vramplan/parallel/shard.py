@@ -83,21 +83,44 @@ def on_stage(desc: ModelDesc, p: HeldParam, stage: int, pp: int, layers: range) 
 
 
 def model_parallel_set(desc: ModelDesc, params: ParamSet, *, tp: int, ep: int, pp: int,
-                       stage: int, layers: range) -> ParamSet:
-    """Parameters one rank of (tp, pp stage, ep) holds before any data-parallel sharding."""
+                       stage: int, layers: range, expert_tp: int | None = None) -> ParamSet:
+    """Parameters one rank of (tp, pp stage, ep) holds before any data-parallel sharding.
+    Experts are split by the expert tensor-parallel size, which Megatron defaults to the
+    tensor-parallel size (megatron/training/arguments.py: expert_tensor_parallel_size = tp
+    when not given; megatron/core/transformer/moe/experts.py shards each expert's fc1 by
+    columns and fc2 by rows over the expert-TP group)."""
+    etp = tp if expert_tp is None else expert_tp
     held = []
     for p in params.params:
         if not on_stage(desc, p, stage, pp, layers):
             continue
-        shape = tp_shape(p, tp)
-        if is_expert(p) and ep > 1:
-            # Expert parallelism: each EP rank holds num_experts / ep experts. Experts here are
-            # listed per expert, so keep every ep-th one.
-            idx = _expert_index(p)
-            if idx is not None and idx % ep:
+        if is_expert(p):
+            shape = _expert_shape(p, ep, etp)
+            if shape is None:
                 continue
+        else:
+            shape = tp_shape(p, tp)
         held.append(replace(p, shape=shape))
     return ParamSet(tuple(held), params.unmatched_targets)
+
+
+def _expert_shape(p: HeldParam, ep: int, etp: int) -> tuple[int, ...] | None:
+    """One rank's part of an expert tensor, or None when the expert lives on another EP rank.
+    transformers 5 stores all experts of a layer in 3-D tensors (gate_up_proj (E, 2f, h),
+    down_proj (E, h, f)): EP divides E; expert-TP divides f. Older per-expert modules
+    (experts.N.w1 ...) keep every ep-th expert and split like ordinary linears."""
+    idx = _expert_index(p)
+    if idx is not None:
+        if ep > 1 and idx % ep:
+            return None
+        return tp_shape(p, etp)
+    shape = p.shape
+    if len(shape) != 3:
+        return shape
+    e = -(-shape[0] // ep)
+    if p.name.endswith("down_proj"):
+        return (e, shape[1], -(-shape[2] // etp))
+    return (e, -(-shape[1] // etp), shape[2])
 
 
 def _expert_index(p: HeldParam) -> int | None:
