@@ -42,12 +42,16 @@ _SPEC_FLAGS = {
 }
 
 
+def _flag_bool(value: str) -> bool:
+    return str(value).lower() in ("1", "true", "yes", "on")
+
+
 _PARALLEL_FLAGS = (
     ("zero_stage", int, "DeepSpeed ZeRO stage 0-3"),
     ("fsdp", str, "none | full-shard | shard-grad-op | hybrid-shard | no-shard"),
     ("fsdp_version", int, "1 or 2"),
     ("tp", int, "tensor-parallel size"),
-    ("sp", _bool := (lambda v: str(v).lower() in ("1", "true", "yes", "on")), "sequence parallelism with tp"),
+    ("sp", _flag_bool, "sequence parallelism with tp (true/false)"),
     ("cp", int, "context-parallel size"),
     ("pp", int, "pipeline-parallel size"),
     ("ep", int, "expert-parallel size"),

@@ -4,7 +4,7 @@ from __future__ import annotations
 import difflib
 import json
 import os
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
 from vramplan.spec.enums import (
@@ -249,4 +249,4 @@ def save_spec(spec: JobSpec, path: str) -> None:
             yaml.safe_dump(data, fh, sort_keys=False)
 
 
-__all__ = ["JobSpec", "load_spec", "save_spec", "replace"]
+__all__ = ["JobSpec", "load_spec", "save_spec"]
