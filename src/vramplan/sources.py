@@ -14,6 +14,14 @@ from vramplan.model import ModelDesc
 from vramplan.spec import JobSpec, SpecError, Task
 
 
+def _plain(exc: Exception) -> str:
+    """The message without the quotes KeyError puts around it."""
+    text = str(exc)
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        return text[1:-1]
+    return text
+
+
 def _read_config_file(path: str) -> dict:
     if os.path.isdir(path):
         path = os.path.join(path, "config.json")
@@ -72,7 +80,7 @@ def resolve_hf_config(model: Any) -> tuple[str, dict]:
         return os.path.basename(os.path.normpath(path)), _read_config_file(path)
     if "/" in model:
         return model, _from_hub(model)
-    raise SpecError("model", str(unknown).strip("'\""))
+    raise SpecError("model", _plain(unknown))
 
 
 def resolve_model(spec: JobSpec) -> ModelDesc:
@@ -88,4 +96,4 @@ def resolve_model(spec: JobSpec) -> ModelDesc:
     except SpecError:
         raise
     except (ValueError, KeyError, TypeError) as exc:
-        raise SpecError("model", str(exc).strip("'\"")) from None
+        raise SpecError("model", _plain(exc)) from None

@@ -8,7 +8,7 @@ its own section of the breakdown (`policy/...`, `reference/...`, `teacher/...`).
 from __future__ import annotations
 
 from vramplan.model import ModelDesc
-from vramplan.spec import JobSpec, Task
+from vramplan.spec import JobSpec, SpecError, Task
 from vramplan.spec.tasks import PRECOMPUTED, needs_several_models
 
 
@@ -27,7 +27,10 @@ def resolve_models(spec: JobSpec) -> dict[str, ModelDesc]:
                         ("reward", "reward_model"), ("critic", "critic_model")):
         value = getattr(spec, field)
         if value is not None and value != PRECOMPUTED:
-            out[role] = _desc(value, 1 if role in ("reward", "critic") else None)
+            try:
+                out[role] = _desc(value, 1 if role in ("reward", "critic") else None)
+            except SpecError as exc:  # name the spec field that holds this model
+                raise SpecError(field, str(exc).split(": ", 1)[-1]) from None
     for m in spec.models:
         if m.model != PRECOMPUTED:
             out[m.role] = _desc(m.model)
