@@ -96,7 +96,8 @@ def test_ppo_trains_actor_and_critic():
                                   "dpo/bf16/lora/adapter-disabled", "dpo/bf16/full/ref-precomputed",
                                   "distill/bf16/full/teacher-6l", "reward-model/bf16/full",
                                   "grpo/bf16/full/g4-c128", "grpo/fp32/full/g4-c32",
-                                  "grpo/bf16/lora/adapter-disabled", "grpo/bf16/full/gc/b4"])
+                                  "grpo/bf16/lora/adapter-disabled", "grpo/bf16/full/gc/b4",
+                                  "ppo/fp32/full/c32"])
 def test_estimates_match_committed_cpu_measurements(name):
     row = json.loads(RESULTS.read_text())[name]
     measured = row["measured"]["peak_allocated_bytes"]
@@ -137,3 +138,15 @@ def test_pipeline_catalog_token_counts_from_frames_resolution_vae_and_patches():
     assert denoiser_tokens(find_pipeline("stable-diffusion-v1-5"), 512, 512, 1) == {"image": 4096, "text": 0}
     assert image_tokens(find_vlm("llava-1.5-7b"), 336) == 576
     assert image_tokens(find_vlm("qwen2-vl-7b"), 448) == 256
+
+
+def test_tiny_ppo_measured_live():
+    """TRL PPOTrainer's update (measure/ppo.py): rollout with output_scores, reference, value
+    and reward forwards under no_grad, then the PolicyAndValueWrapper forward/backward/step."""
+    pytest.importorskip("torch")
+    from vramplan.measure.ppo import measure_ppo
+    job = {**BASE, "task": "ppo", "precision": "fp32", "micro_batch_size": 4, "seq_len": 16,
+           "max_new_tokens": 16, "reward_model": TINY}
+    m, e = measure_ppo(job), vramplan.estimate(job)
+    assert m.params_bytes == e.components.total("actor/weights") + e.components.total("critic/weights")
+    assert abs(e.peak_allocated_bytes / m.peak_allocated_bytes - 1) < 0.03, (e.peak_allocated_bytes, m)

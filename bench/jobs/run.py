@@ -57,6 +57,8 @@ TINY_COG = {"name": "tiny-cogvideox", "kind": "video-dit",
 DIT = {"task": "diffusion", "model": TINY_COG,
        "diffusion": {"height": 256, "width": 256, "num_frames": 9, "text_encoders": "precomputed",
                      "vae": "precomputed"}}
+# PPO (TRL PPOTrainer, measure/ppo.py): actor + critic trained, reference + reward frozen.
+PPO = {"task": "ppo", "micro_batch_size": 4, "seq_len": 64, "max_new_tokens": 32, "reward_model": LLAMA}
 GRPO = {"task": "grpo", "micro_batch_size": 8, "seq_len": 64, "num_generations": 4, "max_new_tokens": 32}
 
 
@@ -81,6 +83,7 @@ CASES = dict([
     case("vlm/bf16/full/tower-trained", **VLM, precision="bf16", vision={"num_images": 1, "freeze_vision_tower": False}),
     case("vlm/bf16/lora/tower-frozen/2img", **VLM, precision="bf16", **LORA,
          vision={"num_images": 2, "freeze_vision_tower": True}),
+    case("ppo/fp32/full/c32", **PPO, precision="fp32"),
     case("grpo/bf16/full/g4-c128", **dict(GRPO, max_new_tokens=128), precision="bf16"),
     case("grpo/bf16/full/g4-c32", **GRPO, precision="bf16"),
     case("grpo/fp32/full/g4-c32", **GRPO, precision="fp32"),
@@ -101,6 +104,7 @@ CASES = dict([
 def measure(job: dict) -> dict:
     fn = ("from vramplan.measure.vlm import measure_vlm as measure_job; " if job.get("vision") else
           "from vramplan.measure.rl import measure_grpo as measure_job; " if job.get("task") == "grpo" else
+          "from vramplan.measure.ppo import measure_ppo as measure_job; " if job.get("task") == "ppo" else
           "from vramplan.measure.diffusion import measure_diffusion as measure_job; " if job.get("task") == "diffusion" else
           "from vramplan.measure.jobs import measure_job; ")
     code = ("import json, sys; sys.path.insert(0, sys.argv[1]); " + fn +

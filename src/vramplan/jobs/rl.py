@@ -93,22 +93,40 @@ def completion_logps_head(rows: int, new: int, v: int, c: str) -> Breakdown:
     return out
 
 
-def completion_logps_loss(rows: int, new: int, v: int, c: str) -> LossTerms:
+def completion_logps_loss(rows: int, new: int, v: int, c: str, logits_len: int | None = None) -> LossTerms:
     """The same head with gradients (selective_log_softmax, trl/trainer/utils.py).
     bf16/fp16 rows: each row's log_softmax output is saved (rows x C x v in all); backward
     turns them one by one into row gradients, UnbindBackward stacks them (rows, C, v) with
     the saved outputs gone, then SliceBackward's full-size (rows, C + 1, v) zeros.
     fp32: `gather` and `logsumexp` save the logits themselves (views: the (C + 1) logits
     stay alive); backward holds gather's `new_zeros` and `scatter_add` and the stacked
-    logsumexp row gradients (3 x rows x C x v fp32) beside them, then SliceBackward."""
-    rcv, full = nbytes(rows * new * v, c), nbytes(rows * (new + 1) * v, c)
+    logsumexp row gradients (3 x rows x C x v fp32) beside them, then SliceBackward.
+    PPO (trl/trainer/ppo_trainer.py: `forward(model, mb_query_responses, ...)` passes no
+    logits_to_keep, then `logits = output.logits[:, context_length - 1 : -1]`): the logits
+    cover all `logits_len` = P + C positions.
+    """
+    rcv, full = nbytes(rows * new * v, c), nbytes(rows * (logits_len or new + 1) * v, c)
     head = Breakdown().add("logits/grad_logits", full)
     if c != "fp32":
         return LossTerms(Breakdown().add("logits/log_softmax", rcv), Breakdown().add("logits/logits", full),
                          Breakdown().add("logits/grad_rows_stacked", rcv), head)
-    return LossTerms(Breakdown().add("logits/logits", full), Breakdown(),
-                     Breakdown().add("logits/grad_gather_zeros", rcv).add("logits/grad_gather_scatter", rcv)
-                     .add("logits/grad_rows_stacked", rcv), head)
+    grad = (Breakdown().add("logits/grad_gather_zeros", rcv).add("logits/grad_gather_scatter", rcv)
+            .add("logits/grad_rows_stacked", rcv))
+    if logits_len:
+        # PPO: `logits /= args.temperature + 1e-7` (PPOConfig temperature 0.7) in place on the
+        # view of the (rows, S, v) logits makes a CopySlices node: the view's gradient lands in
+        # a full-size zeros of the base (AsStridedBackward), CopySlices allocates its full-size
+        # result, clones the slice's gradient and runs DivBackward on it (rows x C x v each).
+        # That stage is larger than the gather/logsumexp one before it (full >= rcv).
+        grad = (Breakdown().add("logits/grad_view_base", full).add("logits/grad_copy_slices", full)
+                .add("logits/grad_slice_clone", rcv).add("logits/grad_temperature_div", rcv))
+        return LossTerms(Breakdown().add("logits/logits", full), Breakdown(), grad, Breakdown())
+    return LossTerms(Breakdown().add("logits/logits", full), Breakdown(), grad, head)
+
+
+def _one_label(model) -> ModelDesc:
+    from vramplan.jobs import _desc
+    return _desc(model, 1)
 
 
 def _with_critic(plan: StepPlan, critic: StepPlan) -> StepPlan:
@@ -140,14 +158,25 @@ def rl_estimate(descs: dict[str, ModelDesc], spec: JobSpec, gpu=None):
     notes = [f"{gens} completions per prompt; {gen_rows} generated per generation batch, "
              f"{rows} trained per micro-step; completion length {new}"]
     actor = "actor" if ppo else "policy"
-    trained = trained_plan(desc, spec, rows, completion_logps_loss(rows, new, v, c), seq_len=total_len)
+    trained = trained_plan(desc, spec, rows, completion_logps_loss(rows, new, v, c, total_len if ppo else None),
+                           seq_len=total_len)
     plan = prefixed(trained.plan, actor)
     total, trainable = desc.num_params(), trained.params.numel(trainable=True)
     if ppo:
-        critic_desc = descs.get("critic", desc)
+        # No critic_model: TRL's value model is AutoModelForSequenceClassification with
+        # num_labels=1 from the policy's checkpoint (a backbone plus `score`, no LM head).
+        critic_desc = descs.get("critic") or _one_label(spec.model)
         critic = trained_plan(critic_desc, spec, rows, score_loss(rows, total_len, critic_desc.hidden_size, c),
                               seq_len=total_len)
         plan = _with_critic(plan, prefixed(critic.plan, "critic"))
+        # trl ppo_trainer.py: the training forward's `output` (and `logits`, its view) are
+        # deleted only after `optimizer.step(); optimizer.zero_grad()` and the no_grad stats:
+        # the policy's full (rows, S, v) logits are alive at the optimizer step.
+        kept = Breakdown().add(f"{actor}/logits/output_kept", nbytes(rows * total_len * v, c))
+        plan.optimizer_temporaries.merge(kept)
+        # ... and through every layer's backward (the loss backward counts them as saved).
+        for extra in plan.stage_backward_transient:
+            extra.merge(kept)
         total += critic_desc.num_params()
         trainable += critic.params.numel(trainable=True)
     step = Step(plan)
@@ -159,6 +188,13 @@ def rl_estimate(descs: dict[str, ModelDesc], spec: JobSpec, gpu=None):
     step.plan.static.add("batch/completion_mask", nbytes(gen_rows * new, "int64"))
     step.plan.static.add("batch/ref_per_token_logps", nbytes(gen_rows * new, c))
     step.plan.static.add("batch/advantages", nbytes(gen_rows, "fp32"))
+    if ppo:
+        # trl ppo_trainer.py `generate`: `lm_backbone.generate(..., return_dict_in_generate=True,
+        # output_scores=True)`, `logits = torch.stack(output.scores, 1)`: the processed fp32
+        # scores (transformers casts the last-position logits to fp32), one (rows, v) per new
+        # token. `batch_generation` returns them as `logitss`, which the trainer never deletes:
+        # alive from the rollout to the end of the update.
+        step.plan.static.add("batch/rollout_scores", nbytes(gen_rows * new * v, "fp32"))
     floor = Breakdown()
     if spec.generation and spec.generation.engine == "vllm":
         if gpu is None:
