@@ -205,6 +205,17 @@ def rl_estimate(descs: dict[str, ModelDesc], spec: JobSpec, gpu=None):
         gen = generation_peak(desc, gen_rows, prompt, new, c)
         step.before.append(("generation", f"generation ({gen_rows} rows, KV cache to {total_len} tokens)",
                             Breakdown().merge(gen, prefix=f"{actor}/")))
+        if ppo:
+            # trl ppo_trainer.py `generate`: `torch.stack(output.scores, 1)` while `output`
+            # (return_dict_in_generate) still holds the per-token scores (C x (rows, v) fp32,
+            # TemperatureLogitsWarper's outputs), the sequences and past_key_values (the cache
+            # at P + C - 1 positions).
+            stack = (kv_cache(desc, gen_rows, total_len - 1, c)
+                     .add("generation/sequences", nbytes(gen_rows * total_len, "int64"))
+                     .add("generation/output_scores", nbytes(gen_rows * new * v, "fp32"))
+                     .add("generation/scores_stacked", nbytes(gen_rows * new * v, "fp32")))
+            step.before.append(("generation", "generation scores stacked (output_scores)",
+                                Breakdown().merge(stack, prefix=f"{actor}/")))
     # Frozen models: the reference (or the LoRA policy with its adapter disabled), reward.
     ref = spec.reference_model
     if ref != PRECOMPUTED:
