@@ -97,7 +97,7 @@ def test_ppo_trains_actor_and_critic():
                                   "distill/bf16/full/teacher-6l", "reward-model/bf16/full",
                                   "grpo/bf16/full/g4-c128", "grpo/fp32/full/g4-c32",
                                   "grpo/bf16/lora/adapter-disabled", "grpo/bf16/full/gc/b4",
-                                  "ppo/fp32/full/c32"])
+                                  "ppo/fp32/full/c32", "ppo/bf16/full/c64"])
 def test_estimates_match_committed_cpu_measurements(name):
     row = json.loads(RESULTS.read_text())[name]
     measured = row["measured"]["peak_allocated_bytes"]

@@ -84,6 +84,7 @@ CASES = dict([
     case("vlm/bf16/lora/tower-frozen/2img", **VLM, precision="bf16", **LORA,
          vision={"num_images": 2, "freeze_vision_tower": True}),
     case("ppo/fp32/full/c32", **PPO, precision="fp32"),
+    case("ppo/bf16/full/c64", **dict(PPO, max_new_tokens=64), precision="bf16"),
     case("grpo/bf16/full/g4-c128", **dict(GRPO, max_new_tokens=128), precision="bf16"),
     case("grpo/bf16/full/g4-c32", **GRPO, precision="bf16"),
     case("grpo/fp32/full/g4-c32", **GRPO, precision="fp32"),

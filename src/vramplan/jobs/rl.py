@@ -22,7 +22,8 @@ What is alive when (trl/trainer/grpo_trainer.py, `_generate_and_score_completion
    prompt + completion) and the same log-prob head with gradients; then backward and the
    optimizer step. PPO's PolicyAndValueWrapper runs the critic backbone then the policy
    in one graph: the critic's activations stay alive through the policy's backward.
-Measured against vramplan.measure.rl (bench/jobs: every phase within 0.5%).
+GRPO measured against vramplan.measure.rl (bench/jobs: every phase within 0.5%); PPO
+against vramplan.measure.ppo (TRL PPOTrainer's update; every phase within 1%).
 Legend: r rows (completions per micro-step), P prompt length, C completion length,
 S = P + C, L layers, k KV heads, d head_dim, v vocabulary, c compute dtype.
 """
@@ -107,11 +108,6 @@ def completion_logps_loss(rows: int, new: int, v: int, c: str, logits_len: int |
     """
     rcv, full = nbytes(rows * new * v, c), nbytes(rows * (logits_len or new + 1) * v, c)
     head = Breakdown().add("logits/grad_logits", full)
-    if c != "fp32":
-        return LossTerms(Breakdown().add("logits/log_softmax", rcv), Breakdown().add("logits/logits", full),
-                         Breakdown().add("logits/grad_rows_stacked", rcv), head)
-    grad = (Breakdown().add("logits/grad_gather_zeros", rcv).add("logits/grad_gather_scatter", rcv)
-            .add("logits/grad_rows_stacked", rcv))
     if logits_len:
         # PPO: `logits /= args.temperature + 1e-7` (PPOConfig temperature 0.7) in place on the
         # view of the (rows, S, v) logits makes a CopySlices node: the view's gradient lands in
@@ -120,7 +116,16 @@ def completion_logps_loss(rows: int, new: int, v: int, c: str, logits_len: int |
         # That stage is larger than the gather/logsumexp one before it (full >= rcv).
         grad = (Breakdown().add("logits/grad_view_base", full).add("logits/grad_copy_slices", full)
                 .add("logits/grad_slice_clone", rcv).add("logits/grad_temperature_div", rcv))
-        return LossTerms(Breakdown().add("logits/logits", full), Breakdown(), grad, Breakdown())
+        # `output` keeps the logits alive through the whole backward. bf16/fp16: the rows'
+        # saved log_softmax outputs are freed by their backward before this stage (counted at
+        # the end of the forward only).
+        end = Breakdown().add("logits/log_softmax", rcv) if c != "fp32" else Breakdown()
+        return LossTerms(Breakdown().add("logits/logits", full), end, grad, Breakdown())
+    if c != "fp32":
+        return LossTerms(Breakdown().add("logits/log_softmax", rcv), Breakdown().add("logits/logits", full),
+                         Breakdown().add("logits/grad_rows_stacked", rcv), head)
+    grad = (Breakdown().add("logits/grad_gather_zeros", rcv).add("logits/grad_gather_scatter", rcv)
+            .add("logits/grad_rows_stacked", rcv))
     return LossTerms(Breakdown().add("logits/logits", full), Breakdown(), grad, head)
 
 
