@@ -38,3 +38,18 @@ def test_trained_roles_add_gradients_and_optimizer_state_in_their_precision():
     assert opt.total("critic/optimizer") > 0 and opt.total("critic/weights/trainable") > 0
     assert lora.events[-1].live.total("critic/weights/lora_adapters") > 0
     assert lora.events[-1].live.terms["critic/weights/frozen"] == full.events[-1].live.terms["critic/weights/trainable"] * 2
+
+
+def test_frozen_role_on_this_device_measured_live_per_phase():
+    """measure/generic.py: the trained model's causal-LM step plus a frozen judge's no_grad
+    forward (its own, wider architecture) after the trained forward, under the exact meter."""
+    import pytest
+    pytest.importorskip("torch")
+    from vramplan.measure.generic import measure_generic
+    judge = dict(TINY, num_hidden_layers=3, hidden_size=96, intermediate_size=256, num_key_value_heads=4)
+    for precision in ("bf16", "fp32"):
+        job = {**BASE, "precision": precision, "models": [{"role": "judge", "model": judge}]}
+        m, e = measure_generic(job), vramplan.estimate(job)
+        assert abs(e.peak_allocated_bytes / m.peak_allocated_bytes - 1) < 0.01, (precision, e.peak_allocated_bytes, m)
+        for phase in ("forward", "backward", "optimizer"):
+            assert abs(e.phases[phase] / m.phases[phase] - 1) < 0.01, (precision, phase, e.phases, m.phases)

@@ -84,6 +84,7 @@ CASES = dict([
     case("vlm/bf16/lora/tower-frozen/2img", **VLM, precision="bf16", **LORA,
          vision={"num_images": 2, "freeze_vision_tower": True}),
     case("ppo/fp32/full/c32", **PPO, precision="fp32"),
+    case("generic/bf16/full/judge-frozen-6l", models=[{"role": "judge", "model": TEACHER}], precision="bf16"),
     case("ppo/bf16/full/c64", **dict(PPO, max_new_tokens=64), precision="bf16"),
     case("grpo/bf16/full/g4-c128", **dict(GRPO, max_new_tokens=128), precision="bf16"),
     case("grpo/bf16/full/g4-c32", **GRPO, precision="bf16"),
@@ -106,6 +107,7 @@ def measure(job: dict) -> dict:
     fn = ("from vramplan.measure.vlm import measure_vlm as measure_job; " if job.get("vision") else
           "from vramplan.measure.rl import measure_grpo as measure_job; " if job.get("task") == "grpo" else
           "from vramplan.measure.ppo import measure_ppo as measure_job; " if job.get("task") == "ppo" else
+          "from vramplan.measure.generic import measure_generic as measure_job; " if job.get("models") else
           "from vramplan.measure.diffusion import measure_diffusion as measure_job; " if job.get("task") == "diffusion" else
           "from vramplan.measure.jobs import measure_job; ")
     code = ("import json, sys; sys.path.insert(0, sys.argv[1]); " + fn +
