@@ -124,3 +124,10 @@ def test_measure_puts_the_estimate_beside_the_measurement(tmp_path, capsys):
     assert set(err["phases"]) == {"forward", "backward", "optimizer"}
     assert err["params"] == 0 and err["grads"] == 0
     assert abs(err["peak"]) < 0.02
+
+
+def test_pipeline_names_say_how_to_ask(capsys):
+    code, _, err = run(capsys, "estimate", "cogvideox-5b")
+    assert code == 2 and "--task diffusion" in err
+    code, _, err = run(capsys, "estimate", "llava-1.5-7b")
+    assert code == 2 and "vision" in err

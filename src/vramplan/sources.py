@@ -80,7 +80,21 @@ def resolve_hf_config(model: Any) -> tuple[str, dict]:
         return os.path.basename(os.path.normpath(path)), _read_config_file(path)
     if "/" in model:
         return model, _from_hub(model)
-    raise SpecError("model", _plain(unknown))
+    raise SpecError("model", _plain(unknown) + _pipeline_hint(model))
+
+
+def _pipeline_hint(name: str) -> str:
+    """A vision-language or diffusion catalog entry is not a plain model: say how to ask."""
+    from vramplan.catalog import pipelines
+    for find, how in ((pipelines.find_vlm, "a vision-language model: add a `vision` section "
+                       "(e.g. vision: {num_images: 1}) to the spec"),
+                      (pipelines.find_pipeline, "a diffusion pipeline: use --task diffusion")):
+        try:
+            find(name)
+        except (KeyError, ValueError):
+            continue
+        return f" ({name} is {how})"
+    return ""
 
 
 def resolve_model(spec: JobSpec) -> ModelDesc:
