@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from vramplan.breakdown import Breakdown
 from vramplan.parallel.layout import (
-    DDP_BUCKET_BYTES, DS_ALLGATHER_BUCKET, DS_MAX_LIVE_PARAMETERS, DS_PREFETCH_BUCKET,
+    DS_ALLGATHER_BUCKET, DS_MAX_LIVE_PARAMETERS, DS_PREFETCH_BUCKET,
     DS_REDUCE_BUCKET, Layout,
 )
 from vramplan.units import nbytes

@@ -2,7 +2,7 @@
 the engines' buffers added. The worst pipeline stage is the rank reported."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from vramplan.breakdown import Breakdown
 from vramplan.components.optimizer import optimizer_states, step_temporaries
