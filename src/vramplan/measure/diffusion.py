@@ -32,6 +32,7 @@ from . import MeasureResult
 from .build import build_optimizer, norm_precision, precision_dtypes
 from .jobs import PHASES, _live_tensors
 from .meter import MemoryMeter
+from .result import metered_result
 from .run import unique_bytes
 
 
@@ -131,21 +132,7 @@ def measure_diffusion(job: dict, steps: int = 2, trace: bool = False) -> Measure
                 opt.step()
                 opt.zero_grad(set_to_none=True)
             del loss, noise, noisy, t, alpha
-    states = [v for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
-    phases = {v: 0 for v in ("forward", "backward", "optimizer")}
-    for name, peak in meter.phase_peaks.items():
-        kind = PHASES.get(name.rsplit(".", 1)[-1])
-        if kind:
-            phases[kind] = max(phases[kind], peak)
-    result = MeasureResult(
-        device="cpu", peak_allocated_bytes=meter.peak, phases=phases,
-        params_bytes=unique_bytes(list(model.parameters())), grad_bytes=grads,
-        optimizer_state_bytes=unique_bytes(states), activation_bytes_end_of_forward=0,
-        peak_phase=meter.peak_label, phase_peaks=dict(meter.phase_peaks))
-    if trace:
-        from .trace import Trace
-        result.trace = Trace.from_meter(meter)
-    return result
+    return metered_result(meter, model, opt, grads, PHASES, trace=trace)
 
 
 __all__ = ["build_denoiser", "count_params", "measure_diffusion"]

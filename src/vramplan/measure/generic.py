@@ -19,6 +19,7 @@ from . import MeasureResult
 from .build import norm_precision, precision_dtypes
 from .jobs import _build_frozen, _build_trained, _live_tensors, make_batch
 from .meter import MemoryMeter
+from .result import metered_result
 from .run import unique_bytes
 
 
@@ -67,22 +68,8 @@ def measure_generic(job: dict, steps: int = 2, trace: bool = False) -> MeasureRe
                 opt.step()
                 opt.zero_grad(set_to_none=True)
             del loss
-    states = [v for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
     kinds = {"fwd": "forward", "bwd": "backward", "opt": "optimizer"} | {name: "forward" for name in frozen}
-    phases = {v: 0 for v in ("forward", "backward", "optimizer")}
-    for name, peak in meter.phase_peaks.items():
-        kind = kinds.get(name.split(".", 1)[-1])
-        if kind:
-            phases[kind] = max(phases[kind], peak)
-    result = MeasureResult(
-        device="cpu", peak_allocated_bytes=meter.peak, phases=phases,
-        params_bytes=unique_bytes(list(model.parameters())), grad_bytes=grads,
-        optimizer_state_bytes=unique_bytes(states), activation_bytes_end_of_forward=0,
-        peak_phase=meter.peak_label, phase_peaks=dict(meter.phase_peaks))
-    if trace:
-        from .trace import Trace
-        result.trace = Trace.from_meter(meter)
-    return result
+    return metered_result(meter, model, opt, grads, kinds, trace=trace)
 
 
 __all__ = ["measure_generic"]

@@ -44,6 +44,7 @@ from .build import (
     precision_dtypes,
 )
 from .meter import MemoryMeter
+from .result import metered_result
 from .run import unique_bytes
 
 PHASES = {"fwd": "forward", "ref": "forward", "bwd": "backward", "opt": "optimizer"}
@@ -200,21 +201,9 @@ def measure_job(job: dict, steps: int = 2, trace: bool = False) -> MeasureResult
                 opt.zero_grad(set_to_none=True)
             del loss
     states = [v for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
-    params = unique_bytes(list(model.parameters()))
-    phases = {v: 0 for v in ("forward", "backward", "optimizer")}
-    for name, peak in meter.phase_peaks.items():
-        kind = PHASES.get(name.rsplit(".", 1)[-1])
-        if kind:
-            phases[kind] = max(phases[kind], peak)
-    result = MeasureResult(
-        device="cpu", peak_allocated_bytes=meter.peak, phases=phases, params_bytes=params,
-        grad_bytes=grads, optimizer_state_bytes=unique_bytes(states),
-        activation_bytes_end_of_forward=end_fwd - params - grads * 0 - unique_bytes(states),
-        peak_phase=meter.peak_label, phase_peaks=dict(meter.phase_peaks))
-    if trace:
-        from .trace import Trace
-        result.trace = Trace.from_meter(meter)
-    return result
+    model_state = unique_bytes(list(model.parameters())) + unique_bytes(states)
+    return metered_result(meter, model, opt, grads, PHASES, trace=trace,
+                          activation_bytes_end_of_forward=end_fwd - model_state)
 
 
 __all__ = ["measure_job", "make_batch", "sequence_logps"]

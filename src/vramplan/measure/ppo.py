@@ -43,6 +43,7 @@ from . import MeasureResult
 from .build import build_model, build_optimizer
 from .jobs import _build_frozen, _build_trained, _live_tensors, _model_job
 from .meter import MemoryMeter
+from .result import metered_result
 from .rl import _selective_log_softmax
 from .run import unique_bytes
 
@@ -213,21 +214,8 @@ def measure_ppo(job: dict, steps: int = 2, trace: bool = False) -> MeasureResult
             del (query_responses, responses, logprobs, ref_logprobs, values, padding_mask, padding_mask_p1,
                  rewards, advantages, returns)
             # `logitss` is rebound by the next update's batch_generation, as in the trainer
-    states = [v for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
-    phases = {v: 0 for v in ("generation", "forward", "backward", "optimizer")}
-    for name, peak in meter.phase_peaks.items():
-        kind = PHASES.get(name.rsplit(".", 1)[-1])
-        if kind:
-            phases[kind] = max(phases[kind], peak)
-    result = MeasureResult(
-        device="cpu", peak_allocated_bytes=meter.peak, phases=phases,
-        params_bytes=unique_bytes(list(model.parameters())), grad_bytes=grads,
-        optimizer_state_bytes=unique_bytes(states), activation_bytes_end_of_forward=0,
-        peak_phase=meter.peak_label, phase_peaks=dict(meter.phase_peaks))
-    if trace:
-        from .trace import Trace
-        result.trace = Trace.from_meter(meter)
-    return result
+    return metered_result(meter, model, opt, grads, PHASES, trace=trace,
+                          phase_names=("generation", "forward", "backward", "optimizer"))
 
 
 __all__ = ["measure_ppo", "PolicyAndValueWrapper"]

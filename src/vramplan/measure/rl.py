@@ -39,6 +39,7 @@ import torch
 from . import MeasureResult
 from .jobs import _build_frozen, _build_trained, _live_tensors
 from .meter import MemoryMeter
+from .result import metered_result
 from .run import unique_bytes
 
 PHASES = {"gen": "generation", "ref": "forward", "fwd": "forward", "bwd": "backward", "opt": "optimizer"}
@@ -154,21 +155,8 @@ def measure_grpo(job: dict, steps: int = 2, trace: bool = False) -> MeasureResul
                 opt.step()
                 opt.zero_grad(set_to_none=True)
             del loss, ids, completion_ids, completion_mask, attention_mask, ref_logps, advantages
-    states = [v for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
-    phases = {v: 0 for v in ("generation", "forward", "backward", "optimizer")}
-    for name, peak in meter.phase_peaks.items():
-        kind = PHASES.get(name.rsplit(".", 1)[-1])
-        if kind:
-            phases[kind] = max(phases[kind], peak)
-    result = MeasureResult(
-        device="cpu", peak_allocated_bytes=meter.peak, phases=phases,
-        params_bytes=unique_bytes(list(model.parameters())), grad_bytes=grads,
-        optimizer_state_bytes=unique_bytes(states), activation_bytes_end_of_forward=0,
-        peak_phase=meter.peak_label, phase_peaks=dict(meter.phase_peaks))
-    if trace:
-        from .trace import Trace
-        result.trace = Trace.from_meter(meter)
-    return result
+    return metered_result(meter, model, opt, grads, PHASES, trace=trace,
+                          phase_names=("generation", "forward", "backward", "optimizer"))
 
 
 __all__ = ["measure_grpo", "per_token_logps"]

@@ -20,9 +20,10 @@ from typing import Any
 
 import torch
 
-from . import MeasureResult, phase_kinds
+from . import PHASE_KINDS, MeasureResult
 from .build import _apply_lora, build_optimizer, norm_precision, precision_dtypes
 from .meter import MemoryMeter
+from .result import metered_result
 from .run import unique_bytes
 
 
@@ -111,16 +112,7 @@ def measure_vlm(job: Any, steps: int = 2, trace: bool = False) -> MeasureResult:
                 opt.step()
                 opt.zero_grad(set_to_none=True)
             del loss
-    states = [v for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
-    result = MeasureResult(
-        device="cpu", peak_allocated_bytes=meter.peak, phases=phase_kinds(meter.phase_peaks),
-        params_bytes=unique_bytes(list(model.parameters())), grad_bytes=grads,
-        optimizer_state_bytes=unique_bytes(states), activation_bytes_end_of_forward=0,
-        peak_phase=meter.peak_label, phase_peaks=dict(meter.phase_peaks))
-    if trace:
-        from .trace import Trace
-        result.trace = Trace.from_meter(meter)
-    return result
+    return metered_result(meter, model, opt, grads, PHASE_KINDS, trace=trace)
 
 
 __all__ = ["build_vlm", "image_token_count", "make_vlm_batch", "measure_vlm"]
