@@ -126,16 +126,7 @@ def estimate_model(desc: ModelDesc, spec: JobSpec, gpu=None) -> Estimate:
     peak = components.total()
     phases = phase_peaks(events)
     phases[top.phase] = peak
-    reserved, device = peak, peak
-    if spec.backend is Backend.CUDA:
-        # the largest single block (a logits-sized tensor, alive at the end of forward or
-        # the start of backward) that the allocator may hold one extra segment of
-        largest = max((v for e in events[:2] for k, v in e.live if k.startswith("logits/")), default=0)
-        churn = max(e.live.total("activations") + e.live.total("backward") for e in [top, *events[1:2]])
-        reserved = reserved_from_allocated(peak, largest, churn)
-        context = getattr(gpu, "cuda_context_bytes_typical", None) or CUDA_CONTEXT_DEFAULT
-        # managed (paged) pages count in nvidia-smi while resident on the GPU
-        device = reserved + context + managed.total()
+    reserved, device = device_levels(spec, gpu, events, top, managed.total())
     notes = [f"LoRA target or modules_to_save {t!r} matches no module of {desc.name}; "
              "PEFT would ignore it" for t in params.unmatched_targets]
     return Estimate(spec=spec, model=desc, num_params=desc.num_params(),
@@ -143,6 +134,29 @@ def estimate_model(desc: ModelDesc, spec: JobSpec, gpu=None) -> Estimate:
                     peak_phase=top.phase, peak_event=top.label, phases=phases,
                     components=components, reserved_bytes=reserved, device_bytes=device,
                     events=events, gpu=gpu, notes=notes + (par.notes if par else []), parallel=par, managed_bytes=managed.total())
+
+
+def _group(bd: Breakdown, group: str) -> list[int]:
+    """Values of the terms in `group`, with or without a model prefix (multi-model jobs key
+    them `policy/logits/...`)."""
+    return [v for k, v in bd if k.startswith(group + "/") or f"/{group}/" in k]
+
+
+def device_levels(spec: JobSpec, gpu, events: list[Event], top: Event, managed: int = 0) -> tuple[int, int]:
+    """(max_memory_reserved, nvidia-smi) from the live peak on the CUDA backend (equal to the
+    peak on cpu): the allocator's reserve (components/runtime.py) around the largest single
+    logits-sized block and the activation bytes churned at the peak and at the start of
+    backward, then the CUDA context and managed (paged) memory resident on the GPU."""
+    peak = top.live.total()
+    if spec.backend is not Backend.CUDA:
+        return peak, peak
+    ends = [e for e in events if e.label.startswith(("end of forward", "loss backward"))]
+    largest = max((v for e in ends for v in _group(e.live, "logits")), default=0)
+    loss_bwd = [e for e in ends if e.label.startswith("loss backward")]
+    churn = max(sum(_group(e.live, "activations")) + sum(_group(e.live, "backward")) for e in [top, *loss_bwd])
+    reserved = reserved_from_allocated(peak, largest, churn)
+    context = getattr(gpu, "cuda_context_bytes_typical", None) or CUDA_CONTEXT_DEFAULT
+    return reserved, reserved + context + managed
 
 
 def _inference_events(desc: ModelDesc, spec: JobSpec, params: ParamSet, gpu) -> list[Event]:

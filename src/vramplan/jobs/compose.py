@@ -6,9 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from vramplan.breakdown import Breakdown
-from vramplan.components.runtime import (
-    CUDA_CONTEXT_DEFAULT, cublas_workspace_bytes, reserved_from_allocated,
-)
+from vramplan.components.runtime import cublas_workspace_bytes
 from vramplan.model import ModelDesc
 from vramplan.spec import Backend, JobSpec
 from vramplan.timeline import Event, StepPlan, peak_event, walk
@@ -57,7 +55,7 @@ def finish(spec: JobSpec, desc: ModelDesc, step: Step, *, num_params: int, train
            gpu=None, notes: list[str] | None = None, floor: Breakdown | None = None):
     """An Estimate from the step's events (same device-level terms as estimation.py).
     `floor`: memory held outside the allocator's live tensors (a colocated vLLM pool)."""
-    from vramplan.estimation import Estimate
+    from vramplan.estimation import Estimate, device_levels
     from vramplan.jobs.sharding import shard_step
     shard_step(step.plan, spec, desc)
     if spec.backend is Backend.CUDA:
@@ -70,12 +68,7 @@ def finish(spec: JobSpec, desc: ModelDesc, step: Step, *, num_params: int, train
     peak = components.total()
     phases = phase_peaks(events)
     phases[top.phase] = peak
-    reserved = device = peak
-    if spec.backend is Backend.CUDA:
-        largest = max((v for e in events for k, v in e.live.terms.items() if "logits/" in k), default=0)
-        reserved = reserved_from_allocated(peak, largest)
-        context = getattr(gpu, "cuda_context_bytes_typical", None) or CUDA_CONTEXT_DEFAULT
-        device = reserved + context
+    reserved, device = device_levels(spec, gpu, events, top)
     return Estimate(spec=spec, model=desc, num_params=num_params, trainable_params=trainable_params,
                     peak_allocated_bytes=peak, peak_phase=top.phase, peak_event=top.label,
                     phases=phases, components=components, reserved_bytes=reserved,
