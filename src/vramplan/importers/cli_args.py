@@ -3,34 +3,22 @@ read each file (JSON or YAML), import it, and merge the results in a fixed order
 (recipe, accelerate config, training arguments, DeepSpeed: later, more specific files win)."""
 from __future__ import annotations
 
-import json
 import os
 
 from vramplan.importers.accelerate_cfg import from_accelerate
 from vramplan.importers.deepspeed import from_deepspeed
 from vramplan.importers.hf_args import from_training_args
 from vramplan.importers.recipes import from_recipe
+from vramplan.files import FileReadError, read_mapping
 from vramplan.importers.report import ImportError_, merge
 
 
 def read_config(path: str) -> dict:
     """A JSON or YAML file as a mapping; errors are one line naming the file."""
-    if not os.path.isfile(path):
-        raise ImportError_(f"{path}: file not found")
-    with open(path, encoding="utf-8") as fh:
-        text = fh.read()
     try:
-        if path.endswith(".json"):
-            data = json.loads(text)
-        else:
-            import yaml
-            data = yaml.safe_load(text)
-    except Exception as exc:  # noqa: BLE001  (both parsers' errors become one line)
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise ImportError_(f"{path}: not valid JSON/YAML ({first})") from None
-    if not isinstance(data, dict):
-        raise ImportError_(f"{path}: expected a mapping at the top level")
-    return data
+        return read_mapping(path)
+    except FileReadError as exc:
+        raise ImportError_(str(exc)) from None
 
 
 def import_config_files(deepspeed: str | None = None, training_args: str | None = None,

@@ -192,22 +192,11 @@ def _did_you_mean(key: str, known) -> str:
 
 
 def _read_file(path: str) -> dict:
-    if not os.path.isfile(path):
-        raise SpecError("spec", f"file {path!r} not found")
-    with open(path, encoding="utf-8") as fh:
-        text = fh.read()
+    from vramplan.files import FileReadError, read_mapping
     try:
-        if path.endswith(".json"):
-            data = json.loads(text)
-        else:
-            import yaml
-            data = yaml.safe_load(text)
-    except Exception as exc:  # both parsers' errors become one line naming the file
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise SpecError("spec", f"{path} is not valid YAML/JSON ({first})") from None
-    if not isinstance(data, dict):
-        raise SpecError("spec", f"{path} must hold a mapping of spec keys")
-    return data
+        return read_mapping(path)
+    except FileReadError as exc:
+        raise SpecError("spec", str(exc)) from None
 
 
 def load_spec(source: "JobSpec | Mapping | str | os.PathLike", **overrides) -> JobSpec:
