@@ -11,6 +11,7 @@ d head_dim, f MLP width, L layers, v vocabulary.
 from __future__ import annotations
 
 import enum
+import math
 import re
 from dataclasses import dataclass, field
 
@@ -49,10 +50,7 @@ class ParamEntry:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for dim in self.shape:
-            n *= dim
-        return n
+        return math.prod(self.shape)
 
     @property
     def module(self) -> str:

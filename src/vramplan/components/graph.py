@@ -10,6 +10,7 @@ storage is counted once however many ops save it.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from vramplan.units import nbytes
@@ -32,10 +33,7 @@ class Sym:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+        return math.prod(self.shape)
 
 
 @dataclass(eq=False, slots=True)
@@ -67,10 +65,7 @@ class Recorder:
     # -- bookkeeping --------------------------------------------------------------------
     def new(self, name: str, shape, dtype: str, requires_grad: bool) -> Sym:
         shape = tuple(int(d) for d in shape)
-        n = 1
-        for d in shape:
-            n *= d
-        return Sym(name, shape, dtype, requires_grad, Storage(nbytes(n, dtype)))
+        return Sym(name, shape, dtype, requires_grad, Storage(nbytes(math.prod(shape), dtype)))
 
     def save(self, *tensors: Sym) -> None:
         for t in tensors:
@@ -225,10 +220,7 @@ class Recorder:
 
 
 def _numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
+    return math.prod(shape)
 
 
 _RANK = {"bool": 0, "int64": 0, "int32": 0, "fp16": 1, "bf16": 1, "fp32": 2}

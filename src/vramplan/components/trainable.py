@@ -7,6 +7,7 @@ against module names the way PEFT matches them (peft/tuners/tuners_utils.py,
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from vramplan.model import ModelDesc, ParamEntry
@@ -31,10 +32,7 @@ class HeldParam:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for dim in self.shape:
-            n *= dim
-        return n
+        return math.prod(self.shape)
 
 
 @dataclass(frozen=True, slots=True)

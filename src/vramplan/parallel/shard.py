@@ -130,10 +130,7 @@ def _expert_index(p: HeldParam) -> int | None:
 
 
 def flat_numel(p: HeldParam) -> int:
-    n = 1
-    for d in p.shape:
-        n *= d
-    return n
+    return p.numel
 
 
 def dp_shard(params: ParamSet, n: int, *, per_param_dim0: bool, persist_below: int = 0,
