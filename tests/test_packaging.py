@@ -13,3 +13,12 @@ def test_package_data_covers_every_catalog_file():
     assert data
     missing = [f for f in data if not any(fnmatch.fnmatch(f, g) and f.count("/") == g.count("/") for g in globs)]
     assert missing == []
+
+
+def test_estimate_path_imports_no_torch():
+    import subprocess
+    import sys
+    code = ("import sys, vramplan; vramplan.estimate(vramplan.load_spec({'model': 'llama-3.1-8b', 'method': 'lora', "
+            "'num_gpus': 4, 'parallel': {'zero_stage': 3}})); print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
