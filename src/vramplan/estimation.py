@@ -86,24 +86,17 @@ class Estimate:
 
 
 def estimate(spec: JobSpec) -> Estimate:
-    """Resolve the model (an edge: catalog, file or cache), then the pure core."""
+    """Resolve the model and GPU (edges: catalog, file or cache), then the pure core."""
+    from vramplan.catalog import find_gpu
     from vramplan.spec.tasks import needs_several_models
+    gpu = find_gpu(spec.gpu) if spec.gpu else None
     if needs_several_models(spec):  # several models: per-model sections (vramplan.jobs)
         from vramplan.jobs import estimate_job
-        gpu = None
-        if spec.gpu:
-            from vramplan.catalog import find_gpu
-            gpu = find_gpu(spec.gpu)
         return estimate_job(spec, gpu)
     from vramplan.parallel.host import resolve_local
-    spec = resolve_local(spec)  # parallel.extras.host_memory_bytes: "local" -> this machine's RAM
     from vramplan.sources import resolve_model
-    desc = resolve_model(spec)
-    gpu = None
-    if spec.gpu:
-        from vramplan.catalog import find_gpu
-        gpu = find_gpu(spec.gpu)
-    return estimate_model(desc, spec, gpu)
+    spec = resolve_local(spec)  # parallel.extras.host_memory_bytes: "local" -> this machine's RAM
+    return estimate_model(resolve_model(spec), spec, gpu)
 
 
 def estimate_model(desc: ModelDesc, spec: JobSpec, gpu=None) -> Estimate:
