@@ -97,8 +97,49 @@ def _pipeline_hint(name: str) -> str:
     return ""
 
 
+_DESCS: dict[tuple, ModelDesc] = {}
+_DESCS_SIZE = 64
+
+
+def _desc_key(spec: JobSpec) -> tuple | None:
+    """What decides a spec's ModelDesc, or None when it cannot be keyed cheaply. A search
+    (fit, compare) and the public estimate() resolve the same model again and again; the
+    ModelDesc is frozen, so one instance serves them all and the per-model memos
+    (components/memo.py, trainable.param_set) keep hitting."""
+    labels = spec.num_labels if spec.task is Task.SEQUENCE_CLASSIFICATION else None
+    model = spec.model
+    if isinstance(model, str):
+        path = os.path.expanduser(model)
+        if _looks_like_path(model):
+            try:
+                st = os.stat(path if os.path.isfile(path) else os.path.join(path, "config.json"))
+            except OSError:
+                return None
+            return ("path", path, st.st_mtime_ns, st.st_size, labels)
+        return ("name", model, labels)
+    if isinstance(model, dict):
+        try:
+            return ("inline", json.dumps(model, sort_keys=True), labels)
+        except (TypeError, ValueError):
+            return None
+    return None
+
+
 def resolve_model(spec: JobSpec) -> ModelDesc:
-    """The ModelDesc the estimator reads for a spec."""
+    """The ModelDesc the estimator reads for a spec (memoized, see _desc_key)."""
+    key = _desc_key(spec)
+    hit = _DESCS.get(key) if key is not None else None
+    if hit is not None:
+        return hit
+    desc = _resolve_model(spec)
+    if key is not None:
+        if len(_DESCS) >= _DESCS_SIZE:
+            _DESCS.pop(next(iter(_DESCS)))
+        _DESCS[key] = desc
+    return desc
+
+
+def _resolve_model(spec: JobSpec) -> ModelDesc:
     if spec.model is None:
         from vramplan.rawsize import model_from_size
         return model_from_size(spec.num_params, num_layers=spec.num_layers, hidden_size=spec.hidden_size)

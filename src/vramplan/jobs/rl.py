@@ -30,7 +30,7 @@ S = P + C, L layers, k KV heads, d head_dim, v vocabulary, c compute dtype.
 from __future__ import annotations
 
 from vramplan.breakdown import Breakdown
-from vramplan.jobs.compose import Step, finish
+from vramplan.jobs.compose import Step, finish, merge_trained
 from vramplan.jobs.frozen import frozen_weights, layer_working_set, no_grad_forward_peak
 from vramplan.jobs.trained import (
     LossTerms, compute_dtype, prefixed, score_loss, trained_plan,
@@ -134,23 +134,6 @@ def _one_label(model) -> ModelDesc:
     return _desc(model, 1)
 
 
-def _with_critic(plan: StepPlan, critic: StepPlan) -> StepPlan:
-    """PPO: the critic's graph is built first, so its backward runs after the policy's."""
-    def total(parts):
-        out = Breakdown()
-        for p in parts:
-            out.merge(p)
-        return out
-    plan.static.merge(critic.static)
-    plan.stage_acts.insert(0, total(critic.stage_acts))
-    plan.grads_by_stage.insert(0, total(critic.grads_by_stage))
-    plan.stage_backward_transient.insert(0, critic.stage_backward_transient[-1])
-    plan.labels.insert(0, "critic backward")
-    plan.loss_saved.merge(critic.loss_saved)
-    plan.optimizer_temporaries.merge(critic.optimizer_temporaries)
-    return plan
-
-
 def rl_estimate(descs: dict[str, ModelDesc], spec: JobSpec, gpu=None):
     desc = descs["policy"]
     ppo = spec.task is Task.PPO
@@ -173,7 +156,7 @@ def rl_estimate(descs: dict[str, ModelDesc], spec: JobSpec, gpu=None):
         critic_desc = descs.get("critic") or _one_label(spec.model)
         critic = trained_plan(critic_desc, spec, rows, score_loss(rows, total_len, critic_desc.hidden_size, c),
                               seq_len=total_len)
-        plan = _with_critic(plan, prefixed(critic.plan, "critic"))
+        merge_trained(plan, prefixed(critic.plan, "critic"), "critic")
         # trl ppo_trainer.py: the training forward's `output` (and `logits`, its view) are
         # deleted only after `optimizer.step(); optimizer.zero_grad()` and the no_grad stats:
         # the policy's full (rows, S, v) logits are alive at the optimizer step.

@@ -100,10 +100,10 @@ class JobSpec:
         self._check_model()
         for name, value in _tasks.check_task_fields(self).items():
             set_(name, value)
-        if (_tasks.needs_several_models(self) and isinstance(self.parallel, ParallelConfig)
+        if (self.task is Task.DIFFUSION and isinstance(self.parallel, ParallelConfig)
                 and (self.parallel.model_parallel > 1 or self.parallel.ep > 1)):
-            raise SpecError("parallel", "tensor, pipeline, context and expert parallelism are not modelled "
-                            "for multi-model jobs yet; use zero_stage or fsdp")
+            raise SpecError("parallel", "tensor, pipeline, context and expert parallelism of a diffusion "
+                            "denoiser are not modelled yet; use zero_stage or fsdp")
         self._fill_method_defaults()
         if self.optimizer_impl is None:
             # torch.optim._default_to_fused_or_foreach: foreach when every tensor is on a
