@@ -87,8 +87,10 @@ def _yaml(path: str, text: str):
         raise FileReadError(f"{path}: nested too deeply to be a spec or engine config") from None
     except (yaml.YAMLError, ValueError, TypeError) as exc:
         # the parser's errors, and the constructor's on e.g. an unhashable key
+        mark, problem = getattr(exc, "problem_mark", None), getattr(exc, "problem", None)
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise FileReadError(f"{path}: not valid YAML ({first})") from None
+        where = f"line {mark.line + 1}: {problem}" if mark is not None and problem else first
+        raise FileReadError(f"{path}: not valid YAML ({where})") from None
     finally:
         loader.dispose()
 
