@@ -20,10 +20,10 @@ class FileReadError(ValueError):
     """One line naming the file and what is wrong with it."""
 
 
-def read_mapping(path: str) -> dict:
-    """A JSON (by extension) or YAML file holding a mapping."""
+def read_mapping(path: str, *, json_only: bool = False) -> dict:
+    """A JSON (by extension, or always with `json_only`) or YAML file holding a mapping."""
     text = _read_text(path)
-    if path.endswith(".json"):
+    if json_only or path.endswith(".json"):
         data = _json(path, text)
     else:
         data = _yaml(path, text)

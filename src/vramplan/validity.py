@@ -46,13 +46,13 @@ def _positions(desc: ModelDesc, spec: JobSpec) -> list[str]:
     length = spec.seq_len + (spec.max_new_tokens or 0)
     if not limit or length <= limit:
         return []
-    what = "seq_len" if not spec.max_new_tokens else "seq_len + max_new_tokens"
+    what = f"{length:,} tokens" if not spec.max_new_tokens else f"seq_len + max_new_tokens = {length:,}"
     if desc.position is PositionKind.LEARNED:
         # GPT-2's wpe / BERT's position_embeddings are nn.Embedding(max_positions, h): a
         # position past the table is an index error (a device-side assert on CUDA).
-        raise SpecError("seq_len", f"{what} = {length:,} is past {desc.name}'s {limit:,} learned "
+        raise SpecError("seq_len", f"{what} are past {desc.name}'s {limit:,} learned "
                         f"positions (max_position_embeddings); use seq_len <= {limit:,}")
-    return [f"{what} = {length:,} is past {desc.name}'s max_position_embeddings {limit:,}: "
+    return [f"seq_len: {what} are past {desc.name}'s max_position_embeddings {limit:,}: "
             "rotary positions run, but the model was not trained that long (rope_scaling?)"]
 
 

@@ -21,6 +21,22 @@ class SpecError(ValueError):
         """The spec field (dotted for sections: `parallel.tp`) or file the message is about."""
 
 
+_USER_ERRORS = (ValueError, KeyError, LookupError, NotImplementedError, ArithmeticError)
+"""What the estimator raises on input it cannot take (catalog lookups, unmodelled options)."""
+
+
+def as_spec_error(exc: BaseException) -> SpecError:
+    """One SpecError for any user-input error, keeping a leading `field: ` of its message."""
+    if isinstance(exc, SpecError):
+        return exc
+    text = exc.args[0] if isinstance(exc, KeyError) and exc.args and isinstance(exc.args[0], str) else str(exc)
+    text = " ".join(text.split()) or type(exc).__name__
+    head, sep, rest = text.partition(": ")
+    if sep and head.replace(".", "").replace("_", "").isalnum() and " " not in head:
+        return SpecError(head, rest)
+    return SpecError("spec", text)
+
+
 class _Choice(str, enum.Enum):
     """An enum whose values are the spec's spelling; parse() accepts _ for - and any case."""
 

@@ -11,6 +11,7 @@ from vramplan.spec.enums import (
     Attention, Backend, Checkpointing, LossImpl, Method, Optimizer, OptimizerImpl, Precision,
     SpecError, Task,
 )
+from vramplan.spec.enums import _USER_ERRORS, as_spec_error
 from vramplan.spec.sections import (
     FreezeConfig, LoraConfig, ParallelConfig, QuantConfig, boolean, fraction, positive_int,
 )
@@ -215,7 +216,15 @@ def _read_file(path: str) -> dict:
 
 
 def load_spec(source: "JobSpec | Mapping | str | os.PathLike", **overrides) -> JobSpec:
-    """A validated JobSpec from a mapping, a YAML/JSON file or a JobSpec; overrides win."""
+    """A validated JobSpec from a mapping, a YAML/JSON file or a JobSpec; overrides win.
+    Bad input raises SpecError (a ValueError) whose `field` names the spec field."""
+    try:
+        return _load(source, overrides)
+    except _USER_ERRORS as exc:
+        raise as_spec_error(exc) from None
+
+
+def _load(source, overrides: dict) -> JobSpec:
     if isinstance(source, JobSpec):
         data = source.to_dict()
     elif isinstance(source, Mapping):
