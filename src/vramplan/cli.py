@@ -114,11 +114,13 @@ def spec_from_args(args) -> "object":
         from vramplan.spec.job import _read_file
         data = _read_file(args.spec)
     data = _imported(args, data)
-    parallel = dict(data.get("parallel") or {})
-    for name, _, _ in _PARALLEL_FLAGS:
-        value = getattr(args, "parallel_" + name, None)
-        if value is not None:
-            parallel[name] = value
+    parallel = data.get("parallel") or {}
+    if isinstance(parallel, dict):  # else load_spec names the field
+        parallel = dict(parallel)
+        for name, _, _ in _PARALLEL_FLAGS:
+            value = getattr(args, "parallel_" + name, None)
+            if value is not None:
+                parallel[name] = value
     if parallel:
         data["parallel"] = parallel
     if args.model:
@@ -130,11 +132,11 @@ def spec_from_args(args) -> "object":
             data[name] = value
     if os.environ.get("VRAMPLAN_ONLINE") == "1":  # the environment is read here, at the edge
         data["online"] = True
-    lora = dict(data.get("lora") or {})
+    lora = data.get("lora") or {}
     for key in ("r", "alpha", "dropout", "target_modules"):
         value = getattr(args, f"lora_{key}", None)
-        if value is not None:
-            lora[key] = value.split(",") if key == "target_modules" and value != "all-linear" else value
+        if value is not None and isinstance(lora, dict):  # else load_spec names the field
+            lora = {**lora, key: value.split(",") if key == "target_modules" and value != "all-linear" else value}
     if lora:
         data["lora"] = lora
     spec = load_spec(data)
