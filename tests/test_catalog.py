@@ -88,7 +88,7 @@ _VARIANTS = {
     "qwen2-moe-sparse-step": dict(model_type="qwen2_moe", num_experts=4, moe_intermediate_size=32,
                                   shared_expert_intermediate_size=48, decoder_sparse_step=2,
                                   mlp_only_layers=[0], **_SMALL),
-    "qwen3-moe": dict(model_type="qwen3_moe", num_experts=4, moe_intermediate_size=32, **_SMALL),
+    "qwen3-moe": dict(model_type="qwen3_moe", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, **_SMALL),
     "gpt2-n-inner-untied": dict(model_type="gpt2", n_embd=64, n_layer=2, n_head=4, vocab_size=1000,
                                 n_inner=100, tie_word_embeddings=False),
 }
@@ -103,7 +103,7 @@ def test_config_variants_match_transformers(name):
 def test_sequence_classification_head(model_type):
     config = dict(model_type=model_type, pad_token_id=0, **_SMALL)  # Phi-3's default pad id is 32000
     if model_type == "qwen3_moe":
-        config.update(num_experts=4, moe_intermediate_size=32)
+        config.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
     _assert_matches(config, num_labels=3)
     desc = model_from_hf_config(config, num_labels=3)
     assert desc.params[-1].name == "score.weight" and desc.num_labels == 3

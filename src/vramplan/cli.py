@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from vramplan.spec import SpecError
@@ -87,6 +88,9 @@ def _add_spec_args(p: argparse.ArgumentParser) -> None:
                         ("recipe", "axolotl / LLaMA-Factory / torchtune recipe YAML")):
         p.add_argument("--" + name.replace("_", "-"), dest="import_" + name, help=help_)
     p.add_argument("--trust-remote-code", action="store_true", default=None)
+    p.add_argument("--online", action="store_true", default=None,
+                   help="allow fetching a hub model's config.json that is not in the catalog or the "
+                        "local Hugging Face cache (also VRAMPLAN_ONLINE=1); offline otherwise")
 
 
 def _imported(args, data: dict) -> dict:
@@ -110,25 +114,29 @@ def spec_from_args(args) -> "object":
         from vramplan.spec.job import _read_file
         data = _read_file(args.spec)
     data = _imported(args, data)
-    parallel = dict(data.get("parallel") or {})
-    for name, _, _ in _PARALLEL_FLAGS:
-        value = getattr(args, "parallel_" + name, None)
-        if value is not None:
-            parallel[name] = value
+    parallel = data.get("parallel") or {}
+    if isinstance(parallel, dict):  # else load_spec names the field
+        parallel = dict(parallel)
+        for name, _, _ in _PARALLEL_FLAGS:
+            value = getattr(args, "parallel_" + name, None)
+            if value is not None:
+                parallel[name] = value
     if parallel:
         data["parallel"] = parallel
     if args.model:
         data["model"] = args.model
         data.pop("num_params", None)
-    for name in list(_SPEC_FLAGS) + ["packing", "trust_remote_code"]:
+    for name in list(_SPEC_FLAGS) + ["packing", "trust_remote_code", "online"]:
         value = getattr(args, name, None)
         if value is not None:
             data[name] = value
-    lora = dict(data.get("lora") or {})
+    if os.environ.get("VRAMPLAN_ONLINE") == "1":  # the environment is read here, at the edge
+        data["online"] = True
+    lora = data.get("lora") or {}
     for key in ("r", "alpha", "dropout", "target_modules"):
         value = getattr(args, f"lora_{key}", None)
-        if value is not None:
-            lora[key] = value.split(",") if key == "target_modules" and value != "all-linear" else value
+        if value is not None and isinstance(lora, dict):  # else load_spec names the field
+            lora = {**lora, key: value.split(",") if key == "target_modules" and value != "all-linear" else value}
     if lora:
         data["lora"] = lora
     spec = load_spec(data)
@@ -232,7 +240,27 @@ def _version() -> str:
     return __version__
 
 
+def _error(message: str) -> int:
+    """One line on stderr, exit 2 (bad input)."""
+    print("vramplan: error: " + " ".join(str(message).split()), file=sys.stderr)
+    return 2
+
+
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except Exception as exc:  # a bug, not the user's input: still one line, no traceback
+        if os.environ.get("VRAMPLAN_DEBUG") == "1":
+            raise
+        print(f"vramplan: internal error: {type(exc).__name__}: {' '.join(str(exc).split())} "
+              "(a bug; please report it with the command; VRAMPLAN_DEBUG=1 shows the traceback)",
+              file=sys.stderr)
+        return 70
+
+
+def _main(argv: list[str] | None) -> int:
     try:
         args = build_parser().parse_args(argv)
         if not getattr(args, "func", None):
@@ -240,23 +268,18 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         return args.func(args)
     except UsageError as exc:
-        print(f"vramplan: error: {exc}", file=sys.stderr)
-        return 2
-    except (SpecError, ValueError) as exc:  # SpecError, importer and catalog input errors
-        print(f"vramplan: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyError as exc:  # catalog lookups (UnknownNameError) carry their own message
-        print(f"vramplan: error: {str(exc).strip(chr(34) + chr(39))}", file=sys.stderr)
-        return 2
-    except NotImplementedError as exc:
-        print(f"vramplan: error: {exc}", file=sys.stderr)
-        return 2
+        return _error(exc)
+    except (SpecError, ValueError, KeyError, NotImplementedError, ArithmeticError) as exc:
+        # SpecError, importer and catalog input errors; KeyError's quotes dropped
+        return _error(exc.args[0] if isinstance(exc, KeyError) and exc.args else exc)
+    except BrokenPipeError:
+        return 0
+    except OSError as exc:  # --plot / --save-spec to a missing folder, onto a folder, ...
+        return _error(f"{exc.filename or 'file'}: {exc.strerror or type(exc).__name__}")
     except ImportError as exc:
         print(f"vramplan: error: {exc.name or exc} is not installed; pip install 'vramplan[measure]'",
               file=sys.stderr)
         return 2
-    except BrokenPipeError:
-        return 0
 
 
 if __name__ == "__main__":

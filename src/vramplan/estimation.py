@@ -86,17 +86,23 @@ def estimate(spec: JobSpec) -> Estimate:
     """Resolve the model and GPU (edges: catalog, file or cache), then the pure core."""
     from vramplan.catalog import find_gpu
     from vramplan.spec.tasks import needs_several_models
+    from vramplan.validity import check_size
     gpu = find_gpu(spec.gpu) if spec.gpu else None
     if needs_several_models(spec):  # several models: per-model sections (vramplan.jobs)
         from vramplan.jobs import estimate_job
-        return estimate_job(spec, gpu)
-    from vramplan.parallel.host import resolve_local
-    from vramplan.sources import resolve_model
-    spec = resolve_local(spec)  # parallel.extras.host_memory_bytes: "local" -> this machine's RAM
-    return estimate_model(resolve_model(spec), spec, gpu)
+        est = estimate_job(spec, gpu)
+    else:
+        from vramplan.parallel.host import resolve_local
+        from vramplan.sources import resolve_model
+        spec = resolve_local(spec)  # parallel.extras.host_memory_bytes: "local" -> this machine's RAM
+        est = estimate_model(resolve_model(spec), spec, gpu)
+    check_size(est.device_bytes, est.spec)
+    return est
 
 
 def estimate_model(desc: ModelDesc, spec: JobSpec, gpu=None) -> Estimate:
+    from vramplan.validity import check_job
+    checked = check_job(desc, spec)  # SpecError for a job the libraries refuse
     params = param_set(desc, spec)
     managed = Breakdown()
     par = None
@@ -114,7 +120,7 @@ def estimate_model(desc: ModelDesc, spec: JobSpec, gpu=None) -> Estimate:
     phases = phase_peaks(events)
     phases[top.phase] = peak
     reserved, device = device_levels(spec, gpu, events, top, managed.total())
-    notes = [f"LoRA target or modules_to_save {t!r} matches no module of {desc.name}; "
+    notes = checked + [f"LoRA target or modules_to_save {t!r} matches no module of {desc.name}; "
              "PEFT would ignore it" for t in params.unmatched_targets]
     return Estimate(spec=spec, model=desc, num_params=desc.num_params(),
                     trainable_params=params.numel(trainable=True), peak_allocated_bytes=peak,
