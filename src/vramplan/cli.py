@@ -1,6 +1,8 @@
 """The `vramplan` command: parse, call the API, render. No arithmetic here.
 
-User errors are one line on stderr and exit code 2; never a traceback.
+Exit status, the same for estimate, compare, fit and check: 0 the job fits (or no GPU
+was named to fit against), 1 it does not fit, 2 bad input (one line on stderr, never a
+traceback).
 """
 from __future__ import annotations
 
@@ -58,6 +60,10 @@ _PARALLEL_FLAGS = (
     ("offload_optimizer", str, "none | cpu | nvme"),
     ("offload_params", str, "none | cpu | nvme"),
 )
+
+
+EXIT_STATUS_HELP = ("exit status: 0 the job fits (or no --gpu was given), 1 it does not fit "
+                    "(fit: no layout fits; compare: the job as given), 2 bad input")
 
 
 class UsageError(Exception):
@@ -149,7 +155,13 @@ def cmd_estimate(args) -> int:
     else:
         from vramplan.report.text import render_estimate
         render_estimate(est, depth=args.depth)
-    return 0
+    return fit_status(est.fits)
+
+
+def fit_status(fits: bool | None) -> int:
+    """The exit status of every answering command: 0 fits (or no GPU to fit against),
+    1 does not fit. Bad input is 2, from main()."""
+    return 1 if fits is False else 0
 
 
 def cmd_models(args) -> int:
@@ -202,7 +214,8 @@ def cmd_measure(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="vramplan", description="Per-GPU peak memory of a training step, in named terms.")
+    parser = _Parser(prog="vramplan", description="Per-GPU peak memory of a training step, in named terms.",
+                     epilog=EXIT_STATUS_HELP)
     parser.add_argument("--version", action="version", version=f"vramplan {_version()}")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
     est = sub.add_parser("estimate", help="estimate one GPU's peak memory for a job")
@@ -224,6 +237,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--json", action="store_true")
     m.set_defaults(func=cmd_measure)
     __import__("vramplan.cli_plan").cli_plan.register(sub, _add_spec_args, spec_from_args)
+    for name in ("estimate", "compare", "fit", "check"):
+        sub.choices[name].epilog = EXIT_STATUS_HELP
     return parser
 
 

@@ -78,9 +78,10 @@ def cmd_compare(args) -> int:
     if args.plot:
         from vramplan.report.plots import plot_compare
         plot_compare(rows, args.plot, capacity_bytes=ev.gpu.memory_bytes)
+    status = 1 if rows[0].fits is False else 0  # the job as given, as `estimate` answers
     if args.json:
         print(json.dumps(compare_to_dict(rows), indent=2))
-        return 0
+        return status
     table = []
     for r in rows:
         if r.estimate is None:
@@ -93,7 +94,7 @@ def cmd_compare(args) -> int:
     _table(f"{spec.model or 'model'} on {ev.gpu.name} ({_gib(ev.limit_bytes)} GiB usable): strategies",
            ["strategy", "peak alloc GiB", "device GiB", "saves GiB", "saves %", "fits",
             "step time", "comm/step"], table)
-    return 0
+    return status
 
 
 def _tiers(spec, args) -> int:
