@@ -261,7 +261,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"vramplan: error: {exc}", file=sys.stderr)
         return 2
     except KeyError as exc:  # catalog lookups (UnknownNameError) carry their own message
-        print(f"vramplan: error: {str(exc).strip(chr(34) + chr(39))}", file=sys.stderr)
+        text = str(exc)  # KeyError quotes its message; UnknownNameError's own quotes stay
+        quoted = len(text) >= 2 and text[0] == text[-1] and text[0] in "'\""
+        print(f"vramplan: error: {text[1:-1] if quoted else text}", file=sys.stderr)
         return 2
     except NotImplementedError as exc:
         print(f"vramplan: error: {exc}", file=sys.stderr)

@@ -134,6 +134,10 @@ def _evaluator(spec, args):
     if not spec.gpu:
         raise SpecError("gpu", "planning needs a GPU: pass --gpu (see `vramplan gpus`)")
     gpu = find_gpu(spec.gpu)
+    if gpu.by_size:
+        raise SpecError("gpu", f"{args.command} ranks layouts by step time, which needs the GPU's "
+                               f"throughput: name a catalog GPU with {gpu.memory_marketed} (see `vramplan gpus`); "
+                               f"a size alone is enough for estimate and check")
     return Evaluator(trained_desc(spec), gpu, headroom_bytes=parse_headroom(args.headroom, gpu.memory_bytes),
                      mfu=args.mfu or DEFAULT_MFU)
 
