@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 
+from vramplan.report.header import BATCH_HELP
 from vramplan.spec import SpecError
 
 _SPEC_FLAGS = {
@@ -22,12 +24,12 @@ _SPEC_FLAGS = {
     "optimizer_impl": (str, "foreach | fused | forloop"),
     "momentum": (float, "SGD momentum"),
     "weight_decay": (float, "optimizer weight decay (default: the optimizer's)"),
-    "micro_batch_size": (int, "rows per GPU per micro-step"),
-    "seq_len": (int, "tokens per row"),
+    "micro_batch_size": (int, BATCH_HELP),
+    "seq_len": (int, "tokens per row (ppo/grpo: the prompt)"),
     "grad_accum_steps": (int, "micro-steps per optimizer step"),
     "loss_impl": (str, "standard | chunked | fused-linear-cross-entropy"),
-    "gradient_checkpointing": (str, "none | full | selective"),
-    "attention": (str, "eager | sdpa | flash"),
+    "gradient_checkpointing": (lambda v: _bool_word(v, "full", "none"), "none | full | selective (true = full)"),
+    "attention": (lambda v: _ATTN_IMPL.get(v, v), "eager | sdpa | flash (flash_attention_2 = flash)"),
     "backend": (str, "cuda | cpu"),
     "gpu": (str, "GPU catalog name (see `vramplan gpus`)"),
     "num_gpus": (int, "GPUs in the job"),
@@ -46,6 +48,51 @@ _SPEC_FLAGS = {
 
 def _flag_bool(value: str) -> bool:
     return str(value).lower() in ("1", "true", "yes", "on")
+
+
+def _bool_word(value: str, true: str, false: str) -> str:
+    """TrainingArguments booleans (`--gradient_checkpointing true`) as the spec's words."""
+    word = str(value).strip().lower()
+    return true if word in ("1", "true", "yes", "on") else false if word in ("0", "false", "no", "off") else value
+
+
+# transformers `attn_implementation` values -> the spec's attention words.
+_ATTN_IMPL = {"flash_attention_2": "flash", "flash_attention_3": "flash", "flash-attention-2": "flash"}
+
+# The names users already type elsewhere, as aliases of the spec's flags: TrainingArguments
+# (per_device_train_batch_size, gradient_accumulation_steps), TRL SFT/DPO/GRPOConfig
+# (max_length, max_seq_length, max_completion_length), transformers attn_implementation,
+# DeepSpeed train_micro_batch_size_per_gpu, LLaMA-Factory cutoff_len, axolotl sequence_len.
+_ALIASES = {
+    "seq_len": ("max_length", "max_seq_length", "cutoff_len", "sequence_len"),
+    "micro_batch_size": ("per_device_train_batch_size", "train_micro_batch_size_per_gpu", "micro_batch"),
+    "grad_accum_steps": ("gradient_accumulation_steps",),
+    "max_new_tokens": ("max_completion_length",),
+    "attention": ("attn_implementation",),
+    "reference_model": ("ref_model",),
+}
+# TrainingArguments / TRL flags that are not spec keys: read by the TrainingArguments
+# importer (importers/hf_args.py), the same mapping `--training-args FILE` uses.
+_TRAINER_FLAGS = (("optim", str, "TrainingArguments optim, e.g. adamw_torch_fused, paged_adamw_8bit"),
+                  ("bf16", _flag_bool, "TrainingArguments bf16 (autocast: precision amp-bf16)"),
+                  ("fp16", _flag_bool, "TrainingArguments fp16 (autocast: precision amp-fp16)"),
+                  ("use_peft", _flag_bool, "TRL use_peft: method lora"))
+
+
+def _flag_names(name: str) -> list[str]:
+    return ["--" + n.replace("_", "-") for n in (name, *_ALIASES.get(name, ()))]
+
+
+def dashed(argv: list[str]) -> list[str]:
+    """`--per_device_train_batch_size 4` as HfArgumentParser accepts it: underscores in an
+    option's name are dashes (values are left alone)."""
+    out = []
+    for arg in argv:
+        name, eq, value = arg.partition("=")
+        if re.fullmatch(r"--[A-Za-z0-9_-]+", name) and "_" in name:
+            arg = name.replace("_", "-") + eq + value
+        out.append(arg)
+    return out
 
 
 _PARALLEL_FLAGS = (
@@ -80,7 +127,11 @@ def _add_spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spec", help="job spec file (YAML or JSON); flags override it")
     p.add_argument("--save-spec", help="write the resolved spec to this file")
     for name, (typ, help_) in _SPEC_FLAGS.items():
-        p.add_argument("--" + name.replace("_", "-"), dest=name, type=typ, help=help_)
+        p.add_argument(*_flag_names(name), dest=name, type=typ, help=help_,
+                       metavar="N" if typ is int else name.upper())
+    for name, typ, help_ in _TRAINER_FLAGS:
+        p.add_argument("--" + name.replace("_", "-"), dest="hf_" + name, type=typ, nargs="?",
+                       const=True if typ is _flag_bool else None, help=help_)
     p.add_argument("--lora-r", type=int, help="LoRA rank")
     p.add_argument("--lora-alpha", type=float)
     p.add_argument("--lora-dropout", type=float)
@@ -109,6 +160,18 @@ def _imported(args, data: dict) -> dict:
     return merge(data, overrides)
 
 
+def _trainer_flags(args, data: dict) -> dict:
+    given = {name: getattr(args, "hf_" + name) for name, _, _ in _TRAINER_FLAGS
+             if getattr(args, "hf_" + name, None) is not None}
+    if not given:
+        return data
+    from vramplan.importers.hf_args import from_training_args
+    overrides, rep = from_training_args(given, "flags")
+    for name, why in rep.unresolved.items():
+        raise SpecError(name, why)
+    return {**data, **overrides}
+
+
 def spec_from_args(args) -> "object":
     from vramplan.spec import load_spec
     data: dict = {}
@@ -116,6 +179,7 @@ def spec_from_args(args) -> "object":
         from vramplan.spec.job import _read_file
         data = _read_file(args.spec)
     data = _imported(args, data)
+    data = _trainer_flags(args, data)
     parallel = dict(data.get("parallel") or {})
     for name, _, _ in _PARALLEL_FLAGS:
         value = getattr(args, "parallel_" + name, None)
@@ -249,7 +313,7 @@ def _version() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        args = build_parser().parse_args(argv)
+        args = build_parser().parse_args(dashed(sys.argv[1:] if argv is None else list(argv)))
         if not getattr(args, "func", None):
             build_parser().print_help()
             return 2
