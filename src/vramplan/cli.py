@@ -79,6 +79,17 @@ _TRAINER_FLAGS = (("optim", str, "TrainingArguments optim, e.g. adamw_torch_fuse
                   ("use_peft", _flag_bool, "TRL use_peft: method lora"))
 
 
+# The `diffusion` section (spec/tasks.py DiffusionConfig) from flags; any of them implies
+# --task diffusion, and a catalog pipeline fills the rest from its published defaults.
+_DIFFUSION_FLAGS = (("num_frames", int, "diffusion: video frames in pixel space (1 = an image; CogVideoX: 49)"),
+                    ("height", int, "diffusion: frame height in pixels"),
+                    ("width", int, "diffusion: frame width in pixels"),
+                    ("text_encoders", str, "diffusion: frozen | precomputed (embeddings from disk)"),
+                    ("vae", str, "diffusion: frozen | precomputed (latents from disk)"),
+                    ("frozen_copy", _flag_bool, "diffusion: a frozen copy of the denoiser beside it"),
+                    ("offload_frozen", _flag_bool, "diffusion: frozen modules on the CPU between forwards"))
+
+
 def _flag_names(name: str) -> list[str]:
     return ["--" + n.replace("_", "-") for n in (name, *_ALIASES.get(name, ()))]
 
@@ -129,6 +140,9 @@ def _add_spec_args(p: argparse.ArgumentParser) -> None:
     for name, (typ, help_) in _SPEC_FLAGS.items():
         p.add_argument(*_flag_names(name), dest=name, type=typ, help=help_,
                        metavar="N" if typ is int else name.upper())
+    for name, typ, help_ in _DIFFUSION_FLAGS:
+        p.add_argument("--" + name.replace("_", "-"), dest="diffusion_" + name, type=typ, help=help_,
+                       nargs="?" if typ is _flag_bool else None, const=True if typ is _flag_bool else None)
     for name, typ, help_ in _TRAINER_FLAGS:
         p.add_argument("--" + name.replace("_", "-"), dest="hf_" + name, type=typ, nargs="?",
                        const=True if typ is _flag_bool else None, help=help_)
@@ -172,6 +186,33 @@ def _trainer_flags(args, data: dict) -> dict:
     return {**data, **overrides}
 
 
+def _diffusion(args, data: dict) -> dict:
+    section = dict(data.get("diffusion") or {})
+    given = {name: getattr(args, "diffusion_" + name) for name, _, _ in _DIFFUSION_FLAGS
+             if getattr(args, "diffusion_" + name, None) is not None}
+    section.update(given)
+    pipe = _catalog_pipeline(data.get("model"))
+    if data.get("task") is None and (given or pipe is not None):
+        data = {**data, "task": "diffusion"}
+    if str(data.get("task")) == "diffusion" and pipe is not None:
+        filled = {k: v for k, v in (pipe.get("defaults") or {}).items() if k not in section}
+        if filled:
+            section.update(filled)
+            print(f"vramplan: diffusion: {', '.join(f'{k}={v}' for k, v in filled.items())} "
+                  f"from {pipe['name']}'s defaults", file=sys.stderr)
+    return {**data, "diffusion": section} if section else data
+
+
+def _catalog_pipeline(model) -> dict | None:
+    if not isinstance(model, str):
+        return None
+    from vramplan.catalog.pipelines import find_pipeline
+    try:
+        return find_pipeline(model)
+    except KeyError:
+        return None
+
+
 def spec_from_args(args) -> "object":
     from vramplan.spec import load_spec
     data: dict = {}
@@ -194,6 +235,7 @@ def spec_from_args(args) -> "object":
         value = getattr(args, name, None)
         if value is not None:
             data[name] = value
+    data = _diffusion(args, data)
     lora = dict(data.get("lora") or {})
     for key in ("r", "alpha", "dropout", "target_modules"):
         value = getattr(args, f"lora_{key}", None)
@@ -229,22 +271,19 @@ def fit_status(fits: bool | None) -> int:
 
 
 def cmd_models(args) -> int:
-    from vramplan.catalog import list_models, model_desc
-    rows = []
-    for m in list_models():
-        desc = model_desc(m.name)
-        rows.append({"name": m.name, "hub_id": m.hub_id, "model_type": desc.model_type,
-                     "num_params": desc.num_params()})
+    from vramplan.cli_catalog import model_rows
+    rows = model_rows(args.kind, args.name)
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
     from rich.console import Console
     from rich.table import Table
-    table = Table(title="vramplan model catalog")
-    for col in ("name", "hub id", "type", "params"):
+    table = Table(title="vramplan model catalog (diffusion: all parts; the denoiser is trained)")
+    for col in ("name", "kind", "hub id", "type", "params"):
         table.add_column(col, justify="right" if col == "params" else "left")
     for r in rows:
-        table.add_row(r["name"], r["hub_id"] or "", r["model_type"], f"{r['num_params'] / 1e9:,.3f} B")
+        trained = f" (denoiser {r['trained_params'] / 1e9:,.2f} B)" if "trained_params" in r else ""
+        table.add_row(r["name"], r["kind"], r["hub_id"] or "", r["type"], f"{r['num_params'] / 1e9:,.3f} B{trained}")
     Console().print(table)
     return 0
 
@@ -288,11 +327,14 @@ def build_parser() -> argparse.ArgumentParser:
     est.add_argument("--depth", type=int, default=2, help="group terms by this many key parts")
     est.add_argument("--plot", help="write the breakdown as stacked bars (.png, .svg or interactive .html)")
     est.set_defaults(func=cmd_estimate)
-    for name, fn, help_ in (("models", cmd_models, "the built-in model catalog"),
+    for name, fn, help_ in (("models", cmd_models, "the built-in catalog: language, vision-language, diffusion"),
                             ("gpus", cmd_gpus, "the built-in GPU catalog")):
         p = sub.add_parser(name, help=help_)
         p.add_argument("--json", action="store_true")
         p.set_defaults(func=fn)
+        if name == "models":
+            p.add_argument("name", nargs="?", help="only names or hub ids containing this text")
+            p.add_argument("--kind", choices=("llm", "vlm", "diffusion"), help="only this kind")
     m = sub.add_parser("measure", help="run real training steps and record the true peak")
     _add_spec_args(m)
     m.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
