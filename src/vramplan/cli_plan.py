@@ -79,22 +79,30 @@ def cmd_compare(args) -> int:
         from vramplan.report.plots import plot_compare
         plot_compare(rows, args.plot, capacity_bytes=ev.gpu.memory_bytes)
     status = 1 if rows[0].fits is False else 0  # the job as given, as `estimate` answers
-    if args.json:
+    fmt = _format(args)
+    if fmt == "json":
         print(json.dumps(compare_to_dict(rows), indent=2))
         return status
-    table = []
-    for r in rows:
-        if r.estimate is None:
-            table.append([r.strategy.name, "-", "-", "-", "-", "-", "-", r.note])
-            continue
-        table.append([r.strategy.name, _gib(r.estimate.peak_allocated_bytes), _gib(r.estimate.device_bytes),
-                      _gib(r.saving_bytes), f"{r.saving_pct:.1%}", "yes" if r.fits else "NO",
-                      "-" if r.relative_step_time is None else f"{r.relative_step_time:.2f}x",
-                      f"{r.step.comm_bytes / GB:,.2f} GB"])
-    _table(f"{spec.model or 'model'} on {ev.gpu.name} ({_gib(ev.limit_bytes)} GiB usable): strategies",
-           ["strategy", "peak alloc GiB", "device GiB", "saves GiB", "saves %", "fits",
-            "step time", "comm/step"], table)
+    from vramplan.report.answers import compare_table, parallel_lines
+    table = compare_table(rows, f"{spec.model or 'model'} on {ev.gpu.name} ({_gib(ev.limit_bytes)} GiB usable): "
+                                f"strategies")
+    if rows[0].estimate is not None:
+        table.notes += [f"as given: {line}" for line in parallel_lines(rows[0].estimate)]
+    _print(table, fmt)
     return status
+
+
+def _format(args) -> str:
+    from vramplan.cli import answer_format
+    return answer_format(args)
+
+
+def _print(table, fmt: str) -> None:
+    text = table.render(fmt)
+    if text is None:
+        table.print_rich()
+    else:
+        print(text, end="")
 
 
 def _tiers(spec, args) -> int:
@@ -167,11 +175,33 @@ def cmd_fit(args) -> int:
     if args.plot and report.results:
         from vramplan.report.plots import plot_breakdown
         plot_breakdown(report.results[0].estimate, args.plot)
-    if args.json:
+    fmt = _format(args)
+    if args.emit and report.results:
+        return _emit(report.results, args.emit)
+    if fmt == "json":
         print(json.dumps(report.to_dict(), indent=2))
         return 0 if report.results else 1
-    _render_fit(report, ev)
+    _render_fit(report, ev, fmt)
     return 0 if report.results else 1
+
+
+def _emit(results, what: str) -> int:
+    """The fastest layout the format can express, as a DeepSpeed JSON or a TrainingArguments
+    fragment on stdout; which one it is goes to stderr."""
+    from vramplan.report.emit import deepspeed_config, training_args
+    emit = deepspeed_config if what == "deepspeed" else training_args
+    why: list[str] = []
+    for i, r in enumerate(results, 1):
+        try:
+            out = emit(r.spec)
+        except SpecError as exc:
+            reason = str(exc).split(": ", 1)[-1]
+            why += [reason] if reason not in why else []
+            continue
+        print(f"vramplan: {what} for layout #{i} ({short_layout(r.changes)})", file=sys.stderr)
+        print(json.dumps(out, indent=2))
+        return 0
+    raise SpecError("emit", f"none of the {len(results)} layouts has a {what} form: " + "; ".join(why))
 
 
 _SHORT = {"gradient_checkpointing": "ckpt", "parallel.zero_stage": "zero",
@@ -184,28 +214,27 @@ def short_layout(changes: dict) -> str:
     return " ".join(f"{_SHORT.get(k, k.split('.')[-1])}={v}" for k, v in changes.items())
 
 
-def _render_fit(report, ev) -> None:
-    rows = []
-    for i, r in enumerate(report.results, 1):
-        layout = short_layout(r.changes)
-        rows.append([str(i), layout, _gib(r.estimate.device_bytes), f"{r.step_time_s:.3f}", r.why[0]])
+def _render_fit(report, ev, fmt: str = "table") -> None:
+    from vramplan.report.answers import fit_table
+    from vramplan.report.emit import command_line
+    if report.results:
+        table = fit_table(report, ev.gpu.name)
+        try:
+            table.notes.append("#1 as a command: " + command_line(report.results[0].spec))
+        except SpecError as exc:
+            table.notes.append(f"#1: {exc}")
+        table.notes.append("--emit deepspeed | training-args prints #1 as a DeepSpeed JSON or TrainingArguments")
+        _print(table, fmt)
+        return
     note = " (interrupted: best so far)" if report.interrupted else ""
-    if rows:
-        _table(f"{report.candidates_evaluated:,} of {report.candidates_total:,} layouts settled with "
-               f"{report.estimates_computed} estimates in {report.elapsed_s:.2f} s on {ev.gpu.name}{note}",
-               ["#", "layout", "device GiB", "s/step", "why"], rows)
-    else:
-        print(f"none of {report.candidates_total:,} layouts fits on {ev.gpu.name} "
-              f"({report.estimates_computed} estimates, {report.elapsed_s:.2f} s){note}")
-    for i, r in enumerate(report.results, 1):
-        print(f"#{i}: " + "; ".join(r.why[1:]))
-    if not report.results:
-        closest = report.closest
-        if closest is not None:
-            short = closest.estimate.device_bytes - report.limit_bytes
-            print(f"the closest layout ({short_layout(closest.changes)}) needs {short / GiB:.2f} GiB more")
-        for s in report.suggestions:
-            print(f"  would fit: {s}")
+    print(f"none of {report.candidates_total:,} layouts fits on {ev.gpu.name} "
+          f"({report.estimates_computed} estimates, {report.elapsed_s:.2f} s){note}")
+    closest = report.closest
+    if closest is not None:
+        short = closest.estimate.device_bytes - report.limit_bytes
+        print(f"the closest layout ({short_layout(closest.changes)}) needs {short / GiB:.2f} GiB more")
+    for s in report.suggestions:
+        print(f"  would fit: {s}")
 
 
 def _fit_maximize(spec, ev, axes, args) -> int:
@@ -277,6 +306,8 @@ def register(sub, add_spec_args, spec_from_args) -> None:
     f.add_argument("--maximize", choices=("micro_batch_size", "seq_len"))
     f.add_argument("--minimize", choices=("num_gpus",))
     f.add_argument("--max-gpus", type=int, default=1024)
+    f.add_argument("--emit", choices=("deepspeed", "training-args"),
+                   help="print the best layout as a DeepSpeed JSON or a TrainingArguments fragment")
     _common(f)
     f.set_defaults(func=cmd_fit)
     k = sub.add_parser("check", help="compare the estimate with a local GPU's free memory")
@@ -291,4 +322,5 @@ def _common(p) -> None:
     p.add_argument("--headroom", default=None, help="memory to keep free: 2GiB, 1.5GB, 5%%")
     p.add_argument("--mfu", type=float, default=None, help="model FLOPs utilization (default 0.40)")
     p.add_argument("--plot", help="write a picture: .png/.svg (matplotlib) or .html")
-    p.add_argument("--json", action="store_true")
+    from vramplan.cli import add_format_args
+    add_format_args(p)

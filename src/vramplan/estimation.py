@@ -81,6 +81,11 @@ class Estimate:
             **self._parallel_dict(),
         }
 
+    def _repr_html_(self) -> str:
+        """Notebook display: the breakdown as an HTML table (report/answers.py)."""
+        from vramplan.report.answers import estimate_table
+        return estimate_table(self).to_html()
+
     def _parallel_dict(self) -> dict:
         if self.parallel is None:
             return {}

@@ -96,8 +96,19 @@ class CompareRow:
                 "note": self.note}
 
 
+class CompareRows(list):
+    """compare()'s rows (a list), with the JSON form and a notebook display."""
+
+    def to_dict(self) -> dict:
+        return compare_to_dict(self)
+
+    def _repr_html_(self) -> str:
+        from vramplan.report.answers import compare_table
+        return compare_table(self, "strategies side by side").to_html()
+
+
 def compare(spec: JobSpec, gpu=None, *, strategies: list[Strategy] | None = None,
-            evaluator: Evaluator | None = None, headroom_bytes: int = 0, **ev_kwargs) -> list[CompareRow]:
+            evaluator: Evaluator | None = None, headroom_bytes: int = 0, **ev_kwargs) -> CompareRows:
     """One row per strategy; the first is the baseline (the job as given)."""
     ev = evaluator or Evaluator.for_spec(spec, gpu, headroom_bytes=headroom_bytes, **ev_kwargs)
     strategies = list(strategies or default_strategies(spec))
@@ -119,7 +130,7 @@ def compare(spec: JobSpec, gpu=None, *, strategies: list[Strategy] | None = None
         r.saving_bytes = base.estimate.device_bytes - r.estimate.device_bytes
         r.saving_pct = r.saving_bytes / base.estimate.device_bytes if base.estimate.device_bytes else 0.0
         r.relative_step_time = r.step.total_s / base.step.total_s if base.step.total_s else None
-    return rows
+    return CompareRows(rows)
 
 
 def compare_to_dict(rows: list[CompareRow]) -> dict:
