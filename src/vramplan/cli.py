@@ -219,8 +219,17 @@ def spec_from_args(args) -> "object":
     if args.spec:
         from vramplan.spec.job import _read_file
         data = _read_file(args.spec)
-    data = _imported(args, data)
-    data = _trainer_flags(args, data)
+    spec = load_spec(flags_to_data(args, _imported(args, data)))
+    if args.save_spec:
+        from vramplan.spec import save_spec
+        save_spec(spec, args.save_spec)
+    return spec
+
+
+def flags_to_data(args, data: dict, *, imply: bool = True) -> dict:
+    """The spec mapping `data` with every flag given on top (sections merged key by key).
+    `imply`: a diffusion flag or pipeline name sets the task and the pipeline's defaults."""
+    data = _trainer_flags(args, dict(data))
     parallel = dict(data.get("parallel") or {})
     for name, _, _ in _PARALLEL_FLAGS:
         value = getattr(args, "parallel_" + name, None)
@@ -228,14 +237,19 @@ def spec_from_args(args) -> "object":
             parallel[name] = value
     if parallel:
         data["parallel"] = parallel
-    if args.model:
+    if getattr(args, "model", None):
         data["model"] = args.model
         data.pop("num_params", None)
     for name in list(_SPEC_FLAGS) + ["packing", "trust_remote_code"]:
         value = getattr(args, name, None)
         if value is not None:
             data[name] = value
-    data = _diffusion(args, data)
+    if imply:
+        data = _diffusion(args, data)
+    else:
+        section = {n: getattr(args, "diffusion_" + n) for n, _, _ in _DIFFUSION_FLAGS
+                   if getattr(args, "diffusion_" + n, None) is not None}
+        data = {**data, "diffusion": {**(data.get("diffusion") or {}), **section}} if section else data
     lora = dict(data.get("lora") or {})
     for key in ("r", "alpha", "dropout", "target_modules"):
         value = getattr(args, f"lora_{key}", None)
@@ -243,11 +257,36 @@ def spec_from_args(args) -> "object":
             lora[key] = value.split(",") if key == "target_modules" and value != "all-linear" else value
     if lora:
         data["lora"] = lora
-    spec = load_spec(data)
-    if args.save_spec:
-        from vramplan.spec import save_spec
-        save_spec(spec, args.save_spec)
-    return spec
+    return data
+
+
+def strategy_from_flags(text: str):
+    """`--strategy "zero3 --zero-stage 3 --gradient-checkpointing full"`: the same flag words
+    as the command line; leading words without dashes name the row (default: the flags)."""
+    import shlex
+
+    from vramplan.plan.compare import Strategy
+    words = shlex.split(text)
+    first = next((i for i, w in enumerate(words) if w.startswith("-")), len(words))
+    name, flags = " ".join(words[:first]), words[first:]
+    parser = _Parser(prog="--strategy", add_help=False)
+    _add_spec_args(parser)
+    try:
+        args = parser.parse_args(dashed(flags))
+    except UsageError as exc:
+        raise SpecError("strategy", f"{exc} in {text!r}") from None
+    if args.model or args.spec or args.save_spec or any(getattr(args, "import_" + k) for k in
+                                                          ("deepspeed", "training_args", "accelerate_config", "recipe")):
+        raise SpecError("strategy", f"a strategy changes flags of the job, not its model or files: {text!r}")
+    changes: dict = {}
+    for key, value in flags_to_data(args, {}, imply=False).items():
+        if isinstance(value, dict):
+            changes.update({f"{key}.{k}": v for k, v in value.items()})
+        else:
+            changes[key] = value
+    if not changes:
+        raise SpecError("strategy", f"no change in {text!r}; e.g. \"--zero-stage 3 --gradient-checkpointing full\"")
+    return Strategy(name=name or " ".join(flags), changes=changes)
 
 
 def cmd_estimate(args) -> int:

@@ -68,7 +68,7 @@ def cmd_compare(args) -> int:
         return _tiers(spec, args)
     strategies = None
     if args.strategy or args.strategies:
-        strategies = [Strategy.parse(s) for s in args.strategy or []]
+        strategies = [_strategy(s) for s in args.strategy or []]
         if args.strategies:
             strategies += _read_strategies(args.strategies)
         if args.with_defaults:
@@ -103,6 +103,18 @@ def _print(table, fmt: str) -> None:
         table.print_rich()
     else:
         print(text, end="")
+
+
+def _strategy(text: str):
+    """Flag words (`--zero-stage 3 --gradient-checkpointing full`) or `NAME key=value ...`."""
+    from vramplan.plan.compare import Strategy
+    if any(w.startswith("--") for w in text.split()):
+        from vramplan.cli import strategy_from_flags
+        return strategy_from_flags(text)
+    strategy = Strategy.parse(text)
+    if not strategy.changes:
+        raise SpecError("strategy", f"no change in {text!r}; e.g. \"--zero-stage 3 --gradient-checkpointing full\"")
+    return strategy
 
 
 def _tiers(spec, args) -> int:
@@ -292,7 +304,9 @@ def register(sub, add_spec_args, spec_from_args) -> None:
     _SPEC_FROM_ARGS = spec_from_args
     c = sub.add_parser("compare", help="memory-saving strategies side by side")
     add_spec_args(c)
-    c.add_argument("--strategy", action="append", help="'NAME key=value ...' (repeatable)")
+    c.add_argument("--strategy", action="append",
+                   help="the command line's own flags, e.g. \"zero3 --zero-stage 3 --gradient-checkpointing full\" "
+                        "(leading words name the row), or 'NAME key=value ...' (repeatable)")
     c.add_argument("--strategies", help="YAML/JSON file: a list of {name, changes}")
     c.add_argument("--with-defaults", action="store_true", help="keep the built-in strategies too")
     c.add_argument("--tiers", action="store_true", help="every catalog GPU: the least change that fits")
