@@ -163,11 +163,6 @@ def _evaluator(spec, args):
 
 
 # ------------------------------------------------------------------ fit
-def _progress(done: int, total: int, found: int) -> None:
-    print(f"\rfit: {done:,}/{total:,} layouts, {found} fitting so far (Ctrl-C for the best so far)",
-          end="", file=sys.stderr, flush=True)
-
-
 def cmd_fit(args) -> int:
     spec = _SPEC_FROM_ARGS(args)
     ev = _evaluator(spec, args)
@@ -175,15 +170,17 @@ def cmd_fit(args) -> int:
     if axes is not None and not args.only:
         from vramplan.plan.space import default_axes
         axes = {**default_axes(spec, ev.desc), **axes}
-    progress = _progress if sys.stderr.isatty() else None
     if args.maximize:
         return _fit_maximize(spec, ev, axes, args)
     if args.minimize:
         return _fit_minimize(spec, ev, axes, args)
+    from vramplan.cli_progress import SearchProgress, progress_wanted
     from vramplan.plan.fit import fit
-    report = fit(spec, evaluator=ev, axes=axes, top_k=args.top_k, progress=progress)
-    if progress:
-        print(file=sys.stderr)
+    if progress_wanted(args):
+        with SearchProgress() as progress:
+            report = fit(spec, evaluator=ev, axes=axes, top_k=args.top_k, progress=progress)
+    else:
+        report = fit(spec, evaluator=ev, axes=axes, top_k=args.top_k)
     if args.plot and report.results:
         from vramplan.report.plots import plot_breakdown
         plot_breakdown(report.results[0].estimate, args.plot)
