@@ -209,8 +209,8 @@ def test_gpu_catalog():
         assert gpu.memory_bytes > 0 and gpu.memory_unit_note and gpu.memory_marketed
         assert gpu.fp16_tflops > 0 and gpu.fp32_tflops > 0 and gpu.memory_bandwidth_gbps > 0
         assert gpu.bf16_tflops is None or gpu.bf16_tflops > 0
-        assert gpu.vendor in ("nvidia", "amd") and gpu.name == gpu.name.lower()
-        assert gpu.interconnect in ("nvlink", "pcie", "infinity-fabric")
+        assert gpu.vendor in ("nvidia", "amd", "huawei") and gpu.name == gpu.name.lower()
+        assert gpu.interconnect in ("nvlink", "pcie", "infinity-fabric", "hccs")
         assert gpu.interconnect_gbps > 0 and gpu.sources
     assert catalog.find_gpu("a100-80gb").memory_bytes == 81920 * 2**20
     assert catalog.find_gpu("H100").name == "h100-80gb"

@@ -68,7 +68,7 @@ def cmd_compare(args) -> int:
         return _tiers(spec, args)
     strategies = None
     if args.strategy or args.strategies:
-        strategies = [Strategy.parse(s) for s in args.strategy or []]
+        strategies = [_strategy(s) for s in args.strategy or []]
         if args.strategies:
             strategies += _read_strategies(args.strategies)
         if args.with_defaults:
@@ -78,22 +78,43 @@ def cmd_compare(args) -> int:
     if args.plot:
         from vramplan.report.plots import plot_compare
         plot_compare(rows, args.plot, capacity_bytes=ev.gpu.memory_bytes)
-    if args.json:
+    status = 1 if rows[0].fits is False else 0  # the job as given, as `estimate` answers
+    fmt = _format(args)
+    if fmt == "json":
         print(json.dumps(compare_to_dict(rows), indent=2))
-        return 0
-    table = []
-    for r in rows:
-        if r.estimate is None:
-            table.append([r.strategy.name, "-", "-", "-", "-", "-", "-", r.note])
-            continue
-        table.append([r.strategy.name, _gib(r.estimate.peak_allocated_bytes), _gib(r.estimate.device_bytes),
-                      _gib(r.saving_bytes), f"{r.saving_pct:.1%}", "yes" if r.fits else "NO",
-                      "-" if r.relative_step_time is None else f"{r.relative_step_time:.2f}x",
-                      f"{r.step.comm_bytes / GB:,.2f} GB"])
-    _table(f"{spec.model or 'model'} on {ev.gpu.name} ({_gib(ev.limit_bytes)} GiB usable): strategies",
-           ["strategy", "peak alloc GiB", "device GiB", "saves GiB", "saves %", "fits",
-            "step time", "comm/step"], table)
-    return 0
+        return status
+    from vramplan.report.answers import compare_table, parallel_lines
+    table = compare_table(rows, f"{spec.model or 'model'} on {ev.gpu.name} ({_gib(ev.limit_bytes)} GiB usable): "
+                                f"strategies")
+    if rows[0].estimate is not None:
+        table.notes += [f"as given: {line}" for line in parallel_lines(rows[0].estimate)]
+    _print(table, fmt)
+    return status
+
+
+def _format(args) -> str:
+    from vramplan.cli import answer_format
+    return answer_format(args)
+
+
+def _print(table, fmt: str) -> None:
+    text = table.render(fmt)
+    if text is None:
+        table.print_rich()
+    else:
+        print(text, end="")
+
+
+def _strategy(text: str):
+    """Flag words (`--zero-stage 3 --gradient-checkpointing full`) or `NAME key=value ...`."""
+    from vramplan.plan.compare import Strategy
+    if any(w.startswith("--") for w in text.split()):
+        from vramplan.cli import strategy_from_flags
+        return strategy_from_flags(text)
+    strategy = Strategy.parse(text)
+    if not strategy.changes:
+        raise SpecError("strategy", f"no change in {text!r}; e.g. \"--zero-stage 3 --gradient-checkpointing full\"")
+    return strategy
 
 
 def _tiers(spec, args) -> int:
@@ -133,16 +154,15 @@ def _evaluator(spec, args):
     if not spec.gpu:
         raise SpecError("gpu", "planning needs a GPU: pass --gpu (see `vramplan gpus`)")
     gpu = find_gpu(spec.gpu)
+    if gpu.by_size:
+        raise SpecError("gpu", f"{args.command} ranks layouts by step time, which needs the GPU's "
+                               f"throughput: name a catalog GPU with {gpu.memory_marketed} (see `vramplan gpus`); "
+                               f"a size alone is enough for estimate and check")
     return Evaluator(trained_desc(spec), gpu, headroom_bytes=parse_headroom(args.headroom, gpu.memory_bytes),
                      mfu=args.mfu or DEFAULT_MFU)
 
 
 # ------------------------------------------------------------------ fit
-def _progress(done: int, total: int, found: int) -> None:
-    print(f"\rfit: {done:,}/{total:,} layouts, {found} fitting so far (Ctrl-C for the best so far)",
-          end="", file=sys.stderr, flush=True)
-
-
 def cmd_fit(args) -> int:
     spec = _SPEC_FROM_ARGS(args)
     ev = _evaluator(spec, args)
@@ -150,23 +170,47 @@ def cmd_fit(args) -> int:
     if axes is not None and not args.only:
         from vramplan.plan.space import default_axes
         axes = {**default_axes(spec, ev.desc), **axes}
-    progress = _progress if sys.stderr.isatty() else None
     if args.maximize:
         return _fit_maximize(spec, ev, axes, args)
     if args.minimize:
         return _fit_minimize(spec, ev, axes, args)
+    from vramplan.cli_progress import SearchProgress, progress_wanted
     from vramplan.plan.fit import fit
-    report = fit(spec, evaluator=ev, axes=axes, top_k=args.top_k, progress=progress)
-    if progress:
-        print(file=sys.stderr)
+    if progress_wanted(args):
+        with SearchProgress() as progress:
+            report = fit(spec, evaluator=ev, axes=axes, top_k=args.top_k, progress=progress)
+    else:
+        report = fit(spec, evaluator=ev, axes=axes, top_k=args.top_k)
     if args.plot and report.results:
         from vramplan.report.plots import plot_breakdown
         plot_breakdown(report.results[0].estimate, args.plot)
-    if args.json:
+    fmt = _format(args)
+    if args.emit and report.results:
+        return _emit(report.results, args.emit)
+    if fmt == "json":
         print(json.dumps(report.to_dict(), indent=2))
         return 0 if report.results else 1
-    _render_fit(report, ev)
+    _render_fit(report, ev, fmt)
     return 0 if report.results else 1
+
+
+def _emit(results, what: str) -> int:
+    """The fastest layout the format can express, as a DeepSpeed JSON or a TrainingArguments
+    fragment on stdout; which one it is goes to stderr."""
+    from vramplan.report.emit import deepspeed_config, training_args
+    emit = deepspeed_config if what == "deepspeed" else training_args
+    why: list[str] = []
+    for i, r in enumerate(results, 1):
+        try:
+            out = emit(r.spec)
+        except SpecError as exc:
+            reason = str(exc).split(": ", 1)[-1]
+            why += [reason] if reason not in why else []
+            continue
+        print(f"vramplan: {what} for layout #{i} ({short_layout(r.changes)})", file=sys.stderr)
+        print(json.dumps(out, indent=2))
+        return 0
+    raise SpecError("emit", f"none of the {len(results)} layouts has a {what} form: " + "; ".join(why))
 
 
 _SHORT = {"gradient_checkpointing": "ckpt", "parallel.zero_stage": "zero",
@@ -179,28 +223,27 @@ def short_layout(changes: dict) -> str:
     return " ".join(f"{_SHORT.get(k, k.split('.')[-1])}={v}" for k, v in changes.items())
 
 
-def _render_fit(report, ev) -> None:
-    rows = []
-    for i, r in enumerate(report.results, 1):
-        layout = short_layout(r.changes)
-        rows.append([str(i), layout, _gib(r.estimate.device_bytes), f"{r.step_time_s:.3f}", r.why[0]])
+def _render_fit(report, ev, fmt: str = "table") -> None:
+    from vramplan.report.answers import fit_table
+    from vramplan.report.emit import command_line
+    if report.results:
+        table = fit_table(report, ev.gpu.name)
+        try:
+            table.notes.append("#1 as a command: " + command_line(report.results[0].spec))
+        except SpecError as exc:
+            table.notes.append(f"#1: {exc}")
+        table.notes.append("--emit deepspeed | training-args prints #1 as a DeepSpeed JSON or TrainingArguments")
+        _print(table, fmt)
+        return
     note = " (interrupted: best so far)" if report.interrupted else ""
-    if rows:
-        _table(f"{report.candidates_evaluated:,} of {report.candidates_total:,} layouts settled with "
-               f"{report.estimates_computed} estimates in {report.elapsed_s:.2f} s on {ev.gpu.name}{note}",
-               ["#", "layout", "device GiB", "s/step", "why"], rows)
-    else:
-        print(f"none of {report.candidates_total:,} layouts fits on {ev.gpu.name} "
-              f"({report.estimates_computed} estimates, {report.elapsed_s:.2f} s){note}")
-    for i, r in enumerate(report.results, 1):
-        print(f"#{i}: " + "; ".join(r.why[1:]))
-    if not report.results:
-        closest = report.closest
-        if closest is not None:
-            short = closest.estimate.device_bytes - report.limit_bytes
-            print(f"the closest layout ({short_layout(closest.changes)}) needs {short / GiB:.2f} GiB more")
-        for s in report.suggestions:
-            print(f"  would fit: {s}")
+    print(f"none of {report.candidates_total:,} layouts fits on {ev.gpu.name} "
+          f"({report.estimates_computed} estimates, {report.elapsed_s:.2f} s){note}")
+    closest = report.closest
+    if closest is not None:
+        short = closest.estimate.device_bytes - report.limit_bytes
+        print(f"the closest layout ({short_layout(closest.changes)}) needs {short / GiB:.2f} GiB more")
+    for s in report.suggestions:
+        print(f"  would fit: {s}")
 
 
 def _fit_maximize(spec, ev, axes, args) -> int:
@@ -258,7 +301,9 @@ def register(sub, add_spec_args, spec_from_args) -> None:
     _SPEC_FROM_ARGS = spec_from_args
     c = sub.add_parser("compare", help="memory-saving strategies side by side")
     add_spec_args(c)
-    c.add_argument("--strategy", action="append", help="'NAME key=value ...' (repeatable)")
+    c.add_argument("--strategy", action="append",
+                   help="the command line's own flags, e.g. \"zero3 --zero-stage 3 --gradient-checkpointing full\" "
+                        "(leading words name the row), or 'NAME key=value ...' (repeatable)")
     c.add_argument("--strategies", help="YAML/JSON file: a list of {name, changes}")
     c.add_argument("--with-defaults", action="store_true", help="keep the built-in strategies too")
     c.add_argument("--tiers", action="store_true", help="every catalog GPU: the least change that fits")
@@ -272,6 +317,8 @@ def register(sub, add_spec_args, spec_from_args) -> None:
     f.add_argument("--maximize", choices=("micro_batch_size", "seq_len"))
     f.add_argument("--minimize", choices=("num_gpus",))
     f.add_argument("--max-gpus", type=int, default=1024)
+    f.add_argument("--emit", choices=("deepspeed", "training-args"),
+                   help="print the best layout as a DeepSpeed JSON or a TrainingArguments fragment")
     _common(f)
     f.set_defaults(func=cmd_fit)
     k = sub.add_parser("check", help="compare the estimate with a local GPU's free memory")
@@ -286,4 +333,5 @@ def _common(p) -> None:
     p.add_argument("--headroom", default=None, help="memory to keep free: 2GiB, 1.5GB, 5%%")
     p.add_argument("--mfu", type=float, default=None, help="model FLOPs utilization (default 0.40)")
     p.add_argument("--plot", help="write a picture: .png/.svg (matplotlib) or .html")
-    p.add_argument("--json", action="store_true")
+    from vramplan.cli import add_format_args
+    add_format_args(p)

@@ -42,6 +42,9 @@ class Estimate:
     managed_bytes: int = 0
     """CUDA managed memory (bitsandbytes paged optimizer state): outside the caching
     allocator's statistics, inside nvidia-smi's figure while resident."""
+    models: dict[str, int] = field(default_factory=dict)
+    """Parameters per model of a multi-model job, keyed like the breakdown's sections
+    (`policy`, `reference`, ...); empty for a single model. num_params is their sum."""
 
     @property
     def fits(self) -> bool | None:
@@ -57,7 +60,8 @@ class Estimate:
         return {
             "schema_version": SCHEMA_VERSION,
             "model": {"name": self.model.name, "num_params": self.num_params,
-                      "trainable_params": self.trainable_params},
+                      "trainable_params": self.trainable_params,
+                      **({"per_model": dict(self.models)} if self.models else {})},
             "spec": self.spec.to_dict(),
             "peak_allocated_bytes": self.peak_allocated_bytes,
             "peak_phase": self.peak_phase,
@@ -73,6 +77,11 @@ class Estimate:
             "notes": list(self.notes),
             **self._parallel_dict(),
         }
+
+    def _repr_html_(self) -> str:
+        """Notebook display: the breakdown as an HTML table (report/answers.py)."""
+        from vramplan.report.answers import estimate_table
+        return estimate_table(self).to_html()
 
     def _parallel_dict(self) -> dict:
         if self.parallel is None:

@@ -69,10 +69,14 @@ def phase_peaks(events: list[Event]) -> dict[str, int]:
     return out
 
 
-def finish(spec: JobSpec, desc: ModelDesc, step: Step, *, num_params: int, trainable_params: int,
-           gpu=None, notes: list[str] | None = None, floor: Breakdown | None = None):
+def finish(spec: JobSpec, desc: ModelDesc, step: Step, *, num_params: int | dict[str, int],
+           trainable_params: int, gpu=None, notes: list[str] | None = None, floor: Breakdown | None = None):
     """An Estimate from the step's events (same device-level terms as estimation.py).
+    `num_params`: the total, or the count per model keyed like the breakdown's sections
+    (`policy`, `reference`, ...), which the Estimate keeps as `models`.
     `floor`: memory held outside the allocator's live tensors (a colocated vLLM pool)."""
+    models = dict(num_params) if isinstance(num_params, dict) else {}
+    num_params = sum(models.values()) if models else num_params
     from vramplan.estimation import Estimate, device_levels
     from vramplan.jobs.sharding import shard_step
     par = shard_step(step, spec, desc, getattr(desc, "num_layers", None) or len(step.plan.stage_acts))
@@ -90,5 +94,5 @@ def finish(spec: JobSpec, desc: ModelDesc, step: Step, *, num_params: int, train
     return Estimate(spec=spec, model=desc, num_params=num_params, trainable_params=trainable_params,
                     peak_allocated_bytes=peak, peak_phase=top.phase, peak_event=top.label,
                     phases=phases, components=components, reserved_bytes=reserved,
-                    device_bytes=device, events=events, gpu=gpu,
+                    device_bytes=device, events=events, gpu=gpu, models=models,
                     notes=list(notes or []) + (par.notes if par else []), parallel=par)

@@ -43,14 +43,14 @@ def generic_estimate(descs: dict[str, ModelDesc], spec: JobSpec, gpu=None):
     c = compute_dtype(spec)
     plan, trainable = core_plan(desc, single_spec(spec, b))
     step = Step(prefixed(plan, "policy"))
-    total, notes = desc.num_params(), []
+    total, notes = {"policy": desc.num_params()}, []
     for role in spec.models:
         if role.model == "precomputed":
             notes.append(f"{role.role}: precomputed, holds nothing")
             continue
         d = descs[role.role]
         precision = role.precision or spec.precision
-        total += d.num_params()
+        total[role.role] = d.num_params()
         if role.placement == "other-gpu":
             notes.append(f"{role.role}: on another GPU, not counted here")
             continue

@@ -149,7 +149,7 @@ def rl_estimate(descs: dict[str, ModelDesc], spec: JobSpec, gpu=None):
     trained = trained_plan(desc, spec, rows, completion_logps_loss(rows, new, v, c, total_len if ppo else None),
                            seq_len=total_len)
     plan = prefixed(trained.plan, actor)
-    total, trainable = desc.num_params(), trained.params.numel(trainable=True)
+    total, trainable = {actor: desc.num_params()}, trained.params.numel(trainable=True)
     if ppo:
         # No critic_model: TRL's value model is AutoModelForSequenceClassification with
         # num_labels=1 from the policy's checkpoint (a backbone plus `score`, no LM head).
@@ -165,7 +165,7 @@ def rl_estimate(descs: dict[str, ModelDesc], spec: JobSpec, gpu=None):
         # ... and through every layer's backward (the loss backward counts them as saved).
         for extra in plan.stage_backward_transient:
             extra.merge(kept)
-        total += critic_desc.num_params()
+        total["critic"] = critic_desc.num_params()
         trainable += critic.params.numel(trainable=True)
     step = Step(plan)
     # What _generate_and_score_completions hands the loss: prompt + completion ids and their
@@ -211,7 +211,7 @@ def rl_estimate(descs: dict[str, ModelDesc], spec: JobSpec, gpu=None):
         ref_desc = desc if shares_base else descs.get("reference", desc)
         if not shares_base:
             step.plan.static.merge(frozen_weights(ref_desc, spec.precision.weight_dtype), prefix="reference/")
-            total += ref_desc.num_params()
+            total["reference"] = ref_desc.num_params()
         head = completion_logps_head(rows, new, ref_desc.vocab_size, c)
         peak = no_grad_forward_peak(ref_desc, rows, total_len, c, head)
         step.before.append(("forward", "reference forward (no_grad log-probs)",
@@ -219,7 +219,7 @@ def rl_estimate(descs: dict[str, ModelDesc], spec: JobSpec, gpu=None):
     if "reward" in descs:
         rm = descs["reward"]
         step.plan.static.merge(frozen_weights(rm, spec.precision.weight_dtype), prefix="reward/")
-        total += rm.num_params()
+        total["reward"] = rm.num_params()
         scores = Breakdown().add("head/scores", nbytes(rows * total_len, c))
         step.before.append(("forward", "reward model forward (no_grad)",
                             Breakdown().merge(no_grad_forward_peak(rm, rows, total_len, c, scores), prefix="reward/")))

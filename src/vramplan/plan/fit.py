@@ -68,6 +68,12 @@ class FitReport:
     """When nothing fits: the layout with the smallest device memory."""
     suggestions: list = field(default_factory=list)
 
+    def _repr_html_(self) -> str:
+        """Notebook display: the ranked layouts as an HTML table (report/answers.py)."""
+        from vramplan.report.answers import fit_table
+        gpu = self.results[0].estimate.gpu if self.results else None
+        return fit_table(self, gpu.name if gpu is not None else "the GPU").to_html()
+
     def to_dict(self) -> dict:
         return {"schema_version": FIT_SCHEMA_VERSION,
                 "candidates_evaluated": self.candidates_evaluated,

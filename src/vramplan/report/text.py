@@ -19,10 +19,8 @@ def render_estimate(est, console=None, depth: int = 2) -> None:
 
     console = console or Console()
     spec = est.spec
-    title = (f"{est.model.name}: {est.num_params / 1e9:.3f} B params, "
-             f"{est.trainable_params / 1e6:,.2f} M trainable | {spec.method.value}, {spec.precision.value}, "
-             f"{spec.optimizer.value} ({spec.optimizer_impl.value}) | b={spec.micro_batch_size} s={spec.seq_len}"
-             f" | checkpointing {spec.gradient_checkpointing.value}, attention {spec.attention.value}")
+    from vramplan.report.header import job_header
+    title = job_header(est)
     table = Table(title=title, title_justify="left")
     table.add_column("term at the peak")
     table.add_column("GiB", justify="right")
