@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from vramplan.spec import SpecError
@@ -39,7 +40,12 @@ _SPEC_FLAGS = {
     "num_labels": (int, "sequence-classification: classes"),
     "num_layers": (int, "with --num-params: layer count"),
     "hidden_size": (int, "with --num-params: hidden size"),
+    "alloc_conf": (str, "PYTORCH_CUDA_ALLOC_CONF of the run, e.g. expandable_segments:True "
+                        "(default: the environment's)"),
 }
+# Read at this edge only (the core never reads the environment); PyTorch 2.9 also reads
+# PYTORCH_ALLOC_CONF, the device-neutral name.
+_ALLOC_CONF_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
 
 
 def _flag_bool(value: str) -> bool:
@@ -131,6 +137,10 @@ def spec_from_args(args) -> "object":
             lora[key] = value.split(",") if key == "target_modules" and value != "all-linear" else value
     if lora:
         data["lora"] = lora
+    if data.get("alloc_conf") is None:
+        env = next((os.environ[k] for k in _ALLOC_CONF_ENV if os.environ.get(k)), None)
+        if env:
+            data["alloc_conf"] = env
     spec = load_spec(data)
     if args.save_spec:
         from vramplan.spec import save_spec

@@ -137,6 +137,7 @@ class CachingAllocator(ExpandableMixin):
         if memory_fraction is not None:
             self.allowed = int(self.allowed * memory_fraction)
         self.gc_on = self.set_fraction and self.conf.garbage_collection_threshold > 0
+        self._plain_round = not any(d > 1 for d in self.conf.roundup_power2_divisions)
         self.small, self.large = Pool(True), Pool(False)
         self.reserved = self.allocated = self.requested = 0
         self.segments: dict[int, tuple[int, bool]] = {}
@@ -154,7 +155,10 @@ class CachingAllocator(ExpandableMixin):
 
     def malloc(self, nbytes: int) -> Block:
         """DeviceCachingAllocator::malloc."""
-        size = round_size(nbytes, self.conf)
+        if self._plain_round and nbytes >= K_MIN_BLOCK:
+            size = -(-nbytes // K_MIN_BLOCK) * K_MIN_BLOCK
+        else:
+            size = round_size(nbytes, self.conf)
         pool = self.small if size <= K_SMALL_SIZE else self.large
         block = self._get_free_block(pool, size)
         if block is None:

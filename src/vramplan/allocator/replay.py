@@ -1,9 +1,11 @@
 """Replay a step's tensor events through the allocator model, several steps in a row.
 
 Steady state as a training loop reaches it: what lives across steps (weights, optimizer
-states) is allocated first, then the step's events run `steps` times; the peaks are those of
-the last step (torch.cuda.reset_peak_memory_stats before it), while the segments the earlier
-steps left cached stay reserved, as they do on the GPU.
+states) is allocated first, then the step's events run up to `steps` times, stopping after
+a step (not the first) that the cached segments served without a new one. The live peak and
+the fragmentation are those of the last step replayed (torch.cuda.reset_peak_memory_stats
+before it); reserved memory only grows without memory pressure, so its maximum is the
+reserve the earlier steps left.
 """
 from __future__ import annotations
 
@@ -41,6 +43,7 @@ class AllocatorResult:
     def to_dict(self) -> dict:
         sizes = [s for _, s in self.segments]
         return {"reserved_bytes": self.reserved_bytes, "max_allocated_bytes": self.allocated_bytes,
+                "live_peak_bytes": self.requested_bytes,
                 "fragmentation_bytes": self.fragmentation_bytes,
                 "fragmentation": {"inactive_blocks": self.inactive_bytes, "rounding": self.rounding_bytes},
                 "options": self.options.to_dict(),
@@ -63,9 +66,11 @@ def _replay(prologue: tuple, step: tuple, conf: AllocConf, capacity, steps: int)
     try:
         _run(alloc, prologue, live)
         for i in range(steps):
-            if i == steps - 1:
-                alloc.reset_peaks()
+            made = alloc.num_device_alloc
+            alloc.reset_peaks()
             _run(alloc, step, live)
+            if i and alloc.num_device_alloc == made:
+                break  # served from the cache: the steady state is reached
     except OutOfMemory:
         return _result(alloc, conf, oom=True)
     return _result(alloc, conf)
