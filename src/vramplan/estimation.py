@@ -192,6 +192,22 @@ def reserved_bytes(events: list[Event], top: Event, conf_delta: int = 0) -> int:
     return reserved_from_allocated(top.live.total(), largest, churn) + conf_delta
 
 
+def step_events(spec: JobSpec):
+    """The tensor events (vramplan.step.StepEvents) of one training step of a single-model,
+    single-GPU job, tensors split per parameter: what the allocator model replays, and
+    what bench/allocator/replay_cuda.py replays on a real GPU."""
+    from vramplan.sources import resolve_model
+    from vramplan.step import build_events
+    desc = resolve_model(spec)
+    params = param_set(desc, spec)
+    plan = _step_plan(desc, spec, params, plan_activations(desc, spec, params))
+    if spec.backend is Backend.CUDA:
+        from vramplan.catalog import find_gpu
+        gpu = find_gpu(spec.gpu) if spec.gpu else None
+        plan.static.add("runtime/cublas_workspace", cublas_workspace_bytes(gpu.name if gpu else None))
+    return build_events(plan, tensor_pieces(desc, params, plan))
+
+
 def allocator_replayer(spec: JobSpec, gpu, plan: StepPlan, desc: ModelDesc, params: ParamSet | None,
                        outside: int = 0):
     """A function (default=False) -> AllocatorResult: the caching allocator

@@ -22,6 +22,7 @@ K_MIN_LARGE_ALLOC = 10 * MiB  # kMinLargeAlloc: allocations between 1 and 10 MiB
 K_LARGE_BUFFER = 20 * MiB    # kLargeBuffer: "large" allocations may be packed in 20 MiB blocks
 K_ROUND_LARGE = 2 * MiB      # kRoundLarge: round up large allocations to 2 MiB
 _NO_LIMIT = 1 << 62
+_ADDR_BITS = 40  # addresses / 512 below 2**40: virtual ranges up to 512 TiB
 
 
 class OutOfMemory(Exception):
@@ -52,15 +53,16 @@ class Block:
 
 
 class Pool:
-    """struct BlockPool: free (cached) blocks ordered by (size, address), plus the unmapped
-    ranges of this pool's expandable segment."""
+    """struct BlockPool: free (cached) blocks ordered by (size, address) -- one integer key
+    `size << _ADDR_BITS | addr / 512` per block (sizes and addresses are 512-byte
+    multiples) -- plus the unmapped ranges of this pool's expandable segment."""
 
     __slots__ = ("small", "keys", "blocks", "unmapped", "gc_calls", "segment_base", "page")
 
     def __init__(self, small: bool):
         self.small = small
-        self.keys: list[tuple[int, int]] = []
-        self.blocks: dict[tuple[int, int], Block] = {}
+        self.keys: list[int] = []
+        self.blocks: dict[int, Block] = {}
         self.unmapped: list[Block] = []
         self.gc_calls = 0
         self.segment_base: int | None = None
@@ -70,12 +72,12 @@ class Pool:
     def insert(self, b: Block) -> None:
         """BlockPool::insert_into_blocks (records the gc age base)."""
         b.gc_base = self.gc_calls
-        key = (b.size, b.addr)
+        key = (b.size << _ADDR_BITS) | (b.addr >> 9)
         insort(self.keys, key)
         self.blocks[key] = b
 
     def erase(self, b: Block) -> None:
-        key = (b.size, b.addr)
+        key = (b.size << _ADDR_BITS) | (b.addr >> 9)
         del self.blocks[key]
         del self.keys[bisect_left(self.keys, key)]
 
@@ -138,6 +140,7 @@ class CachingAllocator(ExpandableMixin):
             self.allowed = int(self.allowed * memory_fraction)
         self.gc_on = self.set_fraction and self.conf.garbage_collection_threshold > 0
         self._plain_round = not any(d > 1 for d in self.conf.roundup_power2_divisions)
+        self._fast = not self.conf.expandable_segments and not self.gc_on
         self.small, self.large = Pool(True), Pool(False)
         self.reserved = self.allocated = self.requested = 0
         self.segments: dict[int, tuple[int, bool]] = {}
@@ -160,7 +163,18 @@ class CachingAllocator(ExpandableMixin):
         else:
             size = round_size(nbytes, self.conf)
         pool = self.small if size <= K_SMALL_SIZE else self.large
-        block = self._get_free_block(pool, size)
+        if self._fast:  # get_free_block without expandable segments or gc, inlined
+            block, keys = None, pool.keys
+            i = bisect_left(keys, size << _ADDR_BITS)
+            if i < len(keys):
+                key = keys[i]
+                found = key >> _ADDR_BITS
+                if not (found >= self.max_split and
+                        (size < self.max_split or found >= size + self.conf.max_non_split_rounding)):
+                    block = pool.blocks.pop(key)
+                    del keys[i]
+        else:
+            block = self._get_free_block(pool, size)
         if block is None:
             if self.gc_on:
                 self._garbage_collect()
@@ -183,8 +197,11 @@ class CachingAllocator(ExpandableMixin):
         self.allocated -= block.size
         self.requested -= block.requested
         pool = block.pool
-        for other in (block.prev, block.next):
-            self._try_merge(block, other, pool)
+        prev, nxt = block.prev, block.next
+        if prev is not None and not prev.allocated:
+            self._try_merge(block, prev, pool)
+        if nxt is not None and not nxt.allocated:
+            self._try_merge(block, nxt, pool)
         pool.insert(block)
 
     # -- pieces of malloc ----------------------------------------------------------------
@@ -194,7 +211,7 @@ class CachingAllocator(ExpandableMixin):
         if self.gc_on:
             pool.gc_calls += 1
         keys = pool.keys
-        i = bisect_left(keys, (size, -1))
+        i = bisect_left(keys, size << _ADDR_BITS)
         if i == len(keys):
             return None
         block = pool.blocks[keys[i]]
@@ -295,13 +312,13 @@ class CachingAllocator(ExpandableMixin):
             return False
         want = max(size, self.max_split)
         keys = pool.keys
-        i = bisect_left(keys, (want, -1))
+        i = bisect_left(keys, want << _ADDR_BITS)
         if i < len(keys):
             self._release_block(pool.blocks[keys[i]])
             return True
         released = 0
         j = i - 1
-        while j >= 0 and released < want and keys[j][0] >= self.max_split:
+        while j >= 0 and released < want and keys[j] >> _ADDR_BITS >= self.max_split:
             block = pool.blocks[keys[j]]
             released += block.size
             self._release_block(block)
