@@ -140,11 +140,14 @@ def estimate_model(desc: ModelDesc, spec: JobSpec, gpu=None) -> Estimate:
     replayer, conf_delta = None, 0
     if spec.backend is Backend.CUDA and spec.task is not Task.INFERENCE:
         replayer = allocator_replayer(spec, gpu, plan, desc, params if par is None else None, managed.total())
-        if spec.alloc_conf:
+        if _changes_placement(spec.alloc_conf):
             conf_delta = replayer().reserved_bytes - replayer(default=True).reserved_bytes
     reserved, device = device_levels(spec, gpu, events, top, managed.total(), conf_delta)
     notes = [f"LoRA target or modules_to_save {t!r} matches no module of {desc.name}; "
              "PEFT would ignore it" for t in params.unmatched_targets]
+    if spec.alloc_conf and "cudaMallocAsync" in spec.alloc_conf:
+        notes.append("alloc_conf backend:cudaMallocAsync: the driver's memory pool is not modelled; "
+                     "reserved memory is estimated as for PyTorch's caching allocator")
     return Estimate(spec=spec, model=desc, num_params=desc.num_params(),
                     trainable_params=params.numel(trainable=True), peak_allocated_bytes=peak,
                     peak_phase=top.phase, peak_event=top.label, phases=phases,
@@ -190,6 +193,14 @@ def reserved_bytes(events: list[Event], top: Event, conf_delta: int = 0) -> int:
     loss_bwd = [e for e in ends if e.label.startswith("loss backward")]
     churn = max(sum(_group(e.live, "activations")) + sum(_group(e.live, "backward")) for e in [top, *loss_bwd])
     return reserved_from_allocated(top.live.total(), largest, churn) + conf_delta
+
+
+def _changes_placement(alloc_conf: str | None) -> bool:
+    """Whether alloc_conf moves blocks in the caching allocator (the pinned-memory and
+    locking options do not; backend:cudaMallocAsync bypasses it and is not modelled)."""
+    from vramplan.spec.alloc_conf import AllocConf, parse_alloc_conf
+    conf = parse_alloc_conf(alloc_conf)
+    return conf.backend == "native" and conf != AllocConf()
 
 
 def step_events(spec: JobSpec):
