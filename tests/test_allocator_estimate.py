@@ -1,8 +1,8 @@
 """The allocator model wired into the estimate: alloc_conf, the JSON section, compare rows."""
 import json
+import os
 import subprocess
 import sys
-import os
 
 import pytest
 
@@ -89,3 +89,17 @@ def test_cli_reads_the_flag_and_the_environment():
     bad = _cli("estimate", "gpt2", "--alloc-conf", "expandable_segment:True")
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
     assert "expandable_segments" in bad.stderr
+
+
+def test_compare_offers_max_split_size_when_fragmentation_is_large():
+    spec = vramplan.load_spec({"model": "qwen2.5-1.5b", "grad_accum_steps": 4, "micro_batch_size": 1,
+                               "seq_len": 512, "gpu": "a100-40gb"})
+    rows = {r.strategy.name: r for r in compare(spec)}
+    base = rows["baseline"].estimate
+    assert base.allocator.fragmentation_bytes > 0.05 * base.allocator.reserved_bytes
+    row = rows["max_split_size_mb 128"]
+    assert row.spec.alloc_conf == "max_split_size_mb:128"
+    # the saving is what the allocator model finds, whatever its sign
+    assert row.saving_bytes == base.device_bytes - row.estimate.device_bytes
+    assert row.estimate.reserved_bytes - base.reserved_bytes == (
+        row.estimate.allocator.reserved_bytes - base.allocator.reserved_bytes)
