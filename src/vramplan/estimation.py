@@ -186,8 +186,8 @@ def reserved_bytes(events: list[Event], top: Event, conf_delta: int = 0) -> int:
 
     The replay's own reserve is not used as the level: its event list holds the saved
     tensors and the modelled transients, not every temporary of the real backward, and on
-    the published GPU rows it is less accurate than this fitted reserve (nvidia-smi rows:
-    median |err| 9.1% against 3.0%, see bench/allocator/README.md)."""
+    the published GPU rows it is less accurate than this fitted reserve (single-model
+    nvidia-smi rows: median |err| 6.9% against 2.4%, bench/allocator/score_replay.py)."""
     ends = [e for e in events if e.label.startswith(("end of forward", "loss backward"))]
     largest = max((v for e in ends for v in _group(e.live, "logits")), default=0)
     loss_bwd = [e for e in ends if e.label.startswith("loss backward")]

@@ -59,7 +59,7 @@ def replay(prologue: tuple, step: tuple, conf: AllocConf | None = None, capacity
     return _replay(tuple(prologue), tuple(step), conf or AllocConf(), capacity, steps)
 
 
-@lru_cache(maxsize=128)
+@lru_cache(maxsize=16)
 def _replay(prologue: tuple, step: tuple, conf: AllocConf, capacity, steps: int) -> AllocatorResult:
     alloc = CachingAllocator(conf, capacity=capacity)
     live: dict[int, object] = {}

@@ -10,9 +10,10 @@ does (the same order timeline.walk takes its snapshots in):
   saved tensors, after which the logits themselves go;
 - backward: the loss's gradients, then per stage, last first: the tensors it frees before
   its peak, its transients (recomputed layer, activation gradients), the parameter
-  gradients it has made by its peak; then its saved tensors and transients go and its
-  other gradients arrive (with gradient accumulation, a second micro-step runs with every
-  gradient already allocated);
+  gradients it has made by its peak; then its saved tensors and transients go in reverse
+  order, each after a transient gradient of its size where that stays under the peak
+  (`_release_with_grads`), and its other gradients arrive (with gradient accumulation, a
+  second micro-step runs with every gradient already allocated);
 - optimizer: its temporaries come and go, then the gradients are freed
   (zero_grad(set_to_none=True), the default of torch 2.x and transformers' Trainer).
 
@@ -34,12 +35,12 @@ Event = tuple  # (kind, tensor, nbytes, term, phase)
 
 @dataclass(slots=True)
 class Pieces:
-    """How a term's bytes are split into tensors: per term of the persistent state, and per
-    stage for the gradients (those made by the stage's backward peak, then the others)."""
+    """How a term's bytes are split into tensors: per term of the persistent state and the
+    optimizer temporaries, and per stage for the gradients made after the stage's backward
+    peak (the one made by the peak is one tensor)."""
 
     static: dict[str, tuple[int, ...]] = field(default_factory=dict)
     """term -> relative sizes of its tensors (parameter numels)."""
-    grads_at_peak: list[tuple[int, ...]] | None = None
     grads_rest: list[tuple[int, ...]] | None = None
 
 
@@ -114,7 +115,7 @@ class _Builder:
 def _grad_items(b: _Builder, i: int, grads: Breakdown, at_peak: Breakdown | None) -> tuple[list, list]:
     """(gradients made by stage i's backward peak, the rest) as (term, bytes) tensors."""
     p = b.pieces
-    first = [] if at_peak is None else _split_terms(at_peak, p.grads_at_peak[i] if p.grads_at_peak else ())
+    first = [] if at_peak is None else list(at_peak)
     made = dict(at_peak.terms) if at_peak is not None else {}
     rest_bd = Breakdown()
     for term, v in grads:
@@ -154,8 +155,7 @@ def _release_with_grads(made: list, b: _Builder) -> None:
 def _stage_grads(b: _Builder, i: int, cache: dict) -> tuple[list, list]:
     plan, p = b.plan, b.pieces
     at_peak = plan.stage_grads_at_peak[i] if plan.stage_grads_at_peak else None
-    key = (id(plan.grads_by_stage[i]), id(at_peak),
-           id(p.grads_at_peak[i]) if p.grads_at_peak else None, id(p.grads_rest[i]) if p.grads_rest else None)
+    key = (id(plan.grads_by_stage[i]), id(at_peak), id(p.grads_rest[i]) if p.grads_rest else None)
     hit = cache.get(key)
     if hit is None:
         hit = cache[key] = _grad_items(b, i, plan.grads_by_stage[i], at_peak)
