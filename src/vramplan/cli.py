@@ -47,7 +47,12 @@ _SPEC_FLAGS = {
     "num_labels": (int, "sequence-classification: classes"),
     "num_layers": (int, "with --num-params: layer count"),
     "hidden_size": (int, "with --num-params: hidden size"),
+    "alloc_conf": (str, "PYTORCH_CUDA_ALLOC_CONF of the run, e.g. expandable_segments:True "
+                        "(default: the environment's)"),
 }
+# Read at this edge only (the core never reads the environment); PyTorch 2.9 also reads
+# PYTORCH_ALLOC_CONF, the device-neutral name.
+_ALLOC_CONF_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
 
 
 _PARALLEL_FLAGS = (
@@ -127,7 +132,12 @@ def spec_from_args(args) -> "object":
     if args.spec:
         from vramplan.spec.job import _read_file
         data = _read_file(args.spec)
-    spec = load_spec(flags_to_data(args, _imported(args, data)))
+    data = flags_to_data(args, _imported(args, data))
+    if data.get("alloc_conf") is None:  # the environment is read here, at the edge
+        env = next((os.environ[k] for k in _ALLOC_CONF_ENV if os.environ.get(k)), None)
+        if env:
+            data["alloc_conf"] = env
+    spec = load_spec(data)
     for note in vars(args).pop("pending_notes", []):
         print(note, file=sys.stderr)
     if args.save_spec:

@@ -12,8 +12,9 @@ from vramplan.components.trainable import ParamSet, param_set
 from vramplan.components.weights import weight_terms
 from vramplan.model import ModelDesc
 from vramplan.spec import Backend, JobSpec, Task
-from vramplan.step.build import rank_step
-from vramplan.timeline import Event, peak_event, phase_peaks, walk
+from vramplan.step.build import build_step, rank_step
+from vramplan.step.pieces import tensor_pieces
+from vramplan.timeline import Event, StepPlan, peak_event, phase_peaks, walk
 from vramplan.units import nbytes
 
 SCHEMA_VERSION = 1
@@ -45,6 +46,14 @@ class Estimate:
     models: dict[str, int] = field(default_factory=dict)
     """Parameters per model of a multi-model job, keyed like the breakdown's sections
     (`policy`, `reference`, ...); empty for a single model. num_params is their sum."""
+    replay: object | None = field(repr=False, default=None)
+    """Callable(conf=None) -> vramplan.allocator.AllocatorResult: the caching allocator
+    replaying the step's tensor events (CUDA backend, single-model jobs); run on demand."""
+
+    @property
+    def allocator(self):
+        """The allocator model's replay with the spec's alloc_conf (None where not modelled)."""
+        return None if self.replay is None else self.replay()
 
     @property
     def fits(self) -> bool | None:
@@ -75,6 +84,7 @@ class Estimate:
             "headroom_bytes": self.headroom_bytes,
             "managed_bytes": self.managed_bytes,
             "notes": list(self.notes),
+            **self._allocator_dict(),
             **self._parallel_dict(),
         }
 
@@ -82,6 +92,14 @@ class Estimate:
         """Notebook display: the breakdown as an HTML table (report/answers.py)."""
         from vramplan.report.answers import estimate_table
         return estimate_table(self).to_html()
+
+    def _allocator_dict(self) -> dict:
+        alloc = self.allocator
+        if alloc is None:
+            return {}
+        return {"allocator": {**alloc.to_dict(), "basis": (
+            "replay of the step's tensor events through the caching-allocator model; the "
+            "estimate's reserved_bytes is the fitted reserve plus what alloc_conf changes in this replay")}}
 
     def _parallel_dict(self) -> dict:
         if self.parallel is None:
@@ -128,14 +146,23 @@ def estimate_model(desc: ModelDesc, spec: JobSpec, gpu=None) -> Estimate:
     peak = components.total()
     phases = phase_peaks(events)
     phases[top.phase] = peak
-    reserved, device = device_levels(spec, gpu, events, top, managed.total())
+    replayer, conf_delta = None, 0
+    if spec.backend is Backend.CUDA and spec.task is not Task.INFERENCE:
+        replayer = allocator_replayer(spec, gpu, plan, desc, params if par is None else None, managed.total())
+        if _changes_placement(spec.alloc_conf):
+            conf_delta = replayer().reserved_bytes - replayer(default=True).reserved_bytes
+    reserved, device = device_levels(spec, gpu, events, top, managed.total(), conf_delta)
     notes = checked + [f"LoRA target or modules_to_save {t!r} matches no module of {desc.name}; "
              "PEFT would ignore it" for t in params.unmatched_targets]
+    if spec.alloc_conf and "cudaMallocAsync" in spec.alloc_conf:
+        notes.append("alloc_conf backend:cudaMallocAsync: the driver's memory pool is not modelled; "
+                     "reserved memory is estimated as for PyTorch's caching allocator")
     return Estimate(spec=spec, model=desc, num_params=desc.num_params(),
                     trainable_params=params.numel(trainable=True), peak_allocated_bytes=peak,
                     peak_phase=top.phase, peak_event=top.label, phases=phases,
                     components=components, reserved_bytes=reserved, device_bytes=device,
-                    events=events, gpu=gpu, notes=notes + (par.notes if par else []), parallel=par, managed_bytes=managed.total())
+                    events=events, gpu=gpu, notes=notes + (par.notes if par else []), parallel=par,
+                    managed_bytes=managed.total(), replay=replayer)
 
 
 def _group(bd: Breakdown, group: str) -> list[int]:
@@ -144,21 +171,86 @@ def _group(bd: Breakdown, group: str) -> list[int]:
     return [v for k, v in bd if k.startswith(group + "/") or f"/{group}/" in k]
 
 
-def device_levels(spec: JobSpec, gpu, events: list[Event], top: Event, managed: int = 0) -> tuple[int, int]:
-    """(max_memory_reserved, nvidia-smi) from the live peak on the CUDA backend (equal to the
-    peak on cpu): the allocator's reserve (components/runtime.py) around the largest single
-    logits-sized block and the activation bytes churned at the peak and at the start of
-    backward, then the CUDA context and managed (paged) memory resident on the GPU."""
+def device_levels(spec: JobSpec, gpu, events: list[Event], top: Event, managed: int = 0,
+                  conf_delta: int = 0) -> tuple[int, int]:
+    """(max_memory_reserved, nvidia-smi) on the CUDA backend (both equal to the live peak on
+    cpu): allocated plus the allocator's reserve (`reserved_bytes`), then the CUDA context
+    and managed (paged) memory resident on the GPU."""
     peak = top.live.total()
     if spec.backend is not Backend.CUDA:
         return peak, peak
+    reserved = reserved_bytes(events, top, conf_delta)
+    return reserved, reserved + cuda_context_bytes(gpu) + managed
+
+
+def cuda_context_bytes(gpu) -> int:
+    return getattr(gpu, "cuda_context_bytes_typical", None) or CUDA_CONTEXT_DEFAULT
+
+
+def reserved_bytes(events: list[Event], top: Event, conf_delta: int = 0) -> int:
+    """max_memory_reserved: the live peak plus the allocator's reserve around the largest
+    single logits-sized block and the activation bytes churned at the peak and at the start
+    of backward (components/runtime.py), plus `conf_delta`, what the spec's alloc_conf
+    changes in the allocator model's replay (vramplan.allocator) against PyTorch's defaults.
+
+    The replay's own reserve is not used as the level: its event list holds the saved
+    tensors and the modelled transients, not every temporary of the real backward, and on
+    the published GPU rows it is less accurate than this fitted reserve (single-model
+    nvidia-smi rows: median |err| 6.9% against 2.4%, bench/allocator/score_replay.py)."""
     ends = [e for e in events if e.label.startswith(("end of forward", "loss backward"))]
     largest = max((v for e in ends for v in _group(e.live, "logits")), default=0)
     loss_bwd = [e for e in ends if e.label.startswith("loss backward")]
     churn = max(sum(_group(e.live, "activations")) + sum(_group(e.live, "backward")) for e in [top, *loss_bwd])
-    reserved = reserved_from_allocated(peak, largest, churn)
-    context = getattr(gpu, "cuda_context_bytes_typical", None) or CUDA_CONTEXT_DEFAULT
-    return reserved, reserved + context + managed
+    return reserved_from_allocated(top.live.total(), largest, churn) + conf_delta
+
+
+def _changes_placement(alloc_conf: str | None) -> bool:
+    """Whether alloc_conf moves blocks in the caching allocator (the pinned-memory and
+    locking options do not; backend:cudaMallocAsync bypasses it and is not modelled)."""
+    from vramplan.spec.alloc_conf import AllocConf, parse_alloc_conf
+    conf = parse_alloc_conf(alloc_conf)
+    return conf.backend == "native" and conf != AllocConf()
+
+
+def step_events(spec: JobSpec):
+    """The tensor events (vramplan.step.StepEvents) of one training step of a single-model,
+    single-GPU job, tensors split per parameter: what the allocator model replays, and
+    what bench/allocator/replay_cuda.py replays on a real GPU."""
+    from vramplan.sources import resolve_model
+    from vramplan.step import build_events
+    desc = resolve_model(spec)
+    params = param_set(desc, spec)
+    plan = build_step(desc, spec, params, plan_activations(desc, spec, params))
+    if spec.backend is Backend.CUDA:
+        from vramplan.catalog import find_gpu
+        gpu = find_gpu(spec.gpu) if spec.gpu else None
+        plan.static.add("runtime/cublas_workspace", cublas_workspace_bytes(gpu.name if gpu else None))
+    return build_events(plan, tensor_pieces(desc, params, plan))
+
+
+def allocator_replayer(spec: JobSpec, gpu, plan: StepPlan, desc: ModelDesc, params: ParamSet | None,
+                       outside: int = 0):
+    """A function (default=False) -> AllocatorResult: the caching allocator
+    (vramplan.allocator) replaying the step's tensor events (vramplan.step) over several
+    steps with spec.alloc_conf's options (or PyTorch's defaults). `params`: split the
+    persistent terms and gradients into per-parameter tensors (single-GPU plans). With a
+    GPU named, the allocator may reserve its memory less the CUDA context and `outside`
+    (managed memory): a step that needs more frees its cached blocks and retries, as malloc
+    does; one that still does not fit reports its unconstrained reserve."""
+    from vramplan.allocator import replay
+    from vramplan.spec.alloc_conf import parse_alloc_conf
+    from vramplan.step import build_events
+    capacity = None if gpu is None else gpu.memory_bytes - cuda_context_bytes(gpu) - outside
+    ops: list = []
+
+    def run(default: bool = False):
+        if not ops:
+            pieces = tensor_pieces(desc, params, plan) if params is not None else None
+            ops.extend(build_events(plan, pieces).compact())
+        conf = parse_alloc_conf(None if default else spec.alloc_conf)
+        result = replay(ops[0], ops[1], conf, capacity)
+        return replay(ops[0], ops[1], conf, None) if result.out_of_memory else result
+    return run
 
 
 def _inference_events(desc: ModelDesc, spec: JobSpec, params: ParamSet, gpu) -> list[Event]:

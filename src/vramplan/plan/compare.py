@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from vramplan.estimation import Estimate
 from vramplan.plan.evaluate import Evaluator, apply_changes
 from vramplan.plan.steptime import StepTime
-from vramplan.spec import JobSpec, Method, SpecError
+from vramplan.spec import Backend, JobSpec, Method, SpecError
+from vramplan.spec.alloc_conf import parse_alloc_conf
 
 COMPARE_SCHEMA_VERSION = 1
 
@@ -82,6 +83,8 @@ def default_strategies(spec: JobSpec) -> list[Strategy]:
         name = cand.name if effective == cand.changes else \
             " + ".join(f"{k.split('.')[-1]}={v}" for k, v in effective.items())
         out.append(Strategy(name, effective))
+    if spec.backend is Backend.CUDA and not parse_alloc_conf(spec.alloc_conf).expandable_segments:
+        out.append(Strategy("expandable segments", {"alloc_conf": with_alloc_option(spec.alloc_conf, "expandable_segments:True")}))
     return out
 
 
@@ -107,6 +110,31 @@ def _saves_more(key: str, new, old) -> bool:
     if order is None or new not in order or old not in order:
         return new != old
     return order[new] > order[old]
+
+
+# PyTorch's documented remedy for fragmentation (docs/source/notes/cuda.rst, "Optimizing
+# memory usage with PYTORCH_CUDA_ALLOC_CONF": max_split_size_mb), offered when the allocator
+# model finds much of the reserve in cached free blocks at the peak.
+MAX_SPLIT_MB = 128
+FRAGMENTATION_SHARE = 0.05
+
+
+def with_alloc_option(conf: str | None, option: str) -> str:
+    """conf with `key:value` set (replacing the key if present)."""
+    key = option.split(":", 1)[0]
+    kept = [p for p in (conf or "").split(",") if p.strip() and p.split(":", 1)[0].strip() != key]
+    return ",".join(kept + [option])
+
+
+def _fragmentation_strategy(base) -> Strategy | None:
+    alloc = base.estimate.allocator if base.estimate is not None else None
+    if alloc is None or alloc.fragmentation_bytes <= FRAGMENTATION_SHARE * alloc.reserved_bytes:
+        return None
+    conf = parse_alloc_conf(base.spec.alloc_conf)
+    if conf.max_split_size is not None or conf.expandable_segments:
+        return None
+    return Strategy(f"max_split_size_mb {MAX_SPLIT_MB}",
+                    {"alloc_conf": with_alloc_option(base.spec.alloc_conf, f"max_split_size_mb:{MAX_SPLIT_MB}")})
 
 
 @dataclass(slots=True)
@@ -147,11 +175,12 @@ def compare(spec: JobSpec, gpu=None, *, strategies: list[Strategy] | None = None
             evaluator: Evaluator | None = None, headroom_bytes: int = 0, **ev_kwargs) -> CompareRows:
     """One row per strategy; the first is the baseline (the job as given)."""
     ev = evaluator or Evaluator.for_spec(spec, gpu, headroom_bytes=headroom_bytes, **ev_kwargs)
+    defaults = strategies is None
     strategies = list(strategies or default_strategies(spec))
     if not strategies or strategies[0].changes:
         strategies.insert(0, Strategy("baseline"))
     rows = []
-    for strat in strategies:
+    for k, strat in enumerate(strategies):
         try:
             s = apply_changes(spec, strat.changes)
         except SpecError as exc:
@@ -159,6 +188,10 @@ def compare(spec: JobSpec, gpu=None, *, strategies: list[Strategy] | None = None
             continue
         v = ev.verdict(s)
         rows.append(CompareRow(strat, s, v.estimate, v.step, v.fits))
+        if defaults and k == 0 and spec.backend is Backend.CUDA:
+            extra = _fragmentation_strategy(rows[0])
+            if extra is not None:
+                strategies.append(extra)
     base = rows[0]
     for r in rows:
         if r.estimate is None:

@@ -92,6 +92,9 @@ class JobSpec:
     """Generic form: a list of spec.tasks.ModelRole (role, model, method, precision, placement)."""
     vision: _tasks.VisionConfig | None = None
     diffusion: _tasks.DiffusionConfig | None = None
+    alloc_conf: str | None = None
+    """PYTORCH_CUDA_ALLOC_CONF of the run ('expandable_segments:True', 'max_split_size_mb:128');
+    None: PyTorch's defaults. Validated as PyTorch parses it (spec/alloc_conf.py)."""
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731  (frozen dataclass)
@@ -106,6 +109,10 @@ class JobSpec:
         set_("momentum", fraction("momentum", self.momentum, high=0.9999))
         set_("weight_decay", fraction("weight_decay", self.weight_decay, high=10.0))
         self._check_model()
+        if self.alloc_conf is not None:
+            from vramplan.spec.alloc_conf import parse_alloc_conf
+            set_("alloc_conf", str(self.alloc_conf).strip() or None)
+            parse_alloc_conf(self.alloc_conf)
         for name, value in _tasks.check_task_fields(self).items():
             set_(name, value)
         if (self.task is Task.DIFFUSION and isinstance(self.parallel, ParallelConfig)
