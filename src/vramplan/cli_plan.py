@@ -120,7 +120,7 @@ def _strategy(text: str):
 def _tiers(spec, args) -> int:
     from vramplan.plan.tiers import gpu_tiers, tiers_summary
     rows = gpu_tiers(spec, headroom_bytes=0 if args.headroom is None else parse_headroom(args.headroom, 0))
-    if args.json:
+    if _format(args) == "json":
         print(json.dumps({"schema_version": 1, "gpus": [r.to_dict() for r in rows],
                           "tiers": tiers_summary(rows)}, indent=2))
         return 0
@@ -252,7 +252,7 @@ def _fit_maximize(spec, ev, axes, args) -> int:
     if args.plot and solved.sweep:
         from vramplan.report.plots import plot_sweep
         plot_sweep(solved.sweep, args.plot, name=args.maximize, capacity_bytes=ev.limit_bytes)
-    if args.json:
+    if _format(args) == "json":
         print(json.dumps(solved.to_dict(), indent=2))
     elif solved.value is None:
         print(f"no layout fits even at {args.maximize}=1 on {ev.gpu.name}")
@@ -267,7 +267,7 @@ def _fit_maximize(spec, ev, axes, args) -> int:
 def _fit_minimize(spec, ev, axes, args) -> int:
     from vramplan.plan.solve import fewest_gpus
     n, report = fewest_gpus(spec, evaluator=ev, axes=axes, max_gpus=args.max_gpus)
-    if args.json:
+    if _format(args) == "json":
         print(json.dumps({"num_gpus": n, "fit": report.to_dict()}, indent=2))
     elif n is None:
         print(f"does not fit on {args.max_gpus} x {ev.gpu.name} in any layout searched")

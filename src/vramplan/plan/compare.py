@@ -80,8 +80,10 @@ def default_strategies(spec: JobSpec) -> list[Strategy]:
         if not effective or key in seen:
             continue
         seen.add(key)
-        name = cand.name if effective == cand.changes else \
-            " + ".join(f"{k.split('.')[-1]}={v}" for k, v in effective.items())
+        # The row's name still describes it when what was left out the job already has;
+        # where the job has a setting stronger, the name says what the row really changes.
+        as_named = all(_current(spec, k) == v for k, v in cand.changes.items() if k not in effective)
+        name = cand.name if as_named else " + ".join(f"{k.split('.')[-1]}={v}" for k, v in effective.items())
         out.append(Strategy(name, effective))
     if spec.backend is Backend.CUDA and not parse_alloc_conf(spec.alloc_conf).expandable_segments:
         out.append(Strategy("expandable segments", {"alloc_conf": with_alloc_option(spec.alloc_conf, "expandable_segments:True")}))
