@@ -16,14 +16,16 @@ _SPEC_FROM_ARGS = None
 
 
 def parse_headroom(text: str | None, capacity_bytes: int) -> int:
-    """'0', '2GiB', '1.5GB', '512MiB', '5%' -> bytes."""
+    """'0', '2GiB', '1.5GB', '512MiB', '5%', a fraction '0.05', or bytes '2000000000' -> bytes."""
     if text is None or str(text).strip() in ("", "0"):
         return 0
     t = str(text).strip().replace(" ", "")
     m = re.fullmatch(r"([\d.]+)(%|GiB|GB|MiB|B)?", t, flags=re.IGNORECASE)
-    if not m:
-        raise SpecError("headroom", f"expected e.g. 2GiB, 1.5GB, 512MiB or 5%, got {text!r}")
+    if not m or m.group(1).count(".") > 1:
+        raise SpecError("headroom", f"expected e.g. 2GiB, 1.5GB, 512MiB, 5% or 0.05, got {text!r}")
     value, unit = float(m.group(1)), (m.group(2) or "B").lower()
+    if unit == "b" and m.group(2) is None and value < 1:
+        unit, value = "%", value * 100     # a bare number below 1 is a fraction of the GPU
     scale = {"%": capacity_bytes / 100, "gib": GiB, "gb": GB, "mib": MiB, "b": 1}[unit]
     return int(value * scale)
 
@@ -125,7 +127,7 @@ def _read_strategies(path: str):
     return [Strategy(name=str(i["name"]), changes=dict(i.get("changes") or {})) for i in items]
 
 
-def _evaluator(spec, args):
+def _evaluator(spec, args, default_headroom: bool = False):
     from vramplan.catalog import find_gpu
     from vramplan.plan.evaluate import Evaluator
     from vramplan.plan.steptime import DEFAULT_MFU
@@ -133,8 +135,12 @@ def _evaluator(spec, args):
     if not spec.gpu:
         raise SpecError("gpu", "planning needs a GPU: pass --gpu (see `vramplan gpus`)")
     gpu = find_gpu(spec.gpu)
-    return Evaluator(trained_desc(spec), gpu, headroom_bytes=parse_headroom(args.headroom, gpu.memory_bytes),
-                     mfu=args.mfu or DEFAULT_MFU)
+    if args.headroom is None and default_headroom:
+        from vramplan.plan.fit import default_fit_headroom
+        headroom = default_fit_headroom(gpu.memory_bytes)
+    else:
+        headroom = parse_headroom(args.headroom, gpu.memory_bytes)
+    return Evaluator(trained_desc(spec), gpu, headroom_bytes=headroom, mfu=args.mfu or DEFAULT_MFU)
 
 
 # ------------------------------------------------------------------ fit
@@ -145,7 +151,7 @@ def _progress(done: int, total: int, found: int) -> None:
 
 def cmd_fit(args) -> int:
     spec = _SPEC_FROM_ARGS(args)
-    ev = _evaluator(spec, args)
+    ev = _evaluator(spec, args, default_headroom=True)
     axes = _parse_vary(args.vary)
     if axes is not None and not args.only:
         from vramplan.plan.space import default_axes
@@ -283,7 +289,8 @@ def register(sub, add_spec_args, spec_from_args) -> None:
 
 
 def _common(p) -> None:
-    p.add_argument("--headroom", default=None, help="memory to keep free: 2GiB, 1.5GB, 5%%")
+    p.add_argument("--headroom", default=None, help="memory to keep free: 2GiB, 1.5GB, 5%%, 0.05 "
+                   "(fit's default: what keeps the estimate's upper bound on the GPU; 0 for none)")
     p.add_argument("--mfu", type=float, default=None, help="model FLOPs utilization (default 0.40)")
     p.add_argument("--plot", help="write a picture: .png/.svg (matplotlib) or .html")
     p.add_argument("--json", action="store_true")
