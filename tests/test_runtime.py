@@ -80,3 +80,18 @@ def test_cuda_version_is_validated():
     assert vramplan.load_spec({"model": "gpt2", "cuda_version": 12.4}).cuda_version == "12.4"
     with pytest.raises(SpecError, match="cuda_version"):
         vramplan.load_spec({"model": "gpt2", "cuda_version": "twelve"})
+
+
+def test_fused_attention_on_cuda_pads_logsumexp_and_keeps_rng_state():
+    def saved(**kw):
+        job = {"model": "gpt2", "seq_len": 500, "micro_batch_size": 2, "gpu": "a100-80gb", **kw}
+        terms = vramplan.estimate(vramplan.load_spec(job)).components.to_dict()
+        return terms.get("activations/layers/attn/core.lse"), terms.get("activations/layers/attn/core.rng_state")
+    # gpt2: 12 layers x 12 heads; fp32 runs memory-efficient attention, lse padded to 32 queries
+    assert saved(precision="fp32") == (12 * 2 * 12 * 512 * 4, None)
+    # bf16 runs flash: lse (b, heads, s) fp32 and, with gpt2's attention dropout 0.1, 2 x int64
+    assert saved(precision="bf16") == (12 * 2 * 12 * 500 * 4, 12 * 16)
+    # qwen2.5-0.5b (24 layers x 14 heads, no attention dropout): the cpu backend's flash
+    # kernel keeps one value per query
+    assert saved(model="qwen2.5-0.5b", precision="fp32", backend="cpu", gpu=None) == (24 * 2 * 14 * 500 * 4, None)
+    assert saved(model="qwen2.5-0.5b", precision="fp32") == (24 * 2 * 14 * 512 * 4, None)
