@@ -123,3 +123,52 @@ def test_headroom_flag_takes_a_fraction_or_bytes():
     assert parse_headroom("3000000", 100 * GiB) == 3_000_000
     with pytest.raises(SpecError):
         parse_headroom("1.2.3", 100 * GiB)
+
+
+def _bench(name: str):
+    import importlib.util
+    import sys
+    from pathlib import Path
+    folder = Path(__file__).resolve().parents[1] / "bench" / "accuracy"
+    sys.path.insert(0, str(folder))
+    try:
+        spec = importlib.util.spec_from_file_location(name, folder / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(folder))
+
+
+def test_score_published_stats_per_metric_by_hand():
+    sp = _bench("score_published")
+    st = sp.stats([-0.2, -0.05, 0.1])
+    assert st == {"n": 3, "median_abs_error": 0.1, "worst_abs_error": 0.2, "share_under": 0.667,
+                  "share_over": 0.333, "share_under_10pct": 0.333}
+    rows = [{"metric": "reserved", "fidelity": "approx", "error": -0.1},
+            {"metric": "reserved", "fidelity": "poor", "error": 0.5},
+            {"metric": "nvml", "fidelity": "exact", "error": 0.02}]
+    assert sp.by_metric(rows, exclude_poor=True)["reserved"]["n"] == 1
+    assert sp.by_metric(rows, exclude_poor=False)["reserved"]["worst_abs_error"] == 0.5
+    assert sp.by_metric(rows, exclude_poor=False)["allocated"] == {"n": 0}
+
+
+def test_bounds_script_builds_like_with_like_without_poor_rows():
+    bb = _bench("bounds")
+    # error = estimated / measured - 1, so measured / estimated = 1 / (1 + error)
+    rows = [{"id": f"A{i}", "metric": "allocated", "fidelity": "approx", "error": 1 / r - 1}
+            for i, r in enumerate([0.9, 1.0, 1.1])]
+    rows += [{"id": "A9", "metric": "allocated", "fidelity": "poor", "error": 1.0},
+             {"id": "R1", "metric": "reserved", "fidelity": "exact", "error": 0.0},
+             {"id": "R2", "metric": "reserved", "fidelity": "exact", "error": 1 / 1.2 - 1},
+             {"id": "D1", "metric": "nvml", "fidelity": "exact", "error": 1 / 1.05 - 1},
+             {"id": "D2", "metric": "nvml", "fidelity": "exact", "error": 1 / 1.1 - 1},
+             {"id": "U1", "metric": "unknown", "fidelity": "approx", "error": 1.0}]
+    out = bb.build(rows, 0.9)
+    m = out["metrics"]
+    assert (m["allocated"]["lo"], m["allocated"]["hi"], m["allocated"]["n"]) == (0.9, 1.1, 3)
+    assert (m["reserved"]["lo"], m["reserved"]["hi"]) == (1.0, 1.2)
+    assert (m["device"]["lo"], m["device"]["hi"]) == (1.05, 1.1)
+    assert m["allocated"]["coverage_leave_one_out"] == pytest.approx(1 / 3, abs=1e-3)
+    assert out["checks"]["allocated_on_poor_rows"] == {"n": 1, "coverage": 0.0}     # r = 0.5
+    assert out["checks"]["device_on_unknown_metric_rows"] == {"n": 1, "coverage": 0.0}
