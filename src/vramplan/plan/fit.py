@@ -254,7 +254,8 @@ def _explain(results: list[FitResult], ev: Evaluator) -> None:
     """One line per reason: spare memory, where the time goes, and what it beats."""
     for i, r in enumerate(results):
         spare = ev.limit_bytes - r.estimate.device_bytes
-        r.why.append(f"fits with {spare / GiB:.2f} GiB to spare beyond the requested headroom")
+        kept = f" after keeping {ev.headroom_bytes / GiB:.2f} GiB free" if ev.headroom_bytes else ""
+        r.why.append(f"fits with {spare / GiB:.2f} GiB to spare{kept}")
         r.why.append(f"{r.step_time_s:.3f} s/step ({_top_terms(r.step)})")
         if i + 1 < len(results):
             nxt = results[i + 1]
