@@ -37,6 +37,7 @@ _SPEC_FLAGS = {
     "backend": (str, "cuda | cpu"),
     "gpu": (str, "GPU catalog name (see `vramplan gpus`)"),
     "num_gpus": (int, "GPUs in the job"),
+    "cuda_version": (str, "CUDA runtime, e.g. 12.4 (before 11.7 every kernel loads at start)"),
     "num_params": (str, "raw size instead of a model, e.g. 8e9 or 7B"),
     "reference_model": (str, "dpo/ipo/kto/ppo/grpo: reference model, or 'precomputed'"),
     "teacher": (str, "distill: the frozen teacher model"),

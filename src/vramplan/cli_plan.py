@@ -16,14 +16,16 @@ _SPEC_FROM_ARGS = None
 
 
 def parse_headroom(text: str | None, capacity_bytes: int) -> int:
-    """'0', '2GiB', '1.5GB', '512MiB', '5%' -> bytes."""
+    """'0', '2GiB', '1.5GB', '512MiB', '5%', a fraction '0.05', or bytes '2000000000' -> bytes."""
     if text is None or str(text).strip() in ("", "0"):
         return 0
     t = str(text).strip().replace(" ", "")
     m = re.fullmatch(r"([\d.]+)(%|GiB|GB|MiB|B)?", t, flags=re.IGNORECASE)
-    if not m:
-        raise SpecError("headroom", f"expected e.g. 2GiB, 1.5GB, 512MiB or 5%, got {text!r}")
+    if not m or m.group(1).count(".") > 1:
+        raise SpecError("headroom", f"expected e.g. 2GiB, 1.5GB, 512MiB, 5% or 0.05, got {text!r}")
     value, unit = float(m.group(1)), (m.group(2) or "B").lower()
+    if unit == "b" and m.group(2) is None and value < 1:
+        unit, value = "%", value * 100     # a bare number below 1 is a fraction of the GPU
     scale = {"%": capacity_bytes / 100, "gib": GiB, "gb": GB, "mib": MiB, "b": 1}[unit]
     return int(value * scale)
 
@@ -146,7 +148,7 @@ def _read_strategies(path: str):
     return [Strategy(name=str(i["name"]), changes=dict(i.get("changes") or {})) for i in items]
 
 
-def _evaluator(spec, args):
+def _evaluator(spec, args, default_headroom: bool = False):
     from vramplan.catalog import find_gpu
     from vramplan.plan.evaluate import Evaluator
     from vramplan.plan.steptime import DEFAULT_MFU
@@ -158,14 +160,18 @@ def _evaluator(spec, args):
         raise SpecError("gpu", f"{args.command} ranks layouts by step time, which needs the GPU's "
                                f"throughput: name a catalog GPU with {gpu.memory_marketed} (see `vramplan gpus`); "
                                f"a size alone is enough for estimate and check")
-    return Evaluator(trained_desc(spec), gpu, headroom_bytes=parse_headroom(args.headroom, gpu.memory_bytes),
-                     mfu=args.mfu or DEFAULT_MFU)
+    if args.headroom is None and default_headroom:
+        from vramplan.plan.fit import default_fit_headroom
+        headroom = default_fit_headroom(gpu.memory_bytes)
+    else:
+        headroom = parse_headroom(args.headroom, gpu.memory_bytes)
+    return Evaluator(trained_desc(spec), gpu, headroom_bytes=headroom, mfu=args.mfu or DEFAULT_MFU)
 
 
 # ------------------------------------------------------------------ fit
 def cmd_fit(args) -> int:
     spec = _SPEC_FROM_ARGS(args)
-    ev = _evaluator(spec, args)
+    ev = _evaluator(spec, args, default_headroom=True)
     axes = _parse_vary(args.vary)
     if axes is not None and not args.only:
         from vramplan.plan.space import default_axes
@@ -330,7 +336,8 @@ def register(sub, add_spec_args, spec_from_args) -> None:
 
 
 def _common(p) -> None:
-    p.add_argument("--headroom", default=None, help="memory to keep free: 2GiB, 1.5GB, 5%%")
+    p.add_argument("--headroom", default=None, help="memory to keep free: 2GiB, 1.5GB, 5%%, 0.05 "
+                   "(fit's default: what keeps the estimate's upper bound on the GPU; 0 for none)")
     p.add_argument("--mfu", type=float, default=None, help="model FLOPs utilization (default 0.40)")
     p.add_argument("--plot", help="write a picture: .png/.svg (matplotlib) or .html")
     from vramplan.cli import add_format_args

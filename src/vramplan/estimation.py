@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from vramplan.breakdown import Breakdown
 from vramplan.components.activations import plan_activations
 from vramplan.components.runtime import (
-    CUDA_CONTEXT_DEFAULT, cublas_workspace_bytes, reserved_from_allocated,
+    blas_workspace_terms, cuda_context_bytes, nccl_terms, process_groups, reserved_from_allocated,
 )
 from vramplan.components.trainable import ParamSet, param_set
 from vramplan.components.weights import weight_terms
@@ -65,6 +65,33 @@ class Estimate:
     def headroom_bytes(self) -> int | None:
         return None if self.gpu is None else self.gpu.memory_bytes - self.device_bytes
 
+    @property
+    def device_terms(self) -> Breakdown:
+        """What nvidia-smi counts beyond reserved: runtime/cuda_context, runtime/nccl/<group>,
+        managed/optimizer_paged (device_bytes = reserved_bytes + their total)."""
+        return outside_allocator(self.spec, self.gpu, self.managed_bytes)
+
+    @property
+    def bounds(self) -> dict[str, list[int]] | None:
+        """{"allocated" | "reserved" | "device": [lo, hi]} in bytes: the relative error
+        interval of each metric measured on published GPU runs (catalog/bounds.json), around
+        this estimate. None on the cpu backend (the CPU estimate is exact to 0.01%)."""
+        if self.spec.backend is not Backend.CUDA:
+            return None
+        from vramplan.bounds import bounds_around
+        return bounds_around({"allocated": self.peak_allocated_bytes, "reserved": self.reserved_bytes,
+                              "device": self.device_bytes})
+
+    @property
+    def verdict(self) -> str | None:
+        """"fits", "fits only at the low end" (the estimate fits, its upper bound does not) or
+        "does not fit", on the GPU's memory; None without a GPU."""
+        if self.gpu is None:
+            return None
+        from vramplan.bounds import verdict
+        bounds = self.bounds
+        return verdict(self.device_bytes, None if bounds is None else bounds["device"][1], self.gpu.memory_bytes)
+
     def to_dict(self) -> dict:
         return {
             "schema_version": SCHEMA_VERSION,
@@ -79,6 +106,9 @@ class Estimate:
             "components": self.components.to_dict(),
             "reserved_bytes": self.reserved_bytes,
             "device_bytes": self.device_bytes,
+            "device_terms": self.device_terms.to_dict(),
+            "bounds": self.bounds,
+            "verdict": self.verdict,
             "gpu": None if self.gpu is None else {"name": self.gpu.name, "memory_bytes": self.gpu.memory_bytes},
             "fits": self.fits,
             "headroom_bytes": self.headroom_bytes,
@@ -139,7 +169,8 @@ def estimate_model(desc: ModelDesc, spec: JobSpec, gpu=None) -> Estimate:
         plan = rank_step(desc, spec, params, plan_activations(desc, spec, params), managed)
         par = plan.parallel
         if spec.backend is Backend.CUDA:
-            plan.static.add("runtime/cublas_workspace", cublas_workspace_bytes(gpu.name if gpu else None))
+            for key, value in blas_workspace_terms(gpu.name if gpu else None):
+                plan.static.add(key, value)
         events = walk(plan)
     top = peak_event(events)
     components = top.live
@@ -180,11 +211,7 @@ def device_levels(spec: JobSpec, gpu, events: list[Event], top: Event, managed: 
     if spec.backend is not Backend.CUDA:
         return peak, peak
     reserved = reserved_bytes(events, top, conf_delta)
-    return reserved, reserved + cuda_context_bytes(gpu) + managed
-
-
-def cuda_context_bytes(gpu) -> int:
-    return getattr(gpu, "cuda_context_bytes_typical", None) or CUDA_CONTEXT_DEFAULT
+    return reserved, reserved + outside_allocator(spec, gpu, managed).total()
 
 
 def reserved_bytes(events: list[Event], top: Event, conf_delta: int = 0) -> int:
@@ -240,7 +267,7 @@ def allocator_replayer(spec: JobSpec, gpu, plan: StepPlan, desc: ModelDesc, para
     from vramplan.allocator import replay
     from vramplan.spec.alloc_conf import parse_alloc_conf
     from vramplan.step import build_events
-    capacity = None if gpu is None else gpu.memory_bytes - cuda_context_bytes(gpu) - outside
+    capacity = None if gpu is None else gpu.memory_bytes - outside_allocator(spec, gpu).total() - outside
     ops: list = []
 
     def run(default: bool = False):
@@ -253,11 +280,33 @@ def allocator_replayer(spec: JobSpec, gpu, plan: StepPlan, desc: ModelDesc, para
     return run
 
 
+def outside_allocator(spec: JobSpec, gpu, managed: int = 0) -> Breakdown:
+    """What nvidia-smi counts beyond max_memory_reserved, each term from its source
+    (components/runtime.py, catalog/cuda_runtime.json): the CUDA context, the NCCL
+    communicators of every process group, and CUDA managed (paged) memory resident on the
+    GPU. Empty on the cpu backend."""
+    out = Breakdown()
+    if spec.backend is not Backend.CUDA:
+        return out
+    out.add("runtime/cuda_context", cuda_context_bytes(gpu.name if gpu else None, spec.cuda_version))
+    if spec.num_gpus > 1:
+        from vramplan.parallel.layout import Layout
+        lay = Layout.of(spec)
+        groups = process_groups(spec.num_gpus, dp=lay.dp, tp=lay.tp, cp=lay.cp, pp=lay.pp, ep=lay.ep,
+                                shard_group=lay.shard_group if lay.engine in ("fsdp", "zero") else None)
+        for key, value in nccl_terms(groups, getattr(gpu, "interconnect", None)):
+            out.add(key, value)
+    if managed:
+        out.add("managed/optimizer_paged", managed)
+    return out
+
+
 def _inference_events(desc: ModelDesc, spec: JobSpec, params: ParamSet, gpu) -> list[Event]:
     from vramplan.components.inference import inference_terms
     persistent, transient = inference_terms(desc, spec, spec.max_new_tokens or 0)
     live = weight_terms(spec, params).merge(persistent).merge(transient)
     live.add("batch/input_ids", nbytes(spec.micro_batch_size * spec.seq_len, "int64"))
     if spec.backend is Backend.CUDA:
-        live.add("runtime/cublas_workspace", cublas_workspace_bytes(gpu.name if gpu else None))
+        for key, value in blas_workspace_terms(gpu.name if gpu else None, training=False):
+            live.add(key, value)
     return [Event("forward", "no-grad forward", live)]

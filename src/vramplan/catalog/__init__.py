@@ -70,10 +70,6 @@ class GPU:
     interconnect_gbps: float | None
     """Per-GPU unidirectional GPU-to-GPU bandwidth of that link, GB/s."""
     aliases: tuple[str, ...] = ()
-    cuda_context_bytes_typical: int | None = None
-    """Device memory a CUDA/ROCm context takes before any tensor, where a cited figure exists."""
-    cuda_context_source: str = ""
-    """Where cuda_context_bytes_typical was measured."""
     notes: str = ""
     sources: tuple[str, ...] = field(default=())
 

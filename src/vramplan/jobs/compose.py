@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from vramplan.breakdown import Breakdown
-from vramplan.components.runtime import cublas_workspace_bytes
+from vramplan.components.runtime import blas_workspace_terms
 from vramplan.model import ModelDesc
 from vramplan.spec import Backend, JobSpec
 from vramplan.timeline import Event, StepPlan, peak_event, walk
@@ -81,7 +81,8 @@ def finish(spec: JobSpec, desc: ModelDesc, step: Step, *, num_params: int | dict
     from vramplan.jobs.sharding import shard_step
     par = shard_step(step, spec, desc, getattr(desc, "num_layers", None) or len(step.plan.stage_acts))
     if spec.backend is Backend.CUDA:
-        step.plan.static.add("runtime/cublas_workspace", cublas_workspace_bytes(gpu.name if gpu else None))
+        for key, value in blas_workspace_terms(gpu.name if gpu else None):
+            step.plan.static.add(key, value)
     if floor:
         step.plan.static.merge(floor)
     events = events_of(step)

@@ -39,10 +39,15 @@ def render_estimate(est, console=None, depth: int = 2) -> None:
         console.print(f"torch.cuda.max_memory_allocated ≈ {_gib(est.peak_allocated_bytes)} GiB, "
                       f"max_memory_reserved ≈ {_gib(est.reserved_bytes)} GiB, "
                       f"nvidia-smi ≈ {_gib(est.device_bytes)} GiB ({_gb(est.device_bytes)} GB)")
+        outside = "  ".join(f"{k} {_gib(v)} GiB" for k, v in est.device_terms.to_dict().items())
+        lo, hi = est.bounds["device"]
+        console.print(f"nvidia-smi beyond reserved: {outside}; measured on published runs within "
+                      f"{_gib(lo)}-{_gib(hi)} GiB for this estimate (bench/accuracy/bounds.py)")
     else:
         console.print("backend cpu: live tensor bytes, as the exact CPU meter counts them")
     if est.gpu is not None:
-        verdict = "[green]fits[/green]" if est.fits else "[red]does not fit[/red]"
+        colour = {"fits": "green", "does not fit": "red"}.get(est.verdict, "yellow")
+        verdict = f"[{colour}]{est.verdict}[/{colour}]"
         console.print(f"{est.gpu.name} ({_gib(est.gpu.memory_bytes)} GiB usable): {verdict}, "
                       f"headroom {_gib(est.headroom_bytes)} GiB")
     for note in est.notes:

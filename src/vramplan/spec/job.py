@@ -65,6 +65,10 @@ class JobSpec:
     backend: Backend = Backend.CUDA
     gpu: str | None = None
     num_gpus: int = 1
+    cuda_version: str | None = None
+    """CUDA runtime of the run, e.g. "12.4": before 11.7 every kernel loads into the CUDA
+    context at start (about 1 GiB more in nvidia-smi). None: the newest published figure
+    for the GPU (components/runtime.py)."""
     num_labels: int = 2
     """Classes of the head for task sequence-classification."""
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
@@ -107,6 +111,8 @@ class JobSpec:
         for name in _INTS:
             set_(name, positive_int(name, getattr(self, name)))
         set_("momentum", fraction("momentum", self.momentum, high=0.9999))
+        if self.cuda_version is not None:
+            set_("cuda_version", _cuda_version(self.cuda_version))
         set_("weight_decay", fraction("weight_decay", self.weight_decay, high=10.0))
         self._check_model()
         if self.alloc_conf is not None:
@@ -182,6 +188,14 @@ class JobSpec:
         data = self.to_dict()
         data.update(changes)
         return load_spec(data)
+
+
+def _cuda_version(value: Any) -> str:
+    text = str(value).strip()
+    parts = text.split(".")
+    if not 1 <= len(parts) <= 3 or not all(p.isdigit() for p in parts):
+        raise SpecError("cuda_version", f"expected a version like 12.4, got {value!r}")
+    return text
 
 
 def _section(name: str, value: Any):
