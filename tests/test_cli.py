@@ -81,7 +81,7 @@ def test_malformed_config_file(tmp_path, capsys):
 def test_unknown_hub_id_offline(capsys, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     code, _, err = run(capsys, "estimate", "someorg/not-a-model")
-    assert code == 2 and "offline" in err
+    assert code == 2 and "not in the catalog or the local Hugging Face cache" in err and "--online" in err
 
 
 def test_parallel_flags_and_deepspeed_import(tmp_path, capsys):

@@ -89,8 +89,10 @@ def _lora(desc: ModelDesc, spec: JobSpec) -> list[str]:
         # peft tuners_utils.BaseTuner.inject_adapter raises "Target modules ... not found in
         # the base model" when no module matched.
         names = sorted({p.module.rsplit(".", 1)[-1] for p in desc.params if p.layer is not None})
-        raise SpecError("lora.target_modules", f"{', '.join(unmatched)} match no module of {desc.name}; "
-                        f"its layer modules are {', '.join(names[:12])} (or use all-linear)")
+        default = " (the default, PEFT's for Llama-family models)" if spec.lora.target_modules == (
+            "q_proj", "v_proj") else ""
+        raise SpecError("lora.target_modules", f"{', '.join(unmatched)}{default} match no module of "
+                        f"{desc.name}; name some of its layer modules ({', '.join(names[:12])}) or all-linear")
     return []  # partly unmatched targets: estimation's note (PEFT ignores them)
 
 

@@ -16,7 +16,10 @@ class SpecError(ValueError):
     """Bad job spec input: the message names the field and the fix."""
 
     def __init__(self, field_name: str, message: str):
-        super().__init__(f"{field_name}: {message}")
+        field_name = str(field_name)
+        if not field_name or not field_name.isprintable() or field_name != field_name.strip():
+            field_name = repr(field_name)  # an empty or odd key, shown as typed
+        super().__init__(f"{field_name}: {' '.join(str(message).split())}")
         self.field = field_name
         """The spec field (dotted for sections: `parallel.tp`) or file the message is about."""
 

@@ -131,6 +131,8 @@ class JobSpec:
             raise SpecError("model", "is empty")
         if self.num_params is not None:
             from vramplan.units import parse_count
+            if isinstance(self.num_params, bool) or not isinstance(self.num_params, (int, float, str)):
+                raise SpecError("num_params", f"expected a count like 7e9 or '7B', got {self.num_params!r}")
             try:
                 object.__setattr__(self, "num_params", parse_count(self.num_params))
             except ValueError as exc:
