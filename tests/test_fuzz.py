@@ -4,9 +4,12 @@ The loader takes any mapping or any file text and either returns a JobSpec or ra
 SpecError (nothing else, no hang). Estimates are never negative, grow (weakly) with the
 micro-batch and the sequence length, and sharding more (a higher ZeRO stage, more GPUs
 under ZeRO/FSDP) never raises a GPU's optimizer states or gradients. Budgets are small
-(CI runs each in seconds); the bad-input corpus holds the cases found so far.
+(CI runs each in seconds; VRAMPLAN_FUZZ_EXAMPLES=500 searches longer); the bad-input
+corpus holds the cases found so far.
 """
 from __future__ import annotations
+
+import os
 
 import pytest
 
@@ -16,7 +19,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E
 import vramplan  # noqa: E402
 from vramplan.spec import JobSpec, SpecError, load_spec  # noqa: E402
 
-FAST = settings(max_examples=30, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+FAST = settings(max_examples=int(os.environ.get("VRAMPLAN_FUZZ_EXAMPLES", "30")), deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 
 _KEYS = ["model", "num_params", "task", "method", "precision", "optimizer", "optimizer_impl",
          "micro_batch_size", "seq_len", "grad_accum_steps", "num_gpus", "gradient_checkpointing",
@@ -137,3 +140,29 @@ def test_more_gpus_never_raise_sharded_states(job, parallel):
         states.append((_states(est, "optimizer"), _states(est, "gradients")))
     for fewer, more in zip(states, states[1:]):
         assert more[0] <= fewer[0] and more[1] <= fewer[1], (parallel, states)
+
+
+_mutable = st.sampled_from(_KEYS + ["parallel.tp", "parallel.pp", "parallel.zero_stage", "parallel.ep",
+                                    "parallel.cp", "parallel.sp", "lora.r", "lora.target_modules",
+                                    "freeze.trainable_layers", "num_gpus"])
+
+
+@FAST
+@given(_jobs, _mutable, _values)
+def test_one_bad_field_gives_an_estimate_or_a_spec_error(job, key, value):
+    """A valid job with one field replaced by anything: estimate() answers or raises
+    SpecError naming a field, nothing else."""
+    data = dict(job)
+    head, _, rest = key.partition(".")
+    if rest:
+        data[head] = {rest: value}
+        if head == "freeze":
+            data["method"] = "freeze"
+    else:
+        data[key] = value
+    try:
+        est = vramplan.estimate(data)
+    except SpecError as exc:
+        assert exc.field and "\n" not in str(exc)
+        return
+    assert est.peak_allocated_bytes > 0
