@@ -44,7 +44,7 @@ def check_size(device_bytes: int, spec: JobSpec) -> None:
 def _positions(desc: ModelDesc, spec: JobSpec) -> list[str]:
     limit = desc.max_position_embeddings
     length = spec.seq_len + (spec.max_new_tokens or 0)
-    if not limit or length <= limit:
+    if not limit or length <= limit or spec.model is None:  # a raw size has no position table
         return []
     what = f"{length:,} tokens" if not spec.max_new_tokens else f"seq_len + max_new_tokens = {length:,}"
     if desc.position is PositionKind.LEARNED:

@@ -34,6 +34,9 @@ def as_spec_error(exc: BaseException) -> SpecError:
         return exc
     text = exc.args[0] if isinstance(exc, KeyError) and exc.args and isinstance(exc.args[0], str) else str(exc)
     text = " ".join(text.split()) or type(exc).__name__
+    if isinstance(exc, KeyError) and " " not in text:  # a bare key: our lookup failed, not the input
+        return SpecError("spec", f"vramplan has no entry {text!r} for this job (a bug in vramplan; "
+                         "please report it with the spec)")
     head, sep, rest = text.partition(": ")
     if sep and head.replace(".", "").replace("_", "").isalnum() and " " not in head:
         return SpecError(head, rest)

@@ -101,6 +101,8 @@ class JobSpec:
                 set_(name, enum_cls.parse(value, name))
         for name in _BOOLS:
             set_(name, boolean(name, getattr(self, name)))
+        if self.gpu is not None and (not isinstance(self.gpu, str) or not self.gpu.strip()):
+            raise SpecError("gpu", f"expected a GPU name from `vramplan gpus` (e.g. h100), got {self.gpu!r}")
         for name in _INTS:
             set_(name, positive_int(name, getattr(self, name)))
         set_("momentum", fraction("momentum", self.momentum, high=0.9999))
