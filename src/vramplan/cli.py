@@ -44,7 +44,10 @@ _SPEC_FLAGS = {
 
 
 def _flag_bool(value: str) -> bool:
-    return str(value).lower() in ("1", "true", "yes", "on")
+    text = str(value).lower()
+    if text not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+        raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
+    return text in ("1", "true", "yes", "on")
 
 
 _PARALLEL_FLAGS = (
