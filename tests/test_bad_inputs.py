@@ -160,3 +160,41 @@ def test_corpus_is_large_and_covers_every_outcome():
         assert case["expect"] in ("error", "warn", "ok"), case["id"]
         assert case["expect"] != "error" or "field" in case or "says" in case, case["id"]
         assert case["expect"] != "warn" or "says" in case, case["id"]
+
+
+FLAGS = [  # (command line, a substring of the one error line); {tmp} is a folder
+    (["estimate", "gpt2", "--seq-len", "abc"], "--seq-len"),
+    (["estimate", "gpt2", "--zero-stage", "true"], "--zero-stage"),
+    (["estimate", "llama-3.2-1b", "--num-gpus", "2", "--tp", "2", "--sp", "maybe"], "--sp"),
+    (["estimate", "gpt2", "--seq-len", "512", "--plot", "/nonexistent-folder/x.png"], "No such file"),
+    (["estimate", "gpt2", "--seq-len", "512", "--save-spec", "{tmp}"], "directory"),
+    (["estimate", "gpt2", "--seq-len", "8192"], "learned positions"),
+    (["estimate", "llama-3.1-8b", "--num-gpus", "3", "--tp", "3"], "parallel.tp"),
+    (["estimate", "llama-3.1-8b", "--num-gpus", "16", "--tp", "16"], "8 KV heads"),
+    (["estimate", "gpt2", "--seq-len", "512", "--num-gpus", "64", "--pp", "64"], "parallel.pp"),
+    (["estimate", "mixtral-8x7b", "--num-gpus", "16", "--ep", "16"], "parallel.ep"),
+    (["estimate", "llama-3.1-8b", "--num-gpus", "3", "--cp", "3", "--seq-len", "1000"], "parallel.cp"),
+    (["estimate", "llama-3.2-1b", "--offload-optimizer", "cpu"], "offload"),
+    (["estimate", "llama-3.2-1b", "--num-gpus", "4", "--pp", "2", "--zero-stage", "3"], "pipeline"),
+    (["estimate", "--spec", "{tmp}/missing.yaml"], "file not found"),
+    (["estimate", "vramplan-test-org/not-cached"], "--online"),
+    (["estimate", "gpt2", "--seq-len", "512", "--gpu", "h1000"], "gpu"),
+    (["compare", "llama-3.1-8b", "--num-gpus", "3", "--tp", "3", "--gpu", "h100"], "parallel.tp"),
+    (["check", "llama-3.1-8b", "--num-gpus", "16", "--tp", "16", "--gpu", "h100"], "KV heads"),
+]
+
+
+@pytest.mark.parametrize("argv,says", FLAGS, ids=[" ".join(a[1:4]) for a, _ in FLAGS])
+def test_cli_flags_one_line(argv, says, tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("VRAMPLAN_ONLINE", raising=False)
+    code = main([a.format(tmp=tmp_path) for a in argv])
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("vramplan: error:"), (code, err)
+    assert says in lines[0] and "Traceback" not in out + err
+
+
+def test_cli_warning_is_printed_as_a_note(capsys):
+    code = main(["estimate", "llama-3.2-1b", "--seq-len", "200000", "--gradient-checkpointing", "full"])
+    out = _squash(capsys.readouterr().out)
+    assert code == 0 and _squash("note: seq_len: 200,000 tokens are past") in out

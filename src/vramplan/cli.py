@@ -335,7 +335,8 @@ def _main(argv: list[str] | None) -> int:
         return _error(exc)
     except (SpecError, ValueError, KeyError, NotImplementedError, ArithmeticError) as exc:
         # SpecError, importer and catalog input errors; KeyError's quotes dropped
-        return _error(exc.args[0] if isinstance(exc, KeyError) and exc.args else exc)
+        from vramplan.spec.enums import as_spec_error
+        return _error(as_spec_error(exc) if isinstance(exc, KeyError) else exc)
     except BrokenPipeError:
         return 0
     except OSError as exc:  # --plot / --save-spec to a missing folder, onto a folder, ...

@@ -4,6 +4,8 @@ underscores, `--strategy` in flag words, the output formats and shell completion
 Imported by cli.py; what needs cli.py's parser imports it at call time."""
 from __future__ import annotations
 
+import argparse
+
 import re
 import sys
 
@@ -11,7 +13,11 @@ from vramplan.spec import SpecError
 
 
 def _flag_bool(value: str) -> bool:
-    return str(value).lower() in ("1", "true", "yes", "on")
+    """A boolean flag's value: the usual words only (`--sp no` is false, `--sp maybe` an error)."""
+    text = str(value).lower()
+    if text not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+        raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
+    return text in ("1", "true", "yes", "on")
 
 
 def _bool_word(value: str, true: str, false: str) -> str:

@@ -143,8 +143,12 @@ def estimate(spec: JobSpec) -> Estimate:
     """Resolve the model and GPU (edges: catalog, file or cache), then the pure core."""
     from vramplan.catalog import find_gpu
     from vramplan.spec.tasks import needs_several_models
+    from vramplan.spec import SpecError
     from vramplan.validity import check_size
-    gpu = find_gpu(spec.gpu) if spec.gpu else None
+    try:
+        gpu = find_gpu(spec.gpu) if spec.gpu else None
+    except KeyError as exc:  # catalog.UnknownNameError: its message suggests the nearest name
+        raise SpecError("gpu", str(exc)) from None
     if needs_several_models(spec):  # several models: per-model sections (vramplan.jobs)
         from vramplan.jobs import estimate_job
         est = estimate_job(spec, gpu)

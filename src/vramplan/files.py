@@ -74,8 +74,9 @@ def _json(path: str, text: str):
 
 def _yaml(path: str, text: str):
     import yaml
-    loader = yaml.SafeLoader(text)
+    loader = None
     try:
+        loader = yaml.SafeLoader(text)  # its reader refuses control characters already
         node = loader.get_single_node()
         if node is None:
             return None
@@ -92,7 +93,8 @@ def _yaml(path: str, text: str):
         where = f"line {mark.line + 1}: {problem}" if mark is not None and problem else first
         raise FileReadError(f"{path}: not valid YAML ({where})") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 def _check_node(path: str, root) -> None:

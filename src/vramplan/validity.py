@@ -44,7 +44,7 @@ def check_size(device_bytes: int, spec: JobSpec) -> None:
 def _positions(desc: ModelDesc, spec: JobSpec) -> list[str]:
     limit = desc.max_position_embeddings
     length = spec.seq_len + (spec.max_new_tokens or 0)
-    if not limit or length <= limit:
+    if not limit or length <= limit or spec.model is None:  # a raw size has no position table
         return []
     what = f"{length:,} tokens" if not spec.max_new_tokens else f"seq_len + max_new_tokens = {length:,}"
     if desc.position is PositionKind.LEARNED:
@@ -89,8 +89,10 @@ def _lora(desc: ModelDesc, spec: JobSpec) -> list[str]:
         # peft tuners_utils.BaseTuner.inject_adapter raises "Target modules ... not found in
         # the base model" when no module matched.
         names = sorted({p.module.rsplit(".", 1)[-1] for p in desc.params if p.layer is not None})
-        raise SpecError("lora.target_modules", f"{', '.join(unmatched)} match no module of {desc.name}; "
-                        f"its layer modules are {', '.join(names[:12])} (or use all-linear)")
+        default = " (the default, PEFT's for Llama-family models)" if spec.lora.target_modules == (
+            "q_proj", "v_proj") else ""
+        raise SpecError("lora.target_modules", f"{', '.join(unmatched)}{default} match no module of "
+                        f"{desc.name}; name some of its layer modules ({', '.join(names[:12])}) or all-linear")
     return []  # partly unmatched targets: estimation's note (PEFT ignores them)
 
 

@@ -16,7 +16,10 @@ class SpecError(ValueError):
     """Bad job spec input: the message names the field and the fix."""
 
     def __init__(self, field_name: str, message: str):
-        super().__init__(f"{field_name}: {message}")
+        field_name = str(field_name)
+        if not field_name or not field_name.isprintable() or field_name != field_name.strip():
+            field_name = repr(field_name)  # an empty or odd key, shown as typed
+        super().__init__(f"{field_name}: {' '.join(str(message).split())}")
         self.field = field_name
         """The spec field (dotted for sections: `parallel.tp`) or file the message is about."""
 
@@ -31,6 +34,9 @@ def as_spec_error(exc: BaseException) -> SpecError:
         return exc
     text = exc.args[0] if isinstance(exc, KeyError) and exc.args and isinstance(exc.args[0], str) else str(exc)
     text = " ".join(text.split()) or type(exc).__name__
+    if isinstance(exc, KeyError) and " " not in text:  # a bare key: our lookup failed, not the input
+        return SpecError("spec", f"vramplan has no entry {text!r} for this job (a bug in vramplan; "
+                         "please report it with the spec)")
     head, sep, rest = text.partition(": ")
     if sep and head.replace(".", "").replace("_", "").isalnum() and " " not in head:
         return SpecError(head, rest)

@@ -108,6 +108,8 @@ class JobSpec:
                 set_(name, enum_cls.parse(value, name))
         for name in _BOOLS:
             set_(name, boolean(name, getattr(self, name)))
+        if self.gpu is not None and (not isinstance(self.gpu, str) or not self.gpu.strip()):
+            raise SpecError("gpu", f"expected a GPU name from `vramplan gpus` (e.g. h100), got {self.gpu!r}")
         for name in _INTS:
             set_(name, positive_int(name, getattr(self, name)))
         set_("momentum", fraction("momentum", self.momentum, high=0.9999))
@@ -144,6 +146,8 @@ class JobSpec:
             raise SpecError("model", "is empty")
         if self.num_params is not None:
             from vramplan.units import parse_count
+            if isinstance(self.num_params, bool) or not isinstance(self.num_params, (int, float, str)):
+                raise SpecError("num_params", f"expected a count like 7e9 or '7B', got {self.num_params!r}")
             try:
                 object.__setattr__(self, "num_params", parse_count(self.num_params))
             except ValueError as exc:
