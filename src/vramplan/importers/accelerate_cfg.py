@@ -28,7 +28,8 @@ def from_accelerate(cfg: dict, source: str = "accelerate-config") -> tuple[dict,
     if "mixed_precision" in cfg:
         mp = str(cfg["mixed_precision"]).lower()
         if mp in ("bf16", "fp16"):
-            out["precision"] = f"amp-{mp}"
+            # accelerate's autocast over the weights as loaded (components/dtypes.py)
+            out["precision"] = mp
         elif mp in ("no", "none"):
             out["precision"] = "fp32"
         else:
@@ -36,6 +37,7 @@ def from_accelerate(cfg: dict, source: str = "accelerate-config") -> tuple[dict,
         if "mixed_precision" not in rep.unresolved:
             rep.use("mixed_precision", "precision")
     if dist == "FSDP":
+        out["stack"] = "accelerate-fsdp"
         _fsdp(cfg.get("fsdp_config") or {}, par, rep)
     elif dist == "DEEPSPEED":
         ds = cfg.get("deepspeed_config") or {}

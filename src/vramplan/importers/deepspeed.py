@@ -90,7 +90,9 @@ def _auto(flat: dict, name: str, key: str, ctx: dict, out: dict, rep: ImportRepo
 
 def _precision(cfg: dict, ctx: dict, out: dict, rep: ImportReport) -> None:
     """DeepSpeed bf16/fp16 keep 16-bit weights and gradients with fp32 master weights and
-    optimizer states in the ZeRO optimizer: vramplan's mixed-bf16 / mixed-fp16."""
+    optimizer states in the ZeRO optimizer: the word bf16/fp16 on the deepspeed stack
+    (components/dtypes.py)."""
+    out["stack"] = "deepspeed"
     for kind in ("bf16", "fp16"):
         sec = cfg.get(kind)
         if not isinstance(sec, dict) or "enabled" not in sec:
@@ -103,7 +105,7 @@ def _precision(cfg: dict, ctx: dict, out: dict, rep: ImportReport) -> None:
                 rep.unresolved[f"{kind}.enabled"] = '"auto" needs bf16/fp16 from TrainingArguments'
                 continue
         if enabled is True:
-            out["precision"] = f"mixed-{kind}"
-            rep.use(f"{kind}.enabled", f"precision = mixed-{kind}")
+            out["precision"] = kind
+            rep.use(f"{kind}.enabled", f"precision = {kind} (DeepSpeed: 16-bit weights, fp32 master)")
         elif enabled is not False:
             raise ImportError_(f"{rep.source}: {kind}.enabled must be true, false or \"auto\"")
