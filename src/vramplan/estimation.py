@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 
 from vramplan.breakdown import Breakdown
 from vramplan.components.activations import ActivationPlan, plan_activations
-from vramplan.components.dtypes import dtypes_of, resolve_load_dtype
+from vramplan.components.dtypes import dtypes_of, resolve_load_dtype, stated_dtypes
 from vramplan.components.memo import cached
 from vramplan.components.optimizer import optimizer_states, step_temporaries
 from vramplan.components.runtime import (
@@ -48,6 +48,11 @@ class Estimate:
     allocator's statistics, inside nvidia-smi's figure while resident."""
 
     @property
+    def dtypes(self):
+        """The effective dtypes taken (weights, gradients, optimizer states, master, compute)."""
+        return stated_dtypes(self.spec)
+
+    @property
     def fits(self) -> bool | None:
         if self.gpu is None:
             return None
@@ -63,6 +68,8 @@ class Estimate:
             "model": {"name": self.model.name, "num_params": self.num_params,
                       "trainable_params": self.trainable_params},
             "spec": self.spec.to_dict(),
+            "stack": {**self.spec.stack.to_dict(), "load_dtype": self.spec.load_dtype},
+            "dtypes": self.dtypes.to_dict(),
             "peak_allocated_bytes": self.peak_allocated_bytes,
             "peak_phase": self.peak_phase,
             "peak_event": self.peak_event,

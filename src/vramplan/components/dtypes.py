@@ -57,11 +57,20 @@ class Dtypes:
     """LoRA adapter storage dtype (and so their gradients' and states')."""
     source: str
     """The framework flag this came from, in the user's words."""
+    trains_adapters: bool = False
+    """A LoRA view (for_adapters): gradients and states are the adapters'."""
+
+    def for_adapters(self) -> "Dtypes":
+        """The view of a LoRA job: what is trained are the adapters, so their dtype is that
+        of the gradients and (without an fp32 master) of the optimizer states."""
+        grads = self.gradients if self.master_weights else self.adapters
+        states = self.optimizer_states if self.master_weights else self.adapters
+        return replace(self, gradients=grads, optimizer_states=states, trains_adapters=True)
 
     def describe(self, optimizer_states: bool = True) -> str:
         """Plain words: 'weights bf16, autocast bf16, gradients bf16, optimizer states bf16
         (HF Trainer bf16=True)'."""
-        parts = [f"weights {self.weights}"]
+        parts = [f"weights {self.weights}"] + ([f"adapters {self.adapters}"] if self.trains_adapters else [])
         parts.append(f"autocast {self.autocast}" if self.autocast else f"compute {self.compute}")
         parts.append(f"gradients {self.gradients}")
         if optimizer_states:
@@ -124,6 +133,12 @@ def resolve_load_dtype(spec: JobSpec, checkpoint_dtype: str | None) -> JobSpec:
     if spec.load_dtype is not None:
         return spec
     return replace(spec, load_dtype=default_load_dtype(spec, checkpoint_dtype))
+
+
+def stated_dtypes(spec: JobSpec) -> Dtypes:
+    """What an answer states: for LoRA/QLoRA the adapters' gradients and states."""
+    dt = dtypes_of(spec)
+    return dt.for_adapters() if spec.method in (Method.LORA, Method.QLORA) else dt
 
 
 def dtypes_of(spec: JobSpec) -> Dtypes:

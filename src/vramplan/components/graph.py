@@ -92,7 +92,7 @@ class Recorder:
 
     def _cast_param(self, w: Param) -> Sym:
         sym = Sym(w.name, w.shape, w.dtype, w.trainable, Storage(nbytes(_numel(w.shape), w.dtype)))
-        if self.autocast is None or w.dtype == self.autocast or w.dtype not in ("fp32",):
+        if self.autocast is None or w.dtype == self.autocast or w.dtype not in ("fp32", "bf16", "fp16"):
             return sym
         key = id(w)
         if w.trainable and key in self.cast_cache:

@@ -23,6 +23,7 @@ def render_estimate(est, console=None, depth: int = 2) -> None:
              f"{est.trainable_params / 1e6:,.2f} M trainable | {spec.method.value}, {spec.precision.value}, "
              f"{spec.optimizer.value} ({spec.optimizer_impl.value}) | b={spec.micro_batch_size} s={spec.seq_len}"
              f" | checkpointing {spec.gradient_checkpointing.value}, attention {spec.attention.value}")
+    title += f"\nprecision: {est.dtypes.describe(spec.optimizer.value not in ('sgd',) or spec.momentum > 0)}"
     table = Table(title=title, title_justify="left")
     table.add_column("term at the peak")
     table.add_column("GiB", justify="right")
