@@ -21,6 +21,7 @@ def render_estimate(est, console=None, depth: int = 2) -> None:
     spec = est.spec
     from vramplan.report.header import job_header
     title = job_header(est)
+    title += f"\nprecision: {est.dtypes.describe(spec.optimizer.value not in ('sgd',) or spec.momentum > 0)}"
     table = Table(title=title, title_justify="left")
     table.add_column("term at the peak")
     table.add_column("GiB", justify="right")
