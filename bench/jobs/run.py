@@ -28,8 +28,11 @@ LLAMA_GQA = dict(LLAMA, hidden_size=384, intermediate_size=1024, num_hidden_laye
                  num_attention_heads=6, num_key_value_heads=2)
 TEACHER = dict(LLAMA, hidden_size=512, intermediate_size=1376, num_hidden_layers=6,
                num_attention_heads=8, num_key_value_heads=8)
+# logprob_head "full": the hand-written DPO/IPO steps of vramplan.measure.jobs compute TRL 0.x's
+# full-logits head (get_batch_logps); TRL 1.x's chunked head is measured on the real trainers
+# in bench/trainers.
 BASE = {"model": LLAMA, "micro_batch_size": 2, "seq_len": 256, "optimizer": "adamw",
-        "optimizer_impl": "foreach", "attention": "sdpa", "backend": "cpu"}
+        "optimizer_impl": "foreach", "attention": "sdpa", "backend": "cpu", "logprob_head": "full"}
 LORA = {"method": "lora", "lora": {"r": 8, "target_modules": ["q_proj", "v_proj"]}}
 # A tiny LLaVA: CLIP vision tower (3 layers, 112 px, patch 14 -> 64 visual tokens), Llama LM.
 LLAVA_TEXT = {"model_type": "llama", "vocab_size": 2048, "hidden_size": 128, "intermediate_size": 344,

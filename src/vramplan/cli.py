@@ -24,6 +24,7 @@ _SPEC_FLAGS = {
     "seq_len": (int, "tokens per row"),
     "grad_accum_steps": (int, "micro-steps per optimizer step"),
     "loss_impl": (str, "standard | chunked | fused-linear-cross-entropy"),
+    "logprob_head": (str, "dpo/kto/grpo log-prob head: auto | full | selective | chunked"),
     "gradient_checkpointing": (str, "none | full | selective"),
     "attention": (str, "eager | sdpa | flash"),
     "backend": (str, "cuda | cpu"),
