@@ -62,7 +62,8 @@ DIT = {"task": "diffusion", "model": TINY_COG,
                      "vae": "precomputed"}}
 # PPO (TRL PPOTrainer, measure/ppo.py): actor + critic trained, reference + reward frozen.
 PPO = {"task": "ppo", "micro_batch_size": 4, "seq_len": 64, "max_new_tokens": 32, "reward_model": LLAMA}
-GRPO = {"task": "grpo", "micro_batch_size": 8, "seq_len": 64, "num_generations": 4, "max_new_tokens": 32}
+GRPO = {"task": "grpo", "micro_batch_size": 8, "seq_len": 64, "num_generations": 4, "max_new_tokens": 32,
+        "logprob_head": "selective"}  # measure/rl.py: TRL 0.x selective_log_softmax
 
 
 def case(name: str, **fields) -> tuple[str, dict]:

@@ -16,6 +16,7 @@ from vramplan.breakdown import Breakdown
 from vramplan.jobs.compose import Step, finish
 from vramplan.jobs.frozen import frozen_weights, logps_head, no_grad_forward_peak
 from vramplan.jobs.logprob import chunked_head, resolve_head
+from vramplan.jobs.rl import completion_logps_head, completion_logps_loss
 from vramplan.jobs.trained import compute_dtype, logps_loss, prefixed, score_loss, trained_plan
 from vramplan.model import ModelDesc
 from vramplan.spec import JobSpec, LogprobHead, Method, Task
@@ -29,11 +30,16 @@ def _batch(rows: int, s: int) -> Breakdown:
 
 
 def _policy_head(spec: JobSpec, desc: ModelDesc, rows: int, chunked: bool):
-    """The trained model's log-prob head. Chunked: TRL 1.16 asks the policy for
+    """The trained model's log-prob head. Selective (TRL 0.2x `concatenated_forward`:
+    `selective_log_softmax(logits, torch.roll(input_ids, -1))` on all s positions): the same
+    mechanism as GRPO's completion head (jobs/rl.py), over s - 1 scored positions of s logits;
+    modelled from the source, not measured here (TRL 1.16 no longer runs it). Chunked: TRL 1.16 asks the policy for
     ("log_probs", "entropy", "mean_logits", "is_top1") in DPO (dpo_trainer.py __init__,
     `add_fused_lm_head(..., outputs=outputs)`) and ("log_probs", "entropy", "mean_logits")
     in KTO (kto_trainer.py)."""
     s, v, h = spec.seq_len, desc.vocab_size, desc.hidden_size
+    if resolve_head(spec) is LogprobHead.SELECTIVE:
+        return completion_logps_loss(rows, s - 1, v, compute_dtype(spec))
     if not chunked:
         return logps_loss(rows, s, v, h, compute_dtype(spec))
     return chunked_head(spec, rows, s, h, v, top1=spec.task is not Task.KTO, entropy=True,
@@ -44,6 +50,8 @@ def _frozen_head(spec: JobSpec, desc: ModelDesc, rows: int, chunked: bool) -> Br
     """A no_grad forward's head: the reference's `add_fused_lm_head(self.ref_model)` asks for
     log_probs only; the full head is get_batch_logps under no_grad."""
     s, v, h = spec.seq_len, desc.vocab_size, desc.hidden_size
+    if resolve_head(spec) is LogprobHead.SELECTIVE:
+        return completion_logps_head(rows, s - 1, v, compute_dtype(spec))
     if not chunked:
         return logps_head(rows, s, v, compute_dtype(spec))
     head = chunked_head(spec, rows, s, h, v, softcap=bool(desc.final_logit_softcapping))

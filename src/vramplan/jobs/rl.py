@@ -168,7 +168,7 @@ def rl_estimate(descs: dict[str, ModelDesc], spec: JobSpec, gpu=None):
     # head over prompt + completion with the prompt's labels at -100 (all S - 1 positions
     # scored off Triton), outputs ("log_probs", "entropy") for the policy, log_probs only
     # for the reference. Otherwise TRL 0.x's selective_log_softmax head (below).
-    chunked = not ppo and resolve_head(spec) is LogprobHead.CHUNKED
+    chunked = not ppo and resolve_head(spec) is LogprobHead.CHUNKED  # full: modelled as selective
     softcap = bool(desc.final_logit_softcapping)
     loss = (chunked_head(spec, rows, total_len, desc.hidden_size, v, entropy=True, softcap=softcap) if chunked
             else completion_logps_loss(rows, new, v, c, total_len if ppo else None))

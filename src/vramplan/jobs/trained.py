@@ -121,12 +121,14 @@ def trained_plan(desc: ModelDesc, spec: JobSpec, rows: int, loss: LossTerms | Ch
     acts.loss_saved, acts.forward_end_transient = loss.saved, loss.forward_end
     acts.loss_backward_transient, acts.head_backward_transient = loss.backward_start, loss.head_backward
     plan = _step_plan(desc, one, params, acts)
-    if chunked:
+    if chunked and len(plan.grads_by_stage) > 1:
         # The head stage's gradients (lm_head, final norm) are made after the function's
-        # backward returns, so none exists at its fold (the fp32 accumulators stand in).
-        at_peak = list(plan.stage_grads_at_peak or plan.grads_by_stage)
-        at_peak[-1] = Breakdown()
-        plan.stage_grads_at_peak = at_peak
+        # backward returns, so none exists at its fold (the fp32 accumulators stand in):
+        # count them from the stage before on (new lists: the plan's are memoized).
+        grads = [Breakdown().merge(g) for g in plan.grads_by_stage]
+        grads[-2].merge(grads[-1])
+        grads[-1] = Breakdown()
+        plan.grads_by_stage = grads
     plan.static.terms.pop("batch/input_ids", None)
     return Trained(desc, one, params, plan)
 
