@@ -44,6 +44,19 @@ def resolve_head(spec: JobSpec) -> LogprobHead:
     return LogprobHead.CHUNKED if spec.task in _CHUNKED_TASKS else LogprobHead.FULL
 
 
+def head_note(spec: JobSpec) -> str:
+    """What the answer assumed about the log-prob head, in words."""
+    head = resolve_head(spec)
+    if head is LogprobHead.CHUNKED:
+        path = ("Triton fold; every position counted, TRL scores only labels that are not -100"
+                if spec.backend is Backend.CUDA else "torch fallback with fp32 tile temporaries")
+        return (f"log-prob head: chunked (TRL 1.16 fused_lm_head, {TOKEN_CHUNK} x {VOCAB_CHUNK} tiles, {path}); "
+                "TRL's configs default to gradient_checkpointing=True and bf16=True, the spec's values are used")
+    if head is LogprobHead.SELECTIVE:
+        return "log-prob head: selective_log_softmax (TRL 0.13-0.2x)"
+    return "log-prob head: full fp32 log_softmax over the logits (TRL 0.x get_batch_logps)"
+
+
 @dataclass(frozen=True, slots=True)
 class Chunked:
     """One call of ChunkedLogProbFunction: N tokens of width h through a v x h head."""

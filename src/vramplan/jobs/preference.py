@@ -15,7 +15,7 @@ from __future__ import annotations
 from vramplan.breakdown import Breakdown
 from vramplan.jobs.compose import Step, finish
 from vramplan.jobs.frozen import frozen_weights, logps_head, no_grad_forward_peak
-from vramplan.jobs.logprob import chunked_head, resolve_head
+from vramplan.jobs.logprob import chunked_head, head_note, resolve_head
 from vramplan.jobs.rl import completion_logps_head, completion_logps_loss
 from vramplan.jobs.trained import compute_dtype, logps_loss, prefixed, score_loss, trained_plan
 from vramplan.model import ModelDesc
@@ -73,7 +73,7 @@ def preference_estimate(descs: dict[str, ModelDesc], spec: JobSpec, gpu=None):
         # the labels are input_ids.masked_fill(completion_mask == 0, -100) (_compute_loss).
         step.plan.static.add("batch/attention_mask", nbytes(rows * s, "int64"))
         step.plan.static.add("batch/completion_mask", nbytes(rows * s, "int64"))
-    notes, total = [], desc.num_params()
+    notes, total = [head_note(spec)], desc.num_params()
     ref = spec.reference_model
     if spec.task in (Task.ORPO, Task.SIMPO):
         pass

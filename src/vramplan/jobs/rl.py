@@ -32,7 +32,7 @@ from __future__ import annotations
 from vramplan.breakdown import Breakdown
 from vramplan.jobs.compose import Step, finish
 from vramplan.jobs.frozen import frozen_weights, layer_working_set, no_grad_forward_peak
-from vramplan.jobs.logprob import chunked_head, resolve_head
+from vramplan.jobs.logprob import chunked_head, head_note, resolve_head
 from vramplan.jobs.trained import (
     LossTerms, compute_dtype, prefixed, score_loss, trained_plan,
 )
@@ -169,6 +169,8 @@ def rl_estimate(descs: dict[str, ModelDesc], spec: JobSpec, gpu=None):
     # scored off Triton), outputs ("log_probs", "entropy") for the policy, log_probs only
     # for the reference. Otherwise TRL 0.x's selective_log_softmax head (below).
     chunked = not ppo and resolve_head(spec) is LogprobHead.CHUNKED  # full: modelled as selective
+    if chunked:
+        notes.append(head_note(spec))
     softcap = bool(desc.final_logit_softcapping)
     loss = (chunked_head(spec, rows, total_len, desc.hidden_size, v, entropy=True, softcap=softcap) if chunked
             else completion_logps_loss(rows, new, v, c, total_len if ppo else None))
