@@ -54,3 +54,11 @@ def test_trl_dpo_trainer_measured_live_within_tolerance():
     assert abs(e.peak_allocated_bytes / m.peak_allocated_bytes - 1) < 0.02, (e.peak_allocated_bytes, m)
     for phase in ("forward", "backward", "optimizer"):
         assert abs(e.phases[phase] / m.phases[phase] - 1) < 0.05, (phase, e.phases, m.phases)
+
+
+def test_selective_head_saves_each_rows_16bit_log_softmax():
+    # selective_log_softmax on bf16 logits: a row loop of log_softmax, each output saved in bf16
+    e = vramplan.estimate({**BASE, "task": "dpo", "precision": "bf16", "logprob_head": "selective"})
+    rows, s, v = 2 * BASE["micro_batch_size"], BASE["seq_len"], TINY["vocab_size"]
+    saved = max(ev.live.total("policy/logits/log_softmax") for ev in e.events)
+    assert saved == rows * (s - 1) * v * 2
