@@ -1,0 +1,76 @@
+"""Families under src/vramplan/families against the real transformers models.
+
+Parameter names and shapes: `named_parameters()` of the model transformers builds from
+the same config on the meta device (no download, no weights, no remote code). Published
+totals: the parameter counts on the model cards, for the catalog entries.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from vramplan import catalog
+from vramplan.catalog.hf import model_from_hf_config
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+transformers.logging.set_verbosity_error()
+
+
+def real_shapes(config: dict, num_labels: int | None = None) -> dict[str, tuple[int, ...]]:
+    cfg = dict(config)
+    if num_labels is not None:
+        cfg["num_labels"] = num_labels
+    hf_config = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+    auto = (transformers.AutoModelForSequenceClassification if num_labels
+            else transformers.AutoModelForCausalLM)
+    with torch.device("meta"):
+        model = auto.from_config(hf_config)
+    return {name: tuple(p.shape) for name, p in model.named_parameters()}
+
+
+def assert_matches(config: dict, num_labels: int | None = None) -> None:
+    desc = model_from_hf_config(config, num_labels=num_labels)
+    real = real_shapes(config, num_labels)
+    mine = {p.name: p.shape for p in desc.params}
+    assert len(mine) == len(desc.params), "duplicate parameter names"
+    missing, extra = sorted(set(real) - set(mine)), sorted(set(mine) - set(real))
+    assert not missing and not extra, f"missing {missing[:5]}, extra {extra[:5]}"
+    wrong = {n: (mine[n], real[n]) for n in real if mine[n] != real[n]}
+    assert not wrong, f"shape (mine, real): {dict(list(wrong.items())[:5])}"
+    assert desc.num_params() == sum(math.prod(s) for s in real.values())
+
+
+TINY = {"vocab_size": 1000, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4}
+CASES = {
+    "phi-default": {"model_type": "phi", **TINY, "intermediate_size": 256},
+    "phi-qk-layernorm-tied": {"model_type": "phi", **TINY, "intermediate_size": 128,
+                              "qk_layernorm": True, "tie_word_embeddings": True},
+    "gpt_bigcode-mqa": {"model_type": "gpt_bigcode", "vocab_size": 1000, "n_embd": 64, "n_layer": 2,
+                        "n_head": 4},
+    "gpt_bigcode-mha-untied-generic-names": {"model_type": "gpt_bigcode", **TINY, "multi_query": False,
+                                             "n_inner": 96, "tie_word_embeddings": False},
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_params_match_transformers(name):
+    assert_matches(CASES[name])
+
+
+def test_phi_sequence_classification_head():
+    assert_matches({**CASES["phi-default"], "pad_token_id": 0}, num_labels=3)
+
+
+def test_phi_rotary_dims():
+    phi2 = catalog.model_desc("phi-2")
+    assert phi2.head_dim == 80 and phi2.rotary_dim == 32  # partial_rotary_factor 0.4
+    assert model_from_hf_config(CASES["phi-default"]).rotary_dim == 8  # PhiConfig default 0.5
+
+
+@pytest.mark.parametrize("name, total", [
+    ("phi-2", 2_779_683_840),  # microsoft/phi-2 model card: 2.7B; PhiForCausalLM count
+])
+def test_published_parameter_totals(name, total):
+    assert catalog.model_desc(name).num_params() == total
