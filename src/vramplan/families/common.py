@@ -5,10 +5,20 @@ Shapes: nn.Linear(in, out).weight is (out, in).
 """
 from __future__ import annotations
 
-from dataclasses import fields, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from vramplan.catalog.hf_more import ExtendedDesc
 from vramplan.model import ModelDesc, ParamEntry
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FamilyDesc(ExtendedDesc):
+    """ExtendedDesc plus what the families in this package add."""
+
+    buffer_bytes: int = 0
+    """Registered buffers that are not parameters and live on the device with the model
+    (GPTBigCodeModel's (n_positions, n_positions) bool causal-mask table)."""
 
 
 class Cfg:

@@ -8,7 +8,7 @@ Legend: h hidden, a heads, d head_dim, f MLP width, v vocab.
 """
 from __future__ import annotations
 
-from vramplan.families.common import Cfg, head, linear, norm, with_params
+from vramplan.families.common import Cfg, FamilyDesc, head, linear, norm, with_params
 from vramplan.model import MlpKind, ModelDesc, NormKind, ParamEntry, PositionKind
 
 # GPTBigCodeConfig fields and defaults (models/gpt_bigcode/configuration_gpt_bigcode.py).
@@ -28,15 +28,19 @@ def build(config: dict, name: str, num_labels: int | None) -> ModelDesc:
     h, L, a = c.int("n_embd"), c.int("n_layer"), c.int("n_head")
     d, k = h // a, 1 if c["multi_query"] else a
     f = c["n_inner"] or 4 * h  # GPTBigCodeBlock.inner_dim
-    desc = ModelDesc(
+    pos = c.int("n_positions")
+    desc = FamilyDesc(
         name=name, model_type="gpt_bigcode", num_layers=L, hidden_size=h, num_heads=a,
         num_kv_heads=k, head_dim=d, intermediate_size=f, vocab_size=c.int("vocab_size"),
         mlp=MlpKind.PLAIN, hidden_act=c["activation_function"], norm=NormKind.LAYERNORM,
-        position=PositionKind.LEARNED, max_position_embeddings=c.int("n_positions"),
+        position=PositionKind.LEARNED, max_position_embeddings=pos,
         tie_word_embeddings=bool(c["tie_word_embeddings"]), qkv_bias=True, o_bias=True,
         mlp_bias=True, fused_qkv=True, attention_dropout=float(c["attn_pdrop"]),
         hidden_dropout=float(c["resid_pdrop"]), embedding_dropout=float(c["embd_pdrop"]),
-        num_labels=num_labels or 0, hub_id=c.raw.get("_name_or_path"))
+        num_labels=num_labels or 0, hub_id=c.raw.get("_name_or_path"),
+        # GPTBigCodeModel.__init__: register_buffer("bias", tril(ones(n_positions, n_positions,
+        # dtype=bool)), persistent=False)
+        buffer_bytes=pos * pos)
     out = [ParamEntry("transformer.wte.weight", (desc.vocab_size, h)),
            ParamEntry("transformer.wpe.weight", (desc.max_position_embeddings, h))]
     for i in range(L):
