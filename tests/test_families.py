@@ -51,6 +51,16 @@ CASES = {
                         "n_head": 4},
     "gpt_bigcode-mha-untied-generic-names": {"model_type": "gpt_bigcode", **TINY, "multi_query": False,
                                              "n_inner": 96, "tie_word_embeddings": False},
+    "deepseek_v3-q-lora-dense-first": {"model_type": "deepseek_v3", **TINY, "intermediate_size": 96,
+                                       "moe_intermediate_size": 32, "n_routed_experts": 8, "n_group": 2,
+                                       "topk_group": 1, "num_experts_per_tok": 2, "first_k_dense_replace": 1,
+                                       "q_lora_rank": 24, "kv_lora_rank": 16, "qk_nope_head_dim": 16,
+                                       "qk_rope_head_dim": 8, "v_head_dim": 12, "num_key_value_heads": 4},
+    "deepseek_v2-lite-shape": {"model_type": "deepseek_v2", **TINY, "intermediate_size": 96,
+                               "moe_intermediate_size": 32, "n_routed_experts": 8, "n_shared_experts": 2,
+                               "num_experts_per_tok": 2, "first_k_dense_replace": 1, "q_lora_rank": None,
+                               "kv_lora_rank": 16, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8,
+                               "v_head_dim": 16, "attention_bias": True, "mlp_bias": True},
 }
 
 

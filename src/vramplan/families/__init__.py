@@ -14,6 +14,8 @@ from types import ModuleType
 FAMILY_OF: dict[str, str] = {
     "phi": "phi",
     "gpt_bigcode": "gpt_bigcode",
+    "deepseek_v2": "deepseek",
+    "deepseek_v3": "deepseek",
 }
 """HF `model_type` -> folder under vramplan/families."""
 
