@@ -81,6 +81,21 @@ def test_phi_rotary_dims():
 
 @pytest.mark.parametrize("name, total", [
     ("phi-2", 2_779_683_840),  # microsoft/phi-2 model card: 2.7B; PhiForCausalLM count
+    # model cards: 15.7B total / 2.4B active; 671B total / 37B active (plus the 14B MTP
+    # module that transformers does not build)
+    ("deepseek-v2-lite", 15_706_484_224),
+    ("deepseek-v3", 671_026_404_352),
+    ("deepseek-r1", 671_026_404_352),
+    ("yi-1.5-6b", 6_061_035_520),
+    ("yi-1.5-9b", 8_829_407_232),
+    ("yi-1.5-34b", 34_388_917_248),
+    ("mistral-nemo-12b", 12_247_782_400),  # "12B"
+    ("mistral-small-24b", 23_572_403_200),  # "24B"
+    ("qwen2.5-coder-1.5b", 1_543_714_304),  # model card: 1.54B
+    ("qwen2.5-coder-7b", 7_615_616_512),  # 7.61B
+    ("qwen2.5-coder-32b", 32_763_876_352),  # 32.5B
+    ("starcoder", 15_517_456_384),  # 15.5B
+    ("starcoderbase-1b", 1_137_207_296),
 ])
 def test_published_parameter_totals(name, total):
     assert catalog.model_desc(name).num_params() == total
