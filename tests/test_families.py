@@ -61,6 +61,10 @@ CASES = {
                                "num_experts_per_tok": 2, "first_k_dense_replace": 1, "q_lora_rank": None,
                                "kv_lora_rank": 16, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8,
                                "v_head_dim": 16, "attention_bias": True, "mlp_bias": True},
+    "glm4-default-bias": {"model_type": "glm4", **TINY, "pad_token_id": 0, "intermediate_size": 96, "num_key_value_heads": 2,
+                          "head_dim": 32},
+    "glm4-no-bias-tied": {"model_type": "glm4", **TINY, "pad_token_id": 0, "intermediate_size": 96, "num_key_value_heads": 4,
+                          "head_dim": 16, "attention_bias": False, "tie_word_embeddings": True},
 }
 
 
@@ -96,6 +100,8 @@ def test_phi_rotary_dims():
     ("qwen2.5-coder-32b", 32_763_876_352),  # 32.5B
     ("starcoder", 15_517_456_384),  # 15.5B
     ("starcoderbase-1b", 1_137_207_296),
+    ("glm-4-9b-0414", 9_400_279_040),  # 9.4B
+    ("glm-4-32b-0414", 32_566_487_552),  # 32.6B
 ])
 def test_published_parameter_totals(name, total):
     assert catalog.model_desc(name).num_params() == total

@@ -16,6 +16,7 @@ FAMILY_OF: dict[str, str] = {
     "gpt_bigcode": "gpt_bigcode",
     "deepseek_v2": "deepseek",
     "deepseek_v3": "deepseek",
+    "glm4": "glm4",
 }
 """HF `model_type` -> folder under vramplan/families."""
 
