@@ -105,3 +105,11 @@ def test_phi_rotary_dims():
 ])
 def test_published_parameter_totals(name, total):
     assert catalog.model_desc(name).num_params() == total
+
+
+@pytest.mark.parametrize("model_type, word", [("internlm2", "wqkv"), ("baichuan", "W_pack")])
+def test_remote_code_families_are_refused_with_the_reason(model_type, word):
+    config = {"model_type": model_type, **TINY, "intermediate_size": 96}
+    with pytest.raises(ValueError, match="exists only as remote code") as err:
+        model_from_hf_config(config)
+    assert word in str(err.value)

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from vramplan.families import FAMILY_OF, adapter
+from vramplan.families import FAMILY_OF, REMOTE_CODE_ONLY, adapter, remote_code_message
 from vramplan.model import MlpKind, ModelDesc, MoEDesc, NormKind, ParamEntry, PositionKind
 
 _ROPE_DECODERS = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
@@ -114,6 +114,8 @@ def model_from_hf_config(config: dict, name: str | None = None, *,
     model_type = config.get("model_type")
     if model_type is None:
         raise ValueError("config is missing required field 'model_type'")
+    if model_type in REMOTE_CODE_ONLY:
+        raise ValueError(remote_code_message(model_type))
     if model_type in FAMILY_OF:
         return adapter(model_type)(config, name or config.get("_name_or_path") or model_type, num_labels)
     if "text_config" in config or model_type == "gemma3":
