@@ -72,13 +72,17 @@ def summarise(values: list[int]) -> dict:
     return out
 
 
-def resolve_lengths(spec):
+def resolve_lengths(spec, base_dir: str | None = None):
     """The spec with its lengths file read and summarised (unchanged without one, or when
-    the distribution is already given)."""
+    the distribution is already given). A relative path is taken from `base_dir` (the spec
+    file's folder) where the file is there, else from the working directory."""
     cfg = spec.lengths
     if cfg is None or cfg.lengths_file is None or cfg.resolved:
         return spec
-    summary = summarise(read_lengths(os.path.expanduser(cfg.lengths_file)))
+    path = os.path.expanduser(cfg.lengths_file)
+    if base_dir and not os.path.isabs(path) and os.path.isfile(os.path.join(base_dir, path)):
+        path = os.path.join(base_dir, path)
+    summary = summarise(read_lengths(path))
     return replace(spec, lengths=replace(cfg, **summary))
 
 
