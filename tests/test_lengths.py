@@ -201,7 +201,7 @@ def test_a_distribution_reaching_seq_len_reserves_at_least_the_max_length_estima
     assert rep.longest_padded == 1024
     assert rep.run.reserved_bytes >= plain.allocator.reserved_bytes
     assert dynamic.reserved_bytes >= plain.reserved_bytes
-    assert dynamic.reserved_bytes - plain.reserved_bytes == rep.extra_bytes
+    assert dynamic.reserved_bytes - plain.reserved_bytes == rep.applied_bytes == rep.extra_bytes  # far below 80 GB
     assert rep.longest_first.reserved_bytes <= rep.run.reserved_bytes
     assert rep.capped is not None and rep.cap_tokens == 800
     assert rep.capped.reserved_bytes <= rep.run.reserved_bytes
@@ -215,6 +215,27 @@ def test_json_and_text_name_the_peak_step(plain_and_dynamic):
     assert data["longest_first"]["saves_bytes"] == data["reserved_bytes"] - data["longest_first"]["reserved_bytes"]
     assert f"step {data['peak']['step']}" in dynamic.lengths.summary()
     assert "lengths" not in plain_and_dynamic[0].to_dict()
+
+
+def test_notes_say_when_the_terms_stay_at_seq_len():
+    short = estimate(load_spec({**JOB, "lengths": {"p50": 100, "max": 600, "steps": 10}}))
+    assert short.lengths.longest_padded == 600 and any("pads to 600" in n for n in short.notes)
+    cpu = estimate(load_spec({**JOB, "backend": "cpu", "gpu": None, "lengths": {"max": 600}}))
+    assert cpu.lengths is None and any(n.startswith("lengths:") for n in cpu.notes)
+
+
+def test_applied_extra_stops_at_the_capacity_unless_the_replay_ran_out():
+    from vramplan.allocator.schedule import ScheduleResult
+    from vramplan.step.lengths import LengthsReplay
+
+    def res(top, oom=None):
+        return ScheduleResult(lengths=(1,), reserved=(top,), reserved_bytes=top, peak_step=0, segments=1,
+                              out_of_memory_step=oom)
+    rep = LengthsReplay(cfg=LengthsConfig(max=8), run=res(30), longest_first=res(20), all_longest=res(20))
+    assert rep.extra_bytes == 10
+    assert rep.applied(95, 100) == 5 and rep.applied(95, None) == 10 and rep.applied(200, 100) == 0
+    rep.run = res(30, oom=0)
+    assert rep.applied(95, 100) == 10
 
 
 def test_compare_offers_longest_first_with_a_distribution():

@@ -191,10 +191,15 @@ def estimate_model(desc: ModelDesc, spec: JobSpec, gpu=None) -> Estimate:
     lengths = None
     if replayer is not None and spec.lengths is not None:
         lengths = _lengths_replay(spec, gpu, desc, params, par is None, managed.total())
-        conf_delta += lengths.extra_bytes
     reserved, device = device_levels(spec, gpu, events, top, managed.total(), conf_delta)
+    if lengths is not None:
+        extra = lengths.applied(reserved, _replay_capacity(spec, gpu, managed.total()))
+        reserved, device = reserved + extra, device + extra
     notes = checked + [f"LoRA target or modules_to_save {t!r} matches no module of {desc.name}; "
              "PEFT would ignore it" for t in params.unmatched_targets]
+    if spec.lengths is not None:
+        from vramplan.step.lengths import lengths_notes
+        notes += lengths_notes(spec, lengths)
     if spec.alloc_conf and "cudaMallocAsync" in spec.alloc_conf:
         notes.append("alloc_conf backend:cudaMallocAsync: the driver's memory pool is not modelled; "
                      "reserved memory is estimated as for PyTorch's caching allocator")

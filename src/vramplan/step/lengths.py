@@ -84,12 +84,13 @@ def order_rows(rows: list[int], batching: str, batch: int, seed: int) -> list[in
 
 def step_lengths(cfg: LengthsConfig, batch: int, seq_len: int, *, batching: str | None = None,
                  cap: int | None = None, rows: list[int] | None = None) -> list[int]:
-    """The padded, bucketed length of each replayed step."""
+    """The padded length of each replayed step, rounded up to the bucket width but never
+    past the longest row's padded length."""
     rows = draw_rows(cfg, cfg.steps * batch) if rows is None else rows
     limit = min(x for x in (seq_len, cfg.cap, cap) if x)
     rows = [min(r, limit) for r in rows]
     ordered = order_rows(rows, batching or cfg.batching, batch, cfg.seed)
-    top = padded(limit, cfg.pad_to_multiple_of)
+    top = padded(max(rows), cfg.pad_to_multiple_of)  # the longest step stays exact
     width = bucket_width(cfg, seq_len)
     out = []
     for i in range(0, len(ordered), batch):
@@ -113,12 +114,25 @@ class LengthsReplay:
     longest_padded: int = 0
     seq_len: int = 0
     buckets: list[int] = field(default_factory=list)
+    applied_bytes: int = 0
+    """The part of extra_bytes the estimate's reserved_bytes took (see `applied`)."""
 
     @property
     def extra_bytes(self) -> int:
         """What the order of lengths adds to the reserve of a run of only its longest step:
         the term the estimate's reserved_bytes gains (allocator fragmentation across steps)."""
         return self.run.reserved_bytes - self.all_longest.reserved_bytes
+
+    def applied(self, reserved: int, capacity: int | None) -> int:
+        """What the order adds to an estimate's `reserved` bytes: extra_bytes, except that
+        cached blocks beyond what the device holds are released when a request fails and
+        the request retried (malloc: release_cached_blocks, then cudaMalloc again), so a run
+        the replay found no out-of-memory in reserves at most the capacity."""
+        extra = self.extra_bytes
+        if capacity is not None and self.run.out_of_memory_step is None:
+            extra = min(extra, max(0, capacity - reserved))
+        self.applied_bytes = extra
+        return extra
 
     def summary(self) -> str:
         """One line for the text answer."""
@@ -146,13 +160,15 @@ class LengthsReplay:
                "reserved_bytes": self.run.reserved_bytes,
                "all_longest_reserved_bytes": self.all_longest.reserved_bytes,
                "extra_over_all_longest_bytes": self.extra_bytes,
+               "added_to_reserved_bytes": self.applied_bytes,
                "run": {**one(self.run), "lengths": list(self.run.lengths)},
                "longest_first": {**one(self.longest_first),
                                  "saves_bytes": self.run.reserved_bytes - self.longest_first.reserved_bytes},
                "all_longest": one(self.all_longest),
                "basis": ("the caching-allocator model replaying one step's tensor events per padded length, "
                          "allocator state carried from step to step; the estimate's reserved_bytes adds "
-                         "extra_over_all_longest_bytes")}
+                         "extra_over_all_longest_bytes, up to the device's capacity where the replay "
+                         "frees cached blocks and retries without running out")}
         if self.capped is not None:
             out["cap"] = {"tokens": self.cap_tokens, **one(self.capped),
                           "saves_bytes": self.run.reserved_bytes - self.capped.reserved_bytes}
@@ -186,6 +202,17 @@ def _p99_cap(cfg: LengthsConfig, seq_len: int) -> int | None:
     anchors = cfg.quantiles()
     p99 = _inverse_cdf(anchors, 0.99)
     return p99 if p99 < min(cfg.max, seq_len, cfg.cap or seq_len) else None
+
+
+def lengths_notes(spec, rep: LengthsReplay | None) -> list[str]:
+    """What the estimate says about a `lengths` section it did not fully use."""
+    if rep is None:
+        return ["lengths: the order of step lengths is replayed for training on the cuda backend only; "
+                "the terms are those of seq_len"]
+    if rep.longest_padded < spec.seq_len:
+        return [f"lengths: the longest row pads to {rep.longest_padded} tokens, below seq_len {spec.seq_len}; "
+                f"the terms are at seq_len (seq_len: {rep.longest_padded} gives the run's own peak)"]
+    return []
 
 
 # Step tensors get handles above every setup tensor's (ids restart per event list).
@@ -224,4 +251,4 @@ def length_ops(desc, spec, params, split: bool, extra_static=()):
     return setup, ops_for
 
 
-__all__ = ["LengthsReplay", "length_ops", "bucket_width", "draw_rows", "order_rows", "padded", "replay_lengths", "step_lengths"]
+__all__ = ["LengthsReplay", "length_ops", "lengths_notes", "bucket_width", "draw_rows", "order_rows", "padded", "replay_lengths", "step_lengths"]
