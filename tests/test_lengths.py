@@ -244,3 +244,27 @@ def test_compare_offers_longest_first_with_a_distribution():
     spec = load_spec({**JOB, "lengths": {"max": 1024}})
     assert "longest-first" in names(spec) and "longest-first" not in names(load_spec(JOB))
     assert "longest-first" not in names(spec.with_(lengths={"max": 1024, "batching": "sorted-longest-first"}))
+
+
+def test_skipping_known_steps_changes_no_step_of_a_real_run():
+    from vramplan.allocator.model import CachingAllocator
+    from vramplan.components.trainable import param_set
+    from vramplan.sources import resolve_model
+    from vramplan.step.lengths import length_ops
+    spec = load_spec({**JOB, "lengths": {"p50": 200, "p90": 500, "max": 1024, "steps": 30}})
+    desc = resolve_model(spec)
+    setup, ops_for = length_ops(desc, spec, param_set(desc, spec), True)
+    lengths = step_lengths(spec.lengths, 2, 1024)
+    fast = replay_schedule(setup, ops_for, lengths)
+    alloc, live, every = CachingAllocator(), {}, []
+    for handle, nbytes in setup:
+        live[handle] = alloc.malloc(nbytes)
+    for length in lengths:
+        for handle, nbytes in ops_for(length):
+            if nbytes:
+                live[handle] = alloc.malloc(nbytes)
+            else:
+                alloc.free(live.pop(handle))
+        every.append(alloc.peak_reserved)
+    assert fast.replayed < len(lengths) and list(fast.reserved) == every
+    assert fast.segments == len(alloc.segment_sizes())
