@@ -10,8 +10,11 @@ replay) and replays the order through one allocator (vramplan.allocator.schedule
 longest-first, all-longest and capped orders of the same rows.
 
 A window of `steps` micro-batches stands for the run: over an epoch every row is seen, so
-the window holds the dataset's longest row once, at a seeded random place (for
-sorted-longest-first and group-by-length the policy puts it first, as the samplers do).
+the window holds the dataset's longest row once. In random order it comes in the last
+micro-batch: in a run of N steps it arrives at a uniformly random step, after the first 100
+with probability 1 - 100/N, i.e. after the cache has seen the typical lengths (the "out of
+memory at step 120 on one long sample" pattern). sorted-longest-first and group-by-length
+put it first, as the samplers do.
 With grad_accum_steps > 1 every micro-step of a replayed step has the step's length.
 """
 from __future__ import annotations
@@ -48,13 +51,12 @@ def _inverse_cdf(anchors: list[tuple[float, int]], u: float) -> int:
 
 
 def draw_rows(cfg: LengthsConfig, n: int) -> list[int]:
-    """n row lengths from the distribution in dataset (shuffled) order, the longest among
-    them once at a seeded random place; before truncation."""
+    """n row lengths from the distribution in dataset (shuffled) order, the last one the
+    longest (see the module docstring); before truncation."""
     rng = random.Random(cfg.seed)
     anchors = cfg.quantiles()
-    rows = [_inverse_cdf(anchors, rng.random()) for _ in range(n)]
-    rows[rng.randrange(n)] = cfg.max
-    return rows
+    rows = [_inverse_cdf(anchors, rng.random()) for _ in range(n - 1)]
+    return rows + [cfg.max]
 
 
 def padded(longest: int, multiple: int | None) -> int:
