@@ -268,3 +268,11 @@ def test_skipping_known_steps_changes_no_step_of_a_real_run():
         every.append(alloc.peak_reserved)
     assert fast.replayed < len(lengths) and list(fast.reserved) == every
     assert fast.segments == len(alloc.segment_sizes())
+
+
+def test_step_events_for_replay_cuda_builds_with_the_cublas_workspaces():
+    # bench/allocator/replay_cuda.py's event list: the same workspaces as the estimate's static terms
+    from vramplan.estimation import step_events
+    events = step_events(load_spec(JOB))
+    terms = {e[3] for e in events.setup}
+    assert {"runtime/cublas_workspace", "runtime/cublaslt_workspace"} <= terms

@@ -266,7 +266,8 @@ def step_events(spec: JobSpec):
     if spec.backend is Backend.CUDA:
         from vramplan.catalog import find_gpu
         gpu = find_gpu(spec.gpu) if spec.gpu else None
-        plan.static.add("runtime/cublas_workspace", cublas_workspace_bytes(gpu.name if gpu else None))
+        for key, value in blas_workspace_terms(gpu.name if gpu else None):
+            plan.static.add(key, value)
     return build_events(plan, tensor_pieces(desc, params, plan))
 
 
