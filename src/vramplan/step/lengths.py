@@ -187,8 +187,9 @@ def replay_lengths(cfg: LengthsConfig, batch: int, seq_len: int, setup: tuple,
 
     def go(lengths):
         return replay_schedule(setup, ops_for, lengths, conf, capacity)
-    out = LengthsReplay(cfg=cfg, run=go(run_lengths),
-                        longest_first=go(step_lengths(cfg, batch, seq_len, rows=rows, batching="sorted-longest-first")),
+    run = go(run_lengths)
+    sorted_first = step_lengths(cfg, batch, seq_len, rows=rows, batching="sorted-longest-first")
+    out = LengthsReplay(cfg=cfg, run=run, longest_first=run if sorted_first == run_lengths else go(sorted_first),
                         all_longest=go([top] * len(run_lengths)), bucket_tokens=bucket_width(cfg, seq_len),
                         longest_padded=top, seq_len=seq_len, buckets=sorted(set(run_lengths)))
     cap = _p99_cap(cfg, seq_len)
