@@ -276,3 +276,13 @@ def test_step_events_for_replay_cuda_builds_with_the_cublas_workspaces():
     events = step_events(load_spec(JOB))
     terms = {e[3] for e in events.setup}
     assert {"runtime/cublas_workspace", "runtime/cublaslt_workspace"} <= terms
+
+
+def test_text_answer_has_the_lengths_line(plain_and_dynamic):
+    from rich.console import Console
+    from vramplan.report.text import render_estimate
+    console = Console(record=True, width=400)
+    render_estimate(plain_and_dynamic[1], console=console)
+    text = console.export_text()
+    line = next(x for x in text.splitlines() if x.startswith("lengths (random, 60 steps)"))
+    assert f"at step {plain_and_dynamic[1].lengths.run.peak_step} " in line and "longest-first" in line
