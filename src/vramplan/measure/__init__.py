@@ -32,11 +32,12 @@ class MeasureResult:
     peak_reserved_bytes: int | None = None  # CUDA only
     device_bytes: int | None = None  # CUDA only: NVML used memory at the end
     trace: Any = None  # vramplan.measure.trace.Trace when trace=True
+    runner: dict | None = None  # what ran: {library, version, entry}; None = vramplan's own step
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d.pop("trace")
-        for k in ("peak_reserved_bytes", "device_bytes"):
+        for k in ("peak_reserved_bytes", "device_bytes", "runner"):
             if d[k] is None:
                 d.pop(k)
         return d
@@ -57,6 +58,9 @@ def measure(job: Any, device: str = "cpu", fake: bool = False, trace: bool = Fal
     """Build ``job``'s model and run ``steps`` training steps under a meter."""
     from .run_modes import run_cpu, run_cuda, run_fake
 
+    if not fake and _deepspeed_job(job):
+        from .deepspeed_run import run_deepspeed
+        return run_deepspeed(job, trace=trace, steps=steps)
     if fake:
         return run_fake(job, trace=trace, steps=steps)
     if device == "cuda":
@@ -64,6 +68,15 @@ def measure(job: Any, device: str = "cpu", fake: bool = False, trace: bool = Fal
     if device != "cpu":
         raise ValueError(f"device: expected 'cpu' or 'cuda', got {device!r}")
     return run_cpu(job, trace=trace, steps=steps)
+
+
+def _deepspeed_job(job: Any) -> bool:
+    """A ZeRO job on more than one rank runs the real DeepSpeed (measure/deepspeed_run.py)."""
+    from .build import job_dict
+
+    jd = job_dict(job)
+    par = jd.get("parallel") or {}
+    return int(par.get("zero_stage", 0) or 0) > 0 and int(jd.get("num_gpus", 1) or 1) > 1
 
 
 __all__ = ["MeasureResult", "measure", "phase_kinds"]
