@@ -90,6 +90,12 @@ class _RankMeter(MemoryMeter):
         torch.UntypedStorage.resize_ = resize_
         return super().__enter__()
 
+    def _track(self, t, op):
+        # DeepSpeed builds meta-device twins of the parameters to plan its partitions
+        # (stage_1_and_2.py __init__: torch.zeros_like(param.data, device="meta")): no memory.
+        if t.device.type != "meta":
+            super()._track(t, op)
+
     def __exit__(self, *exc):
         torch.UntypedStorage.resize_ = self._original_resize
         return super().__exit__(*exc)
