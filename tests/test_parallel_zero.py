@@ -53,3 +53,13 @@ def test_zero3_gradient_partitions_are_one_persistent_buffer():
     fwd = e.events[0].live
     assert fwd.total("zero/grad_partitions_flat_buffer") == pytest.approx(NUMEL * 4 / 2, rel=1e-3)
     assert all(ev.live.total("gradients/") == 0 for ev in e.events)
+
+
+def test_zero12_step_works_on_the_flat_fp32_partition():
+    spec = load_spec({"model": TINY, "precision": "fp32", "optimizer": "adamw", "optimizer_impl": "forloop",
+                      "micro_batch_size": 2, "seq_len": 128, "backend": "cpu", "num_gpus": 2,
+                      "parallel": {"zero_stage": 2}})
+    step = estimate(spec).events[-1].live
+    part = NUMEL * 4 / 2
+    assert step.total("temporaries/optimizer/forloop_denom") == pytest.approx(2 * part, rel=1e-3)
+    assert step.total("zero/flat_grad_partition") == pytest.approx(part, rel=1e-3)

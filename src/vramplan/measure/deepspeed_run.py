@@ -64,8 +64,10 @@ def ds_config(job: dict) -> dict:
 
 
 def _optim_name(job: dict) -> str:
-    """TrainingArguments.optim for the job's optimizer (torch AdamW, the impl named)."""
-    opt, impl = str(job.get("optimizer", "adamw")), str(job.get("optimizer_impl", "foreach"))
+    """TrainingArguments.optim for the job's optimizer: torch AdamW; adamw_torch leaves
+    foreach=None, which is the for-loop on CPU tensors (torch/optim/optimizer.py
+    _default_to_fused_or_foreach)."""
+    opt, impl = str(job.get("optimizer", "adamw")), str(job.get("optimizer_impl", "forloop"))
     if opt not in ("adamw", "adam"):
         raise ValueError(f"optimizer: DeepSpeed runs are measured with torch AdamW, got {opt!r}")
     return {"fused": "adamw_torch_fused"}.get(impl, "adamw_torch")

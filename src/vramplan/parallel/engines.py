@@ -54,6 +54,28 @@ def zero12_reduce_flat(lay: Layout, grad_dtype: str, total_grad_numel: int) -> B
     return Breakdown().add("zero/reduce_bucket_flat", nbytes(min(bucket, total_grad_numel), grad_dtype))
 
 
+def zero12_step_grad(states_numel: int) -> Breakdown:
+    """ZeRO-1/2 step (stage_1_and_2.py DeepSpeedZeroOptimizer.step): the partition's
+    gradients are flattened into a new tensor (`self.flatten(self.averaged_gradients[i])`)
+    and converted to the fp32 partition's dtype (`.to(...)`, a second tensor only for 16-bit
+    gradients, whose flat copy is then deleted); it is the fp32 partition's `.grad` while the
+    wrapped optimizer steps, beside the gradient partition buffer it was copied from."""
+    return Breakdown().add("zero/flat_grad_partition", nbytes(states_numel, "fp32"))
+
+
+def zero_flat_step(temporaries: Breakdown, states_numel: int) -> Breakdown:
+    """The wrapped optimizer steps one flat fp32 partition per parameter group, not the
+    model's parameters (stage_1_and_2.py: `param_group['params'] = [single_partition_of_fp32_
+    groups[i]]`; stage3.py: `fp32_partitioned_groups_flat`). A for-loop AdamW's
+    per-parameter temporaries (`_single_tensor_adamw`: exp_avg_sq.sqrt() and the quotient,
+    alive together) are therefore as large as the partition; foreach temporaries already sum
+    over every parameter and stay as they are."""
+    out = Breakdown()
+    for name, value in temporaries:
+        out.add(name, 2 * nbytes(states_numel, "fp32") if name == "temporaries/optimizer/forloop_denom" else value)
+    return out
+
+
 def zero_fp32_partition(spec_has_master: bool, states_numel: int) -> Breakdown:
     """The fp32 partition the optimizer steps: DeepSpeed clones it even when the model is
     already fp32 (stage_1_and_2.py DeepSpeedZeroOptimizer.__init__: `weights_partition =

@@ -257,6 +257,7 @@ def _zero(spec, lay: Layout, sets: _Sets, out: StepPlan, unit: dict, root: list,
     states_numel = _numel(sets.states.trainable())
     if lay.offload_optimizer == "none":
         out.static.merge(engines.zero_fp32_partition(spec.precision.has_master_weights, states_numel))
+        out.optimizer_temporaries = engines.zero_flat_step(out.optimizer_temporaries, states_numel)
     if lay.zero_stage in (1, 2):
         # The ipg buffer appears at the first gradient hook: every layer's backward, not the
         # loss backward (engines.zero12_ipg_buffer).
@@ -268,6 +269,8 @@ def _zero(spec, lay: Layout, sets: _Sets, out: StepPlan, unit: dict, root: list,
         # last (embedding) stage: engine.allreduce_gradients -> reduce_gradients /
         # overlapping_partition_gradients_reduce_epilogue.
         in_flight = lay.zero_stage == 2 and bucket < _numel(train)
+        if lay.offload_optimizer == "none":
+            out.optimizer_temporaries.merge(engines.zero12_step_grad(states_numel))
         for i, t in enumerate(out.stage_backward_transient):
             t.merge(ipg)
             if in_flight or i == 0:
