@@ -54,9 +54,16 @@ def estimate_case(job: dict) -> dict:
             "peak_terms": {k: v for k, v in sorted(peak.live.to_dict().items(), key=lambda kv: -kv[1]) if v}}
 
 
-def _errors(est: dict, worst: dict) -> dict:
+def worst_phases(ranks: list[dict]) -> dict:
+    """Each phase's peak on its worst rank (ranks own different partitions and peak apart)."""
     from vramplan.measure import phase_kinds
-    measured = phase_kinds(worst["phase_peaks"])
+    per_rank = [phase_kinds(r["phase_peaks"]) for r in ranks]
+    return {k: max(p[k] for p in per_rank) for k in per_rank[0]}
+
+
+def _errors(est: dict, ranks: list[dict]) -> dict:
+    measured = worst_phases(ranks)
+    worst = max(ranks, key=lambda r: r["peak"])
     return {"peak": est["peak_allocated_bytes"] / worst["peak"] - 1,
             "phases": {k: (est["phases"].get(k, 0) / v - 1) if v else None for k, v in measured.items()}}
 
@@ -97,10 +104,9 @@ def main(argv=None) -> int:
                                 for r in ranks]}
         row["job"] = case["job"]
         row["estimated"] = estimate_case(case["job"])
-        worst = max(row["measured"], key=lambda r: r["peak"])
-        row["error"] = _errors(row["estimated"], worst)
+        row["error"] = _errors(row["estimated"], row["measured"])
         if "estimated_before" in row:
-            row["error_before"] = _errors(row["estimated_before"], worst)
+            row["error_before"] = _errors(row["estimated_before"], row["measured"])
         results[case["name"]] = row
         print(f"{case['name']}: measured {[r['peak'] for r in row['measured']]} estimated "
               f"{row['estimated']['peak_allocated_bytes']} ({row['error']['peak']:+.2%})", file=sys.stderr)

@@ -216,6 +216,12 @@ def run_ranks(job: dict, world: int, steps: int = 2, trace: bool = False, timeou
     return [rows[r] for r in sorted(rows)]
 
 
+def _worst_phases(ranks: list[dict]) -> dict[str, int]:
+    """Each phase's peak on its worst rank: ranks own different partitions and peak apart."""
+    per_rank = [phase_kinds(r["phase_peaks"]) for r in ranks]
+    return {k: max(p[k] for p in per_rank) for k in per_rank[0]}
+
+
 def run_deepspeed(job: Any, trace: bool = False, steps: int = 2) -> MeasureResult:
     """Measure a ZeRO job (parallel.zero_stage, num_gpus ranks) with the real DeepSpeed."""
     version = deepspeed_version()
@@ -227,7 +233,7 @@ def run_deepspeed(job: Any, trace: bool = False, steps: int = 2) -> MeasureResul
     worst = max(ranks, key=lambda r: r["peak"])
     stage = int((jd.get("parallel") or {}).get("zero_stage", 0))
     result = MeasureResult(
-        device="cpu", peak_allocated_bytes=worst["peak"], phases=phase_kinds(worst["phase_peaks"]),
+        device="cpu", peak_allocated_bytes=worst["peak"], phases=_worst_phases(ranks),
         params_bytes=worst["params_bytes"], grad_bytes=0, optimizer_state_bytes=0,
         activation_bytes_end_of_forward=0, peak_phase=worst["peak_phase"],
         phase_peaks={k: v for k, v in worst["phase_peaks"].items()},
