@@ -2,15 +2,16 @@
 estimate of the same job. Skips when DeepSpeed is not installed or the ranks cannot start."""
 import pytest
 
-TINY = {"model_type": "llama", "vocab_size": 512, "hidden_size": 128, "intermediate_size": 344,
-        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4,
-        "max_position_embeddings": 256, "rms_norm_eps": 1e-05, "tie_word_embeddings": False}
-# A bucket smaller than the model (~0.6 M parameters) so that the reduction happens during
-# backward and the model's own terms, not one huge buffer, decide the peak.
-JOB = {"model": TINY, "precision": "fp32", "optimizer": "adamw", "micro_batch_size": 2, "seq_len": 64,
-       "backend": "cpu", "attention": "sdpa", "num_gpus": 2,
-       "parallel": {"zero_stage": 2, "extras": {"dist_backend": "gloo", "reduce_bucket_size": 200_000,
-                                                 "allgather_bucket_size": 200_000}}}
+TINY = {"model_type": "llama", "vocab_size": 2048, "hidden_size": 256, "intermediate_size": 688,
+        "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 4,
+        "max_position_embeddings": 512, "rms_norm_eps": 1e-05, "tie_word_embeddings": False}
+# Buckets of 1e6 elements, a quarter of the model, so that buckets are reduced during
+# backward and the model's own terms, not one 2 GB default buffer, decide the peak.
+# (The bench's case tiny-llama/b2s128/fp32/zero2/bucket1e6; ~1-2 minutes, mostly imports.)
+JOB = {"model": TINY, "precision": "fp32", "optimizer": "adamw", "optimizer_impl": "forloop",
+       "micro_batch_size": 2, "seq_len": 128, "backend": "cpu", "attention": "sdpa", "num_gpus": 2,
+       "parallel": {"zero_stage": 2, "extras": {"dist_backend": "gloo", "reduce_bucket_size": 1_000_000,
+                                                 "allgather_bucket_size": 1_000_000}}}
 
 
 def test_zero2_two_gloo_ranks_match_the_estimate():

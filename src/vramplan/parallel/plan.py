@@ -14,7 +14,7 @@ from vramplan.parallel import activations as acts
 from vramplan.parallel import engines
 from vramplan.parallel.comm import volumes
 from vramplan.parallel.host import host_notes, host_per_node
-from vramplan.parallel.layout import DS_PARAM_PERSISTENCE_THRESHOLD, DS_REDUCE_BUCKET, Layout
+from vramplan.parallel.layout import DS_PARAM_PERSISTENCE_THRESHOLD, Layout
 from vramplan.parallel.shard import dp_shard, model_parallel_set, pp_layers
 from vramplan.spec import JobSpec
 from vramplan.timeline import StepPlan, peak_event, walk
@@ -263,17 +263,18 @@ def _zero(spec, lay: Layout, sets: _Sets, out: StepPlan, unit: dict, root: list,
         # loss backward (engines.zero12_ipg_buffer).
         ipg = engines.zero12_ipg_buffer(lay, gdt)
         flat = engines.zero12_reduce_flat(lay, gdt, _numel(train))
-        bucket = int(lay.knob("reduce_bucket_size", DS_REDUCE_BUCKET))
         # ZeRO-2 reduces a bucket whenever it fills during backward; ZeRO-1 (and ZeRO-2 when
         # the whole model fits in one bucket) reduces in the backward epilogue, after the
         # last (embedding) stage: engine.allreduce_gradients -> reduce_gradients /
-        # overlapping_partition_gradients_reduce_epilogue.
-        in_flight = lay.zero_stage == 2 and bucket < _numel(train)
+        # overlapping_partition_gradients_reduce_epilogue. The meter's traces show a bucket
+        # flattened during backward never at a layer's peak (it runs in an AccumulateGrad
+        # hook, between the layer's backward ops) but the epilogue's at the end-of-backward
+        # peak, so the flatten is counted in the epilogue only.
         if lay.offload_optimizer == "none":
             out.optimizer_temporaries.merge(engines.zero12_step_grad(states_numel))
         for i, t in enumerate(out.stage_backward_transient):
             t.merge(ipg)
-            if in_flight or i == 0:
+            if i == 0:
                 t.merge(flat)
         return
     biggest = max([_numel(u) for u in unit.values()] + [max((p.numel for p in root), default=0)])
