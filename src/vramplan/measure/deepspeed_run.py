@@ -123,6 +123,14 @@ def _phase_engine(meter: MemoryMeter) -> None:
         wrap(name, kind)
 
 
+def _checkpointing(job: dict) -> bool:
+    """TrainingArguments.gradient_checkpointing for the spec's word ('none' | 'full')."""
+    word = str(job.get("gradient_checkpointing", "none") or "none")
+    if word not in ("none", "full", "False", "True"):
+        raise ValueError(f"gradient_checkpointing: DeepSpeed runs are measured with 'none' or 'full', got {word!r}")
+    return word in ("full", "True")
+
+
 def _dataset(job: dict, vocab: int, n: int) -> list[dict]:
     batch = make_inputs({**job, "micro_batch_size": 1}, vocab, "cpu")
     return [{k: v[0].clone() for k, v in batch.items()} for _ in range(n)]
@@ -154,7 +162,7 @@ def _rank_run(rank: int, world: int, port: int, job: dict, steps: int, trace: bo
         per_device_train_batch_size=b, gradient_accumulation_steps=int(job.get("grad_accum_steps", 1)),
         max_steps=steps, optim=_optim_name(job), learning_rate=1e-4, max_grad_norm=float(job.get("max_grad_norm", 1.0)),
         report_to=[], save_strategy="no", logging_strategy="no", disable_tqdm=True, dataloader_num_workers=0,
-        gradient_checkpointing=bool(job.get("gradient_checkpointing", False)))
+        gradient_checkpointing=_checkpointing(job))
     trainer = Trainer(model=model, args=args, train_dataset=data)
     gc.collect()
     meter = _RankMeter(trace=trace)
