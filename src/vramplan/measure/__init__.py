@@ -59,6 +59,9 @@ def measure(job: Any, device: str = "cpu", fake: bool = False, trace: bool = Fal
     from .dispatch import loop_runner, measure_cpu
     from .run_modes import run_cuda, run_fake
 
+    if not fake and _deepspeed_job(job):
+        from .deepspeed_run import run_deepspeed
+        return run_deepspeed(job, trace=trace, steps=steps)
     if fake or device == "cuda":
         result = run_fake(job, trace=trace, steps=steps) if fake else run_cuda(job, steps=steps)
         result.runner = loop_runner()
@@ -66,6 +69,15 @@ def measure(job: Any, device: str = "cpu", fake: bool = False, trace: bool = Fal
     if device != "cpu":
         raise ValueError(f"device: expected 'cpu' or 'cuda', got {device!r}")
     return measure_cpu(job, trace=trace, steps=steps)
+
+
+def _deepspeed_job(job: Any) -> bool:
+    """A ZeRO job on more than one rank runs the real DeepSpeed (measure/deepspeed_run.py)."""
+    from .build import job_dict
+
+    jd = job_dict(job)
+    par = jd.get("parallel") or {}
+    return int(par.get("zero_stage", 0) or 0) > 0 and int(jd.get("num_gpus", 1) or 1) > 1
 
 
 __all__ = ["MeasureResult", "measure", "phase_kinds"]

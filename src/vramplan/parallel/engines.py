@@ -27,20 +27,65 @@ def ddp_buckets(lay: Layout, grad_bytes: int) -> Breakdown:
     return out
 
 
-def zero12_buffers(lay: Layout, grad_dtype: str, total_grad_numel: int) -> Breakdown:
-    """DeepSpeed ZeRO-1/2 (runtime/zero/stage_1_and_2.py, DeepSpeedZeroOptimizer.backward):
-    with contiguous_gradients (default True) it allocates `ipg_buffer` =
-    torch.empty(reduce_bucket_size) in the gradient dtype before every backward, and a
-    second one when overlap_comm is set. The buffer has reduce_bucket_size elements even
-    when the model is smaller. Stage 1 reduces through `allreduce_bucket`, which flattens
-    up to reduce_bucket_size elements of gradients into one temporary."""
-    bucket = int(lay.knob("reduce_bucket_size", DS_REDUCE_BUCKET))
+def zero12_ipg_buffer(lay: Layout, grad_dtype: str) -> Breakdown:
+    """DeepSpeed ZeRO-1/2 (0.19, runtime/zero/stage_1_and_2.py): the gradient hook
+    `process_gradients` calls `setup_buckets`, which with contiguous_gradients (default
+    True) allocates `ipg_buckets[dtype].buffer` = torch.empty(reduce_bucket_size) in the
+    gradient-reduction dtype (`_gradient_reduction_buffer_dtype`), and a second one with
+    overlap_comm, for stage 1 and 2 alike. So the buffer appears at the *first* gradient
+    hook (the head's AccumulateGrad), after the loss backward has freed the logits'
+    gradients, and lives until `independent_gradient_partition_epilogue` ->
+    `_release_ipg_buffers` at the end of backward. It has reduce_bucket_size elements even
+    when the model is smaller. Measured: bench/parallel/results-deepspeed-cpu.json."""
     out = Breakdown()
-    if lay.zero_stage == 2 and lay.knob("contiguous_gradients", True):
+    if lay.zero_stage in (1, 2) and lay.knob("contiguous_gradients", True):
         copies = 2 if lay.knob("overlap_comm", False) else 1
-        out.add("zero/ipg_reduce_buckets", copies * nbytes(bucket, grad_dtype))
-    else:
-        out.add("zero/reduce_bucket_flat", nbytes(min(bucket, total_grad_numel), grad_dtype))
+        out.add("zero/ipg_reduce_buckets", copies * nbytes(int(lay.knob("reduce_bucket_size", DS_REDUCE_BUCKET)),
+                                                            grad_dtype))
+    return out
+
+
+def zero12_reduce_flat(lay: Layout, grad_dtype: str, total_grad_numel: int) -> Breakdown:
+    """Each reduction of a bucket goes average_tensor -> allreduce_and_scatter ->
+    allreduce_and_copy_with_multiple_ranks -> allreduce_bucket, which flattens the bucket's
+    gradients into one new tensor (`self.flatten(bucket)`, stage_1_and_2.py) of up to
+    reduce_bucket_size elements: alive with the ipg buffer while the bucket is reduced."""
+    bucket = int(lay.knob("reduce_bucket_size", DS_REDUCE_BUCKET))
+    return Breakdown().add("zero/reduce_bucket_flat", nbytes(min(bucket, total_grad_numel), grad_dtype))
+
+
+def zero12_step_grad(states_numel: int) -> Breakdown:
+    """ZeRO-1/2 step (stage_1_and_2.py DeepSpeedZeroOptimizer.step): the partition's
+    gradients are flattened into a new tensor (`self.flatten(self.averaged_gradients[i])`)
+    and converted to the fp32 partition's dtype (`.to(...)`, a second tensor only for 16-bit
+    gradients, whose flat copy is then deleted); it is the fp32 partition's `.grad` while the
+    wrapped optimizer steps, beside the gradient partition buffer it was copied from."""
+    return Breakdown().add("zero/flat_grad_partition", nbytes(states_numel, "fp32"))
+
+
+def zero_flat_step(temporaries: Breakdown, states_numel: int) -> Breakdown:
+    """The wrapped optimizer steps one flat fp32 partition per parameter group, not the
+    model's parameters (stage_1_and_2.py: `param_group['params'] = [single_partition_of_fp32_
+    groups[i]]`; stage3.py: `fp32_partitioned_groups_flat`). A for-loop AdamW's
+    per-parameter temporaries (`_single_tensor_adamw`: exp_avg_sq.sqrt() and the quotient,
+    alive together) are therefore as large as the partition; foreach temporaries already sum
+    over every parameter and stay as they are."""
+    out = Breakdown()
+    for name, value in temporaries:
+        out.add(name, 2 * nbytes(states_numel, "fp32") if name == "temporaries/optimizer/forloop_denom" else value)
+    return out
+
+
+def zero_fp32_partition(spec_has_master: bool, states_numel: int) -> Breakdown:
+    """The fp32 partition the optimizer steps: DeepSpeed clones it even when the model is
+    already fp32 (stage_1_and_2.py DeepSpeedZeroOptimizer.__init__: `weights_partition =
+    parallel_partitioned_bit16_groups[i][partition_id].detach().clone()` into
+    single_partition_of_fp32_groups; stage3.py _create_fp32_partitions:
+    `converted.clone().detach()` into fp32_partitioned_groups_flat). With 16-bit weights
+    it is the master copy the precision already counts."""
+    out = Breakdown()
+    if not spec_has_master:
+        out.add("zero/fp32_partition_copy", nbytes(states_numel, "fp32"))
     return out
 
 
@@ -65,14 +110,19 @@ def zero3_live(lay: Layout, wdtype: str, unit_numel: int, total_numel: int) -> B
     return Breakdown().add("zero/gathered_params", nbytes(max(live, unit_numel if unit_numel <= max_live else 0), wdtype))
 
 
-def zero3_reduce(lay: Layout, grad_dtype: str, unit_numel: int) -> Breakdown:
+def zero3_reduce(lay: Layout, grad_dtype: str, unit_numel: int, grad_partition_numel: int) -> Breakdown:
     """ZeRO-3 (runtime/zero/stage3.py, DeepSpeedZeroOptimizer_Stage3.__init__): with
-    contiguous_gradients `__ipg_bucket_flat_buffer = torch.empty(reduce_bucket_size)`,
-    persistent; the module's full gradients exist until copied into it and reduce-scattered."""
+    contiguous_gradients `ipg_buckets[dtype].buffer = torch.empty(reduce_bucket_size)`,
+    persistent; and `grad_partitions_flat_buffer = torch.zeros(sum(p.partition_numel()))`
+    in the gradient-accumulation dtype, persistent from init: every parameter's gradient
+    partition is a view into it, so the sharded gradients are one static buffer, not
+    tensors made during backward. The module's full gradients exist until copied into the
+    ipg buffer and reduce-scattered."""
     bucket = int(lay.knob("reduce_bucket_size", DS_REDUCE_BUCKET))
     out = Breakdown()
     if lay.knob("contiguous_gradients", True):
         out.add("zero/ipg_bucket_flat_buffer", nbytes(bucket, grad_dtype))
+    out.add("zero/grad_partitions_flat_buffer", nbytes(grad_partition_numel, grad_dtype))
     out.add("zero/unsharded_grads", nbytes(unit_numel, grad_dtype))
     return out
 

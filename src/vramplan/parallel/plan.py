@@ -236,19 +236,8 @@ def _engine_buffers(desc, spec, lay: Layout, sets: _Sets, out: StepPlan, stage: 
     root = [p for p in full.params if p.layer is None]
     if lay.engine == "ddp":
         out.static.merge(engines.ddp_buckets(lay, sum(nbytes(p.numel, grad_dtype(spec, p)) for p in train)))
-    elif lay.engine == "zero" and lay.zero_stage in (1, 2):
-        bufs = engines.zero12_buffers(lay, gdt, _numel(train))
-        for t in [out.loss_backward_transient, *out.stage_backward_transient]:
-            t.merge(bufs)
     elif lay.engine == "zero":
-        biggest = max([_numel(u) for u in unit.values()] + [max((p.numel for p in root), default=0)])
-        out.static.merge(Breakdown().add("zero/ipg_bucket_flat_buffer",
-                                         engines.zero3_reduce(lay, gdt, 0).total("zero/ipg")))
-        live = engines.zero3_live(lay, dtypes_of(spec).weights, biggest, _numel(full.params))
-        for t in [out.forward_end_transient, out.loss_backward_transient, *out.stage_backward_transient]:
-            t.merge(live)
-        for i, t in enumerate(out.stage_backward_transient):
-            t.add("zero/unsharded_grads", biggest * gb)
+        _zero(spec, lay, sets, out, unit, root, gdt, gb)
     elif lay.engine == "fsdp" and lay.fsdp != "no-shard":
         _fsdp(lay, out, unit, root, layers, stage, wb, gb, n)
     if lay.cp > 1:
@@ -260,6 +249,48 @@ def _engine_buffers(desc, spec, lay: Layout, sets: _Sets, out: StepPlan, stage: 
         act = nbytes(spec.micro_batch_size * (spec.seq_len // lay.cp) * desc.hidden_size,
                      dtypes_of(spec).compute) // (lay.tp if lay.sp else 1)
         out.static.add("pp/p2p_buffers", 2 * act)
+
+
+def _zero(spec, lay: Layout, sets: _Sets, out: StepPlan, unit: dict, root: list, gdt: str, gb: int) -> None:
+    """DeepSpeed ZeRO's own buffers on one rank (parallel/engines.py, from DeepSpeed 0.19's
+    runtime/zero sources; checked against the real engine in bench/parallel/deepspeed_cpu.py)."""
+    full, train = sets.full, sets.full.trainable()
+    states_numel = _numel(sets.states.trainable())
+    if lay.offload_optimizer == "none":
+        out.static.merge(engines.zero_fp32_partition(dtypes_of(spec).master_weights is not None, states_numel))
+        out.optimizer_temporaries = engines.zero_flat_step(out.optimizer_temporaries, states_numel)
+    if lay.zero_stage in (1, 2):
+        # The ipg buffer appears at the first gradient hook: every layer's backward, not the
+        # loss backward (engines.zero12_ipg_buffer).
+        ipg = engines.zero12_ipg_buffer(lay, gdt)
+        flat = engines.zero12_reduce_flat(lay, gdt, _numel(train))
+        # ZeRO-2 reduces a bucket whenever it fills during backward; ZeRO-1 (and ZeRO-2 when
+        # the whole model fits in one bucket) reduces in the backward epilogue, after the
+        # last (embedding) stage: engine.allreduce_gradients -> reduce_gradients /
+        # overlapping_partition_gradients_reduce_epilogue. The meter's traces show a bucket
+        # flattened during backward never at a layer's peak (it runs in an AccumulateGrad
+        # hook, between the layer's backward ops) but the epilogue's at the end-of-backward
+        # peak, so the flatten is counted in the epilogue only.
+        if lay.offload_optimizer == "none":
+            out.optimizer_temporaries.merge(engines.zero12_step_grad(states_numel))
+        for i, t in enumerate(out.stage_backward_transient):
+            t.merge(ipg)
+            if i == 0:
+                t.merge(flat)
+        return
+    biggest = max([_numel(u) for u in unit.values()] + [max((p.numel for p in root), default=0)])
+    grad_part = sum(p.numel for p in sets.grads.trainable())
+    reduce = engines.zero3_reduce(lay, gdt, biggest, grad_part)
+    out.static.add("zero/ipg_bucket_flat_buffer", reduce.total("zero/ipg"))
+    # The gradient partitions live in the persistent flat buffer (engines.zero3_reduce):
+    # it replaces the per-stage sharded gradients.
+    out.static.add("zero/grad_partitions_flat_buffer", reduce.total("zero/grad_partitions"))
+    out.grads_by_stage = [Breakdown() for _ in out.grads_by_stage]
+    live = engines.zero3_live(lay, dtypes_of(spec).weights, biggest, _numel(full.params))
+    for t in [out.forward_end_transient, out.loss_backward_transient, *out.stage_backward_transient]:
+        t.merge(live)
+    for t in out.stage_backward_transient:
+        t.add("zero/unsharded_grads", biggest * gb)
 
 
 def _padded(params, n: int, dim0: bool) -> int:

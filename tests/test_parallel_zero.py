@@ -1,0 +1,65 @@
+"""DeepSpeed ZeRO engine terms (parallel/engines.py), checked by hand arithmetic on a tiny
+Llama; the real engine is checked in bench/parallel/deepspeed_cpu.py and
+tests/test_deepspeed_live.py."""
+import pytest
+
+from vramplan.estimation import estimate
+from vramplan.spec import load_spec
+
+TINY = {"model_type": "llama", "vocab_size": 2048, "hidden_size": 256, "intermediate_size": 688,
+        "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 4,
+        "max_position_embeddings": 512, "rms_norm_eps": 1e-05, "tie_word_embeddings": False}
+# parameters: embed + head 2 * 2048 * 256, per layer 4 * 256^2 + 3 * 256 * 688 + 2 * 256, final norm 256
+NUMEL = 2 * 2048 * 256 + 4 * (4 * 256 * 256 + 3 * 256 * 688 + 2 * 256) + 256
+BUCKET = 100_000
+
+
+def est(stage: int, precision: str = "fp32", **extras):
+    return estimate(load_spec({"model": TINY, "precision": precision, "optimizer": "adamw", "micro_batch_size": 2,
+                               "seq_len": 128, "backend": "cpu", "num_gpus": 2,
+                               "parallel": {"zero_stage": stage, "extras": {"reduce_bucket_size": BUCKET, **extras}}}))
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_ipg_buffer_appears_at_the_first_gradient_hook_not_in_the_loss_backward(stage):
+    e = est(stage)
+    loss = next(ev for ev in e.events if ev.label.startswith("loss backward"))
+    layers = [ev for ev in e.events if ev.phase == "backward" and ev is not loss]
+    assert loss.live.total("zero/ipg") == 0
+    assert all(ev.live.total("zero/ipg_reduce_buckets") == BUCKET * 4 for ev in layers)
+
+
+def test_overlap_comm_doubles_the_ipg_buffer():
+    e = est(2, overlap_comm=True)
+    assert max(ev.live.total("zero/ipg_reduce_buckets") for ev in e.events) == 2 * BUCKET * 4
+
+
+def test_reduce_flat_is_one_bucket_or_the_whole_model():
+    small = est(2)
+    big = est(2, reduce_bucket_size=10 * NUMEL)
+    assert max(ev.live.total("zero/reduce_bucket_flat") for ev in small.events) == BUCKET * 4
+    assert max(ev.live.total("zero/reduce_bucket_flat") for ev in big.events) == NUMEL * 4
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_fp32_zero_keeps_a_cloned_fp32_partition(stage):
+    fp32 = est(stage).events[-1].live.total("zero/fp32_partition_copy")
+    assert fp32 == pytest.approx(NUMEL * 4 / 2, rel=1e-3)
+    assert est(stage, "mixed-bf16").events[-1].live.total("zero/fp32_partition_copy") == 0
+
+
+def test_zero3_gradient_partitions_are_one_persistent_buffer():
+    e = est(3)
+    fwd = e.events[0].live
+    assert fwd.total("zero/grad_partitions_flat_buffer") == pytest.approx(NUMEL * 4 / 2, rel=1e-3)
+    assert all(ev.live.total("gradients/") == 0 for ev in e.events)
+
+
+def test_zero12_step_works_on_the_flat_fp32_partition():
+    spec = load_spec({"model": TINY, "precision": "fp32", "optimizer": "adamw", "optimizer_impl": "forloop",
+                      "micro_batch_size": 2, "seq_len": 128, "backend": "cpu", "num_gpus": 2,
+                      "parallel": {"zero_stage": 2}})
+    step = estimate(spec).events[-1].live
+    part = NUMEL * 4 / 2
+    assert step.total("temporaries/optimizer/forloop_denom") == pytest.approx(2 * part, rel=1e-3)
+    assert step.total("zero/flat_grad_partition") == pytest.approx(part, rel=1e-3)
