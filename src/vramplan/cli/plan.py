@@ -95,7 +95,7 @@ def cmd_compare(args) -> int:
 
 
 def _format(args) -> str:
-    from vramplan.cli import answer_format
+    from vramplan.cli.flags import answer_format
     return answer_format(args)
 
 
@@ -111,7 +111,7 @@ def _strategy(text: str):
     """Flag words (`--zero-stage 3 --gradient-checkpointing full`) or `NAME key=value ...`."""
     from vramplan.plan.compare import Strategy
     if any(w.startswith("--") for w in text.split()):
-        from vramplan.cli import strategy_from_flags
+        from vramplan.cli.flags import strategy_from_flags
         return strategy_from_flags(text)
     strategy = Strategy.parse(text)
     if not strategy.changes:
@@ -180,7 +180,7 @@ def cmd_fit(args) -> int:
         return _fit_maximize(spec, ev, axes, args)
     if args.minimize:
         return _fit_minimize(spec, ev, axes, args)
-    from vramplan.cli_progress import SearchProgress, progress_wanted
+    from vramplan.cli.progress import SearchProgress, progress_wanted
     from vramplan.plan.fit import fit
     if progress_wanted(args):
         with SearchProgress() as progress:
@@ -340,5 +340,5 @@ def _common(p) -> None:
                    "(fit's default: what keeps the estimate's upper bound on the GPU; 0 for none)")
     p.add_argument("--mfu", type=float, default=None, help="model FLOPs utilization (default 0.40)")
     p.add_argument("--plot", help="write a picture: .png/.svg (matplotlib) or .html")
-    from vramplan.cli import add_format_args
+    from vramplan.cli.flags import add_format_args
     add_format_args(p)
