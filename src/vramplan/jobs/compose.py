@@ -77,7 +77,8 @@ def finish(spec: JobSpec, desc: ModelDesc, step: Step, *, num_params: int | dict
     `floor`: memory held outside the allocator's live tensors (a colocated vLLM pool)."""
     models = dict(num_params) if isinstance(num_params, dict) else {}
     num_params = sum(models.values()) if models else num_params
-    from vramplan.estimation import Estimate, device_levels
+    from vramplan.device import device_levels
+    from vramplan.result import Estimate
     from vramplan.jobs.sharding import shard_step
     par = shard_step(step, spec, desc, getattr(desc, "num_layers", None) or len(step.plan.stage_acts))
     if spec.backend is Backend.CUDA:
