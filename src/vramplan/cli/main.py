@@ -136,8 +136,8 @@ def spec_from_args(args) -> "object":
     from vramplan.spec import load_spec
     data: dict = {}
     if args.spec:
-        from vramplan.spec.job import _read_file
-        data = _read_file(args.spec)
+        from vramplan.spec.job import read_spec_file
+        data = read_spec_file(args.spec)
     data = flags_to_data(args, _imported(args, data))
     if data.get("alloc_conf") is None:  # the environment is read here, at the edge
         env = next((os.environ[k] for k in _ALLOC_CONF_ENV if os.environ.get(k)), None)

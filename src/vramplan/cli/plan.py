@@ -34,13 +34,13 @@ def _parse_vary(items: list[str] | None) -> dict | None:
     """--vary zero_stage=0,3 --vary optimizer -> {axis: values}; a bare axis takes its defaults."""
     if not items:
         return None
-    from vramplan.plan.compare import _scalar
+    from vramplan.plan.compare import parse_scalar
     from vramplan.plan.space import KNOWN_AXES, axis_name
     out = {}
     for item in items:
         name, eq, values = item.partition("=")
         axis = axis_name(name)
-        out[axis] = tuple(_scalar(v) for v in values.split(",")) if eq else KNOWN_AXES[axis]
+        out[axis] = tuple(parse_scalar(v) for v in values.split(",")) if eq else KNOWN_AXES[axis]
         if not out[axis]:
             raise SpecError("vary", f"axis {axis} needs values, e.g. {axis}=1024,2048")
     return out
@@ -135,13 +135,13 @@ def _tiers(spec, args) -> int:
 
 def _read_strategies(path: str):
     from vramplan.plan.compare import Strategy
-    from vramplan.spec.job import _read_file
+    from vramplan.spec.job import read_spec_file
     if path.endswith((".yaml", ".yml", ".json")):
         import yaml
         with open(path, encoding="utf-8") as fh:
             data = yaml.safe_load(fh)
     else:
-        data = _read_file(path)
+        data = read_spec_file(path)
     items = data.get("strategies") if isinstance(data, dict) else data
     if not isinstance(items, list):
         raise SpecError("strategies", f"{path} must hold a list of {{name, changes}}")
