@@ -21,11 +21,14 @@ ORDER = (
     "units", "breakdown", "files", "model", "timeline",
     # the validated job
     "spec",
+    # the families registry (families/__init__.py): model_type -> folder, loaded by name (importlib)
+    "families registry",
     # where a model comes from: catalog, raw sizes, sources (name, path, hub id, config);
     # importers turn other tools' files (DeepSpeed JSON, TrainingArguments, recipes) into spec data
     "catalog", "rawsize", "sources", "importers",
-    # the terms of one model's step
-    "components", "validity",
+    # the terms of one model's step; the family folders (families/<name>/: adapter and forward)
+    # build on catalog/hf* and components/arch*, which reach them only through the registry
+    "components", "validity", "families",
     # the step's tensor events, sharded per rank, replayed by the allocator; device levels
     "parallel", "step", "allocator", "bounds", "device",
     # renderers take results duck-typed, so the results' notebook display (_repr_html_) may call them
@@ -68,6 +71,8 @@ def _unit(dotted: str) -> str | None:
     parts = dotted.split(".")
     if parts[0] != "vramplan":
         return None
+    if parts[1:] == ["families"]:
+        return "families registry"
     return parts[1] if len(parts) > 1 else "vramplan"
 
 
