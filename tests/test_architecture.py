@@ -29,8 +29,8 @@ ORDER = (
     # the terms of one model's step; the family folders (families/<name>/: adapter and forward)
     # build on catalog/hf* and components/arch*, which reach them only through the registry
     "components", "validity", "families",
-    # the step's tensor events, sharded per rank, replayed by the allocator; device levels
-    "parallel", "step", "allocator", "bounds", "device",
+    # sharding per rank, the caching-allocator model, the step's tensor events; device levels
+    "parallel", "allocator", "step", "bounds", "device",
     # renderers take results duck-typed, so the results' notebook display (_repr_html_) may call them
     "report",
     # the result, the multi-model jobs, the one dispatcher

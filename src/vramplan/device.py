@@ -8,7 +8,7 @@ from __future__ import annotations
 from vramplan.breakdown import Breakdown
 from vramplan.components.activations import plan_activations
 from vramplan.components.runtime import (
-    cublas_workspace_bytes, cuda_context_bytes, nccl_terms, process_groups, reserved_from_allocated,
+    blas_workspace_terms, cuda_context_bytes, nccl_terms, process_groups, reserved_from_allocated,
 )
 from vramplan.components.trainable import ParamSet, param_set
 from vramplan.model import ModelDesc
@@ -65,7 +65,8 @@ def step_events(spec: JobSpec):
     if spec.backend is Backend.CUDA:
         from vramplan.catalog import find_gpu
         gpu = find_gpu(spec.gpu) if spec.gpu else None
-        plan.static.add("runtime/cublas_workspace", cublas_workspace_bytes(gpu.name if gpu else None))
+        for key, value in blas_workspace_terms(gpu.name if gpu else None):
+            plan.static.add(key, value)
     return build_events(plan, tensor_pieces(desc, params, plan))
 
 
@@ -81,7 +82,7 @@ def allocator_replayer(spec: JobSpec, gpu, plan: StepPlan, desc: ModelDesc, para
     from vramplan.allocator import replay
     from vramplan.spec.alloc_conf import parse_alloc_conf
     from vramplan.step import build_events
-    capacity = None if gpu is None else gpu.memory_bytes - outside_allocator(spec, gpu).total() - outside
+    capacity = replay_capacity(spec, gpu, outside)
     ops: list = []
 
     def run(default: bool = False):
@@ -92,6 +93,12 @@ def allocator_replayer(spec: JobSpec, gpu, plan: StepPlan, desc: ModelDesc, para
         result = replay(ops[0], ops[1], conf, capacity)
         return replay(ops[0], ops[1], conf, None) if result.out_of_memory else result
     return run
+
+
+def replay_capacity(spec: JobSpec, gpu, outside: int = 0) -> int | None:
+    """What the caching allocator may reserve on the named GPU: its memory less what
+    nvidia-smi counts outside the allocator and `outside` (managed memory); None without one."""
+    return None if gpu is None else gpu.memory_bytes - outside_allocator(spec, gpu).total() - outside
 
 
 def outside_allocator(spec: JobSpec, gpu, managed: int = 0) -> Breakdown:

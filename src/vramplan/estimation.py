@@ -8,7 +8,7 @@ from vramplan.components.runtime import blas_workspace_terms
 from vramplan.components.trainable import ParamSet, param_set
 from vramplan.components.weights import weight_terms
 from vramplan.device import (  # noqa: F401 (re-exported: the device levels lived here)
-    allocator_replayer, device_levels, outside_allocator, reserved_bytes, step_events,
+    allocator_replayer, device_levels, outside_allocator, replay_capacity, reserved_bytes, step_events,
 )
 from vramplan.model import ModelDesc
 from vramplan.result import SCHEMA_VERSION, Estimate  # noqa: F401 (re-exported: Estimate lived here)
@@ -34,7 +34,9 @@ def estimate(spec: JobSpec) -> Estimate:
     else:
         from vramplan.parallel.host import resolve_local
         from vramplan.sources import resolve_model
+        from vramplan.importers.lengths import resolve_lengths
         spec = resolve_local(spec)  # parallel.extras.host_memory_bytes: "local" -> this machine's RAM
+        spec = resolve_lengths(spec)  # lengths.lengths_file: read and summarised here, at the edge
         est = estimate_model(resolve_model(spec), spec, gpu)
     check_size(est.device_bytes, est.spec)
     return est
@@ -66,9 +68,18 @@ def estimate_model(desc: ModelDesc, spec: JobSpec, gpu=None) -> Estimate:
         replayer = allocator_replayer(spec, gpu, plan, desc, params if par is None else None, managed.total())
         if _changes_placement(spec.alloc_conf):
             conf_delta = replayer().reserved_bytes - replayer(default=True).reserved_bytes
+    lengths = None
+    if replayer is not None and spec.lengths is not None:
+        lengths = _lengths_replay(spec, gpu, desc, params, par is None, managed.total())
     reserved, device = device_levels(spec, gpu, events, top, managed.total(), conf_delta)
+    if lengths is not None:
+        extra = lengths.applied(reserved, replay_capacity(spec, gpu, managed.total()))
+        reserved, device = reserved + extra, device + extra
     notes = checked + [f"LoRA target or modules_to_save {t!r} matches no module of {desc.name}; "
              "PEFT would ignore it" for t in params.unmatched_targets]
+    if spec.lengths is not None:
+        from vramplan.step.lengths import lengths_notes
+        notes += lengths_notes(spec, lengths)
     if spec.alloc_conf and "cudaMallocAsync" in spec.alloc_conf:
         notes.append("alloc_conf backend:cudaMallocAsync: the driver's memory pool is not modelled; "
                      "reserved memory is estimated as for PyTorch's caching allocator")
@@ -77,7 +88,7 @@ def estimate_model(desc: ModelDesc, spec: JobSpec, gpu=None) -> Estimate:
                     peak_phase=top.phase, peak_event=top.label, phases=phases,
                     components=components, reserved_bytes=reserved, device_bytes=device,
                     events=events, gpu=gpu, notes=notes + (par.notes if par else []), parallel=par,
-                    managed_bytes=managed.total(), replay=replayer)
+                    managed_bytes=managed.total(), replay=replayer, lengths=lengths)
 
 
 def _changes_placement(alloc_conf: str | None) -> bool:
@@ -86,6 +97,20 @@ def _changes_placement(alloc_conf: str | None) -> bool:
     from vramplan.spec.alloc_conf import AllocConf, parse_alloc_conf
     conf = parse_alloc_conf(alloc_conf)
     return conf.backend == "native" and conf != AllocConf()
+
+
+def _lengths_replay(spec: JobSpec, gpu, desc: ModelDesc, params: ParamSet, split: bool, outside: int):
+    """Dynamic padding (spec.lengths): the run's steps of different lengths through one
+    allocator (vramplan.step.lengths); its extra_bytes joins the reserve like conf_delta."""
+    from vramplan.spec import SpecError
+    from vramplan.spec.alloc_conf import parse_alloc_conf
+    from vramplan.step.lengths import length_ops, replay_lengths
+    if not spec.lengths.resolved:
+        raise SpecError("lengths.lengths_file", "not read yet: vramplan.estimate and the CLI read it "
+                        "(vramplan.importers.lengths.resolve_lengths)")
+    setup, ops_for = length_ops(desc, spec, params, split, blas_workspace_terms(gpu.name if gpu else None))
+    return replay_lengths(spec.lengths, spec.micro_batch_size, spec.seq_len, setup, ops_for,
+                          parse_alloc_conf(spec.alloc_conf), replay_capacity(spec, gpu, outside))
 
 
 def _inference_events(desc: ModelDesc, spec: JobSpec, params: ParamSet, gpu) -> list[Event]:

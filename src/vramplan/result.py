@@ -43,6 +43,9 @@ class Estimate:
     replay: object | None = field(repr=False, default=None)
     """Callable(conf=None) -> vramplan.allocator.AllocatorResult: the caching allocator
     replaying the step's tensor events (CUDA backend, single-model jobs); run on demand."""
+    lengths: object | None = field(repr=False, default=None)
+    """vramplan.step.lengths.LengthsReplay when the spec gives a `lengths` distribution
+    (dynamic padding): the run's steps replayed in order, longest-first and capped."""
 
     @property
     def allocator(self):
@@ -116,6 +119,7 @@ class Estimate:
             "managed_bytes": self.managed_bytes,
             "notes": list(self.notes),
             **self._allocator_dict(),
+            **({"lengths": self.lengths.to_dict()} if self.lengths is not None else {}),
             **self._parallel_dict(),
         }
 

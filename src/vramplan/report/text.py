@@ -51,5 +51,7 @@ def render_estimate(est, console=None, depth: int = 2) -> None:
         verdict = f"[{colour}]{est.verdict}[/{colour}]"
         console.print(f"{est.gpu.name} ({_gib(est.gpu.memory_bytes)} GiB usable): {verdict}, "
                       f"headroom {_gib(est.headroom_bytes)} GiB")
+    if getattr(est, "lengths", None) is not None:
+        console.print(est.lengths.summary())
     for note in est.notes:
         console.print(f"[yellow]note:[/yellow] {note}")
