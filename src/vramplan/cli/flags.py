@@ -1,7 +1,7 @@
 """Command-line words beyond the spec's own flags: the names users type in TRL and
 TrainingArguments (aliases, trainer flags), the diffusion section's flags, option names with
 underscores, `--strategy` in flag words, the output formats and shell completion.
-Imported by cli.py; what needs cli.py's parser imports it at call time."""
+Imported by cli/main.py; what needs its parser imports it at call time."""
 from __future__ import annotations
 
 import argparse

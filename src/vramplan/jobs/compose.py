@@ -71,7 +71,7 @@ def phase_peaks(events: list[Event]) -> dict[str, int]:
 
 def finish(spec: JobSpec, desc: ModelDesc, step: Step, *, num_params: int | dict[str, int],
            trainable_params: int, gpu=None, notes: list[str] | None = None, floor: Breakdown | None = None):
-    """An Estimate from the step's events (same device-level terms as estimation.py).
+    """An Estimate from the step's events (same device-level terms as estimation.py, from device.py).
     `num_params`: the total, or the count per model keyed like the breakdown's sections
     (`policy`, `reference`, ...), which the Estimate keeps as `models`.
     `floor`: memory held outside the allocator's live tensors (a colocated vLLM pool)."""
