@@ -18,7 +18,7 @@ PKG = pathlib.Path(__file__).parents[1] / "src" / "vramplan"
 # "__main__" is `python -m vramplan`.
 ORDER = (
     # leaves: import nothing of ours but each other
-    "units", "breakdown", "files", "model", "timeline",
+    "units", "breakdown", "files", "i18n", "model", "timeline",
     # the validated job
     "spec",
     # the families registry (families/__init__.py): model_type -> folder, loaded by name (importlib)
