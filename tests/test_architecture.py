@@ -160,7 +160,8 @@ def test_no_private_name_imported_from_another_package():
             dst = _unit(module)
             if dst is None or dst == src:
                 continue
-            private = [n for n in names if n.startswith("_") and not n.startswith("__")]
+            # `_` alone is gettext's translation function (vramplan.i18n), public by convention
+            private = [n for n in names if n.startswith("_") and not n.startswith("__") and n != "_"]
             private += [p for p in module.split(".") if p.startswith("_") and not p.startswith("__")]
             if private:
                 found.append(f"{rel}:{line} imports {private} from {module}")
