@@ -10,7 +10,7 @@ import pytest
 
 from vramplan.catalog import find_model
 from vramplan.catalog.hf import model_from_hf_config
-from vramplan.catalog.hf_more import ExtendedDesc
+from vramplan.catalog.hf_extended import ExtendedDesc
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

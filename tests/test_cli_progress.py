@@ -3,7 +3,7 @@ import argparse
 import sys
 
 from vramplan.cli import main
-from vramplan.cli_progress import SearchProgress, progress_wanted, stages
+from vramplan.cli.progress import SearchProgress, progress_wanted, stages
 
 JOB = ["fit", "qwen2.5-0.5b", "--gpu", "rtx-4090", "--micro-batch-size", "4", "--seq-len", "512",
        "--num-gpus", "2", "--top-k", "2"]

@@ -44,7 +44,7 @@ def _replay(spec, est):
     """(LengthsReplay pieces) for spec: the run in the policy's order, timed alone."""
     from vramplan.components.runtime import blas_workspace_terms
     from vramplan.components.trainable import param_set
-    from vramplan.estimation import _replay_capacity
+    from vramplan.device import replay_capacity
     from vramplan.spec.alloc_conf import parse_alloc_conf
     from vramplan.allocator.schedule import replay_schedule
     from vramplan.step.lengths import length_ops, step_lengths
@@ -56,7 +56,7 @@ def _replay(spec, est):
         setup, ops_for = length_ops(desc, spec, params, True, blas_workspace_terms(est.gpu.name))
         lengths = step_lengths(spec.lengths, spec.micro_batch_size, spec.seq_len)
         run = replay_schedule(setup, ops_for, lengths, parse_alloc_conf(spec.alloc_conf),
-                              _replay_capacity(spec, est.gpu, est.managed_bytes))
+                              replay_capacity(spec, est.gpu, est.managed_bytes))
         took, wall_took = time.process_time() - t0, time.perf_counter() - w0
         best = took if best is None else min(best, took)
         wall = wall_took if wall is None else min(wall, wall_took)

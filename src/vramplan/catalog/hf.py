@@ -25,7 +25,7 @@ from vramplan.model import MlpKind, ModelDesc, MoEDesc, NormKind, ParamEntry, Po
 _ROPE_DECODERS = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
                   "gemma", "gemma2", "gemma3_text", "phi3", "phi")
 _MORE = ("gpt_neox", "bloom", "opt", "qwen", "falcon", "t5", "mt5")
-"""Families built by `vramplan.catalog.hf_more` (same rules; kept apart for file size)."""
+"""Families built by `vramplan.catalog.hf_extended` (same rules; kept apart for file size)."""
 SUPPORTED_MODEL_TYPES = (*_ROPE_DECODERS, "gpt2", "bert", "gemma3", *_MORE,
                          *(t for t in FAMILY_OF if t not in _ROPE_DECODERS))
 """Families with a folder under vramplan/families are dispatched there (FAMILY_OF)."""
@@ -149,7 +149,7 @@ def _build(config: dict, model_type: str, name: str | None, num_labels: int | No
     if "text_config" in config or model_type == "gemma3":
         return _from_text_config(config, model_type, name, num_labels)
     if model_type in _MORE:
-        from vramplan.catalog.hf_more import model_from_more
+        from vramplan.catalog.hf_extended import model_from_more
         return model_from_more(config, name or config.get("_name_or_path") or model_type, num_labels)
     if model_type not in _CLASS_DEFAULTS:
         raise ValueError(f"unsupported model_type {model_type!r}; supported: "
@@ -432,3 +432,9 @@ def _bert(c: _Cfg, name: str, num_labels: int | None) -> ModelDesc:
 
 def _with_params(desc: ModelDesc, params: list[ParamEntry]) -> ModelDesc:
     return replace(desc, params=tuple(params))
+
+
+# Public names for the family adapters under vramplan/families that start from the Llama-layout
+# decoder (families/phi/adapter.py): the config reader and the decoder's ModelDesc.
+HFCfg = _Cfg
+decoder_desc = _decoder

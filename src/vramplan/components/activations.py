@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from vramplan.breakdown import Breakdown
 from vramplan.components.arch import Ctx, norm
-from vramplan.components.arch_other import OTHER_MODEL_TYPES, layer_fn, layer_prefix, other_embed, other_head
+from vramplan.components.arch_gpt2_bert import OTHER_MODEL_TYPES, layer_fn, layer_prefix, other_embed, other_head
 from vramplan.components.dtypes import dtypes_of
 from vramplan.components.graph import Param, Recorder, Storage, Sym
 from vramplan.components.trainable import ParamSet

@@ -4,7 +4,7 @@ Mirrors transformers 5.23 `models/t5/modeling_t5.py` (mT5's `modeling_mt5.py` is
 code): T5LayerNorm, T5Attention with the relative position bias made by each stack's first
 block and reused by the others, `integrations/sdpa_attention.py` (the bias becomes SDPA's
 float mask), T5DenseActDense / T5DenseGatedActDense and the residual dropouts.
-The facts ModelDesc has no field for come from `vramplan.catalog.hf_more.ExtendedDesc`.
+The facts ModelDesc has no field for come from `vramplan.catalog.hf_extended.ExtendedDesc`.
 Legend: b micro-batch, s sequence (encoder and decoder alike), h d_model, a heads,
 d d_kv, f d_ff.
 """

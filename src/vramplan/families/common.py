@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from vramplan.catalog.hf_more import ExtendedDesc
+from vramplan.catalog.hf_extended import ExtendedDesc
 from vramplan.model import ModelDesc, ParamEntry
 
 

@@ -71,13 +71,14 @@ def phase_peaks(events: list[Event]) -> dict[str, int]:
 
 def finish(spec: JobSpec, desc: ModelDesc, step: Step, *, num_params: int | dict[str, int],
            trainable_params: int, gpu=None, notes: list[str] | None = None, floor: Breakdown | None = None):
-    """An Estimate from the step's events (same device-level terms as estimation.py).
+    """An Estimate from the step's events (same device-level terms as estimation.py, from device.py).
     `num_params`: the total, or the count per model keyed like the breakdown's sections
     (`policy`, `reference`, ...), which the Estimate keeps as `models`.
     `floor`: memory held outside the allocator's live tensors (a colocated vLLM pool)."""
     models = dict(num_params) if isinstance(num_params, dict) else {}
     num_params = sum(models.values()) if models else num_params
-    from vramplan.estimation import Estimate, device_levels
+    from vramplan.device import device_levels
+    from vramplan.result import Estimate
     from vramplan.jobs.sharding import shard_step
     par = shard_step(step, spec, desc, getattr(desc, "num_layers", None) or len(step.plan.stage_acts))
     if spec.backend is Backend.CUDA:

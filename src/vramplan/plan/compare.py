@@ -34,11 +34,12 @@ class Strategy:
             key, _, value = pair.partition("=")
             if not key:
                 raise SpecError("strategy", f"expected key=value, got {pair!r} in {text!r}")
-            changes[key] = _scalar(value)
+            changes[key] = parse_scalar(value)
         return cls(name=name, changes=changes)
 
 
-def _scalar(text: str):
+def parse_scalar(text: str):
+    """A flag value as int, float or bool where it reads as one, else the text."""
     for conv in (int, float):
         try:
             return conv(text)

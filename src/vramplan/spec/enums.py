@@ -24,7 +24,7 @@ class SpecError(ValueError):
         """The spec field (dotted for sections: `parallel.tp`) or file the message is about."""
 
 
-_USER_ERRORS = (ValueError, KeyError, LookupError, NotImplementedError, ArithmeticError)
+USER_ERRORS = (ValueError, KeyError, LookupError, NotImplementedError, ArithmeticError)
 """What the estimator raises on input it cannot take (catalog lookups, unmodelled options)."""
 
 

@@ -11,7 +11,7 @@ from vramplan.spec.enums import (
     Attention, Backend, Checkpointing, LogprobHead, LossImpl, Method, Optimizer, OptimizerImpl,
     Precision, SpecError, Task,
 )
-from vramplan.spec.enums import _USER_ERRORS, as_spec_error
+from vramplan.spec.enums import USER_ERRORS, as_spec_error
 from vramplan.spec.sections import (
     FreezeConfig, LoraConfig, ParallelConfig, QuantConfig, boolean, fraction, positive_int,
 )
@@ -252,7 +252,8 @@ def _did_you_mean(key: str, known) -> str:
     return f"; did you mean {hint[0]!r}?" if hint else ""
 
 
-def _read_file(path: str) -> dict:
+def read_spec_file(path: str) -> dict:
+    """A spec file (YAML or JSON) as a mapping; SpecError naming the file if unreadable."""
     from vramplan.files import FileReadError, read_mapping
     try:
         return read_mapping(path)
@@ -265,7 +266,7 @@ def load_spec(source: "JobSpec | Mapping | str | os.PathLike", **overrides) -> J
     Bad input raises SpecError (a ValueError) whose `field` names the spec field."""
     try:
         return _load(source, overrides)
-    except _USER_ERRORS as exc:
+    except USER_ERRORS as exc:
         raise as_spec_error(exc) from None
 
 
@@ -275,7 +276,7 @@ def _load(source, overrides: dict) -> JobSpec:
     elif isinstance(source, Mapping):
         data = dict(source)
     elif isinstance(source, (str, os.PathLike)):
-        data = _read_file(os.fspath(source))
+        data = read_spec_file(os.fspath(source))
     else:
         raise SpecError("spec", f"expected a mapping or a file path, got {type(source).__name__}")
     data.update({k: v for k, v in overrides.items() if v is not None})

@@ -12,7 +12,7 @@ Legend: b micro-batch, s sequence, h hidden, a heads, k KV heads, d head_dim.
 from __future__ import annotations
 
 from vramplan.components.arch import Ctx, attention_core, eager_attention, lin, mlp_shared, rms_norm
-from vramplan.components.arch_more import apply_partial_rope, partial_rotary
+from vramplan.components.arch_extended import apply_partial_rope, partial_rotary
 from vramplan.components.graph import Recorder, Sym
 
 LAYER_PREFIX = "model.layers"

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 from dataclasses import fields, replace
 
-from vramplan.catalog.hf import _Cfg, _decoder
-from vramplan.catalog.hf_more import ExtendedDesc
+from vramplan.catalog.hf import HFCfg, decoder_desc
+from vramplan.catalog.hf_extended import ExtendedDesc
 from vramplan.families import rotary_factor
 from vramplan.model import ModelDesc, ParamEntry
 
 
 def build(config: dict, name: str, num_labels: int | None) -> ModelDesc:
-    base = _decoder(_Cfg(config, "phi"), name, num_labels)
+    base = decoder_desc(HFCfg(config, "phi"), name, num_labels)
     rotary = int(base.head_dim * rotary_factor(config, 0.5))
     if base.tie_word_embeddings and not num_labels:
         # PhiForCausalLM.lm_head is Linear(h, v, bias=True): tying shares only the weight.

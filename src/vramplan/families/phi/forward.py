@@ -10,7 +10,7 @@ Legend: b micro-batch, s sequence, h hidden, a heads, k KV heads, d head_dim.
 from __future__ import annotations
 
 from vramplan.components.arch import Ctx, activation, attention_core, eager_attention, lin
-from vramplan.components.arch_more import apply_partial_rope, partial_rotary
+from vramplan.components.arch_extended import apply_partial_rope, partial_rotary
 from vramplan.components.graph import Recorder, Sym
 
 LAYER_PREFIX = "model.layers"
@@ -35,7 +35,7 @@ def layer(rec: Recorder, ctx: Ctx, x: Sym, i: int, b: int, s: int) -> Sym:
 def attention(rec: Recorder, ctx: Ctx, x: Sym, i: int, b: int, s: int) -> Sym:
     """The cat after partial rotary makes q and k contiguous (b, a, s, d), so the SDPA
     output follows that layout and `reshape(...).contiguous()` copies it before `dense`
-    (the same as GPT-NeoX, components/arch_more.py gpt_neox_attention)."""
+    (the same as GPT-NeoX, components/arch_extended.py gpt_neox_attention)."""
     desc, pre = ctx.desc, f"{LAYER_PREFIX}.{i}.self_attn"
     a, k, d = desc.num_heads, desc.num_kv_heads, desc.head_dim
     q = rec.view(lin(rec, ctx, x, f"{pre}.q_proj", "attn/q"), (b, a, s, d))

@@ -29,7 +29,7 @@ SCHEMA = "vramplan.measure/1"
 def _spec(args) -> Any:
     """The JobSpec the flags describe (the lead's parser), else --spec alone."""
     try:
-        from vramplan.cli import spec_from_args
+        from vramplan.cli.main import spec_from_args
     except ImportError:
         spec_from_args = None
     if spec_from_args is not None and hasattr(args, "model"):
@@ -96,7 +96,7 @@ def measure_main(args) -> dict:
     trace = bool(getattr(args, "trace", False))
     out: dict = {"schema": SCHEMA, "device": device, "job": spec.to_dict(), "runner": None,
                  "measured": None, "estimated": None, "error": None, "failure": None}
-    from vramplan.cli_progress import stages
+    from vramplan.cli.progress import stages
     show = sys.stderr.isatty() and not getattr(args, "json", False)
     with stages(show, [f"measure: building the model and running training steps ({device})",
                        "estimate: the same job"]) as step:
@@ -168,11 +168,11 @@ def _estimated_peak(estimated: dict | None) -> int | None:
     return None
 
 
-if __name__ == "__main__":  # python -m vramplan.measure.cli SPEC [--fake] [--trace]
+if __name__ == "__main__":  # python -m vramplan.cli.measure SPEC [--fake] [--trace]
     import argparse
     import json
 
-    ap = argparse.ArgumentParser(prog="python -m vramplan.measure.cli")
+    ap = argparse.ArgumentParser(prog="python -m vramplan.cli.measure")
     ap.add_argument("spec")
     ap.add_argument("--device", default=None)
     ap.add_argument("--fake", action="store_true")

@@ -11,7 +11,7 @@ import json
 import os
 import sys
 
-from vramplan.cli_flags import (  # noqa: F401 (dashed, strategy_from_flags: public from here too)
+from vramplan.cli.flags import (  # noqa: F401 (dashed, strategy_from_flags: public from here too)
     _ATTN_IMPL, _DIFFUSION_FLAGS, _TRAINER_FLAGS, _bool_word, _diffusion, _flag_bool, _flag_names,
     _trainer_flags, add_format_args, answer_format, cmd_completion, dashed, strategy_from_flags,
 )
@@ -137,8 +137,8 @@ def spec_from_args(args) -> "object":
     from vramplan.spec import load_spec
     data: dict = {}
     if args.spec:
-        from vramplan.spec.job import _read_file
-        data = _read_file(args.spec)
+        from vramplan.spec.job import read_spec_file
+        data = read_spec_file(args.spec)
     data = flags_to_data(args, _imported(args, data))
     if data.get("alloc_conf") is None:  # the environment is read here, at the edge
         env = next((os.environ[k] for k in _ALLOC_CONF_ENV if os.environ.get(k)), None)
@@ -226,7 +226,7 @@ def fit_status(fits: bool | None) -> int:
 
 
 def cmd_models(args) -> int:
-    from vramplan.cli_catalog import model_rows
+    from vramplan.cli.catalog import model_rows
     rows = model_rows(args.kind, args.name)
     if args.json:
         print(json.dumps(rows, indent=2))
@@ -264,7 +264,7 @@ def cmd_gpus(args) -> int:
 
 
 def cmd_measure(args) -> int:
-    from vramplan.measure.cli import measure_main
+    from vramplan.cli.measure import measure_main
     result = measure_main(args)
     if args.json:
         print(json.dumps(result, indent=2))
@@ -297,7 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--trace", action="store_true", help="list the tensors alive at the peak")
     m.add_argument("--json", action="store_true")
     m.set_defaults(func=cmd_measure)
-    __import__("vramplan.cli_plan").cli_plan.register(sub, _add_spec_args, spec_from_args)
+    __import__("vramplan.cli.plan").cli.plan.register(sub, _add_spec_args, spec_from_args)
     comp = sub.add_parser("completion", help="print a shell completion script (shtab)",
                           description="eval \"$(vramplan completion bash)\", or for zsh write it to a file "
                                       "named _vramplan on your $fpath")

@@ -3,7 +3,7 @@
 Each function names the transformers 5.23 modeling code it mirrors, op for op where the op
 allocates or saves. The facts ModelDesc has no field for (partial rotary, parallel
 residual, ALiBi, OPT's post-norm and embedding projection) come from
-`vramplan.catalog.hf_more.ExtendedDesc`.
+`vramplan.catalog.hf_extended.ExtendedDesc`.
 Legend: b micro-batch, s sequence, h hidden, a heads, d head_dim, r rotary dims, f MLP width.
 """
 from __future__ import annotations

@@ -34,13 +34,13 @@ def _parse_vary(items: list[str] | None) -> dict | None:
     """--vary zero_stage=0,3 --vary optimizer -> {axis: values}; a bare axis takes its defaults."""
     if not items:
         return None
-    from vramplan.plan.compare import _scalar
+    from vramplan.plan.compare import parse_scalar
     from vramplan.plan.space import KNOWN_AXES, axis_name
     out = {}
     for item in items:
         name, eq, values = item.partition("=")
         axis = axis_name(name)
-        out[axis] = tuple(_scalar(v) for v in values.split(",")) if eq else KNOWN_AXES[axis]
+        out[axis] = tuple(parse_scalar(v) for v in values.split(",")) if eq else KNOWN_AXES[axis]
         if not out[axis]:
             raise SpecError("vary", f"axis {axis} needs values, e.g. {axis}=1024,2048")
     return out
@@ -95,7 +95,7 @@ def cmd_compare(args) -> int:
 
 
 def _format(args) -> str:
-    from vramplan.cli import answer_format
+    from vramplan.cli.flags import answer_format
     return answer_format(args)
 
 
@@ -111,7 +111,7 @@ def _strategy(text: str):
     """Flag words (`--zero-stage 3 --gradient-checkpointing full`) or `NAME key=value ...`."""
     from vramplan.plan.compare import Strategy
     if any(w.startswith("--") for w in text.split()):
-        from vramplan.cli import strategy_from_flags
+        from vramplan.cli.flags import strategy_from_flags
         return strategy_from_flags(text)
     strategy = Strategy.parse(text)
     if not strategy.changes:
@@ -135,13 +135,13 @@ def _tiers(spec, args) -> int:
 
 def _read_strategies(path: str):
     from vramplan.plan.compare import Strategy
-    from vramplan.spec.job import _read_file
+    from vramplan.spec.job import read_spec_file
     if path.endswith((".yaml", ".yml", ".json")):
         import yaml
         with open(path, encoding="utf-8") as fh:
             data = yaml.safe_load(fh)
     else:
-        data = _read_file(path)
+        data = read_spec_file(path)
     items = data.get("strategies") if isinstance(data, dict) else data
     if not isinstance(items, list):
         raise SpecError("strategies", f"{path} must hold a list of {{name, changes}}")
@@ -180,7 +180,7 @@ def cmd_fit(args) -> int:
         return _fit_maximize(spec, ev, axes, args)
     if args.minimize:
         return _fit_minimize(spec, ev, axes, args)
-    from vramplan.cli_progress import SearchProgress, progress_wanted
+    from vramplan.cli.progress import SearchProgress, progress_wanted
     from vramplan.plan.fit import fit
     if progress_wanted(args):
         with SearchProgress() as progress:
@@ -340,5 +340,5 @@ def _common(p) -> None:
                    "(fit's default: what keeps the estimate's upper bound on the GPU; 0 for none)")
     p.add_argument("--mfu", type=float, default=None, help="model FLOPs utilization (default 0.40)")
     p.add_argument("--plot", help="write a picture: .png/.svg (matplotlib) or .html")
-    from vramplan.cli import add_format_args
+    from vramplan.cli.flags import add_format_args
     add_format_args(p)

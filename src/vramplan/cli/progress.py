@@ -7,7 +7,7 @@ import sys
 
 
 def progress_wanted(args) -> bool:
-    from vramplan.cli import answer_format
+    from vramplan.cli.flags import answer_format
     return sys.stderr.isatty() and answer_format(args) != "json"
 
 

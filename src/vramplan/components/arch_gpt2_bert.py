@@ -7,7 +7,7 @@ one (T, 3h) output; dropout on embeddings (embd_pdrop), attention output and MLP
 from __future__ import annotations
 
 from vramplan.components.arch import Ctx, activation, attention_core, lin, llama_layer
-from vramplan.components.arch_more import MORE_EMBEDS, MORE_HEADS, MORE_LAYER_PREFIX, MORE_LAYERS
+from vramplan.components.arch_extended import MORE_EMBEDS, MORE_HEADS, MORE_LAYER_PREFIX, MORE_LAYERS
 from vramplan.components.graph import Recorder, Sym
 from vramplan.families import FAMILY_OF
 from vramplan.families import forward as family_forward

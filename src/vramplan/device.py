@@ -1,0 +1,122 @@
+"""The device levels of one step, from its tensor events: max_memory_reserved (the live peak
+plus the caching allocator's reserve), what nvidia-smi adds outside the allocator (CUDA
+context, NCCL communicators, managed memory), the allocator model's replay, and the events
+of a single-model step. Shared by the single-model path (vramplan.estimation) and the
+multi-model jobs (vramplan.jobs.compose), below both."""
+from __future__ import annotations
+
+from vramplan.breakdown import Breakdown
+from vramplan.components.activations import plan_activations
+from vramplan.components.runtime import (
+    blas_workspace_terms, cuda_context_bytes, nccl_terms, process_groups, reserved_from_allocated,
+)
+from vramplan.components.trainable import ParamSet, param_set
+from vramplan.model import ModelDesc
+from vramplan.spec import Backend, JobSpec
+from vramplan.step.build import build_step
+from vramplan.step.pieces import tensor_pieces
+from vramplan.timeline import Event, StepPlan
+
+
+def _group(bd: Breakdown, group: str) -> list[int]:
+    """Values of the terms in `group`, with or without a model prefix (multi-model jobs key
+    them `policy/logits/...`)."""
+    return [v for k, v in bd if k.startswith(group + "/") or f"/{group}/" in k]
+
+
+def device_levels(spec: JobSpec, gpu, events: list[Event], top: Event, managed: int = 0,
+                  conf_delta: int = 0) -> tuple[int, int]:
+    """(max_memory_reserved, nvidia-smi) on the CUDA backend (both equal to the live peak on
+    cpu): allocated plus the allocator's reserve (`reserved_bytes`), then the CUDA context
+    and managed (paged) memory resident on the GPU."""
+    peak = top.live.total()
+    if spec.backend is not Backend.CUDA:
+        return peak, peak
+    reserved = reserved_bytes(events, top, conf_delta)
+    return reserved, reserved + outside_allocator(spec, gpu, managed).total()
+
+
+def reserved_bytes(events: list[Event], top: Event, conf_delta: int = 0) -> int:
+    """max_memory_reserved: the live peak plus the allocator's reserve around the largest
+    single logits-sized block and the activation bytes churned at the peak and at the start
+    of backward (components/runtime.py), plus `conf_delta`, what the spec's alloc_conf
+    changes in the allocator model's replay (vramplan.allocator) against PyTorch's defaults.
+
+    The replay's own reserve is not used as the level: its event list holds the saved
+    tensors and the modelled transients, not every temporary of the real backward, and on
+    the published GPU rows it is less accurate than this fitted reserve (single-model
+    nvidia-smi rows: median |err| 6.9% against 2.4%, bench/allocator/score_replay.py)."""
+    ends = [e for e in events if e.label.startswith(("end of forward", "loss backward"))]
+    largest = max((v for e in ends for v in _group(e.live, "logits")), default=0)
+    loss_bwd = [e for e in ends if e.label.startswith("loss backward")]
+    churn = max(sum(_group(e.live, "activations")) + sum(_group(e.live, "backward")) for e in [top, *loss_bwd])
+    return reserved_from_allocated(top.live.total(), largest, churn) + conf_delta
+
+
+def step_events(spec: JobSpec):
+    """The tensor events (vramplan.step.StepEvents) of one training step of a single-model,
+    single-GPU job, tensors split per parameter: what the allocator model replays, and
+    what bench/allocator/replay_cuda.py replays on a real GPU."""
+    from vramplan.sources import resolve_model
+    from vramplan.step import build_events
+    desc = resolve_model(spec)
+    params = param_set(desc, spec)
+    plan = build_step(desc, spec, params, plan_activations(desc, spec, params))
+    if spec.backend is Backend.CUDA:
+        from vramplan.catalog import find_gpu
+        gpu = find_gpu(spec.gpu) if spec.gpu else None
+        for key, value in blas_workspace_terms(gpu.name if gpu else None):
+            plan.static.add(key, value)
+    return build_events(plan, tensor_pieces(desc, params, plan))
+
+
+def allocator_replayer(spec: JobSpec, gpu, plan: StepPlan, desc: ModelDesc, params: ParamSet | None,
+                       outside: int = 0):
+    """A function (default=False) -> AllocatorResult: the caching allocator
+    (vramplan.allocator) replaying the step's tensor events (vramplan.step) over several
+    steps with spec.alloc_conf's options (or PyTorch's defaults). `params`: split the
+    persistent terms and gradients into per-parameter tensors (single-GPU plans). With a
+    GPU named, the allocator may reserve its memory less the CUDA context and `outside`
+    (managed memory): a step that needs more frees its cached blocks and retries, as malloc
+    does; one that still does not fit reports its unconstrained reserve."""
+    from vramplan.allocator import replay
+    from vramplan.spec.alloc_conf import parse_alloc_conf
+    from vramplan.step import build_events
+    capacity = replay_capacity(spec, gpu, outside)
+    ops: list = []
+
+    def run(default: bool = False):
+        if not ops:
+            pieces = tensor_pieces(desc, params, plan) if params is not None else None
+            ops.extend(build_events(plan, pieces).compact())
+        conf = parse_alloc_conf(None if default else spec.alloc_conf)
+        result = replay(ops[0], ops[1], conf, capacity)
+        return replay(ops[0], ops[1], conf, None) if result.out_of_memory else result
+    return run
+
+
+def replay_capacity(spec: JobSpec, gpu, outside: int = 0) -> int | None:
+    """What the caching allocator may reserve on the named GPU: its memory less what
+    nvidia-smi counts outside the allocator and `outside` (managed memory); None without one."""
+    return None if gpu is None else gpu.memory_bytes - outside_allocator(spec, gpu).total() - outside
+
+
+def outside_allocator(spec: JobSpec, gpu, managed: int = 0) -> Breakdown:
+    """What nvidia-smi counts beyond max_memory_reserved, each term from its source
+    (components/runtime.py, catalog/cuda_runtime.json): the CUDA context, the NCCL
+    communicators of every process group, and CUDA managed (paged) memory resident on the
+    GPU. Empty on the cpu backend."""
+    out = Breakdown()
+    if spec.backend is not Backend.CUDA:
+        return out
+    out.add("runtime/cuda_context", cuda_context_bytes(gpu.name if gpu else None, spec.cuda_version))
+    if spec.num_gpus > 1:
+        from vramplan.parallel.layout import Layout
+        lay = Layout.of(spec)
+        groups = process_groups(spec.num_gpus, dp=lay.dp, tp=lay.tp, cp=lay.cp, pp=lay.pp, ep=lay.ep,
+                                shard_group=lay.shard_group if lay.engine in ("fsdp", "zero") else None)
+        for key, value in nccl_terms(groups, getattr(gpu, "interconnect", None)):
+            out.add(key, value)
+    if managed:
+        out.add("managed/optimizer_paged", managed)
+    return out
