@@ -8,6 +8,8 @@ import argparse
 import json
 import sys
 
+from vramplan.i18n import LANGUAGES, N_, _, language_for, set_language
+from vramplan.i18n.errors import error_line
 from vramplan.spec import SpecError
 
 _SPEC_FLAGS = {
@@ -18,27 +20,27 @@ _SPEC_FLAGS = {
     "precision": (str, "fp32 | bf16 | fp16 | amp-bf16 | amp-fp16 | mixed-bf16 | mixed-fp16"),
     "optimizer": (str, "adamw | adam | sgd | adafactor | lion | adamw-8bit | paged-adamw-8bit | paged-adamw-32bit"),
     "optimizer_impl": (str, "foreach | fused | forloop"),
-    "momentum": (float, "SGD momentum"),
-    "weight_decay": (float, "optimizer weight decay (default: the optimizer's)"),
-    "micro_batch_size": (int, "rows per GPU per micro-step"),
-    "seq_len": (int, "tokens per row"),
-    "grad_accum_steps": (int, "micro-steps per optimizer step"),
+    "momentum": (float, N_("SGD momentum")),
+    "weight_decay": (float, N_("optimizer weight decay (default: the optimizer's)")),
+    "micro_batch_size": (int, N_("rows per GPU per micro-step")),
+    "seq_len": (int, N_("tokens per row")),
+    "grad_accum_steps": (int, N_("micro-steps per optimizer step")),
     "loss_impl": (str, "standard | chunked | fused-linear-cross-entropy"),
     "gradient_checkpointing": (str, "none | full | selective"),
     "attention": (str, "eager | sdpa | flash"),
     "backend": (str, "cuda | cpu"),
-    "gpu": (str, "GPU catalog name (see `vramplan gpus`)"),
-    "num_gpus": (int, "GPUs in the job"),
-    "num_params": (str, "raw size instead of a model, e.g. 8e9 or 7B"),
-    "reference_model": (str, "dpo/ipo/kto/ppo/grpo: reference model, or 'precomputed'"),
-    "teacher": (str, "distill: the frozen teacher model"),
-    "reward_model": (str, "ppo/grpo: the reward model"),
-    "critic_model": (str, "ppo: the critic (default: the model)"),
-    "num_generations": (int, "grpo: completions per prompt"),
-    "max_new_tokens": (int, "ppo/grpo/inference: generated tokens"),
-    "num_labels": (int, "sequence-classification: classes"),
-    "num_layers": (int, "with --num-params: layer count"),
-    "hidden_size": (int, "with --num-params: hidden size"),
+    "gpu": (str, N_("GPU catalog name (see `vramplan gpus`)")),
+    "num_gpus": (int, N_("GPUs in the job")),
+    "num_params": (str, N_("raw size instead of a model, e.g. 8e9 or 7B")),
+    "reference_model": (str, N_("dpo/ipo/kto/ppo/grpo: reference model, or 'precomputed'")),
+    "teacher": (str, N_("distill: the frozen teacher model")),
+    "reward_model": (str, N_("ppo/grpo: the reward model")),
+    "critic_model": (str, N_("ppo: the critic (default: the model)")),
+    "num_generations": (int, N_("grpo: completions per prompt")),
+    "max_new_tokens": (int, N_("ppo/grpo/inference: generated tokens")),
+    "num_labels": (int, N_("sequence-classification: classes")),
+    "num_layers": (int, N_("with --num-params: layer count")),
+    "hidden_size": (int, N_("with --num-params: hidden size")),
 }
 
 
@@ -47,14 +49,14 @@ def _flag_bool(value: str) -> bool:
 
 
 _PARALLEL_FLAGS = (
-    ("zero_stage", int, "DeepSpeed ZeRO stage 0-3"),
+    ("zero_stage", int, N_("DeepSpeed ZeRO stage 0-3")),
     ("fsdp", str, "none | full-shard | shard-grad-op | hybrid-shard | no-shard"),
-    ("fsdp_version", int, "1 or 2"),
-    ("tp", int, "tensor-parallel size"),
-    ("sp", _flag_bool, "sequence parallelism with tp (true/false)"),
-    ("cp", int, "context-parallel size"),
-    ("pp", int, "pipeline-parallel size"),
-    ("ep", int, "expert-parallel size"),
+    ("fsdp_version", int, N_("1 or 2")),
+    ("tp", int, N_("tensor-parallel size")),
+    ("sp", _flag_bool, N_("sequence parallelism with tp (true/false)")),
+    ("cp", int, N_("context-parallel size")),
+    ("pp", int, N_("pipeline-parallel size")),
+    ("ep", int, N_("expert-parallel size")),
     ("offload_optimizer", str, "none | cpu | nvme"),
     ("offload_params", str, "none | cpu | nvme"),
 )
@@ -65,27 +67,37 @@ class UsageError(Exception):
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs):
+        from vramplan.i18n.argparse_text import LocalizedHelpFormatter, localize_parser
+        kwargs.setdefault("formatter_class", LocalizedHelpFormatter)
+        super().__init__(*args, **kwargs)
+        localize_parser(self)
+        # read by main() before parsing (help texts are translated as the parser is built);
+        # declared on every command so it may stand before or after the command's name
+        self.add_argument("--lang", choices=LANGUAGES, default=argparse.SUPPRESS,
+                          help=_("language of the answers (default: from LC_ALL, LC_MESSAGES or LANG, else en)"))
+
     def error(self, message):  # argparse's own usage errors: one line, exit 2
         raise UsageError(message)
 
 
 def _add_spec_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", nargs="?", help="catalog name, hub id, config.json path or model folder")
-    p.add_argument("--spec", help="job spec file (YAML or JSON); flags override it")
-    p.add_argument("--save-spec", help="write the resolved spec to this file")
+    p.add_argument("model", nargs="?", help=_("catalog name, hub id, config.json path or model folder"))
+    p.add_argument("--spec", help=_("job spec file (YAML or JSON); flags override it"))
+    p.add_argument("--save-spec", help=_("write the resolved spec to this file"))
     for name, (typ, help_) in _SPEC_FLAGS.items():
-        p.add_argument("--" + name.replace("_", "-"), dest=name, type=typ, help=help_)
-    p.add_argument("--lora-r", type=int, help="LoRA rank")
+        p.add_argument("--" + name.replace("_", "-"), dest=name, type=typ, help=_(help_))
+    p.add_argument("--lora-r", type=int, help=_("LoRA rank"))
     p.add_argument("--lora-alpha", type=float)
     p.add_argument("--lora-dropout", type=float)
-    p.add_argument("--lora-target-modules", help="comma-separated names or all-linear")
-    p.add_argument("--packing", action="store_true", default=None, help="packed rows with a document mask")
+    p.add_argument("--lora-target-modules", help=_("comma-separated names or all-linear"))
+    p.add_argument("--packing", action="store_true", default=None, help=_("packed rows with a document mask"))
     for name, typ, help_ in _PARALLEL_FLAGS:
-        p.add_argument("--" + name.replace("_", "-"), dest="parallel_" + name, type=typ, help=help_)
-    for name, help_ in (("deepspeed", "DeepSpeed config JSON"), ("training_args", "HF TrainingArguments / TRL config"),
-                        ("accelerate_config", "accelerate config YAML"),
-                        ("recipe", "axolotl / LLaMA-Factory / torchtune recipe YAML")):
-        p.add_argument("--" + name.replace("_", "-"), dest="import_" + name, help=help_)
+        p.add_argument("--" + name.replace("_", "-"), dest="parallel_" + name, type=typ, help=_(help_))
+    for name, help_ in (("deepspeed", N_("DeepSpeed config JSON")), ("training_args", N_("HF TrainingArguments / TRL config")),
+                        ("accelerate_config", N_("accelerate config YAML")),
+                        ("recipe", N_("axolotl / LLaMA-Factory / torchtune recipe YAML"))):
+        p.add_argument("--" + name.replace("_", "-"), dest="import_" + name, help=_(help_))
     p.add_argument("--trust-remote-code", action="store_true", default=None)
 
 
@@ -164,9 +176,9 @@ def cmd_models(args) -> int:
         return 0
     from rich.console import Console
     from rich.table import Table
-    table = Table(title="vramplan model catalog")
-    for col in ("name", "hub id", "type", "params"):
-        table.add_column(col, justify="right" if col == "params" else "left")
+    table = Table(title=_("vramplan model catalog"))
+    for col in (N_("name"), N_("hub id"), N_("type"), N_("params")):
+        table.add_column(_(col), justify="right" if col == "params" else "left")
     for r in rows:
         table.add_row(r["name"], r["hub_id"] or "", r["model_type"], f"{r['num_params'] / 1e9:,.3f} B")
     Console().print(table)
@@ -183,9 +195,9 @@ def cmd_gpus(args) -> int:
         return 0
     from rich.console import Console
     from rich.table import Table
-    table = Table(title="vramplan GPU catalog (usable bytes as the driver reports them)")
-    for col in ("name", "marketed", "GiB usable", "bf16 TFLOP/s", "what the marketed figure means"):
-        table.add_column(col)
+    table = Table(title=_("vramplan GPU catalog (usable bytes as the driver reports them)"))
+    for col in (N_("name"), N_("marketed"), N_("GiB usable"), "bf16 TFLOP/s", N_("what the marketed figure means")):
+        table.add_column(_(col))
     for g in gpus:
         table.add_row(g.name, g.memory_marketed, f"{g.memory_bytes / GiB:,.2f}",
                       "-" if g.bf16_tflops is None else f"{g.bf16_tflops:g}", g.memory_unit_note)
@@ -202,25 +214,25 @@ def cmd_measure(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="vramplan", description="Per-GPU peak memory of a training step, in named terms.")
+    parser = _Parser(prog="vramplan", description=_("Per-GPU peak memory of a training step, in named terms."))
     parser.add_argument("--version", action="version", version=f"vramplan {_version()}")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
-    est = sub.add_parser("estimate", help="estimate one GPU's peak memory for a job")
+    est = sub.add_parser("estimate", help=_("estimate one GPU's peak memory for a job"))
     _add_spec_args(est)
-    est.add_argument("--json", action="store_true", help="print the versioned JSON form")
-    est.add_argument("--depth", type=int, default=2, help="group terms by this many key parts")
-    est.add_argument("--plot", help="write the breakdown as stacked bars (.png, .svg or interactive .html)")
+    est.add_argument("--json", action="store_true", help=_("print the versioned JSON form"))
+    est.add_argument("--depth", type=int, default=2, help=_("group terms by this many key parts"))
+    est.add_argument("--plot", help=_("write the breakdown as stacked bars (.png, .svg or interactive .html)"))
     est.set_defaults(func=cmd_estimate)
-    for name, fn, help_ in (("models", cmd_models, "the built-in model catalog"),
-                            ("gpus", cmd_gpus, "the built-in GPU catalog")):
-        p = sub.add_parser(name, help=help_)
+    for name, fn, help_ in (("models", cmd_models, N_("the built-in model catalog")),
+                            ("gpus", cmd_gpus, N_("the built-in GPU catalog"))):
+        p = sub.add_parser(name, help=_(help_))
         p.add_argument("--json", action="store_true")
         p.set_defaults(func=fn)
-    m = sub.add_parser("measure", help="run real training steps and record the true peak")
+    m = sub.add_parser("measure", help=_("run real training steps and record the true peak"))
     _add_spec_args(m)
-    m.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
-    m.add_argument("--fake", action="store_true", help="run under FakeTensorMode: no memory used")
-    m.add_argument("--trace", action="store_true", help="list the tensors alive at the peak")
+    m.add_argument("--device", default=None, help=_("cpu or cuda (default: cuda if available)"))
+    m.add_argument("--fake", action="store_true", help=_("run under FakeTensorMode: no memory used"))
+    m.add_argument("--trace", action="store_true", help=_("list the tensors alive at the peak"))
     m.add_argument("--json", action="store_true")
     m.set_defaults(func=cmd_measure)
     __import__("vramplan.cli_plan").cli_plan.register(sub, _add_spec_args, spec_from_args)
@@ -233,6 +245,7 @@ def _version() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    set_language(language_for(sys.argv[1:] if argv is None else argv))
     try:
         args = build_parser().parse_args(argv)
         if not getattr(args, "func", None):
@@ -240,20 +253,19 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         return args.func(args)
     except UsageError as exc:
-        print(f"vramplan: error: {exc}", file=sys.stderr)
+        print(error_line(exc), file=sys.stderr)
         return 2
     except (SpecError, ValueError) as exc:  # SpecError, importer and catalog input errors
-        print(f"vramplan: error: {exc}", file=sys.stderr)
+        print(error_line(exc), file=sys.stderr)
         return 2
     except KeyError as exc:  # catalog lookups (UnknownNameError) carry their own message
-        print(f"vramplan: error: {str(exc).strip(chr(34) + chr(39))}", file=sys.stderr)
+        print(error_line(str(exc).strip(chr(34) + chr(39))), file=sys.stderr)
         return 2
     except NotImplementedError as exc:
-        print(f"vramplan: error: {exc}", file=sys.stderr)
+        print(error_line(exc), file=sys.stderr)
         return 2
     except ImportError as exc:
-        print(f"vramplan: error: {exc.name or exc} is not installed; pip install 'vramplan[measure]'",
-              file=sys.stderr)
+        print(error_line(f"{exc.name or exc} is not installed; pip install 'vramplan[measure]'"), file=sys.stderr)
         return 2
     except BrokenPipeError:
         return 0

@@ -1,6 +1,12 @@
-"""Human-readable estimate: a rich table of terms with GiB and GB labelled, shares, phases."""
+"""Human-readable estimate: a rich table of terms with GiB and GB labelled, shares, phases.
+
+Text is translated here, at the edge (vramplan.i18n); term keys stay English identifiers
+and a translated report shows a label beside each.
+"""
 from __future__ import annotations
 
+from vramplan.i18n import DEFAULT_LANGUAGE, _, get_language, tr
+from vramplan.i18n.terms import event_label, phase_name, term_label
 from vramplan.units import GB, GiB
 
 
@@ -19,33 +25,41 @@ def render_estimate(est, console=None, depth: int = 2) -> None:
 
     console = console or Console()
     spec = est.spec
-    title = (f"{est.model.name}: {est.num_params / 1e9:.3f} B params, "
-             f"{est.trainable_params / 1e6:,.2f} M trainable | {spec.method.value}, {spec.precision.value}, "
-             f"{spec.optimizer.value} ({spec.optimizer_impl.value}) | b={spec.micro_batch_size} s={spec.seq_len}"
-             f" | checkpointing {spec.gradient_checkpointing.value}, attention {spec.attention.value}")
+    title = _("{model}: {params:.3f} B params, {trainable:,.2f} M trainable | {method}, {precision}, "
+              "{optimizer} ({impl}) | b={b} s={s} | checkpointing {ckpt}, attention {attention}").format(
+        model=est.model.name, params=est.num_params / 1e9, trainable=est.trainable_params / 1e6,
+        method=spec.method.value, precision=spec.precision.value, optimizer=spec.optimizer.value,
+        impl=spec.optimizer_impl.value, b=spec.micro_batch_size, s=spec.seq_len,
+        ckpt=spec.gradient_checkpointing.value, attention=spec.attention.value)
+    labels = get_language() != DEFAULT_LANGUAGE
     table = Table(title=title, title_justify="left")
-    table.add_column("term at the peak")
+    table.add_column(_("term at the peak"))
+    if labels:
+        table.add_column(_("meaning"))
     table.add_column("GiB", justify="right")
     table.add_column("GB", justify="right")
-    table.add_column("share", justify="right")
+    table.add_column(_("share"), justify="right")
     total = est.peak_allocated_bytes or 1
     groups = est.components.groups(depth)
     for name, size in sorted(groups.items(), key=lambda kv: -kv[1]):
-        table.add_row(name, _gib(size), _gb(size), f"{size / total:.1%}")
+        table.add_row(name, *([term_label(name)] if labels else []), _gib(size), _gb(size), f"{size / total:.1%}")
     table.add_section()
-    table.add_row("[bold]peak allocated[/bold]", _gib(est.peak_allocated_bytes), _gb(est.peak_allocated_bytes), "100%")
+    table.add_row(f"[bold]{_('peak allocated')}[/bold]", *([""] if labels else []),
+                  _gib(est.peak_allocated_bytes), _gb(est.peak_allocated_bytes), "100%")
     console.print(table)
-    phases = "  ".join(f"{k} {_gib(v)} GiB" for k, v in est.phases.items())
-    console.print(f"peak in [bold]{est.peak_phase}[/bold] ({est.peak_event}); phase peaks: {phases}")
+    phases = "  ".join(_("{phase} {gib} GiB").format(phase=phase_name(k), gib=_gib(v)) for k, v in est.phases.items())
+    console.print(_("peak in {phase} ({event}); phase peaks: {phases}").format(
+        phase=f"[bold]{phase_name(est.peak_phase)}[/bold]", event=event_label(est.peak_event), phases=phases))
     if spec.backend.value == "cuda":
-        console.print(f"torch.cuda.max_memory_allocated ≈ {_gib(est.peak_allocated_bytes)} GiB, "
-                      f"max_memory_reserved ≈ {_gib(est.reserved_bytes)} GiB, "
-                      f"nvidia-smi ≈ {_gib(est.device_bytes)} GiB ({_gb(est.device_bytes)} GB)")
+        console.print(_("torch.cuda.max_memory_allocated ≈ {allocated} GiB, max_memory_reserved ≈ {reserved} GiB, "
+                        "nvidia-smi ≈ {device} GiB ({device_gb} GB)").format(
+            allocated=_gib(est.peak_allocated_bytes), reserved=_gib(est.reserved_bytes),
+            device=_gib(est.device_bytes), device_gb=_gb(est.device_bytes)))
     else:
-        console.print("backend cpu: live tensor bytes, as the exact CPU meter counts them")
+        console.print(_("backend cpu: live tensor bytes, as the exact CPU meter counts them"))
     if est.gpu is not None:
-        verdict = "[green]fits[/green]" if est.fits else "[red]does not fit[/red]"
-        console.print(f"{est.gpu.name} ({_gib(est.gpu.memory_bytes)} GiB usable): {verdict}, "
-                      f"headroom {_gib(est.headroom_bytes)} GiB")
+        verdict = f"[green]{_('fits')}[/green]" if est.fits else f"[red]{_('does not fit')}[/red]"
+        console.print(_("{gpu} ({usable} GiB usable): {verdict}, headroom {headroom} GiB").format(
+            gpu=est.gpu.name, usable=_gib(est.gpu.memory_bytes), verdict=verdict, headroom=_gib(est.headroom_bytes)))
     for note in est.notes:
-        console.print(f"[yellow]note:[/yellow] {note}")
+        console.print(f"[yellow]{_('note')}:[/yellow] {tr(note)}")

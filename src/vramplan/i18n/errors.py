@@ -1,0 +1,92 @@
+"""One-line errors in the user's language, translated at the CLI edge by template.
+
+Errors are raised deep in the spec, catalog and importers with English text built from
+values (`SpecError(field, f"expected an integer >= {minimum}, got {value!r}")`). Rather
+than thread a language through the core, the CLI matches the finished English line
+against the templates below (their `{name}` placeholders match any text) and formats the
+translated template with the same values. A line no template matches stays in English, so
+a new or reworded error is never lost, only untranslated; tests/test_i18n.py raises each
+common error through the CLI and checks that its template still matches.
+
+The shape handled: `[field: ]message[ Did you mean 'x'?]`, as SpecError, the catalog's
+UnknownNameError and argparse write them.
+"""
+from __future__ import annotations
+
+import re
+
+from vramplan.i18n import N_, _
+
+TEMPLATES = (
+    # vramplan.spec: SpecError messages (the field name is kept as it is)
+    N_("unknown value {value}; choose one of {choices}."),
+    N_("expected an integer >= {minimum}, got {value}"),
+    N_("expected a number in [{low}, {high}], got {value}"),
+    N_("expected a mapping, got {value}"),
+    N_("unknown spec key"),
+    N_("unknown key"),
+    N_("no such file or folder: {path}"),
+    N_("must be 0, 1, 2 or 3, got {value}"),
+    N_("planning needs a GPU: pass --gpu (see `vramplan gpus`)"),
+    N_("expected e.g. 2GiB, 1.5GB, 512MiB or 5%, got {text}"),
+    # vramplan.catalog: UnknownNameError
+    N_("unknown model {name}"),
+    N_("unknown GPU {name}"),
+    # argparse's usage errors (Python 3.10-3.13 wording)
+    N_("argument {arg}: invalid {kind} value: {value}"),
+    N_("argument {arg}: invalid choice: {value} (choose from {choices})"),
+    N_("unrecognized arguments: {args}"),
+    N_("the following arguments are required: {args}"),
+    N_("argument {arg}: expected one argument"),
+    # vramplan.check
+    N_("no local GPU (NVML and torch.cuda found none); pass a catalog GPU (--gpu / gpu=) to check against its "
+       "total memory"),
+    N_("no GPU {index}: visible devices are {devices}"),
+    # cli.main
+    N_("{name} is not installed; pip install {extra}"),
+)
+HINT = N_("did you mean {suggestion}?")
+
+_HINT_RE = re.compile(r"(?P<body>.*?)(?:;| ) ?[Dd]id you mean (?P<suggestion>.+)\?")
+_FIELD_RE = re.compile(r"(?P<field>[\w.\[\]-]+): (?P<rest>.+)", re.S)
+
+
+def _pattern(template: str) -> re.Pattern:
+    parts = re.split(r"\{(\w+)\}", template)
+    regex = "".join(re.escape(p) if i % 2 == 0 else f"(?P<{p}>.+?)" for i, p in enumerate(parts))
+    return re.compile(regex, re.S)
+
+
+_PATTERNS = [(t, _pattern(t)) for t in TEMPLATES]
+
+
+def _translate_body(text: str) -> str | None:
+    for template, pattern in _PATTERNS:
+        m = pattern.fullmatch(text)
+        if m is not None:
+            return _(template).format(**m.groupdict())
+    m = _FIELD_RE.fullmatch(text)
+    if m is not None:
+        rest = _translate_body(m["rest"])
+        if rest is not None:
+            return f"{m['field']}: {rest}"
+    return None
+
+
+def localize(text: str) -> str:
+    """The English error line in the current language; unchanged when no template matches."""
+    text = str(text)
+    m = _HINT_RE.fullmatch(text)
+    body, hint = (m["body"], m["suggestion"]) if m else (text, None)
+    translated = _translate_body(body)
+    if translated is None:
+        return text
+    if hint is not None:
+        sep = "" if translated.endswith((".", "。", "；")) else _("; ")
+        translated += sep + _(HINT).format(suggestion=hint)
+    return translated
+
+
+def error_line(exc) -> str:
+    """`vramplan: error: <message>` with both parts in the current language."""
+    return f"vramplan: {_('error')}: {localize(str(exc))}"

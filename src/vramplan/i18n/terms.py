@@ -1,0 +1,81 @@
+"""Display labels for the estimate's term keys, phase names and peak events.
+
+The core's keys (`activations/layers`, `optimizer/exp_avg`) are English identifiers and
+stay so in every language (JSON, tests and docs grep them); a translated report shows a
+label beside the key. Parts not listed here (a role's own name, a text encoder's slug)
+are shown as they are.
+"""
+from __future__ import annotations
+
+import re
+
+from vramplan.i18n import N_, _
+
+TERM_PARTS = {
+    # groups
+    "weights": N_("weights"), "gradients": N_("gradients"), "optimizer": N_("optimizer states"),
+    "activations": N_("activations"), "logits": N_("logits"), "temporaries": N_("temporaries"),
+    "transient": N_("transient tensors"), "batch": N_("input batch"), "runtime": N_("runtime"),
+    "backward": N_("backward temporaries"), "loss": N_("loss"), "ddp": N_("DDP"), "zero": N_("ZeRO"),
+    "pp": N_("pipeline parallelism"), "tp": N_("tensor parallelism"),
+    # roles of multi-model jobs
+    "policy": N_("policy model"), "reference": N_("reference model"), "actor": N_("actor model"),
+    "critic": N_("critic model"), "reward_model": N_("reward model"), "student": N_("student model"),
+    "teacher": N_("teacher model"), "denoiser": N_("denoiser"), "vae": N_("VAE"),
+    # items
+    "layers": N_("layers"), "head": N_("LM head"), "embedding": N_("embedding"),
+    "decoder_embedding": N_("decoder embedding"), "encoder_embedding": N_("encoder embedding"),
+    "encoder_final_norm": N_("encoder final norm"), "trainable": N_("trainable"), "frozen": N_("frozen"),
+    "lora_adapters": N_("LoRA adapters"), "quantized": N_("quantized weights"),
+    "quant_state": N_("quantization state"), "exp_avg": N_("first moment"),
+    "exp_avg_sq": N_("second moment"), "state1": N_("state 1"), "state2": N_("state 2"),
+    "absmax": N_("quantization scales"), "step": N_("step count"), "log_softmax": N_("log-softmax"),
+    "grad_log_softmax": N_("log-softmax gradient"), "grad_logits": N_("logits gradient"),
+    "grad_logits_fp32": N_("logits gradient (fp32)"), "labels": N_("labels"),
+    "input_ids": N_("token ids"), "attention_mask": N_("attention mask"),
+    "completion_mask": N_("completion mask"), "advantages": N_("advantages"), "latents": N_("latents"),
+    "noise": N_("noise"), "noisy_latents": N_("noisy latents"), "pixels": N_("pixels"),
+    "prompt_completion_ids": N_("prompt and completion ids"),
+    "ref_per_token_logps": N_("reference per-token log-probs"), "rollout_scores": N_("rollout scores"),
+    "cublas_workspace": N_("cuBLAS workspace"), "gradient_buckets": N_("gradient buckets"),
+    "gathered_params": N_("gathered parameters"), "ipg_bucket_flat_buffer": N_("gradient reduce bucket"),
+    "p2p_buffers": N_("point-to-point buffers"), "grad_hidden": N_("hidden-state gradient"),
+    "grad_mlp": N_("MLP gradient"), "product": N_("product"), "target_minus_input": N_("target minus input"),
+}
+
+PHASES = {"forward": N_("forward"), "backward": N_("backward"), "optimizer": N_("optimizer step"),
+          "generation": N_("generation")}
+
+_EVENTS = {
+    "loss backward (logits gradient)": N_("loss backward (logits gradient)"),
+    "end of forward (logits and loss)": N_("end of forward (logits and loss)"),
+    "optimizer step": N_("optimizer step"),
+    "no-grad forward": N_("no-grad forward"),
+    "reference forward (no_grad log-probs)": N_("reference forward (no_grad log-probs)"),
+    "reference / KL-batch forward (no_grad log-probs)": N_("reference / KL-batch forward (no_grad log-probs)"),
+    "policy head backward": N_("policy head backward"),
+    "critic backward": N_("critic backward"),
+    "distillation loss (student and teacher logits)": N_("distillation loss (student and teacher logits)"),
+}
+_LAYER_EVENT = re.compile(r"(?:(?P<role>\w+) )?layer (?P<n>\d+) (?P<pass>backward|forward)")
+
+
+def term_label(key: str) -> str:
+    """'activations/layers' -> the translated parts joined by '/'; unknown parts unchanged."""
+    return "/".join(_(TERM_PARTS[p]) if p in TERM_PARTS else p for p in key.split("/"))
+
+
+def phase_name(phase: str) -> str:
+    return _(PHASES[phase]) if phase in PHASES else phase
+
+
+def event_label(event: str) -> str:
+    """A peak event's label in the current language, where its shape is known."""
+    if event in _EVENTS:
+        return _(_EVENTS[event])
+    m = _LAYER_EVENT.fullmatch(event)
+    if m is None:
+        return event
+    where = _("layer {n} backward") if m["pass"] == "backward" else _("layer {n} forward")
+    where = where.format(n=m["n"])
+    return f"{term_label(m['role'])} {where}" if m["role"] else where
