@@ -26,7 +26,7 @@ LOCALE_DIR = Path(__file__).resolve().parent.parent / "locale"
 LANGUAGES = ("en", "zh")
 """Languages the CLI offers; `en` is the source language and the default."""
 DEFAULT_LANGUAGE = "en"
-BABEL_KEYWORDS = {"_": None, "gettext": None, "ngettext": (1, 2), "N_": None, "Msg": None}
+BABEL_KEYWORDS = {"_": None, "ngettext": (1, 2), "N_": None, "Msg": None}
 """What Babel's extractor treats as a message: the same names this module exports."""
 
 _current = DEFAULT_LANGUAGE
@@ -59,7 +59,9 @@ class Msg(str):
     def join(cls, sep: str, items) -> "Msg":
         """The items joined by `sep`, each still translatable."""
         items = list(items)
-        return cls(sep.join(f"{{i{n}}}" for n in range(len(items))), **{f"i{n}": v for n, v in enumerate(items)})
+        out = cls(sep.join(f"{{i{n}}}" for n in range(len(items))), **{f"i{n}": v for n, v in enumerate(items)})
+        out.joined = (sep, items)
+        return out
 
     def __getnewargs__(self):  # pickle/copy: rebuild from the English text, then __dict__
         return (str(self),)
@@ -101,6 +103,9 @@ def ngettext(singular: str, plural: str, n: int) -> str:
 
 def tr(text) -> str:
     """Translate a `Msg` (template and values) or a plain message; other values pass as str."""
+    if isinstance(text, Msg) and hasattr(text, "joined"):
+        sep, items = text.joined
+        return _(sep).join(tr(item) for item in items)
     if isinstance(text, Msg):
         params = {k: tr(v) if isinstance(v, Msg) else v for k, v in text.params.items()}
         return _(text.template).format(**params)

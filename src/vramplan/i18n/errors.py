@@ -89,4 +89,4 @@ def localize(text: str) -> str:
 
 def error_line(exc) -> str:
     """`vramplan: error: <message>` with both parts in the current language."""
-    return f"vramplan: {_('error')}: {localize(str(exc))}"
+    return "vramplan: " + _("error: ") + localize(str(exc))

@@ -44,7 +44,7 @@ def render_estimate(est, console=None, depth: int = 2) -> None:
     for name, size in sorted(groups.items(), key=lambda kv: -kv[1]):
         table.add_row(name, *([term_label(name)] if labels else []), _gib(size), _gb(size), f"{size / total:.1%}")
     table.add_section()
-    table.add_row(f"[bold]{_('peak allocated')}[/bold]", *([""] if labels else []),
+    table.add_row("[bold]" + _("peak allocated") + "[/bold]", *([""] if labels else []),
                   _gib(est.peak_allocated_bytes), _gb(est.peak_allocated_bytes), "100%")
     console.print(table)
     phases = "  ".join(_("{phase} {gib} GiB").format(phase=phase_name(k), gib=_gib(v)) for k, v in est.phases.items())
@@ -58,8 +58,8 @@ def render_estimate(est, console=None, depth: int = 2) -> None:
     else:
         console.print(_("backend cpu: live tensor bytes, as the exact CPU meter counts them"))
     if est.gpu is not None:
-        verdict = f"[green]{_('fits')}[/green]" if est.fits else f"[red]{_('does not fit')}[/red]"
+        verdict = "[green]" + _("fits") + "[/green]" if est.fits else "[red]" + _("does not fit") + "[/red]"
         console.print(_("{gpu} ({usable} GiB usable): {verdict}, headroom {headroom} GiB").format(
             gpu=est.gpu.name, usable=_gib(est.gpu.memory_bytes), verdict=verdict, headroom=_gib(est.headroom_bytes)))
     for note in est.notes:
-        console.print(f"[yellow]{_('note')}:[/yellow] {tr(note)}")
+        console.print("[yellow]" + _("note:") + "[/yellow] " + tr(note))
