@@ -221,3 +221,13 @@ def test_every_term_group_and_phase_has_a_label(job):
     groups = {key.split("/")[0] for key in est.components.groups(1)}
     assert [g for g in groups if g not in TERM_PARTS] == []
     assert [p for p in est.phases if p not in PHASES] == []
+
+
+def test_chinese_readme_quotes_the_english_readme_figures():
+    """README.zh.md restates the measured error and speed; every figure must be one README.md states."""
+    en, zh = (ROOT / "README.md").read_text(), (ROOT / "README.zh.md").read_text()
+    tail = zh[zh.index("## 实测误差"):zh.index("## 翻译")]
+    figures = set(re.findall(r"\d[\d,.]*%?", tail)) - {"1", "2", "3"}
+    assert len(figures) > 8
+    assert sorted(f for f in figures if f not in en) == []
+    assert "README.zh.md" in en
