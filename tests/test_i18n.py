@@ -231,3 +231,42 @@ def test_chinese_readme_quotes_the_english_readme_figures():
     assert len(figures) > 8
     assert sorted(f for f in figures if f not in en) == []
     assert "README.zh.md" in en
+
+
+IDENTIFIER = re.compile(r"zero-\d|q?lora")
+"""Strategy-name parts that are names of the thing itself and stay as they are."""
+
+
+def test_every_built_in_strategy_and_tier_has_a_label():
+    from vramplan import load_spec
+    from vramplan.i18n.terms import _GPUS, STRATEGY_PARTS, TIERS, strategy_label, tier_label
+    from vramplan.plan.compare import default_strategies
+    from vramplan.plan.tiers import TIERS as PLAN_TIERS
+    names = [s.name for s in default_strategies(load_spec({"model": "qwen2.5-0.5b", "seq_len": 512}))]
+    parts = {p for n in names for chunk in n.split(", ") for p in chunk.split(" + ")}
+    assert [p for p in parts if p not in STRATEGY_PARTS and not _GPUS.fullmatch(p) and not IDENTIFIER.fullmatch(p)] == []
+    assert [label for label, _ in PLAN_TIERS if label not in TIERS] == []
+    set_language("zh")
+    assert strategy_label("zero-2 + cpu offload + checkpointing") == "zero-2 + CPU 卸载 + 梯度检查点"
+    assert strategy_label("4 GPUs, zero-3 + checkpointing") == "4 张 GPU, zero-3 + 梯度检查点"
+    assert strategy_label("my own idea") == "my own idea" and tier_label("under 24 GB") == "24 GB 以下"
+
+
+@pytest.mark.parametrize("argv, zh_texts", [
+    (("compare", "qwen2.5-0.5b", "--gpu", "t4", "--seq-len", "2048", "--micro-batch-size", "8"),
+     ("各种策略", "策略", "基线", "梯度检查点", "放得下")),
+    (("fit", "qwen2.5-0.5b", "--gpu", "t4", "--seq-len", "1024", "--top-k", "2"), ("配置", "理由", "放得下的配置中最快的")),
+    (("check", "qwen2.5-1.5b", "--gpu", "t4", "--micro-batch-size", "8", "--seq-len", "2048"),
+     ("放不下", "可以试试", "梯度检查点")),
+])
+def test_plan_answers_in_chinese_have_the_same_numbers(capsys, wide, monkeypatch, argv, zh_texts):
+    import importlib
+    monkeypatch.setattr(importlib.import_module("vramplan.check"), "local_gpus", lambda: [])  # check against the catalog T4, not this machine
+    code_en, en, _ = run(capsys, *argv)
+    code_zh, zh, _ = run(capsys, "--lang", "zh", *argv)
+    assert code_en == code_zh and not CJK.search(en)
+    for text in zh_texts:
+        assert text in zh
+    # fit's title holds the search's wall time, which differs between any two runs
+    en, zh = (re.sub(r".*(settled with|种配置中已判定).*", "", t) for t in (en, zh))
+    assert Counter(NUMBER.findall(zh)) == Counter(NUMBER.findall(en)) and NUMBER.findall(en)

@@ -11,6 +11,7 @@ import sys
 
 from vramplan.i18n import _, tr
 from vramplan.i18n.errors import localize
+from vramplan.i18n.terms import strategy_label, tier_label
 from vramplan.spec import SpecError
 from vramplan.units import GB, GiB, MiB
 
@@ -86,9 +87,9 @@ def cmd_compare(args) -> int:
     table = []
     for r in rows:
         if r.estimate is None:
-            table.append([r.strategy.name, "-", "-", "-", "-", "-", "-", r.note])
+            table.append([strategy_label(r.strategy.name), "-", "-", "-", "-", "-", "-", r.note])
             continue
-        table.append([r.strategy.name, _gib(r.estimate.peak_allocated_bytes), _gib(r.estimate.device_bytes),
+        table.append([strategy_label(r.strategy.name), _gib(r.estimate.peak_allocated_bytes), _gib(r.estimate.device_bytes),
                       _gib(r.saving_bytes), f"{r.saving_pct:.1%}", _("yes") if r.fits else _("NO"),
                       "-" if r.relative_step_time is None else f"{r.relative_step_time:.2f}x",
                       f"{r.step.comm_bytes / GB:,.2f} GB"])
@@ -108,7 +109,8 @@ def _tiers(spec, args) -> int:
         return 0
     _table(_("which GPUs hold this job, and with what (least change first)"),
            [_("tier"), _("gpu"), "GiB", _("needs"), _("device GiB")],
-           [[r.tier, r.gpu, _gib(r.memory_bytes), _("does not fit") if r.best is None else r.best.strategy.name,
+           [[tier_label(r.tier), r.gpu, _gib(r.memory_bytes),
+             _("does not fit") if r.best is None else strategy_label(r.best.strategy.name),
              "-" if r.best is None else _gib(r.best.estimate.device_bytes)] for r in rows])
     return 0
 
@@ -187,7 +189,7 @@ def _render_fit(report, ev) -> None:
     rows = []
     for i, r in enumerate(report.results, 1):
         layout = short_layout(r.changes)
-        rows.append([str(i), layout, _gib(r.estimate.device_bytes), f"{r.step_time_s:.3f}", r.why[0]])
+        rows.append([str(i), layout, _gib(r.estimate.device_bytes), f"{r.step_time_s:.3f}", tr(r.why[0])])
     note = _(" (interrupted: best so far)") if report.interrupted else ""
     if rows:
         _table(_("{settled:,} of {total:,} layouts settled with {estimates} estimates in {seconds:.2f} s on "
@@ -200,7 +202,7 @@ def _render_fit(report, ev) -> None:
             total=report.candidates_total, gpu=ev.gpu.name, estimates=report.estimates_computed,
             seconds=report.elapsed_s, note=note))
     for i, r in enumerate(report.results, 1):
-        print(f"#{i}: " + "; ".join(tr(w) for w in r.why[1:]))
+        print(f"#{i}: " + _("; ").join(tr(w) for w in r.why[1:]))
     if not report.results:
         closest = report.closest
         if closest is not None:

@@ -79,3 +79,31 @@ def event_label(event: str) -> str:
     where = _("layer {n} backward") if m["pass"] == "backward" else _("layer {n} forward")
     where = where.format(n=m["n"])
     return f"{term_label(m['role'])} {where}" if m["role"] else where
+
+
+# compare's built-in strategy names (plan/compare.py) are composed of these parts, joined by
+# " + " and ", "; a user's own strategy names pass through unchanged.
+STRATEGY_PARTS = {
+    "baseline": N_("baseline"), "checkpointing": N_("checkpointing"),
+    "selective checkpointing": N_("selective checkpointing"), "cpu offload": N_("cpu offload"),
+    "8-bit optimizer": N_("8-bit optimizer"), "half sequence": N_("half sequence"),
+}
+_GPUS = re.compile(r"(?P<n>\d+) GPUs")
+TIERS = {"80 GB and up": N_("80 GB and up"), "40-80 GB": N_("40-80 GB"), "24-40 GB": N_("24-40 GB"),
+         "under 24 GB": N_("under 24 GB")}
+
+
+def _strategy_part(part: str) -> str:
+    if part in STRATEGY_PARTS:
+        return _(STRATEGY_PARTS[part])
+    m = _GPUS.fullmatch(part)
+    return _("{n} GPUs").format(n=m["n"]) if m else part
+
+
+def strategy_label(name: str) -> str:
+    """'zero-2 + cpu offload + checkpointing' with its known parts translated."""
+    return ", ".join(" + ".join(_strategy_part(p) for p in chunk.split(" + ")) for chunk in name.split(", "))
+
+
+def tier_label(tier: str) -> str:
+    return _(TIERS[tier]) if tier in TIERS else tier
