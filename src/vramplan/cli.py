@@ -8,7 +8,7 @@ import argparse
 import json
 import sys
 
-from vramplan.i18n import LANGUAGES, N_, _, language_for, set_language
+from vramplan.i18n import LANGUAGES, N_, _, language_for, set_language, tr
 from vramplan.i18n.errors import error_line
 from vramplan.spec import SpecError
 
@@ -111,7 +111,7 @@ def _imported(args, data: dict) -> dict:
     from vramplan.importers.report import merge
     overrides, lines = import_config_files(**files)
     for line in lines:
-        print(f"vramplan: {line}", file=sys.stderr)
+        print(f"vramplan: {tr(line)}", file=sys.stderr)
     return merge(data, overrides)
 
 
