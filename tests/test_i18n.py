@@ -154,6 +154,13 @@ ERRORS = [
     (["nosuchcommand"], "无效的选项", "'nosuchcommand'"),
     (["fit", "gpt2"], "规划需要指定 GPU", "--gpu"),
     (["compare", "gpt2", "--gpu", "t4", "--headroom", "lots"], "应为 2GiB", "'lots'"),
+    (["estimate"], "必填", "num_params"),
+    (["fit", "gpt2", "--gpu", "t4", "--vary", "nosuch"], "未知的搜索维度", "'nosuch'"),
+    (["estimate", "gpt2", "--num-gpus", "2", "--tp", "3"], "不能被 tp*pp*cp = 3 整除", "num_gpus"),
+    (["estimate", "gpt2", "--zero-stage", "5"], "必须是 0、1、2 或 3", "parallel.zero_stage"),
+    (["estimate", "gpt2", "--lora-dropout", "2", "--method", "lora"], "之间的数", "[0.0, 0.999]"),
+    (["estimate", "--spec", "/nonexistent/job.yaml"], "文件不存在", "/nonexistent/job.yaml"),
+    (["estimate", "/nonexistent/config.json"], "文件或文件夹不存在", "/nonexistent/config.json"),
 ]
 
 

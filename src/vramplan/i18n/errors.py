@@ -29,6 +29,12 @@ TEMPLATES = (
     N_("must be 0, 1, 2 or 3, got {value}"),
     N_("planning needs a GPU: pass --gpu (see `vramplan gpus`)"),
     N_("expected e.g. 2GiB, 1.5GB, 512MiB or 5%, got {text}"),
+    N_("required: a catalog name, a config.json path, a hub id, an inline HF config, or num_params"),
+    N_("unknown axis {name}"),
+    N_("{n} is not divisible by tp*pp*cp = {product}"),
+    # vramplan.files: spec and config files
+    N_("{path}: file not found"),
+    N_("{path}: not valid JSON/YAML ({detail})"),
     # vramplan.catalog: UnknownNameError
     N_("unknown model {name}"),
     N_("unknown GPU {name}"),
