@@ -42,17 +42,25 @@ def _fields(text: str) -> Counter:
     return Counter(name for _, name, _, _ in string.Formatter().parse(text) if name is not None)
 
 
+def _forms(text) -> tuple:
+    """A message's forms: (singular, plural) for ngettext, else the one string."""
+    return tuple(text) if isinstance(text, (tuple, list)) else (text,)
+
+
 def test_every_extracted_message_has_a_zh_translation():
     extracted = [m.id for m in babel_tools.extract() if m.id]
     assert len(extracted) > 150  # the extractor really saw the marked messages
+    assert any(isinstance(mid, tuple) for mid in extracted)  # ngettext's plural pairs too
     po = babel_tools.read_po("zh")
-    missing = [mid for mid in extracted if mid not in po or not po[mid].string or po[mid].fuzzy]
+    missing = [mid for mid in extracted
+               if mid not in po or not all(_forms(po[mid].string)) or po[mid].fuzzy
+               or _forms(po[mid].id) != _forms(mid)]
     assert missing == [], f"untranslated: run `python -m vramplan.i18n.babel_tools update`, translate, compile: {missing}"
 
 
 def test_translations_keep_every_placeholder():
     po = babel_tools.read_po("zh")
-    bad = [m.id for m in po if m.id and m.string and _fields(m.id) != _fields(m.string)]
+    bad = [m.id for m in po if m.id and any(_fields(_forms(m.id)[-1]) != _fields(form) for form in _forms(m.string))]
     assert bad == []
 
 
@@ -61,8 +69,9 @@ def test_committed_mo_holds_what_the_po_says():
     mo_path = babel_tools.po_path("zh").with_suffix(".mo")
     with open(mo_path, "rb") as fh:
         mo = gettext.GNUTranslations(fh)
-    entries = {m.id: m.string for m in po if m.id and m.string and not m.fuzzy}
-    stale = {k: v for k, v in entries.items() if mo.gettext(k) != v}
+    entries = {m.id: m.string for m in po if m.id and all(_forms(m.string)) and not m.fuzzy}
+    stale = {k: v for k, v in entries.items()
+             if _forms(mo.ngettext(k[0], k[1], 2) if isinstance(k, tuple) else mo.gettext(k)) != _forms(v)}
     assert stale == {}, "vramplan.mo is stale: run `python -m vramplan.i18n.babel_tools compile`"
     assert len(mo._catalog) - 1 == len(entries)  # nothing extra in the .mo (one slot is the header)
 

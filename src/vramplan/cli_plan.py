@@ -9,7 +9,7 @@ import json
 import re
 import sys
 
-from vramplan.i18n import _, tr
+from vramplan.i18n import _, ngettext, tr
 from vramplan.i18n.errors import localize
 from vramplan.i18n.terms import strategy_label, tier_label
 from vramplan.spec import SpecError
@@ -192,8 +192,10 @@ def _render_fit(report, ev) -> None:
         rows.append([str(i), layout, _gib(r.estimate.device_bytes), f"{r.step_time_s:.3f}", tr(r.why[0])])
     note = _(" (interrupted: best so far)") if report.interrupted else ""
     if rows:
-        _table(_("{settled:,} of {total:,} layouts settled with {estimates} estimates in {seconds:.2f} s on "
-                 "{gpu}{note}").format(settled=report.candidates_evaluated, total=report.candidates_total,
+        _table(ngettext("{settled:,} of {total:,} layouts settled with {estimates} estimate in {seconds:.2f} s "
+                        "on {gpu}{note}",
+                        "{settled:,} of {total:,} layouts settled with {estimates} estimates in {seconds:.2f} s "
+                        "on {gpu}{note}", report.estimates_computed).format(settled=report.candidates_evaluated, total=report.candidates_total,
                                        estimates=report.estimates_computed, seconds=report.elapsed_s,
                                        gpu=ev.gpu.name, note=note),
                ["#", _("layout"), _("device GiB"), _("s/step"), _("why")], rows)
