@@ -1,6 +1,7 @@
 """Chinese beside English: catalogs complete and compiled, --lang / LANG, same numbers."""
 from __future__ import annotations
 
+import copy
 import fnmatch
 import gettext
 import json
@@ -210,6 +211,9 @@ def test_msg_is_its_english_text():
     assert m == "8 GPUs with ZeRO-3" and json.dumps({"d": m}) == '{"d": "8 GPUs with ZeRO-3"}'
     back = pickle.loads(pickle.dumps(m))
     assert back == m and back.template == m.template and back.params == {"n": 8}
+    braces = Msg("{path}: file not found", path="/data/{run}.yaml")
+    joined = Msg.join("; ", [m, braces])
+    assert copy.deepcopy(braces) == braces and pickle.loads(pickle.dumps(joined)).joined == joined.joined
     set_language("zh")
     assert tr(m) == "8 张 GPU 并使用 ZeRO-3"
     assert tr(Msg.join("; ", [m, Msg("as given")])) == "8 张 GPU 并使用 ZeRO-3；按当前配置"

@@ -63,8 +63,18 @@ class Msg(str):
         out.joined = (sep, items)
         return out
 
-    def __getnewargs__(self):  # pickle/copy: rebuild from the English text, then __dict__
-        return (str(self),)
+    def __reduce__(self):  # pickle/copy: rebuild from the template and values
+        if hasattr(self, "joined"):
+            return (_rejoin, self.joined)
+        return (_rebuild, (self.template, self.params))
+
+
+def _rebuild(template: str, params: dict) -> Msg:
+    return Msg(template, **params)
+
+
+def _rejoin(sep: str, items) -> Msg:
+    return Msg.join(sep, items)
 
 
 def _catalog(lang: str) -> _gettext.NullTranslations:
