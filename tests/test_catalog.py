@@ -88,7 +88,7 @@ _VARIANTS = {
     "qwen2-moe-sparse-step": dict(model_type="qwen2_moe", num_experts=4, moe_intermediate_size=32,
                                   shared_expert_intermediate_size=48, decoder_sparse_step=2,
                                   mlp_only_layers=[0], **_SMALL),
-    "qwen3-moe": dict(model_type="qwen3_moe", num_experts=4, moe_intermediate_size=32, **_SMALL),
+    "qwen3-moe": dict(model_type="qwen3_moe", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, **_SMALL),
     "gpt2-n-inner-untied": dict(model_type="gpt2", n_embd=64, n_layer=2, n_head=4, vocab_size=1000,
                                 n_inner=100, tie_word_embeddings=False),
 }
@@ -103,7 +103,7 @@ def test_config_variants_match_transformers(name):
 def test_sequence_classification_head(model_type):
     config = dict(model_type=model_type, pad_token_id=0, **_SMALL)  # Phi-3's default pad id is 32000
     if model_type == "qwen3_moe":
-        config.update(num_experts=4, moe_intermediate_size=32)
+        config.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
     _assert_matches(config, num_labels=3)
     desc = model_from_hf_config(config, num_labels=3)
     assert desc.params[-1].name == "score.weight" and desc.num_labels == 3
@@ -209,8 +209,8 @@ def test_gpu_catalog():
         assert gpu.memory_bytes > 0 and gpu.memory_unit_note and gpu.memory_marketed
         assert gpu.fp16_tflops > 0 and gpu.fp32_tflops > 0 and gpu.memory_bandwidth_gbps > 0
         assert gpu.bf16_tflops is None or gpu.bf16_tflops > 0
-        assert gpu.vendor in ("nvidia", "amd") and gpu.name == gpu.name.lower()
-        assert gpu.interconnect in ("nvlink", "pcie", "infinity-fabric")
+        assert gpu.vendor in ("nvidia", "amd", "huawei") and gpu.name == gpu.name.lower()
+        assert gpu.interconnect in ("nvlink", "pcie", "infinity-fabric", "hccs")
         assert gpu.interconnect_gbps > 0 and gpu.sources
     assert catalog.find_gpu("a100-80gb").memory_bytes == 81920 * 2**20
     assert catalog.find_gpu("H100").name == "h100-80gb"

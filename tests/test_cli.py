@@ -81,7 +81,7 @@ def test_malformed_config_file(tmp_path, capsys):
 def test_unknown_hub_id_offline(capsys, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     code, _, err = run(capsys, "estimate", "someorg/not-a-model")
-    assert code == 2 and "offline" in err
+    assert code == 2 and "not in the catalog or the local Hugging Face cache" in err and "--online" in err
 
 
 def test_parallel_flags_and_deepspeed_import(tmp_path, capsys):
@@ -127,7 +127,11 @@ def test_measure_puts_the_estimate_beside_the_measurement(tmp_path, capsys):
 
 
 def test_pipeline_names_say_how_to_ask(capsys):
-    code, _, err = run(capsys, "estimate", "cogvideox-5b")
+    # a diffusion catalog name alone implies --task diffusion on the command line ...
+    code, out, _ = run(capsys, "estimate", "cogvideox-5b", "--json")
+    assert code == 0 and json.loads(out)["spec"]["task"] == "diffusion"
+    # ... and with another task named, the error says how to ask
+    code, _, err = run(capsys, "estimate", "cogvideox-5b", "--task", "sft")
     assert code == 2 and "--task diffusion" in err
     code, _, err = run(capsys, "estimate", "llava-1.5-7b")
     assert code == 2 and "vision" in err

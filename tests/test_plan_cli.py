@@ -32,7 +32,13 @@ def test_fit_headroom_is_respected(capsys):
     data = json.loads(out)
     for r in data["results"]:
         assert r["estimate"]["device_bytes"] <= data["limit_bytes"]
-    assert data["limit_bytes"] < json.loads(run(capsys, "fit", *JOB, "--json")[1])["limit_bytes"]
+    bare = json.loads(run(capsys, "fit", *JOB, "--json", "--headroom", "0")[1])
+    assert data["limit_bytes"] < bare["limit_bytes"] and bare["headroom_bytes"] == 0
+    # by default fit keeps the nvidia-smi upper bound (catalog/bounds.json) on the card
+    from vramplan.plan.fit import default_fit_headroom
+    default = json.loads(run(capsys, "fit", *JOB, "--json")[1])
+    assert default["headroom_bytes"] == default_fit_headroom(bare["limit_bytes"]) > 0
+    assert default["limit_bytes"] == bare["limit_bytes"] - default["headroom_bytes"]
 
 
 def test_compare_json_rows(capsys):

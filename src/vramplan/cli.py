@@ -1,15 +1,23 @@
 """The `vramplan` command: parse, call the API, render. No arithmetic here.
 
-User errors are one line on stderr and exit code 2; never a traceback.
+Exit status, the same for estimate, compare, fit and check: 0 the job fits (or no GPU
+was named to fit against), 1 it does not fit, 2 bad input (one line on stderr, never a
+traceback).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from vramplan.i18n import LANGUAGES, N_, _, language_for, set_language, tr
 from vramplan.i18n.errors import error_line
+from vramplan.cli_flags import (  # noqa: F401 (dashed, strategy_from_flags: public from here too)
+    _ATTN_IMPL, _DIFFUSION_FLAGS, _TRAINER_FLAGS, _bool_word, _diffusion, _flag_bool, _flag_names,
+    _trainer_flags, add_format_args, answer_format, cmd_completion, dashed, strategy_from_flags,
+)
+from vramplan.report.header import BATCH_HELP
 from vramplan.spec import SpecError
 
 _SPEC_FLAGS = {
@@ -22,15 +30,16 @@ _SPEC_FLAGS = {
     "optimizer_impl": (str, "foreach | fused | forloop"),
     "momentum": (float, N_("SGD momentum")),
     "weight_decay": (float, N_("optimizer weight decay (default: the optimizer's)")),
-    "micro_batch_size": (int, N_("rows per GPU per micro-step")),
-    "seq_len": (int, N_("tokens per row")),
+    "micro_batch_size": (int, BATCH_HELP),
+    "seq_len": (int, N_("tokens per row (ppo/grpo: the prompt)")),
     "grad_accum_steps": (int, N_("micro-steps per optimizer step")),
     "loss_impl": (str, "standard | chunked | fused-linear-cross-entropy"),
-    "gradient_checkpointing": (str, "none | full | selective"),
-    "attention": (str, "eager | sdpa | flash"),
+    "gradient_checkpointing": (lambda v: _bool_word(v, "full", "none"), "none | full | selective (true = full)"),
+    "attention": (lambda v: _ATTN_IMPL.get(v, v), "eager | sdpa | flash (flash_attention_2 = flash)"),
     "backend": (str, "cuda | cpu"),
     "gpu": (str, N_("GPU catalog name (see `vramplan gpus`)")),
     "num_gpus": (int, N_("GPUs in the job")),
+    "cuda_version": (str, N_("CUDA runtime, e.g. 12.4 (before 11.7 every kernel loads at start)")),
     "num_params": (str, N_("raw size instead of a model, e.g. 8e9 or 7B")),
     "reference_model": (str, N_("dpo/ipo/kto/ppo/grpo: reference model, or 'precomputed'")),
     "teacher": (str, N_("distill: the frozen teacher model")),
@@ -41,11 +50,12 @@ _SPEC_FLAGS = {
     "num_labels": (int, N_("sequence-classification: classes")),
     "num_layers": (int, N_("with --num-params: layer count")),
     "hidden_size": (int, N_("with --num-params: hidden size")),
+    "alloc_conf": (str, N_("PYTORCH_CUDA_ALLOC_CONF of the run, e.g. expandable_segments:True "
+                           "(default: the environment's)")),
 }
-
-
-def _flag_bool(value: str) -> bool:
-    return str(value).lower() in ("1", "true", "yes", "on")
+# Read at this edge only (the core never reads the environment); PyTorch 2.9 also reads
+# PYTORCH_ALLOC_CONF, the device-neutral name.
+_ALLOC_CONF_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
 
 
 _PARALLEL_FLAGS = (
@@ -60,6 +70,10 @@ _PARALLEL_FLAGS = (
     ("offload_optimizer", str, "none | cpu | nvme"),
     ("offload_params", str, "none | cpu | nvme"),
 )
+
+
+EXIT_STATUS_HELP = N_("exit status: 0 the job fits (or no --gpu was given), 1 it does not fit "
+                    "(fit: no layout fits; compare: the job as given), 2 bad input")
 
 
 class UsageError(Exception):
@@ -86,7 +100,14 @@ def _add_spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spec", help=_("job spec file (YAML or JSON); flags override it"))
     p.add_argument("--save-spec", help=_("write the resolved spec to this file"))
     for name, (typ, help_) in _SPEC_FLAGS.items():
-        p.add_argument("--" + name.replace("_", "-"), dest=name, type=typ, help=_(help_))
+        p.add_argument(*_flag_names(name), dest=name, type=typ, help=_(help_),
+                       metavar="N" if typ is int else name.upper())
+    for name, typ, help_ in _DIFFUSION_FLAGS:
+        p.add_argument("--" + name.replace("_", "-"), dest="diffusion_" + name, type=typ, help=_(help_),
+                       nargs="?" if typ is _flag_bool else None, const=True if typ is _flag_bool else None)
+    for name, typ, help_ in _TRAINER_FLAGS:
+        p.add_argument("--" + name.replace("_", "-"), dest="hf_" + name, type=typ, nargs="?",
+                       const=True if typ is _flag_bool else None, help=_(help_))
     p.add_argument("--lora-r", type=int, help=_("LoRA rank"))
     p.add_argument("--lora-alpha", type=float)
     p.add_argument("--lora-dropout", type=float)
@@ -99,6 +120,9 @@ def _add_spec_args(p: argparse.ArgumentParser) -> None:
                         ("recipe", N_("axolotl / LLaMA-Factory / torchtune recipe YAML"))):
         p.add_argument("--" + name.replace("_", "-"), dest="import_" + name, help=_(help_))
     p.add_argument("--trust-remote-code", action="store_true", default=None)
+    p.add_argument("--online", action="store_true", default=None,
+                   help=_("allow fetching a hub model's config.json that is not in the catalog or the "
+                          "local Hugging Face cache (also VRAMPLAN_ONLINE=1); offline otherwise"))
 
 
 def _imported(args, data: dict) -> dict:
@@ -121,33 +145,56 @@ def spec_from_args(args) -> "object":
     if args.spec:
         from vramplan.spec.job import _read_file
         data = _read_file(args.spec)
-    data = _imported(args, data)
-    parallel = dict(data.get("parallel") or {})
-    for name, _, _ in _PARALLEL_FLAGS:
-        value = getattr(args, "parallel_" + name, None)
-        if value is not None:
-            parallel[name] = value
-    if parallel:
-        data["parallel"] = parallel
-    if args.model:
-        data["model"] = args.model
-        data.pop("num_params", None)
-    for name in list(_SPEC_FLAGS) + ["packing", "trust_remote_code"]:
-        value = getattr(args, name, None)
-        if value is not None:
-            data[name] = value
-    lora = dict(data.get("lora") or {})
-    for key in ("r", "alpha", "dropout", "target_modules"):
-        value = getattr(args, f"lora_{key}", None)
-        if value is not None:
-            lora[key] = value.split(",") if key == "target_modules" and value != "all-linear" else value
-    if lora:
-        data["lora"] = lora
+    data = flags_to_data(args, _imported(args, data))
+    if data.get("alloc_conf") is None:  # the environment is read here, at the edge
+        env = next((os.environ[k] for k in _ALLOC_CONF_ENV if os.environ.get(k)), None)
+        if env:
+            data["alloc_conf"] = env
     spec = load_spec(data)
+    for note in vars(args).pop("pending_notes", []):
+        print(tr(note), file=sys.stderr)
     if args.save_spec:
         from vramplan.spec import save_spec
         save_spec(spec, args.save_spec)
     return spec
+
+
+def flags_to_data(args, data: dict, *, imply: bool = True) -> dict:
+    """The spec mapping `data` with every flag given on top (sections merged key by key).
+    `imply`: a diffusion flag or pipeline name sets the task and the pipeline's defaults."""
+    data = _trainer_flags(args, dict(data))
+    parallel = data.get("parallel") or {}
+    if isinstance(parallel, dict):  # else load_spec names the field
+        parallel = dict(parallel)
+        for name, _, _ in _PARALLEL_FLAGS:
+            value = getattr(args, "parallel_" + name, None)
+            if value is not None:
+                parallel[name] = value
+    if parallel:
+        data["parallel"] = parallel
+    if getattr(args, "model", None):
+        data["model"] = args.model
+        data.pop("num_params", None)
+    for name in list(_SPEC_FLAGS) + ["packing", "trust_remote_code", "online"]:
+        value = getattr(args, name, None)
+        if value is not None:
+            data[name] = value
+    if os.environ.get("VRAMPLAN_ONLINE") == "1":  # the environment is read here, at the edge
+        data["online"] = True
+    if imply:
+        data = _diffusion(args, data)
+    else:
+        section = {n: getattr(args, "diffusion_" + n) for n, _, _ in _DIFFUSION_FLAGS
+                   if getattr(args, "diffusion_" + n, None) is not None}
+        data = {**data, "diffusion": {**(data.get("diffusion") or {}), **section}} if section else data
+    lora = data.get("lora") or {}
+    for key in ("r", "alpha", "dropout", "target_modules"):
+        value = getattr(args, f"lora_{key}", None)
+        if value is not None and isinstance(lora, dict):  # else load_spec names the field
+            lora = {**lora, key: value.split(",") if key == "target_modules" and value != "all-linear" else value}
+    if lora:
+        data["lora"] = lora
+    return data
 
 
 def cmd_estimate(args) -> int:
@@ -156,31 +203,45 @@ def cmd_estimate(args) -> int:
     if args.plot:
         from vramplan.report.plots import plot_breakdown
         plot_breakdown(est, args.plot)
-    if args.json:
+    fmt = answer_format(args)
+    if fmt == "json":
         print(json.dumps(est.to_dict(), indent=2))
+    elif fmt in ("markdown", "csv"):
+        from vramplan.report.answers import estimate_table
+        print(estimate_table(est, depth=args.depth).render(fmt), end="")
     else:
+        from rich.console import Console
+        from rich.markup import escape
+
+        from vramplan.report.answers import parallel_lines
         from vramplan.report.text import render_estimate
-        render_estimate(est, depth=args.depth)
-    return 0
+        console = Console()
+        render_estimate(est, console=console, depth=args.depth)
+        for line in parallel_lines(est):
+            console.print(escape(tr(line)))
+    return fit_status(est.fits)
+
+
+def fit_status(fits: bool | None) -> int:
+    """The exit status of every answering command: 0 fits (or no GPU to fit against),
+    1 does not fit. Bad input is 2, from main()."""
+    return 1 if fits is False else 0
 
 
 def cmd_models(args) -> int:
-    from vramplan.catalog import list_models, model_desc
-    rows = []
-    for m in list_models():
-        desc = model_desc(m.name)
-        rows.append({"name": m.name, "hub_id": m.hub_id, "model_type": desc.model_type,
-                     "num_params": desc.num_params()})
+    from vramplan.cli_catalog import model_rows
+    rows = model_rows(args.kind, args.name)
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
     from rich.console import Console
     from rich.table import Table
-    table = Table(title=_("vramplan model catalog"))
-    for col in (N_("name"), N_("hub id"), N_("type"), N_("params")):
+    table = Table(title=_("vramplan model catalog (diffusion: all parts; the denoiser is trained)"))
+    for col in (N_("name"), N_("kind"), N_("hub id"), N_("type"), N_("params")):
         table.add_column(_(col), justify="right" if col == "params" else "left")
     for r in rows:
-        table.add_row(r["name"], r["hub_id"] or "", r["model_type"], f"{r['num_params'] / 1e9:,.3f} B")
+        trained = f" (denoiser {r['trained_params'] / 1e9:,.2f} B)" if "trained_params" in r else ""
+        table.add_row(r["name"], r["kind"], r["hub_id"] or "", r["type"], f"{r['num_params'] / 1e9:,.3f} B{trained}")
     Console().print(table)
     return 0
 
@@ -214,20 +275,24 @@ def cmd_measure(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="vramplan", description=_("Per-GPU peak memory of a training step, in named terms."))
+    parser = _Parser(prog="vramplan", description=_("Per-GPU peak memory of a training step, in named terms."),
+                     epilog=_(EXIT_STATUS_HELP))
     parser.add_argument("--version", action="version", version=f"vramplan {_version()}")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
     est = sub.add_parser("estimate", help=_("estimate one GPU's peak memory for a job"))
     _add_spec_args(est)
-    est.add_argument("--json", action="store_true", help=_("print the versioned JSON form"))
+    add_format_args(est)
     est.add_argument("--depth", type=int, default=2, help=_("group terms by this many key parts"))
     est.add_argument("--plot", help=_("write the breakdown as stacked bars (.png, .svg or interactive .html)"))
     est.set_defaults(func=cmd_estimate)
-    for name, fn, help_ in (("models", cmd_models, N_("the built-in model catalog")),
+    for name, fn, help_ in (("models", cmd_models, N_("the built-in catalog: language, vision-language, diffusion")),
                             ("gpus", cmd_gpus, N_("the built-in GPU catalog"))):
         p = sub.add_parser(name, help=_(help_))
         p.add_argument("--json", action="store_true")
         p.set_defaults(func=fn)
+        if name == "models":
+            p.add_argument("name", nargs="?", help=_("only names or hub ids containing this text"))
+            p.add_argument("--kind", choices=("llm", "vlm", "diffusion"), help=_("only this kind"))
     m = sub.add_parser("measure", help=_("run real training steps and record the true peak"))
     _add_spec_args(m)
     m.add_argument("--device", default=None, help=_("cpu or cuda (default: cuda if available)"))
@@ -236,6 +301,13 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--json", action="store_true")
     m.set_defaults(func=cmd_measure)
     __import__("vramplan.cli_plan").cli_plan.register(sub, _add_spec_args, spec_from_args)
+    comp = sub.add_parser("completion", help=_("print a shell completion script (shtab)"),
+                          description=_("eval \"$(vramplan completion bash)\", or for zsh write it to a file "
+                                        "named _vramplan on your $fpath"))
+    comp.add_argument("shell", choices=("bash", "zsh", "tcsh"))
+    comp.set_defaults(func=cmd_completion)
+    for name in ("estimate", "compare", "fit", "check"):
+        sub.choices[name].epilog = _(EXIT_STATUS_HELP)
     return parser
 
 
@@ -244,31 +316,47 @@ def _version() -> str:
     return __version__
 
 
+def _error(message: str) -> int:
+    """One line on stderr, exit 2 (bad input)."""
+    print(error_line(" ".join(str(message).split())), file=sys.stderr)
+    return 2
+
+
 def main(argv: list[str] | None = None) -> int:
     set_language(language_for(sys.argv[1:] if argv is None else argv))
     try:
-        args = build_parser().parse_args(argv)
+        return _main(argv)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except Exception as exc:  # a bug, not the user's input: still one line, no traceback
+        if os.environ.get("VRAMPLAN_DEBUG") == "1":
+            raise
+        print("vramplan: " + _("internal error: {kind}: {detail} (a bug; please report it with the command; "
+                               "VRAMPLAN_DEBUG=1 shows the traceback)").format(
+                  kind=type(exc).__name__, detail=" ".join(str(exc).split())), file=sys.stderr)
+        return 70
+
+
+def _main(argv: list[str] | None) -> int:
+    try:
+        args = build_parser().parse_args(dashed(sys.argv[1:] if argv is None else list(argv)))
         if not getattr(args, "func", None):
             build_parser().print_help()
             return 2
         return args.func(args)
     except UsageError as exc:
-        print(error_line(exc), file=sys.stderr)
-        return 2
-    except (SpecError, ValueError) as exc:  # SpecError, importer and catalog input errors
-        print(error_line(exc), file=sys.stderr)
-        return 2
-    except KeyError as exc:  # catalog lookups (UnknownNameError) carry their own message
-        print(error_line(str(exc).strip(chr(34) + chr(39))), file=sys.stderr)
-        return 2
-    except NotImplementedError as exc:
-        print(error_line(exc), file=sys.stderr)
-        return 2
+        return _error(exc)
+    except (SpecError, ValueError, KeyError, NotImplementedError, ArithmeticError) as exc:
+        # SpecError, importer and catalog input errors; KeyError's quotes dropped
+        from vramplan.spec.enums import as_spec_error
+        return _error(as_spec_error(exc) if isinstance(exc, KeyError) else exc)
+    except BrokenPipeError:
+        return 0
+    except OSError as exc:  # --plot / --save-spec to a missing folder, onto a folder, ...
+        return _error(f"{exc.filename or 'file'}: {exc.strerror or type(exc).__name__}")
     except ImportError as exc:
         print(error_line(f"{exc.name or exc} is not installed; pip install 'vramplan[measure]'"), file=sys.stderr)
         return 2
-    except BrokenPipeError:
-        return 0
 
 
 if __name__ == "__main__":

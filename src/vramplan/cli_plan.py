@@ -19,14 +19,16 @@ _SPEC_FROM_ARGS = None
 
 
 def parse_headroom(text: str | None, capacity_bytes: int) -> int:
-    """'0', '2GiB', '1.5GB', '512MiB', '5%' -> bytes."""
+    """'0', '2GiB', '1.5GB', '512MiB', '5%', a fraction '0.05', or bytes '2000000000' -> bytes."""
     if text is None or str(text).strip() in ("", "0"):
         return 0
     t = str(text).strip().replace(" ", "")
     m = re.fullmatch(r"([\d.]+)(%|GiB|GB|MiB|B)?", t, flags=re.IGNORECASE)
-    if not m:
-        raise SpecError("headroom", f"expected e.g. 2GiB, 1.5GB, 512MiB or 5%, got {text!r}")
+    if not m or m.group(1).count(".") > 1:
+        raise SpecError("headroom", f"expected e.g. 2GiB, 1.5GB, 512MiB, 5% or 0.05, got {text!r}")
     value, unit = float(m.group(1)), (m.group(2) or "B").lower()
+    if unit == "b" and m.group(2) is None and value < 1:
+        unit, value = "%", value * 100     # a bare number below 1 is a fraction of the GPU
     scale = {"%": capacity_bytes / 100, "gib": GiB, "gb": GB, "mib": MiB, "b": 1}[unit]
     return int(value * scale)
 
@@ -71,7 +73,7 @@ def cmd_compare(args) -> int:
         return _tiers(spec, args)
     strategies = None
     if args.strategy or args.strategies:
-        strategies = [Strategy.parse(s) for s in args.strategy or []]
+        strategies = [_strategy(s) for s in args.strategy or []]
         if args.strategies:
             strategies += _read_strategies(args.strategies)
         if args.with_defaults:
@@ -81,29 +83,49 @@ def cmd_compare(args) -> int:
     if args.plot:
         from vramplan.report.plots import plot_compare
         plot_compare(rows, args.plot, capacity_bytes=ev.gpu.memory_bytes)
-    if args.json:
+    status = 1 if rows[0].fits is False else 0  # the job as given, as `estimate` answers
+    fmt = _format(args)
+    if fmt == "json":
         print(json.dumps(compare_to_dict(rows), indent=2))
-        return 0
-    table = []
-    for r in rows:
-        if r.estimate is None:
-            table.append([strategy_label(r.strategy.name), "-", "-", "-", "-", "-", "-", r.note])
-            continue
-        table.append([strategy_label(r.strategy.name), _gib(r.estimate.peak_allocated_bytes), _gib(r.estimate.device_bytes),
-                      _gib(r.saving_bytes), f"{r.saving_pct:.1%}", _("yes") if r.fits else _("NO"),
-                      "-" if r.relative_step_time is None else f"{r.relative_step_time:.2f}x",
-                      f"{r.step.comm_bytes / GB:,.2f} GB"])
-    _table(_("{model} on {gpu} ({usable} GiB usable): strategies").format(
-               model=spec.model or _("model"), gpu=ev.gpu.name, usable=_gib(ev.limit_bytes)),
-           [_("strategy"), _("peak alloc GiB"), _("device GiB"), _("saves GiB"), _("saves %"), _("fits"),
-            _("step time"), _("comm/step")], table)
-    return 0
+        return status
+    from vramplan.report.answers import compare_table, parallel_lines
+    table = compare_table(rows, _("{model} on {gpu} ({usable} GiB usable): strategies").format(
+        model=spec.model or _("model"), gpu=ev.gpu.name, usable=_gib(ev.limit_bytes)))
+    if rows[0].estimate is not None:
+        table.notes += [_("as given: {line}").format(line=tr(line)) for line in parallel_lines(rows[0].estimate)]
+    _print(table, fmt)
+    return status
+
+
+def _format(args) -> str:
+    from vramplan.cli import answer_format
+    return answer_format(args)
+
+
+def _print(table, fmt: str) -> None:
+    text = table.render(fmt)
+    if text is None:
+        table.print_rich()
+    else:
+        print(text, end="")
+
+
+def _strategy(text: str):
+    """Flag words (`--zero-stage 3 --gradient-checkpointing full`) or `NAME key=value ...`."""
+    from vramplan.plan.compare import Strategy
+    if any(w.startswith("--") for w in text.split()):
+        from vramplan.cli import strategy_from_flags
+        return strategy_from_flags(text)
+    strategy = Strategy.parse(text)
+    if not strategy.changes:
+        raise SpecError("strategy", f"no change in {text!r}; e.g. \"--zero-stage 3 --gradient-checkpointing full\"")
+    return strategy
 
 
 def _tiers(spec, args) -> int:
     from vramplan.plan.tiers import gpu_tiers, tiers_summary
     rows = gpu_tiers(spec, headroom_bytes=0 if args.headroom is None else parse_headroom(args.headroom, 0))
-    if args.json:
+    if _format(args) == "json":
         print(json.dumps({"schema_version": 1, "gpus": [r.to_dict() for r in rows],
                           "tiers": tiers_summary(rows)}, indent=2))
         return 0
@@ -130,7 +152,7 @@ def _read_strategies(path: str):
     return [Strategy(name=str(i["name"]), changes=dict(i.get("changes") or {})) for i in items]
 
 
-def _evaluator(spec, args):
+def _evaluator(spec, args, default_headroom: bool = False):
     from vramplan.catalog import find_gpu
     from vramplan.plan.evaluate import Evaluator
     from vramplan.plan.steptime import DEFAULT_MFU
@@ -138,41 +160,68 @@ def _evaluator(spec, args):
     if not spec.gpu:
         raise SpecError("gpu", "planning needs a GPU: pass --gpu (see `vramplan gpus`)")
     gpu = find_gpu(spec.gpu)
-    return Evaluator(trained_desc(spec), gpu, headroom_bytes=parse_headroom(args.headroom, gpu.memory_bytes),
-                     mfu=args.mfu or DEFAULT_MFU)
+    if gpu.by_size:
+        raise SpecError("gpu", f"{args.command} ranks layouts by step time, which needs the GPU's "
+                               f"throughput: name a catalog GPU with {gpu.memory_marketed} (see `vramplan gpus`); "
+                               f"a size alone is enough for estimate and check")
+    if args.headroom is None and default_headroom:
+        from vramplan.plan.fit import default_fit_headroom
+        headroom = default_fit_headroom(gpu.memory_bytes)
+    else:
+        headroom = parse_headroom(args.headroom, gpu.memory_bytes)
+    return Evaluator(trained_desc(spec), gpu, headroom_bytes=headroom, mfu=args.mfu or DEFAULT_MFU)
 
 
 # ------------------------------------------------------------------ fit
-def _progress(done: int, total: int, found: int) -> None:
-    print("\r" + _("fit: {done:,}/{total:,} layouts, {found} fitting so far (Ctrl-C for the best so far)").format(
-        done=done, total=total, found=found),
-          end="", file=sys.stderr, flush=True)
-
-
 def cmd_fit(args) -> int:
     spec = _SPEC_FROM_ARGS(args)
-    ev = _evaluator(spec, args)
+    ev = _evaluator(spec, args, default_headroom=True)
     axes = _parse_vary(args.vary)
     if axes is not None and not args.only:
         from vramplan.plan.space import default_axes
         axes = {**default_axes(spec, ev.desc), **axes}
-    progress = _progress if sys.stderr.isatty() else None
     if args.maximize:
         return _fit_maximize(spec, ev, axes, args)
     if args.minimize:
         return _fit_minimize(spec, ev, axes, args)
+    from vramplan.cli_progress import SearchProgress, progress_wanted
     from vramplan.plan.fit import fit
-    report = fit(spec, evaluator=ev, axes=axes, top_k=args.top_k, progress=progress)
-    if progress:
-        print(file=sys.stderr)
+    if progress_wanted(args):
+        with SearchProgress() as progress:
+            report = fit(spec, evaluator=ev, axes=axes, top_k=args.top_k, progress=progress)
+    else:
+        report = fit(spec, evaluator=ev, axes=axes, top_k=args.top_k)
     if args.plot and report.results:
         from vramplan.report.plots import plot_breakdown
         plot_breakdown(report.results[0].estimate, args.plot)
-    if args.json:
+    fmt = _format(args)
+    if args.emit and report.results:
+        return _emit(report.results, args.emit)
+    if fmt == "json":
         print(json.dumps(report.to_dict(), indent=2))
         return 0 if report.results else 1
-    _render_fit(report, ev)
+    _render_fit(report, ev, fmt)
     return 0 if report.results else 1
+
+
+def _emit(results, what: str) -> int:
+    """The fastest layout the format can express, as a DeepSpeed JSON or a TrainingArguments
+    fragment on stdout; which one it is goes to stderr."""
+    from vramplan.report.emit import deepspeed_config, training_args
+    emit = deepspeed_config if what == "deepspeed" else training_args
+    why: list[str] = []
+    for i, r in enumerate(results, 1):
+        try:
+            out = emit(r.spec)
+        except SpecError as exc:
+            reason = str(exc).split(": ", 1)[-1]
+            why += [reason] if reason not in why else []
+            continue
+        print("vramplan: " + _("{what} for layout #{i} ({layout})").format(what=what, i=i, layout=short_layout(r.changes)),
+              file=sys.stderr)
+        print(json.dumps(out, indent=2))
+        return 0
+    raise SpecError("emit", f"none of the {len(results)} layouts has a {what} form: " + "; ".join(why))
 
 
 _SHORT = {"gradient_checkpointing": "ckpt", "parallel.zero_stage": "zero",
@@ -185,34 +234,29 @@ def short_layout(changes: dict) -> str:
     return " ".join(f"{_SHORT.get(k, k.split('.')[-1])}={v}" for k, v in changes.items())
 
 
-def _render_fit(report, ev) -> None:
-    rows = []
-    for i, r in enumerate(report.results, 1):
-        layout = short_layout(r.changes)
-        rows.append([str(i), layout, _gib(r.estimate.device_bytes), f"{r.step_time_s:.3f}", tr(r.why[0])])
+def _render_fit(report, ev, fmt: str = "table") -> None:
+    from vramplan.report.answers import fit_table
+    from vramplan.report.emit import command_line
+    if report.results:
+        table = fit_table(report, ev.gpu.name)
+        try:
+            table.notes.append(_("#1 as a command: ") + command_line(report.results[0].spec))
+        except SpecError as exc:
+            table.notes.append(f"#1: {localize(str(exc))}")
+        table.notes.append(_("--emit deepspeed | training-args prints #1 as a DeepSpeed JSON or TrainingArguments"))
+        _print(table, fmt)
+        return
     note = _(" (interrupted: best so far)") if report.interrupted else ""
-    if rows:
-        _table(ngettext("{settled:,} of {total:,} layouts settled with {estimates} estimate in {seconds:.2f} s "
-                        "on {gpu}{note}",
-                        "{settled:,} of {total:,} layouts settled with {estimates} estimates in {seconds:.2f} s "
-                        "on {gpu}{note}", report.estimates_computed).format(settled=report.candidates_evaluated, total=report.candidates_total,
-                                       estimates=report.estimates_computed, seconds=report.elapsed_s,
-                                       gpu=ev.gpu.name, note=note),
-               ["#", _("layout"), _("device GiB"), _("s/step"), _("why")], rows)
-    else:
-        print(_("none of {total:,} layouts fits on {gpu} ({estimates} estimates, {seconds:.2f} s){note}").format(
-            total=report.candidates_total, gpu=ev.gpu.name, estimates=report.estimates_computed,
-            seconds=report.elapsed_s, note=note))
-    for i, r in enumerate(report.results, 1):
-        print(f"#{i}: " + _("; ").join(tr(w) for w in r.why[1:]))
-    if not report.results:
-        closest = report.closest
-        if closest is not None:
-            short = closest.estimate.device_bytes - report.limit_bytes
-            print(_("the closest layout ({layout}) needs {gib:.2f} GiB more").format(
-                layout=short_layout(closest.changes), gib=short / GiB))
-        for s in report.suggestions:
-            print("  " + _("would fit: {suggestion}").format(suggestion=tr(s.message())))
+    print(_("none of {total:,} layouts fits on {gpu} ({estimates} estimates, {seconds:.2f} s){note}").format(
+        total=report.candidates_total, gpu=ev.gpu.name, estimates=report.estimates_computed,
+        seconds=report.elapsed_s, note=note))
+    closest = report.closest
+    if closest is not None:
+        short = closest.estimate.device_bytes - report.limit_bytes
+        print(_("the closest layout ({layout}) needs {gib:.2f} GiB more").format(
+            layout=short_layout(closest.changes), gib=short / GiB))
+    for s in report.suggestions:
+        print("  " + _("would fit: {suggestion}").format(suggestion=tr(s.message())))
 
 
 def _fit_maximize(spec, ev, axes, args) -> int:
@@ -221,7 +265,7 @@ def _fit_maximize(spec, ev, axes, args) -> int:
     if args.plot and solved.sweep:
         from vramplan.report.plots import plot_sweep
         plot_sweep(solved.sweep, args.plot, name=args.maximize, capacity_bytes=ev.limit_bytes)
-    if args.json:
+    if _format(args) == "json":
         print(json.dumps(solved.to_dict(), indent=2))
     elif solved.value is None:
         print(_("no layout fits even at {name}=1 on {gpu}").format(name=args.maximize, gpu=ev.gpu.name))
@@ -237,7 +281,7 @@ def _fit_maximize(spec, ev, axes, args) -> int:
 def _fit_minimize(spec, ev, axes, args) -> int:
     from vramplan.plan.solve import fewest_gpus
     n, report = fewest_gpus(spec, evaluator=ev, axes=axes, max_gpus=args.max_gpus)
-    if args.json:
+    if _format(args) == "json":
         print(json.dumps({"num_gpus": n, "fit": report.to_dict()}, indent=2))
     elif n is None:
         print(_("does not fit on {n} x {gpu} in any layout searched").format(n=args.max_gpus, gpu=ev.gpu.name))
@@ -272,7 +316,9 @@ def register(sub, add_spec_args, spec_from_args) -> None:
     _SPEC_FROM_ARGS = spec_from_args
     c = sub.add_parser("compare", help=_("memory-saving strategies side by side"))
     add_spec_args(c)
-    c.add_argument("--strategy", action="append", help=_("'NAME key=value ...' (repeatable)"))
+    c.add_argument("--strategy", action="append",
+                   help=_("the command line's own flags, e.g. \"zero3 --zero-stage 3 --gradient-checkpointing full\" "
+                          "(leading words name the row), or 'NAME key=value ...' (repeatable)"))
     c.add_argument("--strategies", help=_("YAML/JSON file: a list of {name, changes}"))
     c.add_argument("--with-defaults", action="store_true", help=_("keep the built-in strategies too"))
     c.add_argument("--tiers", action="store_true", help=_("every catalog GPU: the least change that fits"))
@@ -286,6 +332,8 @@ def register(sub, add_spec_args, spec_from_args) -> None:
     f.add_argument("--maximize", choices=("micro_batch_size", "seq_len"))
     f.add_argument("--minimize", choices=("num_gpus",))
     f.add_argument("--max-gpus", type=int, default=1024)
+    f.add_argument("--emit", choices=("deepspeed", "training-args"),
+                   help=_("print the best layout as a DeepSpeed JSON or a TrainingArguments fragment"))
     _common(f)
     f.set_defaults(func=cmd_fit)
     k = sub.add_parser("check", help=_("compare the estimate with a local GPU's free memory"))
@@ -297,7 +345,9 @@ def register(sub, add_spec_args, spec_from_args) -> None:
 
 
 def _common(p) -> None:
-    p.add_argument("--headroom", default=None, help=_("memory to keep free: 2GiB, 1.5GB, 5%%"))
+    p.add_argument("--headroom", default=None, help=_("memory to keep free: 2GiB, 1.5GB, 5%%, 0.05 "
+                                                  "(fit's default: what keeps the estimate's upper bound on the GPU; 0 for none)"))
     p.add_argument("--mfu", type=float, default=None, help=_("model FLOPs utilization (default 0.40)"))
     p.add_argument("--plot", help=_("write a picture: .png/.svg (matplotlib) or .html"))
-    p.add_argument("--json", action="store_true")
+    from vramplan.cli import add_format_args
+    add_format_args(p)

@@ -1,8 +1,9 @@
 """Where a model description comes from: catalog, config file, hub cache, inline, raw size.
 
 This is an edge module (it reads files and the Hugging Face cache); the estimator core only
-ever sees the resulting ModelDesc. Nothing here downloads unless the user allowed it
-(`VRAMPLAN_ALLOW_DOWNLOAD=1`), and nothing executes code from a model repository.
+ever sees the resulting ModelDesc. Nothing here touches the network unless the user asked
+(`online: true` in the spec; the CLI's --online or VRAMPLAN_ONLINE=1), and then only to
+fetch one config.json; nothing executes code from a model repository.
 """
 from __future__ import annotations
 
@@ -27,40 +28,46 @@ def _read_config_file(path: str) -> dict:
         path = os.path.join(path, "config.json")
         if not os.path.isfile(path):
             raise SpecError("model", f"folder has no config.json: {os.path.dirname(path)}")
+    from vramplan.files import FileReadError, read_mapping
     try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-    except json.JSONDecodeError as exc:
-        raise SpecError("model", f"{path} is not valid JSON (line {exc.lineno}: {exc.msg})") from None
-    except OSError as exc:
-        raise SpecError("model", f"cannot read {path}: {exc.strerror}") from None
-    if not isinstance(data, dict):
-        raise SpecError("model", f"{path} must hold a JSON object (a Hugging Face config)")
-    return data
+        return read_mapping(path, json_only=True)
+    except FileReadError as exc:
+        raise SpecError("model", str(exc)) from None
 
 
 def _looks_like_path(text: str) -> bool:
     return text.endswith(".json") or text.startswith((".", "/", "~")) or os.path.exists(text)
 
 
-def _from_hub(hub_id: str) -> dict:
-    """config.json of a hub repo from the local HF cache (downloads only when allowed)."""
+def _from_hub(hub_id: str, online: bool = False) -> dict:
+    """config.json of a hub repo: from the local Hugging Face cache (a file lookup, no
+    request), or from the hub only when the user asked (`online`)."""
     try:
-        from huggingface_hub import hf_hub_download
+        from huggingface_hub import hf_hub_download, try_to_load_from_cache
     except ImportError:
         raise SpecError("model", f"{hub_id!r} is not in the catalog and huggingface_hub is not "
                         "installed; pip install 'vramplan[hub]' or pass a config.json path") from None
-    allow = os.environ.get("VRAMPLAN_ALLOW_DOWNLOAD") == "1" and os.environ.get("HF_HUB_OFFLINE") != "1"
     try:
-        path = hf_hub_download(hub_id, "config.json", local_files_only=not allow)
+        cached = try_to_load_from_cache(hub_id, "config.json")
+    except Exception:  # an id the hub client rejects (bad characters): not cached
+        cached = None
+    if isinstance(cached, str):
+        return _read_config_file(cached)
+    if not online:
+        raise SpecError("model", f"{hub_id!r} is not in the catalog or the local Hugging Face cache; "
+                        "pass --online (or online: true in the spec) to fetch its config.json from "
+                        "the hub, or pass a local config.json path")
+    try:
+        path = hf_hub_download(hub_id, "config.json")
     except Exception as exc:  # the hub client raises many types; one line for the user
-        how = "" if allow else " (offline: set VRAMPLAN_ALLOW_DOWNLOAD=1 to fetch it, or pass a local config.json)"
-        raise SpecError("model", f"cannot get config.json for {hub_id!r}: {type(exc).__name__}{how}") from None
+        raise SpecError("model", f"cannot get config.json for {hub_id!r} from the hub: "
+                        f"{type(exc).__name__}; check the id, or pass a local config.json") from None
     return _read_config_file(path)
 
 
-def resolve_hf_config(model: Any) -> tuple[str, dict]:
-    """(display name, Hugging Face config dict) for a spec's `model` field."""
+def resolve_hf_config(model: Any, *, online: bool = False) -> tuple[str, dict]:
+    """(display name, Hugging Face config dict) for a spec's `model` field; a hub id outside
+    the catalog and the local cache is fetched only when `online`."""
     if isinstance(model, dict):
         if "model_type" not in model:
             raise SpecError("model.model_type", "an inline config needs model_type (e.g. 'llama')")
@@ -79,7 +86,7 @@ def resolve_hf_config(model: Any) -> tuple[str, dict]:
             raise SpecError("model", f"no such file or folder: {model}")
         return os.path.basename(os.path.normpath(path)), _read_config_file(path)
     if "/" in model:
-        return model, _from_hub(model)
+        return model, _from_hub(model, online)
     raise SpecError("model", _plain(unknown) + _pipeline_hint(model))
 
 
@@ -97,12 +104,53 @@ def _pipeline_hint(name: str) -> str:
     return ""
 
 
+_DESCS: dict[tuple, ModelDesc] = {}
+_DESCS_SIZE = 64
+
+
+def _desc_key(spec: JobSpec) -> tuple | None:
+    """What decides a spec's ModelDesc, or None when it cannot be keyed cheaply. A search
+    (fit, compare) and the public estimate() resolve the same model again and again; the
+    ModelDesc is frozen, so one instance serves them all and the per-model memos
+    (components/memo.py, trainable.param_set) keep hitting."""
+    labels = spec.num_labels if spec.task is Task.SEQUENCE_CLASSIFICATION else None
+    model = spec.model
+    if isinstance(model, str):
+        path = os.path.expanduser(model)
+        if _looks_like_path(model):
+            try:
+                st = os.stat(path if os.path.isfile(path) else os.path.join(path, "config.json"))
+            except OSError:
+                return None
+            return ("path", path, st.st_mtime_ns, st.st_size, labels)
+        return ("name", model, labels)
+    if isinstance(model, dict):
+        try:
+            return ("inline", json.dumps(model, sort_keys=True), labels)
+        except (TypeError, ValueError):
+            return None
+    return None
+
+
 def resolve_model(spec: JobSpec) -> ModelDesc:
-    """The ModelDesc the estimator reads for a spec."""
+    """The ModelDesc the estimator reads for a spec (memoized, see _desc_key)."""
+    key = _desc_key(spec)
+    hit = _DESCS.get(key) if key is not None else None
+    if hit is not None:
+        return hit
+    desc = _resolve_model(spec)
+    if key is not None:
+        if len(_DESCS) >= _DESCS_SIZE:
+            _DESCS.pop(next(iter(_DESCS)))
+        _DESCS[key] = desc
+    return desc
+
+
+def _resolve_model(spec: JobSpec) -> ModelDesc:
     if spec.model is None:
         from vramplan.rawsize import model_from_size
         return model_from_size(spec.num_params, num_layers=spec.num_layers, hidden_size=spec.hidden_size)
-    name, config = resolve_hf_config(spec.model)
+    name, config = resolve_hf_config(spec.model, online=spec.online)
     from vramplan.catalog.hf import model_from_hf_config
     labels = spec.num_labels if spec.task is Task.SEQUENCE_CLASSIFICATION else None
     try:

@@ -71,6 +71,11 @@ class StepPlan:
     grads_alive_in_forward: bool = False
     """Gradient accumulation: later micro-steps run forward with gradients allocated."""
     labels: list[str] = field(default_factory=list)
+    sharded_prefixes: tuple[str, ...] = ()
+    """Term prefixes already cut to one rank by the parallel layer (parallel.rank_plan):
+    ("",) for a whole plan, ("policy/",) once that plan is a job's policy section."""
+    parallel: object | None = None
+    """The parallel.ParallelReport of the rank this plan describes (None when trivial)."""
 
 
 def _sum(parts) -> Breakdown:

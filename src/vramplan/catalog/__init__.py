@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import functools
 import json
+import re
 from dataclasses import dataclass, field, replace
 from importlib import resources
 from typing import Any
@@ -17,10 +18,19 @@ from vramplan.model import ModelDesc
 
 
 class UnknownNameError(KeyError):
-    """A model or GPU name that is not in the catalog; the message suggests the nearest."""
+    """A model or GPU name that is not in the catalog; the message suggests the nearest.
+    `candidates` holds the suggested catalog names."""
+
+    def __init__(self, message: str, candidates: list[str] | tuple[str, ...] = ()):
+        super().__init__(message)
+        self.candidates = tuple(candidates)
 
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0]) if self.args else ""
+
+
+class AmbiguousNameError(UnknownNameError):
+    """A name that several catalog entries answer to (`A100`: the 40 GB and the 80 GB card)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,23 +58,25 @@ class GPU:
     """What the marketed figure means (GB = 10^9 bytes, or really GiB) and its source."""
     bf16_tflops: float | None
     """Dense tensor-core BF16 throughput (no sparsity); None where the GPU has no BF16."""
-    fp16_tflops: float
-    """Dense tensor-core FP16 throughput (no sparsity)."""
-    fp32_tflops: float
-    """Non-tensor FP32 (vector) throughput."""
-    memory_bandwidth_gbps: float
-    """Device memory bandwidth in GB/s (10^9 bytes per second)."""
+    fp16_tflops: float | None
+    """Dense tensor-core FP16 throughput (no sparsity); None for a GPU given only by size."""
+    fp32_tflops: float | None
+    """Non-tensor FP32 (vector) throughput; None for a GPU given only by size."""
+    memory_bandwidth_gbps: float | None
+    """Device memory bandwidth in GB/s (10^9 bytes per second); None for a GPU given by size."""
     interconnect: str
-    """`nvlink`, `pcie` or `infinity-fabric`: the fastest GPU-to-GPU link of this form factor."""
-    interconnect_gbps: float
+    """`nvlink`, `pcie`, `infinity-fabric` or `hccs`: the fastest GPU-to-GPU link of this form
+    factor (`unknown` for a GPU given by size)."""
+    interconnect_gbps: float | None
     """Per-GPU unidirectional GPU-to-GPU bandwidth of that link, GB/s."""
     aliases: tuple[str, ...] = ()
-    cuda_context_bytes_typical: int | None = None
-    """Device memory a CUDA/ROCm context takes before any tensor, where a cited figure exists."""
-    cuda_context_source: str = ""
-    """Where cuda_context_bytes_typical was measured."""
     notes: str = ""
     sources: tuple[str, ...] = field(default=())
+
+    @property
+    def by_size(self) -> bool:
+        """True for a GPU given only by its memory (`--gpu 64GB`): no throughput known."""
+        return self.fp16_tflops is None
 
 
 def _key(text: str) -> str:
@@ -77,18 +89,33 @@ def _loose(text: str) -> str:
 
 
 def _lookup(kind: str, index: dict[str, Any], query: str) -> Any:
+    """Exact (case-insensitive) name or alias, then the same letters and digits; anything
+    else asks: several entries that the query begins are listed, never guessed between."""
     hit = index.get(_key(query))
     if hit is not None:
         return hit
-    loose = {}
+    loose: dict[str, dict[int, Any]] = {}
     for key, value in index.items():
-        loose.setdefault(_loose(key), []).append(value)
-    same = {id(v): v for v in loose.get(_loose(query), [])}
+        loose.setdefault(_loose(key), {})[id(value)] = value
+    same = loose.get(_loose(query), {})
     if len(same) == 1:
         return next(iter(same.values()))
-    close = difflib.get_close_matches(_key(query), list(index), n=1, cutoff=0.6)
-    hint = f"; did you mean {close[0]!r}?" if close else ""
-    raise UnknownNameError(f"unknown {kind} {query!r}{hint}")
+    raise _not_found(kind, index, query, loose)
+
+
+def _not_found(kind: str, index: dict[str, Any], query: str, loose: dict) -> "UnknownNameError":
+    q = _loose(query)
+    starting = {}
+    for key, values in loose.items():
+        if q and key.startswith(q):
+            starting.update(values)
+    names = sorted({v.name for v in starting.values()})
+    if len(names) > 1:
+        return AmbiguousNameError(f"{kind} {query!r} is ambiguous: pass one of {', '.join(names)}", names)
+    close = names or difflib.get_close_matches(_key(query), list(index), n=3, cutoff=0.6)
+    close = list(dict.fromkeys(index[c].name if c in index else c for c in close))
+    hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+    return UnknownNameError(f"unknown {kind} {query!r}{hint}", close)
 
 
 # ---------------------------------------------------------------- models
@@ -160,9 +187,43 @@ def list_gpus() -> list[GPU]:
 
 
 def find_gpu(name: str) -> GPU:
-    """The catalog GPU whose name or alias matches (case-insensitive)."""
-    return _lookup("GPU", _gpu_index(), name)
+    """The catalog GPU whose name or alias matches (case-insensitive), or a GPU given by its
+    size (`64GB`, `80GiB`, `81559MiB`): see gpu_by_size."""
+    sized = gpu_by_size(name)
+    return sized if sized is not None else _lookup("GPU", _gpu_index(), name)
 
 
-__all__ = ["CatalogModel", "GPU", "UnknownNameError", "find_gpu", "find_model", "list_gpus",
+# The unit words a size may carry, exactly: GB/MB/TB are powers of ten (datasheets), GiB/MiB/
+# TiB powers of two (PyTorch, nvidia-smi's "MiB"). A bare "G" or number says neither.
+_SIZE_UNITS = {"gb": 10**9, "mb": 10**6, "tb": 10**12, "gib": 2**30, "mib": 2**20, "tib": 2**40}
+_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*", re.IGNORECASE)
+
+
+def gpu_by_size(text: str) -> GPU | None:
+    """A GPU known only by its total memory, from `64GB` (64 x 10^9 bytes) or `80GiB`
+    (80 x 2^30); None when `text` is no size. The total is taken as what the driver reports,
+    so the CUDA context and the allocator's reserve come out of it as for a catalog card."""
+    m = _SIZE.fullmatch(str(text))
+    if m is None:
+        return None
+    number, unit = m.group(1), m.group(2).lower()
+    if unit not in _SIZE_UNITS:
+        if unit and unit not in ("g", "gi", "m", "mi", "t", "ti"):
+            return None  # a name that starts with digits, e.g. "4090"
+        if not unit and len(number) >= 4 and "." not in number:
+            return None  # "4090", "3090": card numbers, not sizes
+        raise UnknownNameError(f"GPU size {text!r} needs a unit: {number}GB (10^9 bytes, as datasheets "
+                               f"count) or {number}GiB (2^30 bytes, as PyTorch counts)")
+    nbytes = int(float(number) * _SIZE_UNITS[unit])
+    if nbytes < 2**20:
+        raise UnknownNameError(f"GPU size {text!r} is too small to hold a training step")
+    label = f"{number}{m.group(2)}"
+    return GPU(name=label, vendor="unknown", memory_bytes=nbytes, memory_marketed=label,
+               memory_unit_note=f"given by size: {label} = {nbytes:,} bytes ({nbytes / 2**30:,.2f} GiB, "
+                                f"{nbytes / 1e9:,.2f} GB), taken as the total the driver reports",
+               bf16_tflops=None, fp16_tflops=None, fp32_tflops=None, memory_bandwidth_gbps=None,
+               interconnect="unknown", interconnect_gbps=None)
+
+
+__all__ = ["AmbiguousNameError", "CatalogModel", "GPU", "UnknownNameError", "find_gpu", "gpu_by_size", "find_model", "list_gpus",
            "list_models", "model_desc"]

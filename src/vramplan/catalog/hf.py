@@ -111,6 +111,14 @@ def model_from_hf_config(config: dict, name: str | None = None, *,
     model_type = config.get("model_type")
     if model_type is None:
         raise ValueError("config is missing required field 'model_type'")
+    if not isinstance(model_type, str):
+        raise ValueError(f"config field 'model_type' must be a string like 'llama', got {model_type!r}")
+    from vramplan.catalog.hf_check import check_config, check_desc
+    check_config(config)
+    return check_desc(_build(config, model_type, name, num_labels))
+
+
+def _build(config: dict, model_type: str, name: str | None, num_labels: int | None) -> ModelDesc:
     if "text_config" in config or model_type == "gemma3":
         return _from_text_config(config, model_type, name, num_labels)
     if model_type in _MORE:

@@ -74,6 +74,20 @@ def denoiser_tokens(pipe: dict, height: int, width: int, frames: int) -> dict[st
     return {"image": image, "text": text}
 
 
+def list_pipelines() -> list[dict]:
+    """Every diffusion/video pipeline of the catalog, once each, by name."""
+    return _unique("diffusion")
+
+
+def list_vlms() -> list[dict]:
+    """Every vision-language model of the catalog, once each, by name."""
+    return _unique("multimodal")
+
+
+def _unique(folder: str) -> list[dict]:
+    return sorted({e["name"]: e for e in _entries(folder).values()}.values(), key=lambda e: e["name"])
+
+
 def image_tokens(vlm: dict, image_size: int) -> int:
     """Visual tokens one image adds to the language model's sequence: (side / patch)^2
     patches, merged spatial_merge^2 to one (Qwen2-VL PatchMerger); LLaVA's 'default'
@@ -83,4 +97,5 @@ def image_tokens(vlm: dict, image_size: int) -> int:
     return side * side // (v.get("spatial_merge", 1) ** 2)
 
 
-__all__ = ["denoiser_tokens", "find_pipeline", "find_vlm", "image_tokens", "latent_shape"]
+__all__ = ["denoiser_tokens", "find_pipeline", "find_vlm", "image_tokens", "latent_shape", "list_pipelines",
+           "list_vlms"]

@@ -198,7 +198,17 @@ class Recorder:
         out = self.new(name, out_shape, dtype, rg)
         if out.requires_grad:
             b, a, s = q.shape[0], q.shape[1], q.shape[2]
+            if self.backend == "cuda" and dtype == "fp32":
+                # CUDA picks memory-efficient attention for fp32 (flash takes 16-bit only); its
+                # logsumexp is padded to kAlignLSE = 32 queries (aten/src/ATen/native/
+                # transformers/cuda/attention.cu, _efficient_attention_forward)
+                s = -(-s // 32) * 32
             self.save(q, k, v, out, self.new(f"{name}.lse", (b, a, s), lse_dtype, False))
+            if self.backend == "cuda" and dropout > 0 and dtype != "fp32":
+                # flash attention keeps its Philox seed and offset for backward's dropout mask
+                # as one 2 x int64 device tensor (flash_attn/flash_api.cpp mha_fwd, rng_state);
+                # memory-efficient attention's seed and offset are CPU scalars
+                self.save(self.new(f"{name}.rng_state", (2,), "int64", False))
         return out
 
     def _sdpa_math(self, q, k, v, out_shape, name, dropout, dtype, rg) -> Sym:

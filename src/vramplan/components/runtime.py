@@ -1,4 +1,5 @@
-"""Device-level terms: what CUDA and the caching allocator add beyond live tensors."""
+"""Device-level terms: what CUDA, cuBLAS, NCCL and the caching allocator add beyond live
+tensors. The figures and their sources are data (catalog/cuda_runtime.json)."""
 from __future__ import annotations
 
 from vramplan.units import MiB, round_up
@@ -9,20 +10,117 @@ from vramplan.units import MiB, round_up
 # served from segments rounded to 2 MiB (kRoundLarge), smaller ones from 2 MiB pools.
 LARGE_SEGMENT_ROUND = 2 * MiB
 
-# cuBLAS workspace, allocated through the caching allocator once per handle/stream
-# (aten/src/ATen/cuda/CublasHandlePool.cpp, getChosenWorkspaceSize): ":4096:2:16:8" =
-# 2 x 4 MiB + 8 x 16 KiB before Hopper, ":4096:8" = 8 x 4 MiB = 32 MiB on Hopper (sm90+).
-def cublas_workspace_bytes(gpu_name: str | None) -> int:
-    hopper = bool(gpu_name) and any(k in gpu_name.lower() for k in ("h100", "h200", "h800", "gh200", "b200", "b100"))
-    return 32 * MiB if hopper else 2 * 4 * MiB + 8 * 16 * 1024
+def _data() -> dict:
+    from vramplan.catalog.runtime import cuda_runtime
+    return cuda_runtime()
 
 
-# CUDA context: driver state plus PyTorch's kernels, outside the caching allocator, so it
-# shows in nvidia-smi but not in max_memory_reserved. Measured figures: 0.3-1.3 GiB depending
-# on GPU, driver and CUDA version (../shared/validation/README.md); transformers'
-# perf_train_gpu_one guide measured 1343 MiB on a V100 before CUDA lazy module loading.
-# With lazy loading (CUDA >= 11.7, PyTorch's default) about 500 MiB is typical.
-CUDA_CONTEXT_DEFAULT = 500 * MiB
+def _arch(gpu_name: str | None) -> str | None:
+    from vramplan.catalog.runtime import gpu_arch
+    return gpu_arch(gpu_name)
+
+
+def _by_arch(table: dict, arch: str | None) -> int:
+    """The figure for this architecture, else ROCm's for AMD (gfx*), else the default."""
+    if arch in table:
+        return table[arch]
+    if arch and arch.startswith("gfx") and "rocm" in table:
+        return table["rocm"]
+    return table["default"]
+
+
+# cuBLAS and cuBLASLt workspaces (aten/src/ATen/cuda/CublasHandlePool.cpp; sizes and
+# sources in catalog/cuda_runtime.json "cublas"): one pair per (handle, stream), taken from
+# the caching allocator (getNewWorkspace / getNewCUDABlasLtWorkspace), so they count in
+# max_memory_allocated. Handles are thread-local: forward runs on the Python thread,
+# backward on the autograd engine's device thread, hence two pairs in a training step.
+def cublas_workspace_bytes(gpu_name: str | None, training: bool = True) -> int:
+    """cuBLAS workspaces of every handle (parseChosenWorkspaceSize: 8 MiB + 128 KiB, 32 MiB
+    on sm90 and newer)."""
+    blas = _data()["cublas"]
+    handles = blas["handles"]["training" if training else "inference"]
+    return handles * _by_arch(blas["workspace_bytes"], _arch(gpu_name))
+
+
+def cublaslt_workspace_bytes(gpu_name: str | None, training: bool = True) -> int:
+    """cuBLASLt workspaces of every handle (parseCUDABlasLtWorkspaceSize: 1 MiB by default,
+    not unified with cuBLAS's unless TORCH_CUBLASLT_UNIFIED_WORKSPACE=1)."""
+    blas = _data()["cublas"]
+    handles = blas["handles"]["training" if training else "inference"]
+    return handles * _by_arch(blas["lt_workspace_bytes"], _arch(gpu_name))
+
+
+def blas_workspace_terms(gpu_name: str | None, training: bool = True) -> list[tuple[str, int]]:
+    """The named allocated terms: runtime/cublas_workspace and runtime/cublaslt_workspace."""
+    return [("runtime/cublas_workspace", cublas_workspace_bytes(gpu_name, training)),
+            ("runtime/cublaslt_workspace", cublaslt_workspace_bytes(gpu_name, training))]
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in text.split("."))
+
+
+def cuda_context_bytes(gpu_name: str | None, cuda_version: str | None = None) -> int:
+    """The CUDA context (driver state and loaded kernels), outside the caching allocator so
+    only in nvidia-smi. Published figures per architecture and module loading (lazy since
+    CUDA 11.7; catalog/cuda_runtime.json "cuda_context" with each source): the figure for
+    the GPU's architecture and the loading `cuda_version` implies; without a version the
+    newest published figure for the architecture; else the generic figure."""
+    ctx = _data()["cuda_context"]
+    arch = _arch(gpu_name)
+    loading = None
+    if cuda_version is not None:
+        loading = "lazy" if _version(cuda_version) >= _version(ctx["lazy_since_cuda"]) else "eager"
+    for entry in reversed(ctx["entries"]):  # newest last
+        if entry["arch"] == arch and loading in (None, entry["loading"]):
+            return entry["bytes"]
+    return ctx["generic"][loading or "lazy"]["bytes"]
+
+
+def nccl_bytes_per_peer() -> int:
+    """One connected peer on one channel: the Simple, LL and LL128 FIFO buffers as one cuMem
+    allocation rounded to its granularity, plus a send and a receive control block
+    (catalog/cuda_runtime.json "nccl": NCCL src/init.cc computeBuffSizes, NVIDIA/nccl#1685)."""
+    n = _data()["nccl"]
+    fifo = n["simple_bytes"] + n["ll_bytes"] + n["ll128_bytes"]
+    return round_up(fifo, n["granularity_bytes"]) + 2 * n["control_bytes"]
+
+
+def nccl_channels(interconnect: str | None) -> int:
+    channels = _data()["nccl"]["channels"]
+    return channels.get(interconnect or "nvlink", channels["nvlink"])
+
+
+def process_groups(num_gpus: int, *, dp: int, tp: int = 1, cp: int = 1, pp: int = 1, ep: int = 1,
+                   shard_group: int | None = None) -> list[tuple[str, int]]:
+    """(name, peers connected per channel) of every NCCL communicator one rank holds.
+    The default (world) group always (init_process_group; barriers and DDP/FSDP when it is
+    the only axis); one more per parallel axis whose group is neither a single rank nor the
+    world (DeviceMesh / Megatron parallel_state create one group per mesh dimension);
+    pipeline send/recv open a two-rank communicator per neighbouring stage
+    (ProcessGroupNCCL keys point-to-point communicators by the rank pair); expert
+    parallelism's all-to-all connects every peer of its group. Ring collectives connect one
+    peer in and one out per channel."""
+    if num_gpus <= 1:
+        return []
+    groups = [("world", 1)]
+    data = dp * cp
+    shard = data if shard_group is None else shard_group
+    axes = [("tp", tp), ("cp", cp), ("dp_shard" if shard < data else "dp", shard)]
+    if shard < data:
+        axes.append(("dp_replicate", data // shard))
+    groups += [(name, 1) for name, size in axes if 1 < size < num_gpus]
+    groups += [(f"pp_peer{i}", 1) for i in range(min(2, pp - 1))]
+    if ep > 1:
+        groups.append(("ep_all_to_all", ep - 1))
+    return groups
+
+
+def nccl_terms(groups: list[tuple[str, int]], interconnect: str | None) -> list[tuple[str, int]]:
+    """runtime/nccl/<group>: channels x connected peers x buffers per peer; outside the
+    caching allocator (NCCL allocates with cuMem), so in nvidia-smi only."""
+    per_peer = nccl_bytes_per_peer() * nccl_channels(interconnect)
+    return [(f"runtime/nccl/{name}", peers * per_peer) for name, peers in groups]
 
 
 # Activation blocks churn through the caching allocator (saved in forward, freed in

@@ -28,28 +28,50 @@ TEMPLATES = (
     N_("no such file or folder: {path}"),
     N_("must be 0, 1, 2 or 3, got {value}"),
     N_("planning needs a GPU: pass --gpu (see `vramplan gpus`)"),
-    N_("expected e.g. 2GiB, 1.5GB, 512MiB or 5%, got {text}"),
+    N_("expected e.g. 2GiB, 1.5GB, 512MiB, 5% or 0.05, got {text}"),
+    N_("expected one of {choices}; got {kind}"),
+    N_("is empty; choose one of {choices}"),
+    N_("expected true or false, got {value}; write true or false without quotes"),
+    N_("expected true or false, got {value}; write it without quotes"),
+    N_("expected true or false, got {value}"),
+    N_("expected a mapping of settings, got {value}"),
+    N_("must be 1 or 2, got {value}"),
+    N_("no change in {text}; e.g. {example}"),
+    N_("a strategy changes flags of the job, not its model or files: {text}"),
     N_("required: a catalog name, a config.json path, a hub id, an inline HF config, or num_params"),
     N_("unknown axis {name}"),
     N_("{n} is not divisible by tp*pp*cp = {product}"),
+    N_("{n} GPUs do not split into tp x pp x cp = {product}; use a multiple of {multiple}"),
+    N_("{what} are past {model}'s {limit} learned positions (max_position_embeddings); use seq_len <= {use}"),
     # vramplan.files: spec and config files
     N_("{path}: file not found"),
     N_("{path}: not valid JSON/YAML ({detail})"),
+    N_("{path}: not valid JSON ({detail})"),
+    N_("{path}: not valid YAML ({detail})"),
+    N_("{path}: is a folder; pass the YAML/JSON file inside it"),
+    N_("{path}: duplicate key {key}; keep one"),
+    N_("{path}: not UTF-8 text (byte {byte}); save it as UTF-8 YAML or JSON"),
+    N_("{path}: expected a mapping (key: value lines) at the top level, found {kind}"),
     # vramplan.catalog: UnknownNameError
     N_("unknown model {name}"),
     N_("unknown GPU {name}"),
+    N_("GPU {name} is ambiguous: pass one of {choices}"),
+    N_("GPU size {text} needs a unit: {gb} (10^9 bytes, as datasheets count) or {gib} (2^30 bytes, as PyTorch counts)"),
+    N_("GPU size {text} is too small to hold a training step"),
     # argparse's usage errors (Python 3.10-3.13 wording)
     N_("argument {arg}: invalid {kind} value: {value}"),
     N_("argument {arg}: invalid choice: {value} (choose from {choices})"),
     N_("unrecognized arguments: {args}"),
     N_("the following arguments are required: {args}"),
     N_("argument {arg}: expected one argument"),
+    N_("argument {arg}: expected true or false, got {value}"),
     # vramplan.check
     N_("no local GPU (NVML and torch.cuda found none); pass a catalog GPU (--gpu / gpu=) to check against its "
        "total memory"),
     N_("no GPU {index}: visible devices are {devices}"),
     # cli.main
     N_("{name} is not installed; pip install {extra}"),
+    N_("shell completion needs shtab: pip install {extra}"),
 )
 HINT = N_("did you mean {suggestion}?")
 

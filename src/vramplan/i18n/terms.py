@@ -37,10 +37,13 @@ TERM_PARTS = {
     "noise": N_("noise"), "noisy_latents": N_("noisy latents"), "pixels": N_("pixels"),
     "prompt_completion_ids": N_("prompt and completion ids"),
     "ref_per_token_logps": N_("reference per-token log-probs"), "rollout_scores": N_("rollout scores"),
-    "cublas_workspace": N_("cuBLAS workspace"), "gradient_buckets": N_("gradient buckets"),
+    "cublas_workspace": N_("cuBLAS workspace"), "cublaslt_workspace": N_("cuBLASLt workspace"), "gradient_buckets": N_("gradient buckets"),
     "gathered_params": N_("gathered parameters"), "ipg_bucket_flat_buffer": N_("gradient reduce bucket"),
     "p2p_buffers": N_("point-to-point buffers"), "grad_hidden": N_("hidden-state gradient"),
     "grad_mlp": N_("MLP gradient"), "product": N_("product"), "target_minus_input": N_("target minus input"),
+    # what nvidia-smi counts beyond the allocator (estimation.outside_allocator)
+    "cuda_context": N_("CUDA context"), "nccl": N_("NCCL communicators"), "managed": N_("managed memory"),
+    "optimizer_paged": N_("paged optimizer states"),
 }
 
 PHASES = {"forward": N_("forward"), "backward": N_("backward"), "optimizer": N_("optimizer step"),
@@ -87,8 +90,11 @@ STRATEGY_PARTS = {
     "baseline": N_("baseline"), "checkpointing": N_("checkpointing"),
     "selective checkpointing": N_("selective checkpointing"), "cpu offload": N_("cpu offload"),
     "8-bit optimizer": N_("8-bit optimizer"), "half sequence": N_("half sequence"),
+    "expandable segments": N_("expandable segments"),
 }
 _GPUS = re.compile(r"(?P<n>\d+) GPUs")
+_MAX_SPLIT = re.compile(r"max_split_size_mb (?P<mb>\d+)")
+"""compare's allocator row (plan/compare.py): the PYTORCH_CUDA_ALLOC_CONF option's own name stays."""
 TIERS = {"80 GB and up": N_("80 GB and up"), "40-80 GB": N_("40-80 GB"), "24-40 GB": N_("24-40 GB"),
          "under 24 GB": N_("under 24 GB")}
 
@@ -97,7 +103,10 @@ def _strategy_part(part: str) -> str:
     if part in STRATEGY_PARTS:
         return _(STRATEGY_PARTS[part])
     m = _GPUS.fullmatch(part)
-    return _("{n} GPUs").format(n=m["n"]) if m else part
+    if m:
+        return _("{n} GPUs").format(n=m["n"])
+    m = _MAX_SPLIT.fullmatch(part)
+    return _("max_split_size_mb {mb} (allocator block split limit)").format(mb=m["mb"]) if m else part
 
 
 def strategy_label(name: str) -> str:
@@ -107,3 +116,12 @@ def strategy_label(name: str) -> str:
 
 def tier_label(tier: str) -> str:
     return _(TIERS[tier]) if tier in TIERS else tier
+
+
+# the fit verdicts of vramplan.bounds.verdict (Estimate.verdict); JSON keeps the English word
+VERDICTS = {"fits": N_("fits"), "fits only at the low end": N_("fits only at the low end"),
+            "does not fit": N_("does not fit")}
+
+
+def verdict_label(verdict: str | None) -> str:
+    return _(VERDICTS[verdict]) if verdict in VERDICTS else str(verdict)

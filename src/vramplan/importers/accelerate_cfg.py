@@ -2,7 +2,7 @@
 cluster.py ClusterConfig fields) -> spec overrides."""
 from __future__ import annotations
 
-from vramplan.importers.report import ImportError_, ImportReport
+from vramplan.importers.report import ImportError_, ImportReport, need_bool, need_int, need_mapping
 
 _STRATEGIES = {"FULL_SHARD": "full-shard", "SHARD_GRAD_OP": "shard-grad-op", "HYBRID_SHARD": "hybrid-shard",
                "NO_SHARD": "no-shard", "HYBRID_SHARD_ZERO2": "hybrid-shard", "1": "full-shard",
@@ -14,43 +14,52 @@ _NO_MEMORY = {"compute_environment", "debug", "machine_rank", "main_training_fun
 
 def from_accelerate(cfg: dict, source: str = "accelerate-config") -> tuple[dict, ImportReport]:
     if not isinstance(cfg, dict):
-        raise ImportError_(f"{source}: expected a mapping")
+        raise ImportError_(source, "config", "expected a mapping at the top level")
     rep = ImportReport(source)
     out: dict = {}
     par: dict = {}
-    dist = str(cfg.get("distributed_type", "NO")).upper()
+    dist = cfg.get("distributed_type", "NO")
+    if not isinstance(dist, str):
+        raise ImportError_(source, "distributed_type", f"expected NO, MULTI_GPU, FSDP or DEEPSPEED, got {dist!r}")
+    dist = dist.upper()
     if "num_processes" in cfg:
-        n = cfg["num_processes"]
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ImportError_(f"{source}: num_processes must be a positive integer, got {n!r}")
-        out["num_gpus"] = n
+        out["num_gpus"] = need_int(rep, "num_processes", cfg["num_processes"])
         rep.use("num_processes", "num_gpus")
     if "mixed_precision" in cfg:
-        mp = str(cfg["mixed_precision"]).lower()
+        # accelerate writes 'no' quoted; unquoted YAML `no` reads as false.
+        raw = cfg["mixed_precision"]
+        mp = "no" if raw is False or raw is None else raw.lower() if isinstance(raw, str) else None
         if mp in ("bf16", "fp16"):
             out["precision"] = f"amp-{mp}"
         elif mp in ("no", "none"):
             out["precision"] = "fp32"
+        elif mp == "fp8":
+            rep.unresolved["mixed_precision"] = "fp8 is not modelled; pass --precision to choose one that is"
         else:
-            rep.unresolved["mixed_precision"] = f"{mp!r} (fp8) is not modelled"
+            raise ImportError_(source, "mixed_precision", f"expected no, fp16, bf16 or fp8, got {raw!r}")
         if "mixed_precision" not in rep.unresolved:
             rep.use("mixed_precision", "precision")
     if dist == "FSDP":
-        _fsdp(cfg.get("fsdp_config") or {}, par, rep)
+        _fsdp(need_mapping(rep, "fsdp_config", cfg.get("fsdp_config")), par, rep)
     elif dist == "DEEPSPEED":
-        ds = cfg.get("deepspeed_config") or {}
+        ds = need_mapping(rep, "deepspeed_config", cfg.get("deepspeed_config"))
         if "deepspeed_config_file" in ds:
             out["__deepspeed__"] = ds["deepspeed_config_file"]
             rep.use("deepspeed_config.deepspeed_config_file", "DeepSpeed config (imported separately)")
         if "zero_stage" in ds:
-            par["zero_stage"] = int(ds["zero_stage"])
+            par["zero_stage"] = need_int(rep, "deepspeed_config.zero_stage", ds["zero_stage"], minimum=0)
+            if par["zero_stage"] > 3:
+                raise ImportError_(source, "deepspeed_config.zero_stage", f"must be 0-3, got {par['zero_stage']}")
             rep.use("deepspeed_config.zero_stage", "parallel.zero_stage")
         for k, key in (("offload_optimizer_device", "offload_optimizer"), ("offload_param_device", "offload_params")):
             if ds.get(k) not in (None, "none"):
+                if ds[k] not in ("cpu", "nvme"):
+                    raise ImportError_(source, f"deepspeed_config.{k}", f"expected none, cpu or nvme, got {ds[k]!r}")
                 par[key] = ds[k]
                 rep.use(f"deepspeed_config.{k}", f"parallel.{key}")
         if "gradient_accumulation_steps" in ds:
-            out["grad_accum_steps"] = int(ds["gradient_accumulation_steps"])
+            out["grad_accum_steps"] = need_int(rep, "deepspeed_config.gradient_accumulation_steps",
+                                               ds["gradient_accumulation_steps"])
             rep.use("deepspeed_config.gradient_accumulation_steps", "grad_accum_steps")
     elif dist == "MULTI_GPU":
         rep.use("distributed_type", "data parallel (DDP)")
@@ -66,26 +75,32 @@ def from_accelerate(cfg: dict, source: str = "accelerate-config") -> tuple[dict,
 
 def _fsdp(fc: dict, par: dict, rep: ImportReport) -> None:
     version = fc.get("fsdp_version", 1)
+    if isinstance(version, bool) or str(version) not in ("1", "2"):
+        raise ImportError_(rep.source, "fsdp_config.fsdp_version", f"must be 1 or 2, got {version!r}")
     par["fsdp_version"] = int(version)
     rep.use("fsdp_config.fsdp_version", "parallel.fsdp_version")
     strategy = fc.get("fsdp_sharding_strategy")
     if version == 2 or str(version) == "2":
         # accelerate FSDP2: fsdp_reshard_after_forward true = full-shard, false = shard-grad-op.
         reshard = fc.get("fsdp_reshard_after_forward", True)
-        par["fsdp"] = "full-shard" if reshard in (True, "true", "FULL_SHARD") else "shard-grad-op"
+        if reshard not in (True, False, "FULL_SHARD", "SHARD_GRAD_OP"):
+            raise ImportError_(rep.source, "fsdp_config.fsdp_reshard_after_forward",
+                               f"expected true or false, got {reshard!r}")
+        par["fsdp"] = "full-shard" if reshard in (True, "FULL_SHARD") else "shard-grad-op"
         rep.use("fsdp_config.fsdp_reshard_after_forward", "parallel.fsdp")
     elif strategy is not None:
         mode = _STRATEGIES.get(str(strategy).upper())
         if mode is None:
-            raise ImportError_(f"{rep.source}: fsdp_config.fsdp_sharding_strategy: unknown {strategy!r}")
+            raise ImportError_(rep.source, "fsdp_config.fsdp_sharding_strategy",
+                               f"unknown {strategy!r}; use FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD or NO_SHARD")
         par["fsdp"] = mode
         rep.use("fsdp_config.fsdp_sharding_strategy", "parallel.fsdp")
     else:
         par["fsdp"] = "full-shard"
-    if fc.get("fsdp_offload_params") in (True, "true"):
+    if need_bool(rep, "fsdp_config.fsdp_offload_params", fc.get("fsdp_offload_params", False)):
         par["offload_params"] = "cpu"
         par["offload_optimizer"] = "cpu"
         rep.use("fsdp_config.fsdp_offload_params", "parallel.offload_params")
-    if fc.get("fsdp_activation_checkpointing") in (True, "true"):
+    if need_bool(rep, "fsdp_config.fsdp_activation_checkpointing", fc.get("fsdp_activation_checkpointing", False)):
         rep.use("fsdp_config.fsdp_activation_checkpointing", "gradient_checkpointing")
         par["__gc__"] = True

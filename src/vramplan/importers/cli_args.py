@@ -18,7 +18,7 @@ def read_config(path: str) -> dict:
     try:
         return read_mapping(path)
     except FileReadError as exc:
-        raise ImportError_(str(exc)) from None
+        raise ImportError_(str(exc), path) from None
 
 
 def import_config_files(deepspeed: str | None = None, training_args: str | None = None,

@@ -5,7 +5,7 @@ trainer_config_finalize); bucket sizes left "auto" are resolved from the model's
 size by vramplan.parallel.layout."""
 from __future__ import annotations
 
-from vramplan.importers.report import ImportError_, ImportReport, flatten
+from vramplan.importers.report import ImportError_, ImportReport, flatten, need_bool, need_int, need_mapping
 
 _ZERO_KNOBS = ("reduce_bucket_size", "allgather_bucket_size", "stage3_prefetch_bucket_size",
                "stage3_max_live_parameters", "stage3_param_persistence_threshold",
@@ -25,7 +25,7 @@ def from_deepspeed(cfg: dict, context: dict | None = None, source: str = "deepsp
     """`context` holds values already known (micro_batch_size, grad_accum_steps, precision
     from TrainingArguments) that "auto" fields take."""
     if not isinstance(cfg, dict):
-        raise ImportError_(f"{source}: expected a JSON object")
+        raise ImportError_(source, "config", "expected a JSON object at the top level")
     ctx = context or {}
     rep = ImportReport(source)
     out: dict = {}
@@ -34,25 +34,24 @@ def from_deepspeed(cfg: dict, context: dict | None = None, source: str = "deepsp
     flat = flatten(cfg)
     _auto(flat, "train_micro_batch_size_per_gpu", "micro_batch_size", ctx, out, rep)
     _auto(flat, "gradient_accumulation_steps", "grad_accum_steps", ctx, out, rep)
-    zero = cfg.get("zero_optimization") or {}
-    if not isinstance(zero, dict):
-        raise ImportError_(f"{source}: zero_optimization must be an object")
+    zero = need_mapping(rep, "zero_optimization", cfg.get("zero_optimization"))
     if "stage" in zero:
-        stage = zero["stage"]
-        if stage not in (0, 1, 2, 3):
-            raise ImportError_(f"{source}: zero_optimization.stage must be 0-3, got {stage!r}")
+        stage = need_int(rep, "zero_optimization.stage", zero["stage"], minimum=0)
+        if stage > 3:
+            raise ImportError_(source, "zero_optimization.stage", f"must be 0, 1, 2 or 3, got {stage!r}")
         par["zero_stage"] = stage
         rep.use("zero_optimization.stage", "parallel.zero_stage")
     for which, key in (("offload_optimizer", "offload_optimizer"), ("offload_param", "offload_params")):
-        dev = (zero.get(which) or {}).get("device") if isinstance(zero.get(which), dict) else None
-        if dev:
-            if dev not in ("cpu", "nvme", "none"):
-                raise ImportError_(f"{source}: zero_optimization.{which}.device must be cpu, nvme or none")
+        dev = need_mapping(rep, f"zero_optimization.{which}", zero.get(which)).get("device")
+        if dev is not None:
+            if not isinstance(dev, str) or dev not in ("cpu", "nvme", "none"):
+                raise ImportError_(source, f"zero_optimization.{which}.device",
+                                   f"expected cpu, nvme or none, got {dev!r}")
             par[key] = dev
             rep.use(f"zero_optimization.{which}.device", f"parallel.{key}")
     for knob in _ZERO_KNOBS:
         if knob in zero:
-            extras[knob] = zero[knob]
+            extras[knob] = _knob(rep, knob, zero[knob])
             rep.use(f"zero_optimization.{knob}", f"parallel.extras.{knob}")
     _precision(cfg, ctx, out, rep)
     if "activation_checkpointing" in cfg:
@@ -71,6 +70,19 @@ def from_deepspeed(cfg: dict, context: dict | None = None, source: str = "deepsp
     return out, rep
 
 
+def _knob(rep: ImportReport, knob: str, value):
+    """A ZeRO knob: a switch (overlap_comm, contiguous_gradients) or a size ("auto" allowed;
+    DeepSpeed also takes floats like 5e8 in JSON)."""
+    name = f"zero_optimization.{knob}"
+    if knob in ("overlap_comm", "contiguous_gradients"):
+        return need_bool(rep, name, value)
+    if value == "auto":
+        return value
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return need_int(rep, name, value, minimum=0)
+
+
 def _auto(flat: dict, name: str, key: str, ctx: dict, out: dict, rep: ImportReport) -> None:
     if name not in flat:
         return
@@ -83,7 +95,7 @@ def _auto(flat: dict, name: str, key: str, ctx: dict, out: dict, rep: ImportRepo
             rep.unresolved[name] = f'"auto" needs {key} from TrainingArguments or the command line'
         return
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ImportError_(f"{rep.source}: {name} must be a positive integer or \"auto\", got {value!r}")
+        raise ImportError_(rep.source, name, f'expected a positive integer or "auto", got {value!r}')
     out[key] = value
     rep.use(name, key)
 
@@ -91,9 +103,12 @@ def _auto(flat: dict, name: str, key: str, ctx: dict, out: dict, rep: ImportRepo
 def _precision(cfg: dict, ctx: dict, out: dict, rep: ImportReport) -> None:
     """DeepSpeed bf16/fp16 keep 16-bit weights and gradients with fp32 master weights and
     optimizer states in the ZeRO optimizer: vramplan's mixed-bf16 / mixed-fp16."""
+    both = [k for k in ("bf16", "fp16") if isinstance(cfg.get(k), dict) and cfg[k].get("enabled") is True]
+    if len(both) == 2:  # deepspeed/runtime/config.py: "bfloat16 and fp16 modes cannot be simultaneously enabled"
+        raise ImportError_(rep.source, "bf16.enabled", "bf16 and fp16 cannot both be enabled; keep one")
     for kind in ("bf16", "fp16"):
-        sec = cfg.get(kind)
-        if not isinstance(sec, dict) or "enabled" not in sec:
+        sec = need_mapping(rep, kind, cfg.get(kind)) if kind in cfg else {}
+        if "enabled" not in sec:
             continue
         enabled = sec["enabled"]
         if enabled == "auto":
@@ -106,4 +121,4 @@ def _precision(cfg: dict, ctx: dict, out: dict, rep: ImportReport) -> None:
             out["precision"] = f"mixed-{kind}"
             rep.use(f"{kind}.enabled", f"precision = mixed-{kind}")
         elif enabled is not False:
-            raise ImportError_(f"{rep.source}: {kind}.enabled must be true, false or \"auto\"")
+            raise ImportError_(rep.source, f"{kind}.enabled", f'expected true, false or "auto", got {enabled!r}')

@@ -2,7 +2,7 @@
 (field names of transformers/training_args.py TrainingArguments and trl SFTConfig)."""
 from __future__ import annotations
 
-from vramplan.importers.report import ImportError_, ImportReport
+from vramplan.importers.report import ImportError_, ImportReport, need_bool, need_int
 
 # transformers/training_args.py OptimizerNames -> vramplan optimizer (+ implementation).
 OPTIM = {
@@ -26,7 +26,7 @@ _NO_MEMORY = {"output_dir", "learning_rate", "lr_scheduler_type", "warmup_ratio"
 
 def from_training_args(cfg: dict, source: str = "training-args") -> tuple[dict, ImportReport]:
     if not isinstance(cfg, dict):
-        raise ImportError_(f"{source}: expected a mapping of TrainingArguments fields")
+        raise ImportError_(source, "config", "expected a mapping of TrainingArguments fields at the top level")
     rep = ImportReport(source)
     out: dict = {}
     for name, value in cfg.items():
@@ -37,13 +37,14 @@ def from_training_args(cfg: dict, source: str = "training-args") -> tuple[dict, 
             rep.ignored.append(name)
         else:
             rep.ignored.append(name)
+    if cfg.get("bf16") is True and cfg.get("fp16") is True:
+        # transformers TrainingArguments.__post_init__: at most one of fp16 and bf16.
+        raise ImportError_(source, "bf16", "bf16 and fp16 cannot both be true; keep one")
     return out, rep
 
 
 def _int(name, value, rep):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ImportError_(f"{rep.source}: {name} must be a positive integer, got {value!r}")
-    return value
+    return need_int(rep, name, value)
 
 
 def _batch(v, out, rep, name):
@@ -64,23 +65,23 @@ def _seq(v, out, rep, name):
 
 
 def _gc(v, out, rep, name):
-    out["gradient_checkpointing"] = "full" if v else "none"
+    out["gradient_checkpointing"] = "full" if need_bool(rep, name, v) else "none"
     rep.use(name, "gradient_checkpointing")
 
 
 def _bf16(v, out, rep, name):
     # Trainer with bf16=True runs fp32 weights under torch.autocast (accelerate
     # mixed_precision="bf16"), unless DeepSpeed's bf16 section takes over.
-    if v:
+    if need_bool(rep, name, v):
         out.setdefault("precision", "amp-" + name)
         rep.use(name, f"precision = amp-{name}")
 
 
 def _optim(v, out, rep, name):
-    key = str(v).lower()
+    key = v.lower() if isinstance(v, str) else None
     if key not in OPTIM:
-        rep.unresolved[name] = f"optimizer {v!r} is not modelled; known: {', '.join(sorted(OPTIM))}"
-        return
+        raise ImportError_(rep.source, name, f"optimizer {v!r} is not modelled; use one of "
+                           f"{', '.join(sorted(OPTIM))} (or pass --optimizer)")
     opt, impl = OPTIM[key]
     out["optimizer"] = opt
     if impl:
@@ -90,9 +91,19 @@ def _optim(v, out, rep, name):
 
 def _fsdp(v, out, rep, name):
     """TrainingArguments.fsdp: a string of options ("full_shard auto_wrap offload") or a list."""
-    opts = v.split() if isinstance(v, str) else list(v or [])
+    if isinstance(v, bool):  # TrainingArguments: True means full_shard, False nothing
+        v = "full_shard" if v else ""
+    if v is None:
+        v = ""
+    if not (isinstance(v, str) or (isinstance(v, list) and all(isinstance(o, str) for o in v))):
+        raise ImportError_(rep.source, name, f'expected options like "full_shard auto_wrap", got {v!r}')
+    opts = v.split() if isinstance(v, str) else list(v)
     modes = {"full_shard": "full-shard", "shard_grad_op": "shard-grad-op",
              "hybrid_shard": "hybrid-shard", "no_shard": "no-shard", "hybrid_shard_zero2": "hybrid-shard"}
+    unknown = [o for o in opts if o not in modes and o not in ("offload", "auto_wrap")]
+    if unknown:  # transformers.trainer_utils.FSDPOption
+        raise ImportError_(rep.source, name, f"unknown option {unknown[0]!r}; use "
+                           f"{', '.join(modes)}, offload, auto_wrap")
     par = out.setdefault("parallel", {})
     for o in opts:
         if o in modes:
@@ -107,7 +118,10 @@ def _fsdp(v, out, rep, name):
 
 
 def _fsdp_config(v, out, rep, name):
-    if isinstance(v, dict) and str(v.get("version", v.get("fsdp_version", ""))) == "2":
+    version = v.get("version", v.get("fsdp_version")) if isinstance(v, dict) else None
+    if version is not None and (isinstance(version, bool) or str(version) not in ("1", "2")):
+        raise ImportError_(rep.source, name + ".version", f"must be 1 or 2, got {version!r}")
+    if isinstance(v, dict) and str(version) == "2":
         out.setdefault("parallel", {})["fsdp_version"] = 2
         rep.use(name + ".version", "parallel.fsdp_version")
     elif isinstance(v, dict):
@@ -116,12 +130,14 @@ def _fsdp_config(v, out, rep, name):
 
 def _deepspeed(v, out, rep, name):
     """A path or an inline dict; the caller reads a path and passes it to from_deepspeed."""
+    if not isinstance(v, (str, dict)) or not v:
+        raise ImportError_(rep.source, name, f"expected a DeepSpeed JSON path or an inline mapping, got {v!r}")
     out["__deepspeed__"] = v
     rep.use(name, "DeepSpeed config (imported separately)")
 
 
 def _lora(v, out, rep, name):
-    if v:
+    if need_bool(rep, name, v):
         out["method"] = "lora"
         rep.use(name, "method = lora")
 

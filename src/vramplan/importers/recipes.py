@@ -4,24 +4,24 @@ torchtune's recipes/configs/*.yaml."""
 from __future__ import annotations
 
 from vramplan.importers.hf_args import OPTIM, from_training_args
-from vramplan.importers.report import ImportError_, ImportReport
+from vramplan.importers.report import ImportError_, ImportReport, need_int, need_mapping
 
 
-def detect(cfg: dict) -> str:
+def detect(cfg: dict, source: str = "recipe") -> str:
     if any(isinstance(v, dict) and "_component_" in v for v in cfg.values()):
         return "torchtune"
     if "finetuning_type" in cfg or "model_name_or_path" in cfg or "cutoff_len" in cfg:
         return "llama-factory"
     if "base_model" in cfg or "sequence_len" in cfg or "adapter" in cfg:
         return "axolotl"
-    raise ImportError_("recipe: not an axolotl, LLaMA-Factory or torchtune recipe "
+    raise ImportError_(source, "config", "not an axolotl, LLaMA-Factory or torchtune recipe "
                        "(no base_model / model_name_or_path / _component_ fields)")
 
 
 def from_recipe(cfg: dict, source: str = "recipe") -> tuple[dict, ImportReport]:
     if not isinstance(cfg, dict):
-        raise ImportError_(f"{source}: expected a mapping")
-    kind = detect(cfg)
+        raise ImportError_(source, "config", "expected a mapping at the top level")
+    kind = detect(cfg, source)
     return {"axolotl": _axolotl, "llama-factory": _llama_factory, "torchtune": _torchtune}[kind](cfg, f"{source} ({kind})")
 
 
@@ -31,8 +31,7 @@ def _common(cfg: dict, names: dict, rep: ImportReport, out: dict) -> None:
         if name in cfg and cfg[name] is not None:
             value = cfg[name]
             if key in ("micro_batch_size", "grad_accum_steps", "seq_len"):
-                if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                    raise ImportError_(f"{rep.source}: {name} must be a positive integer, got {value!r}")
+                need_int(rep, name, value)
             out[key] = value
             rep.use(name, key)
 
@@ -43,17 +42,18 @@ def _axolotl(cfg: dict, source: str) -> tuple[dict, ImportReport]:
     _common(cfg, {"base_model": "model", "micro_batch_size": "micro_batch_size",
                   "gradient_accumulation_steps": "grad_accum_steps", "sequence_len": "seq_len",
                   "sample_packing": "packing"}, rep, out)
-    if cfg.get("gradient_checkpointing"):
+    if _switch(rep, "gradient_checkpointing", cfg.get("gradient_checkpointing")):
         out["gradient_checkpointing"] = "full"
         rep.use("gradient_checkpointing", "gradient_checkpointing")
     for p in ("bf16", "fp16"):
-        if cfg.get(p) in (True, "auto"):
+        if cfg.get(p) == "auto" or _switch(rep, p, cfg.get(p)):
             out["precision"] = f"amp-{p}"
             rep.use(p, "precision")
     adapter = cfg.get("adapter")
     if adapter in ("lora", "qlora"):
         out["method"] = "qlora" if adapter == "qlora" or cfg.get("load_in_4bit") else "lora"
-        lora = {"r": cfg.get("lora_r", 8), "alpha": cfg.get("lora_alpha", 16), "dropout": cfg.get("lora_dropout", 0.0)}
+        lora = {"r": need_int(rep, "lora_r", cfg.get("lora_r", 8)), "alpha": cfg.get("lora_alpha", 16),
+                "dropout": cfg.get("lora_dropout", 0.0)}
         if cfg.get("lora_target_linear"):
             lora["target_modules"] = "all-linear"
         elif cfg.get("lora_target_modules"):
@@ -71,7 +71,8 @@ def _axolotl(cfg: dict, source: str) -> tuple[dict, ImportReport]:
         out["__deepspeed__"] = cfg["deepspeed"]
         rep.use("deepspeed", "DeepSpeed config (imported separately)")
     if cfg.get("fsdp"):
-        sub, _ = from_training_args({"fsdp": cfg["fsdp"], "fsdp_config": cfg.get("fsdp_config") or {}})
+        sub, _ = from_training_args({"fsdp": cfg["fsdp"], "fsdp_config": cfg.get("fsdp_config") or {}},
+                                    source=rep.source)
         out.setdefault("parallel", {}).update(sub.get("parallel", {}))
         rep.use("fsdp", "parallel.fsdp")
     _rest(cfg, rep)
@@ -86,10 +87,13 @@ def _llama_factory(cfg: dict, source: str) -> tuple[dict, ImportReport]:
                   "packing": "packing"}, rep, out)
     ft = cfg.get("finetuning_type", "lora")
     quant = cfg.get("quantization_bit")
+    if quant is not None and quant not in (4, 8) or isinstance(quant, bool):
+        raise ImportError_(rep.source, "quantization_bit", f"vramplan models 4 or 8, got {quant!r}")
     if ft == "lora":
         out["method"] = "qlora" if quant else "lora"
         target = cfg.get("lora_target", "all")
-        out["lora"] = {"r": cfg.get("lora_rank", 8), "alpha": cfg.get("lora_alpha") or 2 * cfg.get("lora_rank", 8),
+        rank = need_int(rep, "lora_rank", cfg.get("lora_rank", 8))
+        out["lora"] = {"r": rank, "alpha": cfg.get("lora_alpha") or 2 * rank,
                        "dropout": cfg.get("lora_dropout", 0.0),
                        "target_modules": "all-linear" if target == "all" else [t.strip() for t in str(target).split(",")]}
         if quant:
@@ -103,7 +107,7 @@ def _llama_factory(cfg: dict, source: str) -> tuple[dict, ImportReport]:
     else:
         rep.unresolved["finetuning_type"] = f"{ft!r}: freeze needs the trained layers; set freeze in the spec"
     for p in ("bf16", "fp16"):
-        if cfg.get(p):
+        if _switch(rep, p, cfg.get(p)):
             out["precision"] = f"amp-{p}"
             rep.use(p, "precision")
     if cfg.get("flash_attn") in ("fa2", "auto"):
@@ -122,7 +126,7 @@ def _torchtune(cfg: dict, source: str) -> tuple[dict, ImportReport]:
     rep = ImportReport(source)
     out: dict = {}
     _common(cfg, {"batch_size": "micro_batch_size", "gradient_accumulation_steps": "grad_accum_steps"}, rep, out)
-    model = cfg.get("model") or {}
+    model = need_mapping(rep, "model", cfg.get("model"))
     comp = str(model.get("_component_", ""))
     if comp:
         out["model"] = comp.rsplit(".", 1)[-1]
@@ -137,17 +141,17 @@ def _torchtune(cfg: dict, source: str) -> tuple[dict, ImportReport]:
             out["lora"] = {"r": model.get("lora_rank", 8), "alpha": model.get("lora_alpha", 16),
                            "dropout": model.get("lora_dropout", 0.0), "target_modules": targets}
             rep.use("model.lora_*", "lora")
-    seq = (cfg.get("tokenizer") or {}).get("max_seq_len")
+    seq = need_mapping(rep, "tokenizer", cfg.get("tokenizer")).get("max_seq_len")
     if seq:
         out["seq_len"] = seq
         rep.use("tokenizer.max_seq_len", "seq_len")
-    if cfg.get("enable_activation_checkpointing"):
+    if _switch(rep, "enable_activation_checkpointing", cfg.get("enable_activation_checkpointing")):
         out["gradient_checkpointing"] = "full"
         rep.use("enable_activation_checkpointing", "gradient_checkpointing")
     if cfg.get("dtype") in ("bf16", "fp32", "fp16"):
         out["precision"] = cfg["dtype"]
         rep.use("dtype", "precision (torchtune trains in pure dtype)")
-    opt = cfg.get("optimizer") or {}
+    opt = need_mapping(rep, "optimizer", cfg.get("optimizer"))
     comp = str(opt.get("_component_", "")).lower()
     if comp:
         name = comp.rsplit(".", 1)[-1]
@@ -160,12 +164,23 @@ def _torchtune(cfg: dict, source: str) -> tuple[dict, ImportReport]:
             rep.use("optimizer._component_", "optimizer")
         else:
             rep.unresolved["optimizer._component_"] = f"{comp!r} is not modelled"
-    loss = str((cfg.get("loss") or {}).get("_component_", ""))
+    loss = str(need_mapping(rep, "loss", cfg.get("loss")).get("_component_", ""))
     if "Chunked" in loss:
         out["loss_impl"] = "chunked"
         rep.use("loss._component_", "loss_impl = chunked")
     _rest(cfg, rep)
     return out, rep
+
+
+def _switch(rep: ImportReport, name: str, value) -> bool:
+    """A recipe switch: true/false (or absent); "false" written as a string is refused, since
+    it would read as on. Other strings are a recipe's named modes (axolotl's
+    gradient_checkpointing: unsloth) and mean on."""
+    if value is None or isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() not in ("true", "false", "yes", "no", "on", "off", ""):
+        return True
+    raise ImportError_(rep.source, name, f"expected true or false, got {value!r}; write it without quotes")
 
 
 def _optimizer(value, out: dict, rep: ImportReport, name: str) -> None:

@@ -4,10 +4,44 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from vramplan.i18n import Msg
+from vramplan.spec import SpecError
 
 
-class ImportError_(ValueError):
-    """A malformed config file; the message names the file and the field."""
+class ImportError_(SpecError):
+    """A malformed config file: `source: field: what is wrong and the fix`; `field` is the
+    config file's own key (e.g. `zero_optimization.stage`)."""
+
+    def __init__(self, source: str, field_name: str | None = None, message: str | None = None):
+        if message is None:  # one preformatted line naming the file
+            ValueError.__init__(self, source)
+            self.field = field_name or "config"
+            return
+        ValueError.__init__(self, f"{source}: {field_name}: {message}")
+        self.field = field_name
+
+
+def need_int(rep: "ImportReport", name: str, value, *, minimum: int = 1) -> int:
+    """A count from a config file: an int (not a bool, string or float)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ImportError_(rep.source, name, f"expected an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def need_bool(rep: "ImportReport", name: str, value) -> bool:
+    """A switch from a config file: true or false, not the string "false" (which is true)."""
+    if not isinstance(value, bool):
+        hint = "; write true or false without quotes" if isinstance(value, str) else ""
+        raise ImportError_(rep.source, name, f"expected true or false, got {value!r}{hint}")
+    return value
+
+
+def need_mapping(rep: "ImportReport", name: str, value) -> dict:
+    """A nested section: a mapping (missing or null is an empty one)."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ImportError_(rep.source, name, f"expected a mapping of settings, got {value!r}")
+    return value
 
 
 @dataclass(slots=True)

@@ -45,7 +45,12 @@ def estimate_job(spec: JobSpec, gpu=None):
     if spec.task is Task.DIFFUSION:  # the model is a pipeline (catalog or inline)
         from vramplan.jobs import diffusion
         return diffusion.diffusion_estimate(diffusion.resolve_pipeline(spec.model), spec, gpu)
-    return estimate_descs(resolve_models(spec), spec, gpu)
+    from vramplan.validity import check_job
+    descs = resolve_models(spec)
+    notes = check_job(descs["policy"], spec)  # SpecError for a job the libraries refuse
+    est = estimate_descs(descs, spec, gpu)
+    est.notes[:0] = notes
+    return est
 
 
 def estimate_descs(descs: dict[str, ModelDesc], spec: JobSpec, gpu=None):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from vramplan.breakdown import Breakdown
-from vramplan.components.runtime import cublas_workspace_bytes
+from vramplan.components.runtime import blas_workspace_terms
 from vramplan.model import ModelDesc
 from vramplan.spec import Backend, JobSpec
 from vramplan.timeline import Event, StepPlan, peak_event, walk
@@ -31,6 +31,24 @@ def _sum(parts) -> Breakdown:
     return out
 
 
+def merge_trained(plan: StepPlan, other: StepPlan, role: str) -> None:
+    """A second trained model (PPO's critic, a trained role of a models list) into `plan`.
+    Its graph is built first, so its backward runs after the policy's: one backward stage
+    holding all of its saved activations and gradients, before the policy's first."""
+    plan.static.merge(other.static)
+    plan.stage_acts.insert(0, _sum(other.stage_acts))
+    plan.grads_by_stage.insert(0, _sum(other.grads_by_stage))
+    plan.stage_backward_transient.insert(0, other.stage_backward_transient[-1])
+    plan.labels.insert(0, f"{role} backward")
+    if plan.stage_acts_at_peak is not None:
+        plan.stage_acts_at_peak.insert(0, plan.stage_acts[0])
+    if plan.stage_grads_at_peak is not None:
+        plan.stage_grads_at_peak.insert(0, plan.grads_by_stage[0])
+    plan.loss_saved.merge(other.loss_saved)
+    plan.optimizer_temporaries.merge(other.optimizer_temporaries)
+    plan.sharded_prefixes += other.sharded_prefixes
+
+
 def events_of(step: Step) -> list[Event]:
     plan = step.plan
     walked = walk(plan)
@@ -51,15 +69,20 @@ def phase_peaks(events: list[Event]) -> dict[str, int]:
     return out
 
 
-def finish(spec: JobSpec, desc: ModelDesc, step: Step, *, num_params: int, trainable_params: int,
-           gpu=None, notes: list[str] | None = None, floor: Breakdown | None = None):
+def finish(spec: JobSpec, desc: ModelDesc, step: Step, *, num_params: int | dict[str, int],
+           trainable_params: int, gpu=None, notes: list[str] | None = None, floor: Breakdown | None = None):
     """An Estimate from the step's events (same device-level terms as estimation.py).
+    `num_params`: the total, or the count per model keyed like the breakdown's sections
+    (`policy`, `reference`, ...), which the Estimate keeps as `models`.
     `floor`: memory held outside the allocator's live tensors (a colocated vLLM pool)."""
+    models = dict(num_params) if isinstance(num_params, dict) else {}
+    num_params = sum(models.values()) if models else num_params
     from vramplan.estimation import Estimate, device_levels
     from vramplan.jobs.sharding import shard_step
-    shard_step(step.plan, spec, desc)
+    par = shard_step(step, spec, desc, getattr(desc, "num_layers", None) or len(step.plan.stage_acts))
     if spec.backend is Backend.CUDA:
-        step.plan.static.add("runtime/cublas_workspace", cublas_workspace_bytes(gpu.name if gpu else None))
+        for key, value in blas_workspace_terms(gpu.name if gpu else None):
+            step.plan.static.add(key, value)
     if floor:
         step.plan.static.merge(floor)
     events = events_of(step)
@@ -72,4 +95,5 @@ def finish(spec: JobSpec, desc: ModelDesc, step: Step, *, num_params: int, train
     return Estimate(spec=spec, model=desc, num_params=num_params, trainable_params=trainable_params,
                     peak_allocated_bytes=peak, peak_phase=top.phase, peak_event=top.label,
                     phases=phases, components=components, reserved_bytes=reserved,
-                    device_bytes=device, events=events, gpu=gpu, notes=list(notes or []))
+                    device_bytes=device, events=events, gpu=gpu, models=models,
+                    notes=list(notes or []) + (par.notes if par else []), parallel=par)

@@ -229,8 +229,8 @@ def diffusion_estimate(pipe: dict, spec: JobSpec, gpu=None):
                     stage_backward_transient=transient, optimizer_temporaries=step_temporaries(spec, params),
                     labels=[f"denoiser stage {i} backward" for i in range(len(stages))])
     step = Step(plan)
-    total, notes = pipe["denoiser"]["num_params"], [f"latents {shape}; tokens {tokens}"]
-    total += _frozen_modules(pipe, spec, step, b, c, w, notes, n + m)
+    total, notes = {"denoiser": pipe["denoiser"]["num_params"]}, [f"latents {shape}; tokens {tokens}"]
+    total.update(_frozen_modules(pipe, spec, step, b, c, w, notes, n + m))
     return finish(spec, _desc_stub(pipe), step, num_params=total,
                   trainable_params=params.numel(trainable=True), gpu=gpu, notes=notes)
 
@@ -263,8 +263,8 @@ def _grads_by_stage(params: ParamSet, n_stages: int, spec: JobSpec) -> list[Brea
 
 def _frozen_modules(pipe, spec, step: Step, b, c, w, notes, tokens: int) -> int:
     """Text encoders, VAE and the frozen denoiser copy: weights (here, or only during their
-    forward when offloaded) and their no_grad forwards; returns their parameter count."""
-    cfg, total, off = spec.diffusion, 0, spec.diffusion.offload_frozen
+    forward when offloaded) and their no_grad forwards; returns their parameter counts by name."""
+    cfg, total, off = spec.diffusion, {}, spec.diffusion.offload_frozen
     modules = []
     if cfg.text_encoders != PRECOMPUTED:
         for enc in pipe["text_encoders"]:
@@ -280,7 +280,7 @@ def _frozen_modules(pipe, spec, step: Step, b, c, w, notes, tokens: int) -> int:
         copy = frozen_block_forward(pipe, b, tokens, c)
         modules.append(("frozen_denoiser", pipe["denoiser"]["num_params"], copy, "after"))
     for name, count, fwd, where in modules:
-        total += count
+        total[name] = count
         weights = Breakdown().add("weights/frozen", nbytes(count, w))
         if name == "frozen_denoiser" and "denoiser/buffers/pos_embedding" in step.plan.static.terms:
             weights.add("buffers/pos_embedding", step.plan.static.terms["denoiser/buffers/pos_embedding"])

@@ -56,5 +56,5 @@ def distill_estimate(descs: dict[str, ModelDesc], spec: JobSpec, gpu=None):
             .add("loss/product", tv32))
     step.after_forward.append(("forward", "distillation loss (student and teacher logits)", loss, True))
     step.plan.forward_end_transient = Breakdown()
-    return finish(spec, student, step, num_params=student.num_params() + teacher.num_params(),
+    return finish(spec, student, step, num_params={"student": student.num_params(), "teacher": teacher.num_params()},
                   trainable_params=trained.params.numel(trainable=True), gpu=gpu)

@@ -22,7 +22,7 @@ from vramplan.breakdown import Breakdown
 from vramplan.components.activations import plan_activations
 from vramplan.components.trainable import param_set
 from vramplan.i18n import Msg
-from vramplan.jobs.compose import Step, finish
+from vramplan.jobs.compose import Step, finish, merge_trained
 from vramplan.jobs.frozen import frozen_weights, no_grad_forward_peak
 from vramplan.jobs.trained import compute_dtype, prefixed, single_spec
 from vramplan.model import ModelDesc
@@ -33,28 +33,9 @@ from vramplan.units import nbytes
 
 def core_plan(desc: ModelDesc, one: JobSpec) -> tuple[StepPlan, int]:
     """The single-model plan of estimation.py (causal-LM loss) and its trainable count."""
-    from vramplan.estimation import _step_plan
+    from vramplan.step.build import rank_step
     params = param_set(desc, one)
-    return _step_plan(desc, one, params, plan_activations(desc, one, params)), params.numel(trainable=True)
-
-
-def _merge_trained(plan: StepPlan, other: StepPlan, role: str) -> None:
-    """`other` built first, so its backward runs after the policy's (rl._with_critic)."""
-    def total(parts):
-        out = Breakdown()
-        for p in parts:
-            out.merge(p)
-        return out
-    plan.static.merge(other.static)
-    plan.stage_acts.insert(0, total(other.stage_acts))
-    plan.grads_by_stage.insert(0, total(other.grads_by_stage))
-    plan.stage_backward_transient.insert(0, other.stage_backward_transient[-1])
-    plan.labels.insert(0, f"{role} backward")
-    for name in ("stage_acts_at_peak", "stage_grads_at_peak"):
-        if getattr(plan, name) is not None:
-            getattr(plan, name).insert(0, plan.stage_acts[0] if name == "stage_acts_at_peak" else plan.grads_by_stage[0])
-    plan.loss_saved.merge(other.loss_saved)
-    plan.optimizer_temporaries.merge(other.optimizer_temporaries)
+    return rank_step(desc, one, params, plan_activations(desc, one, params)), params.numel(trainable=True)
 
 
 def generic_estimate(descs: dict[str, ModelDesc], spec: JobSpec, gpu=None):
@@ -63,14 +44,14 @@ def generic_estimate(descs: dict[str, ModelDesc], spec: JobSpec, gpu=None):
     c = compute_dtype(spec)
     plan, trainable = core_plan(desc, single_spec(spec, b))
     step = Step(prefixed(plan, "policy"))
-    total, notes = desc.num_params(), []
+    total, notes = {"policy": desc.num_params()}, []
     for role in spec.models:
         if role.model == "precomputed":
             notes.append(Msg("{role}: precomputed, holds nothing", role=role.role))
             continue
         d = descs[role.role]
         precision = role.precision or spec.precision
-        total += d.num_params()
+        total[role.role] = d.num_params()
         if role.placement == "other-gpu":
             notes.append(Msg("{role}: on another GPU, not counted here", role=role.role))
             continue
@@ -81,7 +62,7 @@ def generic_estimate(descs: dict[str, ModelDesc], spec: JobSpec, gpu=None):
             one = single_spec(spec, b, precision=precision, method=Method(role.method),
                               lora=spec.lora if role.method == "lora" else None)
             other, n_train = core_plan(d, one)
-            _merge_trained(step.plan, prefixed(other, role.role), role.role)
+            merge_trained(step.plan, prefixed(other, role.role), role.role)
             trainable += n_train
             continue
         weights = frozen_weights(d, precision.weight_dtype)

@@ -37,7 +37,7 @@ def preference_estimate(descs: dict[str, ModelDesc], spec: JobSpec, gpu=None):
     trained = trained_plan(desc, spec, rows, logps_loss(rows, s, v, h, c))
     step = Step(prefixed(trained.plan, "policy"))
     step.plan.static.merge(_batch(rows, s))
-    notes, total = [], desc.num_params()
+    notes, total = [], {"policy": desc.num_params()}
     ref = spec.reference_model
     if spec.task in (Task.ORPO, Task.SIMPO):
         pass
@@ -50,7 +50,7 @@ def preference_estimate(descs: dict[str, ModelDesc], spec: JobSpec, gpu=None):
             notes.append(Msg("reference: the LoRA policy with its adapter disabled (no second model)"))
         else:
             step.plan.static.merge(frozen_weights(ref_desc, spec.precision.weight_dtype), prefix="reference/")
-            total += ref_desc.num_params()
+            total["reference"] = ref_desc.num_params()
         peak = no_grad_forward_peak(ref_desc, rows, s, c, logps_head(rows, s, ref_desc.vocab_size, c))
         label = "reference forward (no_grad log-probs)"
         if spec.task is Task.KTO:

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from vramplan.breakdown import Breakdown
 from vramplan.i18n import Msg
-from vramplan.jobs.compose import Step, finish
+from vramplan.jobs.compose import Step, finish, merge_trained
 from vramplan.jobs.frozen import frozen_weights, layer_working_set, no_grad_forward_peak
 from vramplan.jobs.trained import (
     LossTerms, compute_dtype, prefixed, score_loss, trained_plan,
@@ -135,23 +135,6 @@ def _one_label(model) -> ModelDesc:
     return _desc(model, 1)
 
 
-def _with_critic(plan: StepPlan, critic: StepPlan) -> StepPlan:
-    """PPO: the critic's graph is built first, so its backward runs after the policy's."""
-    def total(parts):
-        out = Breakdown()
-        for p in parts:
-            out.merge(p)
-        return out
-    plan.static.merge(critic.static)
-    plan.stage_acts.insert(0, total(critic.stage_acts))
-    plan.grads_by_stage.insert(0, total(critic.grads_by_stage))
-    plan.stage_backward_transient.insert(0, critic.stage_backward_transient[-1])
-    plan.labels.insert(0, "critic backward")
-    plan.loss_saved.merge(critic.loss_saved)
-    plan.optimizer_temporaries.merge(critic.optimizer_temporaries)
-    return plan
-
-
 def rl_estimate(descs: dict[str, ModelDesc], spec: JobSpec, gpu=None):
     desc = descs["policy"]
     ppo = spec.task is Task.PPO
@@ -167,14 +150,14 @@ def rl_estimate(descs: dict[str, ModelDesc], spec: JobSpec, gpu=None):
     trained = trained_plan(desc, spec, rows, completion_logps_loss(rows, new, v, c, total_len if ppo else None),
                            seq_len=total_len)
     plan = prefixed(trained.plan, actor)
-    total, trainable = desc.num_params(), trained.params.numel(trainable=True)
+    total, trainable = {actor: desc.num_params()}, trained.params.numel(trainable=True)
     if ppo:
         # No critic_model: TRL's value model is AutoModelForSequenceClassification with
         # num_labels=1 from the policy's checkpoint (a backbone plus `score`, no LM head).
         critic_desc = descs.get("critic") or _one_label(spec.model)
         critic = trained_plan(critic_desc, spec, rows, score_loss(rows, total_len, critic_desc.hidden_size, c),
                               seq_len=total_len)
-        plan = _with_critic(plan, prefixed(critic.plan, "critic"))
+        merge_trained(plan, prefixed(critic.plan, "critic"), "critic")
         # trl ppo_trainer.py: the training forward's `output` (and `logits`, its view) are
         # deleted only after `optimizer.step(); optimizer.zero_grad()` and the no_grad stats:
         # the policy's full (rows, S, v) logits are alive at the optimizer step.
@@ -183,7 +166,7 @@ def rl_estimate(descs: dict[str, ModelDesc], spec: JobSpec, gpu=None):
         # ... and through every layer's backward (the loss backward counts them as saved).
         for extra in plan.stage_backward_transient:
             extra.merge(kept)
-        total += critic_desc.num_params()
+        total["critic"] = critic_desc.num_params()
         trainable += critic.params.numel(trainable=True)
     step = Step(plan)
     # What _generate_and_score_completions hands the loss: prompt + completion ids and their
@@ -229,7 +212,7 @@ def rl_estimate(descs: dict[str, ModelDesc], spec: JobSpec, gpu=None):
         ref_desc = desc if shares_base else descs.get("reference", desc)
         if not shares_base:
             step.plan.static.merge(frozen_weights(ref_desc, spec.precision.weight_dtype), prefix="reference/")
-            total += ref_desc.num_params()
+            total["reference"] = ref_desc.num_params()
         head = completion_logps_head(rows, new, ref_desc.vocab_size, c)
         peak = no_grad_forward_peak(ref_desc, rows, total_len, c, head)
         step.before.append(("forward", "reference forward (no_grad log-probs)",
@@ -237,7 +220,7 @@ def rl_estimate(descs: dict[str, ModelDesc], spec: JobSpec, gpu=None):
     if "reward" in descs:
         rm = descs["reward"]
         step.plan.static.merge(frozen_weights(rm, spec.precision.weight_dtype), prefix="reward/")
-        total += rm.num_params()
+        total["reward"] = rm.num_params()
         scores = Breakdown().add("head/scores", nbytes(rows * total_len, c))
         step.before.append(("forward", "reward model forward (no_grad)",
                             Breakdown().merge(no_grad_forward_peak(rm, rows, total_len, c, scores), prefix="reward/")))

@@ -82,13 +82,13 @@ class Trained:
 def trained_plan(desc: ModelDesc, spec: JobSpec, rows: int, loss: LossTerms, seq_len: int | None = None) -> Trained:
     """The core's step plan for the trained model with `loss` in place of causal-LM
     cross-entropy; the batch is left to the job (it is shared by its models)."""
-    from vramplan.estimation import _step_plan
+    from vramplan.step.build import rank_step
     one = single_spec(spec, rows, seq_len)
     params = param_set(desc, one)
     acts: ActivationPlan = plan_activations(desc, one, params)
     acts.loss_saved, acts.forward_end_transient = loss.saved, loss.forward_end
     acts.loss_backward_transient, acts.head_backward_transient = loss.backward_start, loss.head_backward
-    plan = _step_plan(desc, one, params, acts)
+    plan = rank_step(desc, one, params, acts)
     plan.static.terms.pop("batch/input_ids", None)
     return Trained(desc, one, params, plan)
 
@@ -97,11 +97,15 @@ def prefixed(plan: StepPlan, prefix: str) -> StepPlan:
     """Every term of the plan under `prefix/` (the per-model section of the breakdown)."""
     p = prefix + "/"
     re = lambda b: Breakdown().merge(b, prefix=p)  # noqa: E731
-    return StepPlan(static=re(plan.static), grads_by_stage=[re(g) for g in plan.grads_by_stage],
-                    stage_acts=[re(a) for a in plan.stage_acts], loss_saved=re(plan.loss_saved),
+    each = lambda bs: None if bs is None else [re(b) for b in bs]  # noqa: E731
+    return StepPlan(static=re(plan.static), grads_by_stage=each(plan.grads_by_stage),
+                    stage_acts=each(plan.stage_acts), loss_saved=re(plan.loss_saved),
                     forward_end_transient=re(plan.forward_end_transient),
                     loss_backward_transient=re(plan.loss_backward_transient),
-                    stage_backward_transient=[re(t) for t in plan.stage_backward_transient],
+                    stage_backward_transient=each(plan.stage_backward_transient),
                     optimizer_temporaries=re(plan.optimizer_temporaries),
+                    stage_acts_at_peak=each(plan.stage_acts_at_peak),
+                    stage_grads_at_peak=each(plan.stage_grads_at_peak),
                     grads_alive_in_forward=plan.grads_alive_in_forward,
-                    labels=[f"{prefix} {label}" for label in plan.labels])
+                    labels=[f"{prefix} {label}" for label in plan.labels],
+                    sharded_prefixes=tuple(p + x for x in plan.sharded_prefixes), parallel=plan.parallel)

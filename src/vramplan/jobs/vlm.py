@@ -153,7 +153,7 @@ def frozen_tower_transient(vis: VisionDesc, n: int, t: int, c: str) -> Breakdown
 
 
 def vlm_estimate(vis: VisionDesc, lm: ModelDesc, spec: JobSpec, gpu=None):
-    from vramplan.estimation import _step_plan
+    from vramplan.step.build import rank_step
     cfg = spec.vision
     b, m = spec.micro_batch_size, cfg.num_images
     side = vis.image_size or cfg.image_size
@@ -172,7 +172,7 @@ def vlm_estimate(vis: VisionDesc, lm: ModelDesc, spec: JobSpec, gpu=None):
     acts = plan_activations(lm, one, act_params)
     if embed_frozen:
         acts.stages[0].saved = [x for x in acts.stages[0].saved if x[0] != "input_ids"]
-    plan = prefixed(_step_plan(lm, one, params, acts), "language_model")
+    plan = prefixed(rank_step(lm, one, params, acts), "language_model")
     extra = _extra_stages(vis, spec, held, n, side, b, S) if train_tower else \
         [_extra_stages(vis, spec, held, n, side, b, S)[-1]]
     _prepend(plan, extra)

@@ -96,18 +96,24 @@ def measure_main(args) -> dict:
     trace = bool(getattr(args, "trace", False))
     out: dict = {"schema": SCHEMA, "device": device, "job": spec.to_dict(),
                  "measured": None, "estimated": None, "error": None, "failure": None}
-    try:
-        result = measure(spec, device="cpu" if fake else device, fake=fake, trace=trace)
-    except (ValueError, NotImplementedError, RuntimeError) as exc:
-        out["failure"] = {"stage": "measure", "type": type(exc).__name__, "message": str(exc)}
-        result = None
+    from vramplan.cli_progress import stages
+    show = sys.stderr.isatty() and not getattr(args, "json", False)
+    with stages(show, [f"measure: building the model and running training steps ({device})",
+                       "estimate: the same job"]) as step:
+        step(f"measure: building the model and running training steps ({device})")
+        try:
+            result = measure(spec, device="cpu" if fake else device, fake=fake, trace=trace)
+        except (ValueError, NotImplementedError, RuntimeError) as exc:
+            out["failure"] = {"stage": "measure", "type": type(exc).__name__, "message": str(exc)}
+            result = None
+        step("estimate: the same job")
+        est, est_failure = _estimated(spec)
     if result is not None:
         measured = result.to_dict()
         out["device"] = measured.pop("device")
         out["measured"] = measured
         if trace and result.trace is not None:
             out["trace"] = {name: result.trace.raw(name) for name in result.trace.names()}
-    est, est_failure = _estimated(spec)
     out["estimated"] = est.to_dict() if est is not None else None
     out["failure"] = out["failure"] or est_failure
     if est is not None and out["measured"]:

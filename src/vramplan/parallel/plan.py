@@ -63,6 +63,7 @@ def rank_plan(desc: ModelDesc, spec: JobSpec, params: ParamSet, plan: StepPlan) 
     comm = volumes(desc, spec, lay, w, g, len(layers), moe)
     host = _host(spec, lay, sets)
     report = ParallelReport(lay, worst, peaks, comm, host, notes=host_notes(lay, host.total()))
+    best_plan.sharded_prefixes, best_plan.parallel = ("",), report
     return best_plan, report
 
 

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from vramplan.estimation import Estimate
 from vramplan.plan.evaluate import Evaluator, apply_changes
 from vramplan.plan.steptime import StepTime
-from vramplan.spec import JobSpec, Method, SpecError
+from vramplan.spec import Backend, JobSpec, Method, SpecError
+from vramplan.spec.alloc_conf import parse_alloc_conf
 
 COMPARE_SCHEMA_VERSION = 1
 
@@ -47,11 +48,12 @@ def _scalar(text: str):
 
 
 def default_strategies(spec: JobSpec) -> list[Strategy]:
-    """The strategies users ask about, from the least to the most change to the job."""
+    """The strategies users ask about, from the least to the most change to the job; each
+    row changes the job as given (a setting the job already has, or has stronger, is kept,
+    and a row that would then repeat the baseline or an earlier row is left out)."""
     ckpt = {"gradient_checkpointing": "full"}
     more = spec.num_gpus * 2
-    out = [
-        Strategy("baseline"),
+    candidates = [
         Strategy("selective checkpointing", {"gradient_checkpointing": "selective"}),
         Strategy("checkpointing", ckpt),
         Strategy("zero-1 + checkpointing", {**ckpt, "parallel.zero_stage": 1}),
@@ -68,9 +70,73 @@ def default_strategies(spec: JobSpec) -> list[Strategy]:
         Strategy(f"{more} GPUs, zero-3 + checkpointing",
                  {**ckpt, "num_gpus": more, "parallel.zero_stage": 3}),
     ]
-    if spec.method is not Method.FULL:
-        out = [s for s in out if s.changes.get("method") != spec.method.value]
+    if spec.parallel.fsdp != "none":  # ZeRO rows would fight the job's FSDP: shard with FSDP
+        candidates = [Strategy(c.name, {k: v for k, v in c.changes.items() if k != "parallel.zero_stage"})
+                      for c in candidates]
+    out, seen = [Strategy("baseline")], set()
+    for cand in candidates:
+        effective = {k: v for k, v in cand.changes.items() if _saves_more(k, v, _current(spec, k))}
+        key = frozenset(effective.items())
+        if not effective or key in seen:
+            continue
+        seen.add(key)
+        # The row's name still describes it when what was left out the job already has;
+        # where the job has a setting stronger, the name says what the row really changes.
+        as_named = all(_current(spec, k) == v for k, v in cand.changes.items() if k not in effective)
+        name = cand.name if as_named else " + ".join(f"{k.split('.')[-1]}={v}" for k, v in effective.items())
+        out.append(Strategy(name, effective))
+    if spec.backend is Backend.CUDA and not parse_alloc_conf(spec.alloc_conf).expandable_segments:
+        out.append(Strategy("expandable segments", {"alloc_conf": with_alloc_option(spec.alloc_conf, "expandable_segments:True")}))
     return out
+
+
+# Orders in which a setting holds less memory (a row only moves a setting up its order).
+# Optimizer: state bytes per parameter (AdamW 2 fp32 moments = 8; Lion, SGD one = 4;
+# bitsandbytes 8-bit AdamW 2 one-byte moments = 2; Adafactor factored second moment ~ 0).
+_ORDERS = {"gradient_checkpointing": {"none": 0, "selective": 1, "full": 2},
+           "parallel.zero_stage": {0: 0, 1: 1, 2: 2, 3: 3},
+           "parallel.offload_optimizer": {"none": 0, "cpu": 1, "nvme": 2},
+           "method": {"full": 0, "freeze": 1, "lora": 1, "qlora": 2},
+           "optimizer": {"adamw": 0, "adam": 0, "paged-adamw-32bit": 0, "lion": 1, "sgd": 1,
+                         "adamw-8bit": 2, "paged-adamw-8bit": 2, "adafactor": 3}}
+
+
+def _current(spec: JobSpec, key: str):
+    head, _, rest = key.partition(".")
+    value = getattr(getattr(spec, head), rest) if rest else getattr(spec, head)
+    return getattr(value, "value", value)
+
+
+def _saves_more(key: str, new, old) -> bool:
+    order = _ORDERS.get(key)
+    if order is None or new not in order or old not in order:
+        return new != old
+    return order[new] > order[old]
+
+
+# PyTorch's documented remedy for fragmentation (docs/source/notes/cuda.rst, "Optimizing
+# memory usage with PYTORCH_CUDA_ALLOC_CONF": max_split_size_mb), offered when the allocator
+# model finds much of the reserve in cached free blocks at the peak.
+MAX_SPLIT_MB = 128
+FRAGMENTATION_SHARE = 0.05
+
+
+def with_alloc_option(conf: str | None, option: str) -> str:
+    """conf with `key:value` set (replacing the key if present)."""
+    key = option.split(":", 1)[0]
+    kept = [p for p in (conf or "").split(",") if p.strip() and p.split(":", 1)[0].strip() != key]
+    return ",".join(kept + [option])
+
+
+def _fragmentation_strategy(base) -> Strategy | None:
+    alloc = base.estimate.allocator if base.estimate is not None else None
+    if alloc is None or alloc.fragmentation_bytes <= FRAGMENTATION_SHARE * alloc.reserved_bytes:
+        return None
+    conf = parse_alloc_conf(base.spec.alloc_conf)
+    if conf.max_split_size is not None or conf.expandable_segments:
+        return None
+    return Strategy(f"max_split_size_mb {MAX_SPLIT_MB}",
+                    {"alloc_conf": with_alloc_option(base.spec.alloc_conf, f"max_split_size_mb:{MAX_SPLIT_MB}")})
 
 
 @dataclass(slots=True)
@@ -96,15 +162,27 @@ class CompareRow:
                 "note": self.note}
 
 
+class CompareRows(list):
+    """compare()'s rows (a list), with the JSON form and a notebook display."""
+
+    def to_dict(self) -> dict:
+        return compare_to_dict(self)
+
+    def _repr_html_(self) -> str:
+        from vramplan.report.answers import compare_table
+        return compare_table(self, "strategies side by side").to_html()
+
+
 def compare(spec: JobSpec, gpu=None, *, strategies: list[Strategy] | None = None,
-            evaluator: Evaluator | None = None, headroom_bytes: int = 0, **ev_kwargs) -> list[CompareRow]:
+            evaluator: Evaluator | None = None, headroom_bytes: int = 0, **ev_kwargs) -> CompareRows:
     """One row per strategy; the first is the baseline (the job as given)."""
     ev = evaluator or Evaluator.for_spec(spec, gpu, headroom_bytes=headroom_bytes, **ev_kwargs)
+    defaults = strategies is None
     strategies = list(strategies or default_strategies(spec))
     if not strategies or strategies[0].changes:
         strategies.insert(0, Strategy("baseline"))
     rows = []
-    for strat in strategies:
+    for k, strat in enumerate(strategies):
         try:
             s = apply_changes(spec, strat.changes)
         except SpecError as exc:
@@ -112,6 +190,10 @@ def compare(spec: JobSpec, gpu=None, *, strategies: list[Strategy] | None = None
             continue
         v = ev.verdict(s)
         rows.append(CompareRow(strat, s, v.estimate, v.step, v.fits))
+        if defaults and k == 0 and spec.backend is Backend.CUDA:
+            extra = _fragmentation_strategy(rows[0])
+            if extra is not None:
+                strategies.append(extra)
     base = rows[0]
     for r in rows:
         if r.estimate is None:
@@ -119,7 +201,7 @@ def compare(spec: JobSpec, gpu=None, *, strategies: list[Strategy] | None = None
         r.saving_bytes = base.estimate.device_bytes - r.estimate.device_bytes
         r.saving_pct = r.saving_bytes / base.estimate.device_bytes if base.estimate.device_bytes else 0.0
         r.relative_step_time = r.step.total_s / base.step.total_s if base.step.total_s else None
-    return rows
+    return CompareRows(rows)
 
 
 def compare_to_dict(rows: list[CompareRow]) -> dict:

@@ -56,7 +56,7 @@ def accum_key(spec: JobSpec) -> int:
     """What of grad_accum_steps the memory estimate can depend on.
 
     Without pipelines only "more than one" matters (gradients alive during forward,
-    estimation._step_plan). Under a 1F1B pipeline at most `pp` micro-batches are in flight
+    step.build.build_step). Under a 1F1B pipeline at most `pp` micro-batches are in flight
     (Narayanan et al. 2021, section 2.2), so counts beyond pp are alike; other schedules
     (GPipe keeps all m in flight) depend on the exact count.
     """

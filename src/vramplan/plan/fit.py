@@ -64,10 +64,18 @@ class FitReport:
     elapsed_s: float
     limit_bytes: int
     results: list[FitResult]
+    headroom_bytes: int = 0
+    """Memory kept free below the GPU's capacity (default: vramplan.bounds.default_headroom_bytes)."""
     interrupted: bool = False
     closest: FitResult | None = None
     """When nothing fits: the layout with the smallest device memory."""
     suggestions: list = field(default_factory=list)
+
+    def _repr_html_(self) -> str:
+        """Notebook display: the ranked layouts as an HTML table (report/answers.py)."""
+        from vramplan.report.answers import fit_table
+        gpu = self.results[0].estimate.gpu if self.results else None
+        return fit_table(self, gpu.name if gpu is not None else "the GPU").to_html()
 
     def to_dict(self) -> dict:
         return {"schema_version": FIT_SCHEMA_VERSION,
@@ -75,6 +83,7 @@ class FitReport:
                 "candidates_total": self.candidates_total,
                 "estimates_computed": self.estimates_computed,
                 "elapsed_s": self.elapsed_s, "limit_bytes": self.limit_bytes,
+                "headroom_bytes": self.headroom_bytes,
                 "interrupted": self.interrupted,
                 "results": [r.to_dict() for r in self.results],
                 "closest": None if self.closest is None else self.closest.to_dict(),
@@ -149,14 +158,26 @@ class _Groups:
         return ordered[lo].spec.micro_batch_size
 
 
+def default_fit_headroom(capacity_bytes: int) -> int:
+    """fit's default headroom: the layouts it returns keep the upper bound of their
+    nvidia-smi estimate (catalog/bounds.json, "device") within the GPU, so none of its
+    maxima count on every byte of the card."""
+    from vramplan.bounds import default_headroom_bytes
+    return default_headroom_bytes(capacity_bytes)
+
+
 def fit(spec: JobSpec, gpu=None, *, axes: dict | None = None, top_k: int = 5,
-        headroom_bytes: int = 0, evaluator: Evaluator | None = None,
+        headroom_bytes: int | None = None, evaluator: Evaluator | None = None,
         progress: Callable[[int, int, int], None] | None = None,
         max_micro_batch: int = 256, suggest: bool = True, progress_every: int = 500,
         **ev_kwargs) -> FitReport:
-    """The top-k fastest layouts of `axes` (default: `default_axes`) that fit on `gpu`."""
+    """The top-k fastest layouts of `axes` (default: `default_axes`) that fit on `gpu`.
+    `headroom_bytes` None keeps the default headroom (`default_fit_headroom`); an
+    `evaluator` brings its own."""
     start = time.perf_counter()
-    ev = evaluator or Evaluator.for_spec(spec, gpu, headroom_bytes=headroom_bytes, **ev_kwargs)
+    ev = evaluator or Evaluator.for_spec(spec, gpu, headroom_bytes=headroom_bytes or 0, **ev_kwargs)
+    if evaluator is None and headroom_bytes is None:
+        ev.headroom_bytes = default_fit_headroom(ev.capacity_bytes)
     calls_before = ev.calls
     reports_comm = reported_communication(ev.estimate(spec)) is not None
     space = default_axes(spec, ev.desc) if axes is None else axes
@@ -191,6 +212,7 @@ def fit(spec: JobSpec, gpu=None, *, axes: dict | None = None, top_k: int = 5,
     report = FitReport(candidates_evaluated=settled, candidates_total=len(order),
                        estimates_computed=ev.calls - calls_before,
                        elapsed_s=0.0, limit_bytes=ev.limit_bytes, results=results,
+                       headroom_bytes=ev.headroom_bytes,
                        interrupted=interrupted)
     if not results and not interrupted:
         report.closest = _closest(ev, cands)
@@ -239,7 +261,11 @@ def _explain(results: list[FitResult], ev: Evaluator) -> None:
     """One line per reason: spare memory, where the time goes, and what it beats."""
     for i, r in enumerate(results):
         spare = ev.limit_bytes - r.estimate.device_bytes
-        r.why.append(Msg("fits with {gib:.2f} GiB to spare beyond the requested headroom", gib=spare / GiB))
+        if ev.headroom_bytes:
+            r.why.append(Msg("fits with {gib:.2f} GiB to spare after keeping {kept:.2f} GiB free",
+                             gib=spare / GiB, kept=ev.headroom_bytes / GiB))
+        else:
+            r.why.append(Msg("fits with {gib:.2f} GiB to spare", gib=spare / GiB))
         r.why.append(Msg("{seconds:.3f} s/step ({terms})", seconds=r.step_time_s, terms=_top_terms(r.step)))
         if i + 1 < len(results):
             nxt = results[i + 1]

@@ -37,12 +37,26 @@ def plot_sweep(points: list[tuple[int, int]], path: str, *, name: str, capacity_
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.5))
     ax.plot([p[0] for p in points], [p[1] / GiB for p in points], marker="o", label="device memory")
-    if capacity_bytes:
-        ax.axhline(capacity_bytes / GiB, color="#c00", linestyle="--", label="usable capacity")
+    for v, b in points:
+        ax.annotate(f"{b / GiB:.1f}", (v, b / GiB), textcoords="offset points", xytext=(0, 6),
+                    ha="center", fontsize=8)
+    _capacity_line(ax, capacity_bytes, max([b for _, b in points] + [0]))
     ax.set_xlabel(name)
     ax.set_ylabel("GiB")
     ax.legend()
     return _save(fig, plt, path)
+
+
+def _capacity_line(ax, capacity_bytes: int | None, top_bytes: int) -> None:
+    """The GPU's capacity as a dashed line with its value, inside the y range even when
+    every bar is far below it."""
+    top = max(top_bytes, capacity_bytes or 0) / GiB
+    ax.set_ylim(0, top * 1.15 if top else 1)
+    if capacity_bytes:
+        cap = capacity_bytes / GiB
+        ax.axhline(cap, color="#c00", linestyle="--", linewidth=1.5, label=f"capacity {cap:.2f} GiB", zorder=5)
+        ax.text(1.0, cap, f" {cap:.2f} GiB", color="#c00", fontsize=8, va="bottom", ha="right",
+                transform=ax.get_yaxis_transform())
 
 
 # ------------------------------------------------------------------ matplotlib
@@ -86,19 +100,31 @@ def _bars(bars: Bars, path: str, *, title: str, capacity_bytes: int | None) -> s
     if fmt == "html":
         return _write(path, _page(title, _bars_svg(bars, capacity_bytes)))
     plt = _pyplot()
+    fig, _ = bars_figure(plt, bars, title=title, capacity_bytes=capacity_bytes)
+    return _save(fig, plt, path)
+
+
+def bars_figure(plt, bars: Bars, *, title: str, capacity_bytes: int | None):
+    """The stacked bars with each block's GiB inside it (when tall enough to read), each
+    bar's total on top, and the capacity line with its value."""
     fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(bars) + 3), 5))
     bottoms = [0.0] * len(bars)
+    totals = [sum(g.values()) / GiB for _, g in bars]
     for i, group in enumerate(_groups_in_order(bars)):
         heights = [g.get(group, 0) / GiB for _, g in bars]
-        ax.bar(range(len(bars)), heights, bottom=bottoms, label=group, color=PALETTE[i % len(PALETTE)])
+        blocks = ax.bar(range(len(bars)), heights, bottom=bottoms, label=group, color=PALETTE[i % len(PALETTE)])
+        readable = 0.06 * max(totals + [(capacity_bytes or 0) / GiB])
+        ax.bar_label(blocks, labels=[f"{h:.1f}" if h >= readable else "" for h in heights],
+                     label_type="center", fontsize=8, color="white")
         bottoms = [b + h for b, h in zip(bottoms, heights)]
-    if capacity_bytes:
-        ax.axhline(capacity_bytes / GiB, color="#c00", linestyle="--", label="capacity")
+    for i, total in enumerate(totals):
+        ax.text(i, total, f"{total:.2f}", ha="center", va="bottom", fontsize=9, fontweight="bold")
+    _capacity_line(ax, capacity_bytes, max(sum(g.values()) for _, g in bars) if bars else 0)
     ax.set_xticks(range(len(bars)), [b[0] for b in bars], rotation=30, ha="right")
     ax.set_ylabel("GiB")
     ax.set_title(title)
     ax.legend(fontsize="small")
-    return _save(fig, plt, path)
+    return fig, ax
 
 
 # ------------------------------------------------------------------ HTML (inline SVG)
@@ -173,6 +199,10 @@ def _bars_svg(bars: Bars, capacity_bytes: int | None) -> str:
             parts.append(f'<rect class="term" data-group="{html.escape(g)}" x="{x:.1f}" y="{y(base + b):.1f}" '
                          f'width="{slot * 0.7:.1f}" height="{y(base) - y(base + b):.1f}" fill="{color[g]}">'
                          f'<title>{tip}</title></rect>')
+            if y(base) - y(base + b) >= 14:  # the block's size inside it, where it can be read
+                parts.append(f'<text x="{x + slot * 0.35:.1f}" y="{(y(base) + y(base + b)) / 2 + 4:.1f}" '
+                             f'font-size="10" fill="#fff" text-anchor="middle" pointer-events="none">'
+                             f'{b / GiB:.1f}</text>')
             base += b
         cx = x + slot * 0.35
         parts.append(f'<text x="{cx:.1f}" y="{H - BOTTOM + 14}" font-size="11" text-anchor="end" '

@@ -6,7 +6,7 @@ and a translated report shows a label beside each.
 from __future__ import annotations
 
 from vramplan.i18n import DEFAULT_LANGUAGE, _, get_language, tr
-from vramplan.i18n.terms import event_label, phase_name, term_label
+from vramplan.i18n.terms import event_label, phase_name, term_label, verdict_label
 from vramplan.units import GB, GiB
 
 
@@ -25,12 +25,8 @@ def render_estimate(est, console=None, depth: int = 2) -> None:
 
     console = console or Console()
     spec = est.spec
-    title = _("{model}: {params:.3f} B params, {trainable:,.2f} M trainable | {method}, {precision}, "
-              "{optimizer} ({impl}) | b={b} s={s} | checkpointing {ckpt}, attention {attention}").format(
-        model=est.model.name, params=est.num_params / 1e9, trainable=est.trainable_params / 1e6,
-        method=spec.method.value, precision=spec.precision.value, optimizer=spec.optimizer.value,
-        impl=spec.optimizer_impl.value, b=spec.micro_batch_size, s=spec.seq_len,
-        ckpt=spec.gradient_checkpointing.value, attention=spec.attention.value)
+    from vramplan.report.header import job_header
+    title = tr(job_header(est))
     labels = get_language() != DEFAULT_LANGUAGE
     table = Table(title=title, title_justify="left")
     table.add_column(_("term at the peak"))
@@ -55,10 +51,17 @@ def render_estimate(est, console=None, depth: int = 2) -> None:
                         "nvidia-smi ≈ {device} GiB ({device_gb} GB)").format(
             allocated=_gib(est.peak_allocated_bytes), reserved=_gib(est.reserved_bytes),
             device=_gib(est.device_bytes), device_gb=_gb(est.device_bytes)))
+        outside = "  ".join(_("{term} {gib} GiB").format(term=term_label(k), gib=_gib(v))
+                            for k, v in est.device_terms.to_dict().items())
+        lo, hi = est.bounds["device"]
+        console.print(_("nvidia-smi beyond reserved: {outside}; measured on published runs within "
+                        "{low}-{high} GiB for this estimate (bench/accuracy/bounds.py)").format(
+            outside=outside, low=_gib(lo), high=_gib(hi)))
     else:
         console.print(_("backend cpu: live tensor bytes, as the exact CPU meter counts them"))
     if est.gpu is not None:
-        verdict = "[green]" + _("fits") + "[/green]" if est.fits else "[red]" + _("does not fit") + "[/red]"
+        colour = {"fits": "green", "does not fit": "red"}.get(est.verdict, "yellow")
+        verdict = f"[{colour}]{verdict_label(est.verdict)}[/{colour}]"
         console.print(_("{gpu} ({usable} GiB usable): {verdict}, headroom {headroom} GiB").format(
             gpu=est.gpu.name, usable=_gib(est.gpu.memory_bytes), verdict=verdict, headroom=_gib(est.headroom_bytes)))
     for note in est.notes:

@@ -16,8 +16,31 @@ class SpecError(ValueError):
     """Bad job spec input: the message names the field and the fix."""
 
     def __init__(self, field_name: str, message: str):
-        super().__init__(f"{field_name}: {message}")
+        field_name = str(field_name)
+        if not field_name or not field_name.isprintable() or field_name != field_name.strip():
+            field_name = repr(field_name)  # an empty or odd key, shown as typed
+        super().__init__(f"{field_name}: {' '.join(str(message).split())}")
         self.field = field_name
+        """The spec field (dotted for sections: `parallel.tp`) or file the message is about."""
+
+
+_USER_ERRORS = (ValueError, KeyError, LookupError, NotImplementedError, ArithmeticError)
+"""What the estimator raises on input it cannot take (catalog lookups, unmodelled options)."""
+
+
+def as_spec_error(exc: BaseException) -> SpecError:
+    """One SpecError for any user-input error, keeping a leading `field: ` of its message."""
+    if isinstance(exc, SpecError):
+        return exc
+    text = exc.args[0] if isinstance(exc, KeyError) and exc.args and isinstance(exc.args[0], str) else str(exc)
+    text = " ".join(text.split()) or type(exc).__name__
+    if isinstance(exc, KeyError) and " " not in text:  # a bare key: our lookup failed, not the input
+        return SpecError("spec", f"vramplan has no entry {text!r} for this job (a bug in vramplan; "
+                         "please report it with the spec)")
+    head, sep, rest = text.partition(": ")
+    if sep and head.replace(".", "").replace("_", "").isalnum() and " " not in head:
+        return SpecError(head, rest)
+    return SpecError("spec", text)
 
 
 class _Choice(str, enum.Enum):
@@ -27,11 +50,16 @@ class _Choice(str, enum.Enum):
     def parse(cls, value: Any, field_name: str):
         if isinstance(value, cls):
             return value
-        text = str(value).strip().lower().replace("_", "-")
+        choices = [m.value for m in cls]
+        if not isinstance(value, str):
+            kind = "nothing" if value is None else f"{value!r} (a {type(value).__name__})"
+            raise SpecError(field_name, f"expected one of {', '.join(choices)}; got {kind}")
+        text = value.strip().lower().replace("_", "-")
+        if not text:
+            raise SpecError(field_name, f"is empty; choose one of {', '.join(choices)}")
         for member in cls:
             if member.value == text:
                 return member
-        choices = [m.value for m in cls]
         hint = difflib.get_close_matches(text, choices, n=1)
         extra = f" Did you mean {hint[0]!r}?" if hint else ""
         raise SpecError(field_name, f"unknown value {value!r}; choose one of {', '.join(choices)}.{extra}")

@@ -11,8 +11,9 @@ from vramplan.spec.enums import (
     Attention, Backend, Checkpointing, LossImpl, Method, Optimizer, OptimizerImpl, Precision,
     SpecError, Task,
 )
+from vramplan.spec.enums import _USER_ERRORS, as_spec_error
 from vramplan.spec.sections import (
-    FreezeConfig, LoraConfig, ParallelConfig, QuantConfig, fraction, positive_int,
+    FreezeConfig, LoraConfig, ParallelConfig, QuantConfig, boolean, fraction, positive_int,
 )
 from vramplan.spec import tasks as _tasks
 
@@ -25,6 +26,7 @@ _SECTIONS = {"lora": LoraConfig, "quantization": QuantConfig, "freeze": FreezeCo
              "parallel": ParallelConfig}
 _SECTION_ALIASES = {"lora": {"lora_alpha": "alpha", "lora_dropout": "dropout", "rank": "r"}}
 _INTS = ("micro_batch_size", "seq_len", "grad_accum_steps", "num_gpus", "num_labels")
+_BOOLS = ("packing", "trust_remote_code", "online")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -63,11 +65,19 @@ class JobSpec:
     backend: Backend = Backend.CUDA
     gpu: str | None = None
     num_gpus: int = 1
+    cuda_version: str | None = None
+    """CUDA runtime of the run, e.g. "12.4": before 11.7 every kernel loads into the CUDA
+    context at start (about 1 GiB more in nvidia-smi). None: the newest published figure
+    for the GPU (components/runtime.py)."""
     num_labels: int = 2
     """Classes of the head for task sequence-classification."""
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     trust_remote_code: bool = False
-    """Allow running code from a model repository; never implied."""
+    """Allow running code from a model repository; never implied, only a real boolean.
+    The estimator itself never runs model-repository code (it reads config.json only)."""
+    online: bool = False
+    """Allow fetching a hub model's config.json that is not in the catalog or the local
+    Hugging Face cache (the CLI's --online, or VRAMPLAN_ONLINE=1 read at the CLI edge)."""
     reference_model: str | dict | None = None
     """dpo/ipo/kto/ppo/grpo: the frozen reference; None: the trained model's architecture
     (or, with a LoRA policy, the same model with its adapter disabled); 'precomputed'."""
@@ -86,24 +96,37 @@ class JobSpec:
     """Generic form: a list of spec.tasks.ModelRole (role, model, method, precision, placement)."""
     vision: _tasks.VisionConfig | None = None
     diffusion: _tasks.DiffusionConfig | None = None
+    alloc_conf: str | None = None
+    """PYTORCH_CUDA_ALLOC_CONF of the run ('expandable_segments:True', 'max_split_size_mb:128');
+    None: PyTorch's defaults. Validated as PyTorch parses it (spec/alloc_conf.py)."""
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731  (frozen dataclass)
         for name, enum_cls in _ENUMS.items():
             value = getattr(self, name)
-            if value is not None:
+            if value is not None or name != "optimizer_impl":
                 set_(name, enum_cls.parse(value, name))
+        for name in _BOOLS:
+            set_(name, boolean(name, getattr(self, name)))
+        if self.gpu is not None and (not isinstance(self.gpu, str) or not self.gpu.strip()):
+            raise SpecError("gpu", f"expected a GPU name from `vramplan gpus` (e.g. h100), got {self.gpu!r}")
         for name in _INTS:
             set_(name, positive_int(name, getattr(self, name)))
         set_("momentum", fraction("momentum", self.momentum, high=0.9999))
+        if self.cuda_version is not None:
+            set_("cuda_version", _cuda_version(self.cuda_version))
         set_("weight_decay", fraction("weight_decay", self.weight_decay, high=10.0))
         self._check_model()
+        if self.alloc_conf is not None:
+            from vramplan.spec.alloc_conf import parse_alloc_conf
+            set_("alloc_conf", str(self.alloc_conf).strip() or None)
+            parse_alloc_conf(self.alloc_conf)
         for name, value in _tasks.check_task_fields(self).items():
             set_(name, value)
-        if (_tasks.needs_several_models(self) and isinstance(self.parallel, ParallelConfig)
+        if (self.task is Task.DIFFUSION and isinstance(self.parallel, ParallelConfig)
                 and (self.parallel.model_parallel > 1 or self.parallel.ep > 1)):
-            raise SpecError("parallel", "tensor, pipeline, context and expert parallelism are not modelled "
-                            "for multi-model jobs yet; use zero_stage or fsdp")
+            raise SpecError("parallel", "tensor, pipeline, context and expert parallelism of a diffusion "
+                            "denoiser are not modelled yet; use zero_stage or fsdp")
         self._fill_method_defaults()
         if self.optimizer_impl is None:
             # torch.optim._default_to_fused_or_foreach: foreach when every tensor is on a
@@ -123,6 +146,8 @@ class JobSpec:
             raise SpecError("model", "is empty")
         if self.num_params is not None:
             from vramplan.units import parse_count
+            if isinstance(self.num_params, bool) or not isinstance(self.num_params, (int, float, str)):
+                raise SpecError("num_params", f"expected a count like 7e9 or '7B', got {self.num_params!r}")
             try:
                 object.__setattr__(self, "num_params", parse_count(self.num_params))
             except ValueError as exc:
@@ -150,7 +175,8 @@ class JobSpec:
         out: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            if value is None or (f.name == "parallel" and value.is_trivial) or (f.name == "models" and not value):
+            if (value is None or (f.name == "parallel" and value.is_trivial) or (f.name == "models" and not value)
+                    or (f.name == "online" and not value)):
                 continue
             if f.name == "models":
                 value = [m.to_dict() for m in value]
@@ -168,6 +194,14 @@ class JobSpec:
         return load_spec(data)
 
 
+def _cuda_version(value: Any) -> str:
+    text = str(value).strip()
+    parts = text.split(".")
+    if not 1 <= len(parts) <= 3 or not all(p.isdigit() for p in parts):
+        raise SpecError("cuda_version", f"expected a version like 12.4, got {value!r}")
+    return text
+
+
 def _section(name: str, value: Any):
     cls = _SECTIONS[name]
     if value is None or isinstance(value, cls):
@@ -176,6 +210,7 @@ def _section(name: str, value: Any):
         raise SpecError(name, f"expected a mapping, got {value!r}")
     aliases = _SECTION_ALIASES.get(name, {})
     data = {aliases.get(k, k): v for k, v in value.items()}
+    _string_keys(name + ".", data)
     known = {f.name for f in fields(cls)}
     for key in data:
         if key not in known:
@@ -184,6 +219,12 @@ def _section(name: str, value: Any):
         return cls(**data)
     except TypeError as exc:
         raise SpecError(name, str(exc)) from None
+
+
+def _string_keys(prefix: str, data: Mapping) -> None:
+    for key in data:
+        if not isinstance(key, str):
+            raise SpecError(f"{prefix}{key}", f"keys are field names, got {key!r} (a {type(key).__name__})")
 
 
 def _did_you_mean(key: str, known) -> str:
@@ -200,7 +241,15 @@ def _read_file(path: str) -> dict:
 
 
 def load_spec(source: "JobSpec | Mapping | str | os.PathLike", **overrides) -> JobSpec:
-    """A validated JobSpec from a mapping, a YAML/JSON file or a JobSpec; overrides win."""
+    """A validated JobSpec from a mapping, a YAML/JSON file or a JobSpec; overrides win.
+    Bad input raises SpecError (a ValueError) whose `field` names the spec field."""
+    try:
+        return _load(source, overrides)
+    except _USER_ERRORS as exc:
+        raise as_spec_error(exc) from None
+
+
+def _load(source, overrides: dict) -> JobSpec:
     if isinstance(source, JobSpec):
         data = source.to_dict()
     elif isinstance(source, Mapping):
@@ -210,6 +259,7 @@ def load_spec(source: "JobSpec | Mapping | str | os.PathLike", **overrides) -> J
     else:
         raise SpecError("spec", f"expected a mapping or a file path, got {type(source).__name__}")
     data.update({k: v for k, v in overrides.items() if v is not None})
+    _string_keys("", data)
     if isinstance(data.get("gradient_checkpointing"), bool):
         data["gradient_checkpointing"] = "full" if data["gradient_checkpointing"] else "none"
     known = {f.name for f in fields(JobSpec)}

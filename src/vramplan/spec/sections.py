@@ -1,33 +1,68 @@
 """Nested sections of the job spec: LoRA, quantization, freezing, parallel layout."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from vramplan.spec.enums import QuantType, SpecError
 
 
-def positive_int(name: str, value: Any, *, minimum: int = 1) -> int:
+MAX_COUNT = 2**53
+"""Largest count a spec field takes (floats are exact up to here); far beyond any GPU."""
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    kind = "" if isinstance(value, (int, float, str)) else f" (a {type(value).__name__})"
+    return (text if len(text) <= 60 else text[:57] + "...") + kind
+
+
+def positive_int(name: str, value: Any, *, minimum: int = 1, maximum: int = MAX_COUNT) -> int:
     """Accept ints (and integral floats/strings like '4'); anything else names the field."""
-    if isinstance(value, bool):
-        raise SpecError(name, f"expected an integer >= {minimum}, got {value!r}")
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise SpecError(name, f"expected an integer >= {minimum}, got {value!r}") from None
-    if number != int(number) or number < minimum:
-        raise SpecError(name, f"expected an integer >= {minimum}, got {value!r}")
-    return int(number)
-
-
-def fraction(name: str, value: Any, *, low: float = 0.0, high: float = 1.0) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise SpecError(name, f"expected a number in [{low}, {high}], got {value!r}") from None
-    if not low <= number <= high:
-        raise SpecError(name, f"expected a number in [{low}, {high}], got {value!r}")
+    want = f"expected an integer >= {minimum}"
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise SpecError(name, f"{want}, got {_show(value)}")
+    number = value
+    if not isinstance(value, int):
+        try:
+            number = float(value)
+        except ValueError:
+            raise SpecError(name, f"{want}, got {_show(value)}") from None
+        if not math.isfinite(number) or number != int(number):
+            raise SpecError(name, f"{want}, got {_show(value)}")
+        number = int(number)
+    if number < minimum:
+        raise SpecError(name, f"{want}, got {_show(value)}")
+    if number > maximum:
+        raise SpecError(name, f"{value!r} is too large (at most {maximum:,}); beyond any GPU")
     return number
+
+
+def number(name: str, value: Any, *, low: float = 0.0, high: float = 1.0) -> float:
+    """A finite real number in [low, high]; booleans, strings of words and lists name the field."""
+    want = f"expected a number in [{low:g}, {high:g}]"
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise SpecError(name, f"{want}, got {_show(value)}")
+    try:
+        result = float(value)
+    except ValueError:
+        raise SpecError(name, f"{want}, got {_show(value)}") from None
+    if not math.isfinite(result) or not low <= result <= high:
+        raise SpecError(name, f"{want}, got {_show(value)}")
+    return result
+
+
+fraction = number
+
+
+def boolean(name: str, value: Any) -> bool:
+    """Only a real true/false: YAML's quoted 'no' or JSON's "false" is a string, and a
+    string is true to Python, so it is refused instead of being read the wrong way."""
+    if isinstance(value, bool):
+        return value
+    hint = " (a string; write true or false without quotes)" if isinstance(value, str) else ""
+    raise SpecError(name, f"expected true or false, got {_show(value)}{hint}")
 
 
 def string_list(name: str, value: Any) -> tuple[str, ...]:
@@ -35,10 +70,47 @@ def string_list(name: str, value: Any) -> tuple[str, ...]:
         return (value,)
     if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
         return tuple(value)
-    raise SpecError(name, f"expected a list of module names, got {value!r}")
+    raise SpecError(name, f"expected a list of module names, got {_show(value)}")
+
+
+def choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
+    """One of `choices` (case and _/- insensitive)."""
+    text = value.strip().lower().replace("_", "-") if isinstance(value, str) else None
+    if text not in choices:
+        raise SpecError(name, f"expected one of {', '.join(choices)}, got {_show(value)}")
+    return text
 
 
 ALL_LINEAR = "all-linear"
+FSDP_MODES = ("none", "full-shard", "shard-grad-op", "hybrid-shard", "no-shard")
+PP_SCHEDULES = ("1f1b", "interleaved", "gpipe", "all-forward-all-backward")
+"""Schedules vramplan.parallel.activations.pipeline_in_flight models."""
+_EXTRA_COUNTS = ("shard_group_size", "gpus_per_node", "virtual_stages", "expert_tp", "buffer_count",
+                 "buffer_size", "reduce_bucket_size", "allgather_bucket_size")
+_EXTRA_SIZES = ("stage3_prefetch_bucket_size", "stage3_max_live_parameters", "stage3_max_reuse_distance",
+                "stage3_param_persistence_threshold")
+"""DeepSpeed ZeRO-3 knobs where 0 is meaningful (no prefetch, nothing persistent)."""
+_EXTRA_FLAGS = ("overlap_comm", "contiguous_gradients", "distributed_optimizer", "gradient_as_bucket_view")
+
+
+def check_extras(extras: Any) -> dict:
+    """parallel.extras: engine knobs read from config files; counts are positive integers
+    (or "auto", resolved from the model), switches are booleans."""
+    if not isinstance(extras, dict):
+        raise SpecError("parallel.extras", f"expected a mapping of engine settings, got {_show(extras)}")
+    out = dict(extras)
+    for key, value in extras.items():
+        name = f"parallel.extras.{key}"
+        if key in _EXTRA_COUNTS and value != "auto":
+            out[key] = positive_int(name, value)
+        elif key in _EXTRA_FLAGS:
+            out[key] = boolean(name, value)
+        elif key in _EXTRA_SIZES and value != "auto":
+            out[key] = positive_int(name, value, minimum=0)
+        elif key == "pp_layers" and not (isinstance(value, (list, tuple)) and all(
+                isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value)):
+            raise SpecError(name, f"expected a list of layer counts per pipeline stage, got {_show(value)}")
+    return out
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -59,6 +131,7 @@ class LoraConfig:
 
     def __post_init__(self):
         object.__setattr__(self, "r", positive_int("lora.r", self.r))
+        object.__setattr__(self, "alpha", number("lora.alpha", self.alpha, high=1e6))
         object.__setattr__(self, "dropout", fraction("lora.dropout", self.dropout, high=0.999))
         targets = self.target_modules
         if isinstance(targets, str) and targets.replace("_", "-").lower() == ALL_LINEAR:
@@ -90,14 +163,15 @@ class QuantConfig:
     """Elements per absmax block; bitsandbytes' default for 4-bit weights is 64."""
 
     def __post_init__(self):
-        if self.bits not in (4, 8):
-            raise SpecError("quantization.bits", f"must be 4 or 8, got {self.bits!r}")
+        if isinstance(self.bits, bool) or self.bits not in (4, 8):
+            raise SpecError("quantization.bits", f"must be 4 or 8, got {_show(self.bits)}")
+        object.__setattr__(self, "double_quant", boolean("quantization.double_quant", self.double_quant))
         qtype = QuantType.parse(self.type, "quantization.type")
         if (self.bits == 8) != (qtype is QuantType.INT8):
             raise SpecError("quantization.type", f"{qtype.value} does not go with bits={self.bits}; "
                             "use nf4/fp4 with 4 bits and int8 with 8 bits")
         object.__setattr__(self, "type", qtype)
-        if self.compute_dtype not in ("bf16", "fp16", "fp32"):
+        if not isinstance(self.compute_dtype, str) or self.compute_dtype not in ("bf16", "fp16", "fp32"):
             raise SpecError("quantization.compute_dtype", "choose bf16, fp16 or fp32")
         object.__setattr__(self, "block_size", positive_int("quantization.block_size", self.block_size))
 
@@ -117,9 +191,10 @@ class FreezeConfig:
 
     def __post_init__(self):
         layers = self.trainable_layers
-        if isinstance(layers, int):
+        if isinstance(layers, int) and not isinstance(layers, bool):
             layers = (layers,)
-        if not isinstance(layers, (list, tuple)) or not all(isinstance(i, int) for i in layers):
+        if not isinstance(layers, (list, tuple)) or not all(
+                isinstance(i, int) and not isinstance(i, bool) for i in layers):
             raise SpecError("freeze.trainable_layers", f"expected a list of layer indices, got {layers!r}")
         object.__setattr__(self, "trainable_layers", tuple(layers))
         object.__setattr__(self, "trainable_modules",
@@ -153,19 +228,29 @@ class ParallelConfig:
     """Engine settings read from config files (bucket sizes, prefetch, ...)."""
 
     def __post_init__(self):
-        if self.zero_stage not in (0, 1, 2, 3):
-            raise SpecError("parallel.zero_stage", f"must be 0, 1, 2 or 3, got {self.zero_stage!r}")
+        set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731  (frozen dataclass)
+        set_("zero_stage", positive_int("parallel.zero_stage", self.zero_stage, minimum=0))
+        if self.zero_stage > 3:
+            raise SpecError("parallel.zero_stage", f"must be 0, 1, 2 or 3, got {self.zero_stage}")
         for name in ("tp", "cp", "pp", "ep"):
-            object.__setattr__(self, name, positive_int(f"parallel.{name}", getattr(self, name)))
-        fsdp = str(self.fsdp).lower().replace("_", "-")
-        if fsdp not in ("none", "full-shard", "shard-grad-op", "hybrid-shard", "no-shard"):
-            raise SpecError("parallel.fsdp", "choose none, full-shard, shard-grad-op, hybrid-shard or no-shard")
-        object.__setattr__(self, "fsdp", fsdp)
+            set_(name, positive_int(f"parallel.{name}", getattr(self, name)))
+        set_("fsdp", choice("parallel.fsdp", self.fsdp, FSDP_MODES))
+        set_("fsdp_version", positive_int("parallel.fsdp_version", self.fsdp_version))
+        if self.fsdp_version not in (1, 2):
+            raise SpecError("parallel.fsdp_version", f"must be 1 (FullyShardedDataParallel) or 2 "
+                            f"(fully_shard), got {self.fsdp_version}")
+        set_("sp", boolean("parallel.sp", self.sp))
+        set_("pp_schedule", choice("parallel.pp_schedule", self.pp_schedule, PP_SCHEDULES))
         for name in ("offload_optimizer", "offload_params"):
-            if getattr(self, name) not in ("none", "cpu", "nvme"):
-                raise SpecError(f"parallel.{name}", "choose none, cpu or nvme")
-        if self.zero_stage and fsdp != "none":
+            set_(name, choice(f"parallel.{name}", getattr(self, name), ("none", "cpu", "nvme")))
+        if self.zero_stage and self.fsdp != "none":
             raise SpecError("parallel.fsdp", "ZeRO and FSDP are alternatives; set one of zero_stage or fsdp")
+        if self.zero_stage >= 2 and self.pp > 1:
+            # deepspeed/runtime/pipe/engine.py PipelineEngine.__init__ asserts
+            # zero_optimization_stage() < ZeroStageEnum.gradients.
+            raise SpecError("parallel.zero_stage", f"ZeRO-{self.zero_stage} cannot run with pipeline "
+                            "parallelism (DeepSpeed allows ZeRO-1 with pp); use zero_stage 1 or pp 1")
+        set_("extras", check_extras(self.extras))
 
     @property
     def model_parallel(self) -> int:

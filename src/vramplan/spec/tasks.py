@@ -11,7 +11,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
 from vramplan.spec.enums import Precision, SpecError, Task
-from vramplan.spec.sections import fraction, positive_int
+from vramplan.spec.sections import boolean, fraction, positive_int
 
 PRECOMPUTED = "precomputed"
 """A frozen model whose outputs were computed ahead of time (reference log-probs, text
@@ -64,11 +64,11 @@ class ModelRole:
         if not isinstance(self.role, str) or not self.role.replace("_", "").replace("-", "").isalnum():
             raise SpecError("models.role", f"expected a short name like 'reference', got {self.role!r}")
         object.__setattr__(self, "model", model_ref(f"models.{self.role}.model", self.model))
-        if self.method not in ROLE_METHODS:
+        if not isinstance(self.method, str) or self.method not in ROLE_METHODS:
             raise SpecError(f"models.{self.role}.method", f"choose one of {', '.join(ROLE_METHODS)}")
         if self.precision is not None:
             object.__setattr__(self, "precision", Precision.parse(self.precision, f"models.{self.role}.precision"))
-        if self.placement not in PLACEMENTS:
+        if not isinstance(self.placement, str) or self.placement not in PLACEMENTS:
             raise SpecError(f"models.{self.role}.placement", f"choose one of {', '.join(PLACEMENTS)}")
 
     def to_dict(self) -> dict:
@@ -92,7 +92,7 @@ class GenerationConfig:
     """Sequences generated at once; None: micro_batch_size (TRL's per-device batch)."""
 
     def __post_init__(self):
-        if self.engine not in ("hf", "vllm"):
+        if not isinstance(self.engine, str) or self.engine not in ("hf", "vllm"):
             raise SpecError("generation.engine", "choose hf or vllm")
         object.__setattr__(self, "gpu_memory_utilization",
                            fraction("generation.gpu_memory_utilization", self.gpu_memory_utilization))
@@ -119,6 +119,7 @@ class VisionConfig:
     def __post_init__(self):
         object.__setattr__(self, "num_images", positive_int("vision.num_images", self.num_images, minimum=0))
         object.__setattr__(self, "image_size", positive_int("vision.image_size", self.image_size))
+        object.__setattr__(self, "freeze_vision_tower", boolean("vision.freeze_vision_tower", self.freeze_vision_tower))
 
     def to_dict(self) -> dict:
         return {"num_images": self.num_images, "image_size": self.image_size,
@@ -146,8 +147,10 @@ class DiffusionConfig:
     def __post_init__(self):
         for name in ("height", "width", "num_frames"):
             object.__setattr__(self, name, positive_int(f"diffusion.{name}", getattr(self, name)))
+        for name in ("frozen_copy", "offload_frozen"):
+            object.__setattr__(self, name, boolean(f"diffusion.{name}", getattr(self, name)))
         for name in ("text_encoders", "vae"):
-            if getattr(self, name) not in ("frozen", PRECOMPUTED):
+            if not isinstance(getattr(self, name), str) or getattr(self, name) not in ("frozen", PRECOMPUTED):
                 raise SpecError(f"diffusion.{name}", "choose frozen or precomputed")
 
     def to_dict(self) -> dict:

@@ -1,0 +1,100 @@
+"""Validation of Hugging Face config values before and after the adapter reads them.
+
+A config.json written by `save_pretrained` holds real JSON numbers and booleans; a
+hand-edited or pasted one may hold `"false"` (true to Python) or `"abc"`. Each check
+raises a ValueError naming the field and what it must be; `vramplan.sources` turns it
+into a SpecError on the `model` field. The shape checks are the ones the real modules
+enforce when they are built or run (cited at each).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+_COUNTS = (
+    "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+    "intermediate_size", "vocab_size", "max_position_embeddings", "n_embd", "n_layer", "n_head",
+    "n_positions", "n_inner", "num_local_experts", "num_experts_per_tok", "moe_intermediate_size",
+    "shared_expert_intermediate_size", "decoder_sparse_step", "sliding_window", "sliding_window_pattern",
+    "type_vocab_size", "num_labels", "d_model", "d_ff", "d_kv", "num_layers", "num_heads",
+    "num_decoder_layers", "ffn_dim", "num_kv_heads", "kv_channels", "ffn_hidden_size",
+    "word_embed_proj_dim", "relative_attention_num_buckets",
+)
+"""Positive integers (or null where the config class allows it)."""
+_COUNTS_OR_ZERO = ("num_experts", "max_window_layers", "pretraining_tp")
+_SWITCHES = (
+    "tie_word_embeddings", "attention_bias", "mlp_bias", "qkv_bias", "norm_topk_prob",
+    "use_sliding_window", "qk_layernorm", "use_parallel_residual", "parallel_attn",
+    "new_decoder_architecture", "multi_query", "alibi", "bias", "do_layer_norm_before",
+    "enable_bias", "layer_norm_elementwise_affine", "apply_residual_connection_post_layernorm",
+    "slow_but_exact", "is_encoder_decoder", "no_bias",
+)
+"""Booleans: the string "false" is true to Python, so a string is refused."""
+_PROBABILITIES = (
+    "attention_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop", "hidden_dropout_prob",
+    "attention_probs_dropout_prob", "dropout_rate", "dropout", "hidden_dropout", "layerdrop",
+    "attn_dropout_prob", "emb_dropout_prob", "rotary_pct", "partial_rotary_factor",
+)
+_NAMES = ("hidden_act", "activation_function", "hidden_activation", "activation", "feed_forward_proj")
+
+
+def _field(config: dict, key: str, what: str, value: Any) -> ValueError:
+    kind = config.get("model_type", "model")
+    hint = " (a string; write it without quotes)" if isinstance(value, str) and what != "a name" else ""
+    return ValueError(f"{kind} config field {key!r} must be {what}, got {value!r}{hint}")
+
+
+def check_config(config: dict) -> None:
+    """Types and ranges of the fields the adapters read; nested text/vision configs too."""
+    for key in _COUNTS + _COUNTS_OR_ZERO:
+        value = config.get(key)
+        low = 0 if key in _COUNTS_OR_ZERO else 1
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
+            raise _field(config, key, f"an integer >= {low}", value)
+    for key in _SWITCHES:
+        value = config.get(key)
+        if value is not None and not isinstance(value, bool):
+            raise _field(config, key, "true or false", value)
+    for key in _PROBABILITIES:
+        value = config.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not math.isfinite(value) or not 0 <= value <= 1):
+            raise _field(config, key, "a number in [0, 1]", value)
+    for key in _NAMES:
+        value = config.get(key)
+        if value is not None and not isinstance(value, str):
+            raise _field(config, key, "a name", value)
+    _check_lists(config)
+    for key in ("text_config", "vision_config"):
+        if isinstance(config.get(key), dict):
+            check_config(config[key])
+
+
+def _check_lists(config: dict) -> None:
+    layers = config.get("mlp_only_layers")
+    if layers is not None and not (isinstance(layers, list) and all(
+            isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in layers)):
+        raise _field(config, "mlp_only_layers", "a list of layer indices", layers)
+    types = config.get("layer_types")
+    if types is not None and not (isinstance(types, list) and all(isinstance(t, str) for t in types)):
+        raise _field(config, "layer_types", "a list of names like 'sliding_attention'", types)
+
+
+def check_desc(desc):
+    """Shapes the real modules refuse, on the adapter's result."""
+    kind, a, k = desc.model_type, desc.num_heads, desc.num_kv_heads
+    if a % k:
+        # transformers modeling_llama.repeat_kv / num_key_value_groups = a // k: every KV
+        # head serves the same number of query heads.
+        raise ValueError(f"{kind} config: num_attention_heads {a} is not a multiple of "
+                         f"num_key_value_heads {k}; each KV head must serve a whole group of query heads")
+    if desc.model_type in ("gpt2", "bert") and desc.hidden_size % a:
+        # GPT2Attention and BertSelfAttention raise ValueError when hidden_size % heads != 0.
+        raise ValueError(f"{kind} config: hidden size {desc.hidden_size} is not a multiple of "
+                         f"the {a} attention heads")
+    moe = desc.moe
+    if moe is not None and moe.num_experts and moe.top_k > moe.num_experts:
+        # torch.topk(router_logits, top_k) fails when k exceeds the experts.
+        raise ValueError(f"{kind} config: num_experts_per_tok {moe.top_k} exceeds the "
+                         f"{moe.num_experts} experts; top-k picks among the experts")
+    return desc

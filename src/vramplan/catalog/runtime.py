@@ -1,0 +1,33 @@
+"""The data behind CUDA's own memory (`cuda_runtime.json`) and the estimate's error bars
+(`bounds.json`): read lazily on first use and cached, nothing at import."""
+from __future__ import annotations
+
+import functools
+import json
+from importlib import resources
+
+
+@functools.lru_cache(maxsize=None)
+def _read(name: str) -> dict:
+    return json.loads(resources.files("vramplan.catalog").joinpath(name).read_text(encoding="utf-8"))
+
+
+def cuda_runtime() -> dict:
+    """cuda_runtime.json: CUDA context, cuBLAS workspaces and NCCL buffers with their sources."""
+    return _read("cuda_runtime.json")
+
+
+def error_bounds() -> dict:
+    """bounds.json: per metric the relative interval [lo, hi] around the estimate, built by
+    bench/accuracy/bounds.py from the published measurements."""
+    return _read("bounds.json")
+
+
+def gpu_arch(gpu_name: str | None) -> str | None:
+    """`sm90`, `gfx942`, ... for a catalog GPU name; None when unknown."""
+    if not gpu_name:
+        return None
+    for arch, names in cuda_runtime()["architectures"].items():
+        if arch != "note" and gpu_name in names:
+            return arch
+    return None

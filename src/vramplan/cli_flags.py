@@ -1,0 +1,170 @@
+"""Command-line words beyond the spec's own flags: the names users type in TRL and
+TrainingArguments (aliases, trainer flags), the diffusion section's flags, option names with
+underscores, `--strategy` in flag words, the output formats and shell completion.
+Imported by cli.py; what needs cli.py's parser imports it at call time."""
+from __future__ import annotations
+
+import argparse
+
+import re
+import sys
+
+from vramplan.i18n import N_, Msg, _
+from vramplan.spec import SpecError
+
+
+def _flag_bool(value: str) -> bool:
+    """A boolean flag's value: the usual words only (`--sp no` is false, `--sp maybe` an error)."""
+    text = str(value).lower()
+    if text not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+        raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
+    return text in ("1", "true", "yes", "on")
+
+
+def _bool_word(value: str, true: str, false: str) -> str:
+    """TrainingArguments booleans (`--gradient_checkpointing true`) as the spec's words."""
+    word = str(value).strip().lower()
+    return true if word in ("1", "true", "yes", "on") else false if word in ("0", "false", "no", "off") else value
+
+
+# transformers `attn_implementation` values -> the spec's attention words.
+_ATTN_IMPL = {"flash_attention_2": "flash", "flash_attention_3": "flash", "flash-attention-2": "flash"}
+
+# The names users already type elsewhere, as aliases of the spec's flags: TrainingArguments
+# (per_device_train_batch_size, gradient_accumulation_steps), TRL SFT/DPO/GRPOConfig
+# (max_length, max_seq_length, max_completion_length), transformers attn_implementation,
+# DeepSpeed train_micro_batch_size_per_gpu, LLaMA-Factory cutoff_len, axolotl sequence_len.
+_ALIASES = {
+    "seq_len": ("max_length", "max_seq_length", "cutoff_len", "sequence_len"),
+    "micro_batch_size": ("per_device_train_batch_size", "train_micro_batch_size_per_gpu", "micro_batch"),
+    "grad_accum_steps": ("gradient_accumulation_steps",),
+    "max_new_tokens": ("max_completion_length",),
+    "attention": ("attn_implementation",),
+    "reference_model": ("ref_model",),
+}
+# TrainingArguments / TRL flags that are not spec keys: read by the TrainingArguments
+# importer (importers/hf_args.py), the same mapping `--training-args FILE` uses.
+_TRAINER_FLAGS = (("optim", str, N_("TrainingArguments optim, e.g. adamw_torch_fused, paged_adamw_8bit")),
+                  ("bf16", _flag_bool, N_("TrainingArguments bf16 (autocast: precision amp-bf16)")),
+                  ("fp16", _flag_bool, N_("TrainingArguments fp16 (autocast: precision amp-fp16)")),
+                  ("use_peft", _flag_bool, N_("TRL use_peft: method lora")))
+
+
+# The `diffusion` section (spec/tasks.py DiffusionConfig) from flags; any of them implies
+# --task diffusion, and a catalog pipeline fills the rest from its published defaults.
+_DIFFUSION_FLAGS = (("num_frames", int, N_("diffusion: video frames in pixel space (1 = an image; CogVideoX: 49)")),
+                    ("height", int, N_("diffusion: frame height in pixels")),
+                    ("width", int, N_("diffusion: frame width in pixels")),
+                    ("text_encoders", str, N_("diffusion: frozen | precomputed (embeddings from disk)")),
+                    ("vae", str, N_("diffusion: frozen | precomputed (latents from disk)")),
+                    ("frozen_copy", _flag_bool, N_("diffusion: a frozen copy of the denoiser beside it")),
+                    ("offload_frozen", _flag_bool, N_("diffusion: frozen modules on the CPU between forwards")))
+
+
+def _flag_names(name: str) -> list[str]:
+    return ["--" + n.replace("_", "-") for n in (name, *_ALIASES.get(name, ()))]
+
+
+def dashed(argv: list[str]) -> list[str]:
+    """`--per_device_train_batch_size 4` as HfArgumentParser accepts it: underscores in an
+    option's name are dashes (values are left alone)."""
+    out = []
+    for arg in argv:
+        name, eq, value = arg.partition("=")
+        if re.fullmatch(r"--[A-Za-z0-9_-]+", name) and "_" in name:
+            arg = name.replace("_", "-") + eq + value
+        out.append(arg)
+    return out
+
+
+def _trainer_flags(args, data: dict) -> dict:
+    given = {name: getattr(args, "hf_" + name) for name, _, _ in _TRAINER_FLAGS
+             if getattr(args, "hf_" + name, None) is not None}
+    if not given:
+        return data
+    from vramplan.importers.hf_args import from_training_args
+    overrides, rep = from_training_args(given, "flags")
+    for name, why in rep.unresolved.items():
+        raise SpecError(name, why)
+    return {**data, **overrides}
+
+
+def _diffusion(args, data: dict) -> dict:
+    section = dict(data.get("diffusion") or {})
+    given = {name: getattr(args, "diffusion_" + name) for name, _, _ in _DIFFUSION_FLAGS
+             if getattr(args, "diffusion_" + name, None) is not None}
+    section.update(given)
+    pipe = _catalog_pipeline(data.get("model"))
+    if data.get("task") is None and (given or pipe is not None):
+        data = {**data, "task": "diffusion"}
+    if str(data.get("task")) == "diffusion" and pipe is not None:
+        filled = {k: v for k, v in (pipe.get("defaults") or {}).items() if k not in section}
+        if filled:
+            section.update(filled)
+            # said once the spec has loaded (cli.spec_from_args): a bad input stays one line
+            vars(args).setdefault("pending_notes", []).append(
+                Msg("vramplan: diffusion: {settings} from {pipeline}'s defaults",
+                    settings=", ".join(f"{k}={v}" for k, v in filled.items()), pipeline=pipe["name"]))
+    return {**data, "diffusion": section} if section else data
+
+
+def _catalog_pipeline(model) -> dict | None:
+    if not isinstance(model, str):
+        return None
+    from vramplan.catalog.pipelines import find_pipeline
+    try:
+        return find_pipeline(model)
+    except KeyError:
+        return None
+
+
+def strategy_from_flags(text: str):
+    """`--strategy "zero3 --zero-stage 3 --gradient-checkpointing full"`: the same flag words
+    as the command line; leading words without dashes name the row (default: the flags)."""
+    import shlex
+
+    from vramplan.cli import UsageError, _add_spec_args, _Parser, flags_to_data
+    from vramplan.plan.compare import Strategy
+    words = shlex.split(text)
+    first = next((i for i, w in enumerate(words) if w.startswith("-")), len(words))
+    name, flags = " ".join(words[:first]), words[first:]
+    parser = _Parser(prog="--strategy", add_help=False)
+    _add_spec_args(parser)
+    try:
+        args = parser.parse_args(dashed(flags))
+    except UsageError as exc:
+        raise SpecError("strategy", f"{exc} in {text!r}") from None
+    if args.model or args.spec or args.save_spec or any(getattr(args, "import_" + k) for k in
+                                                          ("deepspeed", "training_args", "accelerate_config", "recipe")):
+        raise SpecError("strategy", f"a strategy changes flags of the job, not its model or files: {text!r}")
+    changes: dict = {}
+    for key, value in flags_to_data(args, {}, imply=False).items():
+        if isinstance(value, dict):
+            changes.update({f"{key}.{k}": v for k, v in value.items()})
+        else:
+            changes[key] = value
+    if not changes:
+        raise SpecError("strategy", f"no change in {text!r}; e.g. \"--zero-stage 3 --gradient-checkpointing full\"")
+    return Strategy(name=name or " ".join(flags), changes=changes)
+
+
+def answer_format(args) -> str:
+    """--format table|json|markdown|csv; --json is --format json."""
+    return "json" if getattr(args, "json", False) else (getattr(args, "format", None) or "table")
+
+
+def add_format_args(p) -> None:
+    from vramplan.report.tables import FORMATS
+    p.add_argument("--format", choices=FORMATS, default="table", help=_("how to print the answer (default: table)"))
+    p.add_argument("--json", action="store_true", help=_("the versioned JSON form (= --format json)"))
+
+
+def cmd_completion(args) -> int:
+    """A completion script generated by shtab from this very parser (so it never drifts)."""
+    from vramplan.cli import UsageError, build_parser
+    try:
+        import shtab
+    except ImportError:
+        raise UsageError("shell completion needs shtab: pip install 'vramplan[completion]'") from None
+    print(shtab.complete(build_parser(), shell=args.shell))
+    return 0

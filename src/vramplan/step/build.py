@@ -1,0 +1,103 @@
+"""One trained model's step as the timeline walks it (timeline.StepPlan), for every task.
+
+`build_step` turns what the components computed (weights, optimizer states, gradients per
+stage, saved activations per stage, the loss's terms, the optimizer's temporaries) into a
+StepPlan; `rank_step` then hands it to the parallel layer (parallel.rank_plan), so a
+single-model SFT job and every trained role of a multi-model job (DPO's policy, a PPO
+critic, a VLM's language model) are sharded by the same code.
+"""
+from __future__ import annotations
+
+from vramplan.breakdown import Breakdown
+from vramplan.components.activations import ActivationPlan
+from vramplan.components.memo import cached
+from vramplan.components.optimizer import optimizer_states, step_temporaries
+from vramplan.components.trainable import ParamSet
+from vramplan.components.weights import (
+    gradient_stages, gradient_stages_at_peak, tied_embedding_grad_temp, weight_terms,
+)
+from vramplan.model import ModelDesc
+from vramplan.spec import JobSpec
+from vramplan.timeline import StepPlan
+from vramplan.units import nbytes
+
+
+def rank_step(desc: ModelDesc, spec: JobSpec, params: ParamSet, acts: ActivationPlan,
+              managed: Breakdown | None = None) -> StepPlan:
+    """The step of one rank: `build_step`, then the parallel layer when the layout is not a
+    single GPU (the plan's `parallel` then holds the ParallelReport)."""
+    plan = build_step(desc, spec, params, acts, managed)
+    if not spec.parallel.is_trivial or spec.num_gpus > 1:
+        from vramplan.parallel import rank_plan
+        plan, report = rank_plan(desc, spec, params, plan)
+        plan.parallel = report
+    return plan
+
+
+def _optimizer_extras(spec: JobSpec, params: ParamSet, acts: ActivationPlan) -> Breakdown:
+    out = cached(params, ("temporaries", spec.optimizer, spec.optimizer_impl, spec.precision, spec.weight_decay),
+                 lambda: step_temporaries(spec, params))
+    if acts.input_leaf_bytes:
+        # the loss (and so its graph, holding the input leaf and its gradient) is kept until
+        # after optimizer.step() in a plain training loop; HF Trainer detaches it earlier.
+        out.add("activations/input_leaf", acts.input_leaf_bytes).add("gradients/input_leaf", acts.input_leaf_bytes)
+    return out
+
+
+def _stage_breakdown(items: list[tuple[str, int]], prefix: str) -> Breakdown:
+    out = Breakdown()
+    for name, size in items:
+        out.add(f"{prefix}/{name}", size)
+    return out
+
+
+def build_step(desc: ModelDesc, spec: JobSpec, params: ParamSet, acts: ActivationPlan,
+               managed: Breakdown | None = None) -> StepPlan:
+    """`managed` receives paged optimizer state (outside the allocator); without it, that
+    state stays with the rest (multi-model jobs)."""
+    opt_key = ("states", spec.optimizer, spec.optimizer_impl, spec.precision, spec.backend, spec.momentum)
+    static = cached(params, ("weights", spec.quantization), lambda: weight_terms(spec, params))
+    for key, value in cached(params, opt_key, lambda: optimizer_states(spec, params)):
+        # paged optimizer state is CUDA managed memory, outside the caching allocator
+        (managed if managed is not None and key.startswith("optimizer_paged") else static).add(key, value)
+    static.add("batch/input_ids", nbytes(spec.micro_batch_size * spec.seq_len, "int64"))
+    grads = cached(params, ("grads", spec.precision), lambda: gradient_stages(desc, spec, params))
+    grads_at_peak = cached(params, ("grads_at_peak", spec.precision),
+                           lambda: gradient_stages_at_peak(desc, spec, params))
+    stage_acts, at_peak, transients, labels = [], [], [], []
+    n = len(acts.stages)
+    # Layers with one signature share their saved list; build each list's breakdowns once
+    # (the timeline only reads them).
+    built: dict[tuple, tuple[Breakdown, Breakdown]] = {}
+    for i, st in enumerate(acts.stages):
+        group = "activations/layers" if st.label.startswith("layer") else f"activations/{st.label}"
+        key = (id(st.saved), group, st.freed_before_peak)
+        if key not in built:
+            built[key] = (_stage_breakdown(st.saved, group),
+                          _stage_breakdown([x for x in st.saved if x[0] not in st.freed_before_peak], group))
+        stage_acts.append(built[key][0])
+        at_peak.append(built[key][1])
+        t = Breakdown()
+        if st.recompute:
+            rkey = (id(st.recompute), "recompute", st.freed_before_peak)
+            if rkey not in built:
+                built[rkey] = (_stage_breakdown([x for x in st.recompute if x[0] not in st.freed_before_peak],
+                                                "activations/recomputed_layer"), Breakdown())
+            t.merge(built[rkey][0])
+        if st.label.startswith("layer"):
+            t.merge(acts.layer_backward_transient)
+        elif i == n - 1:
+            t.merge(acts.head_backward_transient)
+        elif i == 0:
+            t.merge(tied_embedding_grad_temp(desc, spec, params))
+            if acts.input_leaf_bytes:
+                t.add("activations/input_leaf", acts.input_leaf_bytes).add("gradients/input_leaf", acts.input_leaf_bytes)
+        transients.append(t)
+        labels.append(f"{st.label} backward")
+    return StepPlan(static=static, grads_by_stage=grads, stage_acts=stage_acts,
+                    loss_saved=acts.loss_saved, forward_end_transient=acts.forward_end_transient,
+                    loss_backward_transient=acts.loss_backward_transient,
+                    stage_backward_transient=transients, stage_acts_at_peak=at_peak,
+                    stage_grads_at_peak=grads_at_peak,
+                    optimizer_temporaries=_optimizer_extras(spec, params, acts),
+                    grads_alive_in_forward=spec.grad_accum_steps > 1, labels=labels)

@@ -1,0 +1,169 @@
+"""Checks of a job against its model: what cannot run is a SpecError naming the field; what
+runs but is suspicious is a note (Estimate.notes, printed as `note:` by the CLI).
+
+Each refusal is one the real library makes when the job starts (cited at each check), so
+vramplan never prints a number for a job that cannot run. Pure: spec and model in, no I/O.
+"""
+from __future__ import annotations
+
+from vramplan.model import ModelDesc, PositionKind
+from vramplan.spec import JobSpec, Method, SpecError, Task
+
+MAX_DEVICE_BYTES = 2**50
+"""1 PiB: thousands of times any GPU's memory; an estimate beyond it is a unit slip."""
+LARGE_TOKENS = 2**22
+"""Tokens per GPU per micro-step beyond which a note asks whether the size is meant."""
+
+
+def check_job(desc: ModelDesc, spec: JobSpec) -> list[str]:
+    """Raise SpecError for a job the libraries refuse; return notes for suspicious ones."""
+    notes: list[str] = []
+    notes += _positions(desc, spec)
+    notes += _trainable(desc, spec)
+    if not spec.parallel.is_trivial or spec.num_gpus > 1:
+        notes += _parallel(desc, spec)
+    tokens = spec.micro_batch_size * spec.seq_len // spec.parallel.cp
+    if tokens > LARGE_TOKENS:
+        notes.append(f"absurd size? micro_batch_size x seq_len = {tokens:,} tokens per GPU per "
+                     "micro-step; check the units of micro_batch_size and seq_len")
+    return notes
+
+
+def check_size(device_bytes: int, spec: JobSpec) -> None:
+    """An estimate past MAX_DEVICE_BYTES is refused: no GPU holds it, and such sizes come
+    from a slip (seq_len 1e12) rather than a plan."""
+    if device_bytes <= MAX_DEVICE_BYTES:
+        return
+    field = "seq_len" if spec.seq_len >= spec.micro_batch_size else "micro_batch_size"
+    if spec.seq_len * spec.micro_batch_size <= 2**20:
+        field = "model" if spec.model is not None else "num_params"
+    raise SpecError(field, f"this job needs {device_bytes / 2**50:,.0f} PiB per GPU, beyond any GPU "
+                    "(the largest hold a few hundred GB); lower micro_batch_size or seq_len, or shard more")
+
+
+def _positions(desc: ModelDesc, spec: JobSpec) -> list[str]:
+    limit = desc.max_position_embeddings
+    length = spec.seq_len + (spec.max_new_tokens or 0)
+    if not limit or length <= limit or spec.model is None:  # a raw size has no position table
+        return []
+    what = f"{length:,} tokens" if not spec.max_new_tokens else f"seq_len + max_new_tokens = {length:,}"
+    if desc.position is PositionKind.LEARNED:
+        # GPT-2's wpe / BERT's position_embeddings are nn.Embedding(max_positions, h): a
+        # position past the table is an index error (a device-side assert on CUDA).
+        raise SpecError("seq_len", f"{what} are past {desc.name}'s {limit:,} learned "
+                        f"positions (max_position_embeddings); use seq_len <= {limit:,}")
+    return [f"seq_len: {what} are past {desc.name}'s max_position_embeddings {limit:,}: "
+            "rotary positions run, but the model was not trained that long (rope_scaling?)"]
+
+
+def _trainable(desc: ModelDesc, spec: JobSpec) -> list[str]:
+    if spec.method is Method.FREEZE and spec.freeze is not None and spec.task is not Task.INFERENCE:
+        return _freeze(desc, spec)
+    if spec.method in (Method.LORA, Method.QLORA) and spec.lora is not None:
+        return _lora(desc, spec)
+    return []
+
+
+def _freeze(desc: ModelDesc, spec: JobSpec) -> list[str]:
+    cfg, L = spec.freeze, desc.num_layers
+    for i in cfg.trainable_layers:
+        if not -L <= i < L:
+            raise SpecError("freeze.trainable_layers", f"{i} is not a layer of {desc.name} "
+                            f"(0..{L - 1}, or -{L}..-1 from the end)")
+    notes = []
+    for name in cfg.trainable_modules:
+        if not any(name in p.name for p in desc.params):
+            notes.append(f"freeze.trainable_modules {name!r} matches no parameter of {desc.name}; "
+                         "it trains nothing")
+    if not cfg.trainable_layers and len(notes) == len(cfg.trainable_modules):
+        # torch.optim.Optimizer.__init__: "optimizer got an empty parameter list".
+        raise SpecError("freeze", f"trains nothing of {desc.name}: name trainable_layers, or "
+                        "trainable_modules that are parts of parameter names (e.g. 'lm_head', 'norm')")
+    return notes
+
+
+def _lora(desc: ModelDesc, spec: JobSpec) -> list[str]:
+    from vramplan.components.trainable import lora_targets
+    hit, unmatched = lora_targets(desc, spec)
+    if not hit:
+        # peft tuners_utils.BaseTuner.inject_adapter raises "Target modules ... not found in
+        # the base model" when no module matched.
+        names = sorted({p.module.rsplit(".", 1)[-1] for p in desc.params if p.layer is not None})
+        default = " (the default, PEFT's for Llama-family models)" if spec.lora.target_modules == (
+            "q_proj", "v_proj") else ""
+        raise SpecError("lora.target_modules", f"{', '.join(unmatched)}{default} match no module of "
+                        f"{desc.name}; name some of its layer modules ({', '.join(names[:12])}) or all-linear")
+    return []  # partly unmatched targets: estimation's note (PEFT ignores them)
+
+
+def _parallel(desc: ModelDesc, spec: JobSpec) -> list[str]:
+    par, n = spec.parallel, spec.num_gpus
+    mp = par.tp * par.pp * par.cp
+    if n % mp:
+        raise SpecError("num_gpus", f"{n} GPUs do not split into tp x pp x cp = {mp}; "
+                        f"use a multiple of {mp}")
+    _tensor(desc, spec)
+    if par.pp > desc.num_layers:
+        raise SpecError("parallel.pp", f"{par.pp} pipeline stages for {desc.name}'s {desc.num_layers} "
+                        "layers: every stage needs a layer; use pp <= num_layers")
+    _experts(desc, spec, n // mp)
+    if par.cp > 1 and spec.seq_len % (2 * par.cp):
+        # megatron/core/utils.py get_batch_on_this_cp_rank views the sequence as 2 * cp chunks
+        # (load balancing for causal attention).
+        raise SpecError("parallel.cp", f"seq_len {spec.seq_len} does not split into 2 x cp = {2 * par.cp} "
+                        f"equal chunks; use a seq_len that is a multiple of {2 * par.cp}")
+    return _offload(spec)
+
+
+def _tensor(desc: ModelDesc, spec: JobSpec) -> None:
+    tp, s = spec.parallel.tp, spec.seq_len
+    if tp == 1:
+        return
+    # megatron/core/transformer/attention.py: divide(num_attention_heads, tp) and
+    # divide(num_query_groups, tp); torchtitan shards q/k/v heads colwise the same way.
+    for what, count in (("attention heads", desc.num_heads), ("KV heads", desc.num_kv_heads)):
+        if count % tp:
+            raise SpecError("parallel.tp", f"{tp} does not divide {desc.name}'s {count} {what}; "
+                            f"use a tp that divides {count}")
+    if spec.parallel.sp and s % tp:
+        # sequence parallelism scatters the sequence dimension over the tp ranks
+        # (megatron/core/tensor_parallel/mappings.py _split_along_first_dim).
+        raise SpecError("parallel.sp", f"seq_len {s} does not split over tp = {tp} ranks; "
+                        f"use a multiple of {tp}")
+
+
+def _experts(desc: ModelDesc, spec: JobSpec, dp: int) -> None:
+    ep = spec.parallel.ep
+    if ep == 1:
+        return
+    moe = desc.moe
+    if moe is None or not moe.num_experts:
+        raise SpecError("parallel.ep", f"{desc.name} is a dense model (no experts); use ep 1")
+    if moe.num_experts % ep:
+        # megatron/core/transformer/moe/moe_layer.py: num_local_experts = num_moe_experts // ep,
+        # asserted to divide.
+        raise SpecError("parallel.ep", f"{ep} does not divide {desc.name}'s {moe.num_experts} experts; "
+                        f"use an ep that divides {moe.num_experts}")
+    if (dp * spec.parallel.cp) % ep:
+        # megatron parallel_state.initialize_model_parallel: expert ranks are carved out of
+        # the data-parallel (x context-parallel) ranks.
+        raise SpecError("parallel.ep", f"{ep} does not divide the {dp * spec.parallel.cp} data-parallel "
+                        "ranks the experts are spread over; raise num_gpus or lower ep")
+
+
+def _offload(spec: JobSpec) -> list[str]:
+    par = spec.parallel
+    engine = par.zero_stage > 0 or par.fsdp != "none"
+    for name in ("offload_optimizer", "offload_params"):
+        if getattr(par, name) != "none" and not engine:
+            raise SpecError(f"parallel.{name}", f"{getattr(par, name)} offload needs an engine that "
+                            "offloads: set zero_stage (DeepSpeed ZeRO-Offload) or fsdp; plain "
+                            "data parallelism keeps everything on the GPU")
+    if par.offload_params != "none" and par.zero_stage in (1, 2):
+        # deepspeed/runtime/zero/config.py: offload_param is a ZeRO stage 3 setting.
+        raise SpecError("parallel.offload_params", f"DeepSpeed offloads parameters only under ZeRO-3; "
+                        f"use zero_stage 3 or drop offload_params (stage {par.zero_stage})")
+    if par.fsdp != "none" and "nvme" in (par.offload_optimizer, par.offload_params):
+        raise SpecError("parallel.offload_optimizer", "FSDP offloads to cpu only (torch CPUOffload); "
+                        "use cpu, or DeepSpeed ZeRO-3 for nvme")
+    return []

@@ -1,0 +1,105 @@
+"""The allocator model wired into the estimate: alloc_conf, the JSON section, compare rows."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import vramplan
+from vramplan.plan.compare import compare, default_strategies
+from vramplan.spec import SpecError
+
+JOBS = [
+    {"model": "llama-3.2-1b", "micro_batch_size": 4, "seq_len": 1024},
+    {"model": "qwen2.5-0.5b", "method": "lora", "gradient_checkpointing": "full", "micro_batch_size": 8, "seq_len": 512},
+    {"model": "qwen2.5-0.5b", "grad_accum_steps": 4, "micro_batch_size": 2, "seq_len": 512, "gpu": "rtx-4090"},
+    {"model": "gpt2", "attention": "eager", "micro_batch_size": 8, "seq_len": 1024},
+]
+
+
+# Expandable segments map the large pool in 20 MiB pages and the small pool in 2 MiB pages
+# (Note [Expandable Segments]): where the default segments already fit the step tightly,
+# the last partly used pages can hold up to that much more; nowhere more than that.
+PAGES = 20 * 2**20 + 2 * 2**20
+
+
+@pytest.mark.parametrize("job", JOBS, ids=lambda j: j["model"] + "-" + j.get("method", "full"))
+def test_expandable_segments_never_raise_reserved_beyond_a_page(job):
+    base = vramplan.estimate(vramplan.load_spec(job))
+    exp = vramplan.estimate(vramplan.load_spec(dict(job, alloc_conf="expandable_segments:True")))
+    assert exp.allocator.reserved_bytes <= base.allocator.reserved_bytes + PAGES
+    assert exp.reserved_bytes - base.reserved_bytes == exp.allocator.reserved_bytes - base.allocator.reserved_bytes
+    assert exp.peak_allocated_bytes == base.peak_allocated_bytes
+
+
+def test_expandable_segments_lower_reserved_where_there_is_fragmentation():
+    job = {"model": "qwen2.5-1.5b", "grad_accum_steps": 4, "micro_batch_size": 1, "seq_len": 512}
+    base = vramplan.estimate(vramplan.load_spec(job))
+    exp = vramplan.estimate(vramplan.load_spec(dict(job, alloc_conf="expandable_segments:True")))
+    assert base.allocator.fragmentation_bytes > 2**30
+    assert exp.reserved_bytes < base.reserved_bytes - 2**30
+
+
+def test_json_names_the_allocator_and_its_fragmentation():
+    est = vramplan.estimate(vramplan.load_spec(JOBS[0]))
+    section = json.loads(json.dumps(est.to_dict()))["allocator"]
+    assert section["reserved_bytes"] >= section["live_peak_bytes"] == est.peak_allocated_bytes
+    frag = section["fragmentation"]
+    assert section["fragmentation_bytes"] == frag["inactive_blocks"] + frag["rounding"]
+    assert section["segments"]["count"] == len(section["segments"]["sizes"]) > 0
+    assert section["options"]["expandable_segments"] is False
+
+
+def test_cpu_backend_has_no_allocator_section():
+    est = vramplan.estimate(vramplan.load_spec(dict(JOBS[0], backend="cpu")))
+    assert "allocator" not in est.to_dict() and est.reserved_bytes == est.peak_allocated_bytes
+
+
+def test_bad_alloc_conf_is_a_spec_error():
+    with pytest.raises(SpecError, match="^alloc_conf: max_split_size_mb: too small"):
+        vramplan.load_spec(dict(JOBS[0], alloc_conf="max_split_size_mb:4"))
+
+
+def test_compare_shows_what_expandable_segments_save():
+    spec = vramplan.load_spec(dict(JOBS[3], gpu="a100-80gb"))
+    names = [s.name for s in default_strategies(spec)]
+    assert "expandable segments" in names
+    rows = compare(spec, strategies=[s for s in default_strategies(spec) if s.name in ("baseline", "expandable segments")])
+    row = next(r for r in rows if r.strategy.name == "expandable segments")
+    assert row.spec.alloc_conf == "expandable_segments:True"
+    assert row.saving_bytes == rows[0].estimate.reserved_bytes - row.estimate.reserved_bytes >= 0
+    # already expandable: no such row
+    assert "expandable segments" not in [s.name for s in default_strategies(
+        vramplan.load_spec(dict(JOBS[3], alloc_conf="expandable_segments:True")))]
+
+
+def _cli(*args, env=None):
+    code = "import sys; from vramplan.cli import main; sys.exit(main())"
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=full_env)
+
+
+def test_cli_reads_the_flag_and_the_environment():
+    out = _cli("estimate", "gpt2", "--seq-len", "1024", "--json", "--alloc-conf", "expandable_segments:True")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["spec"]["alloc_conf"] == "expandable_segments:True"
+    out = _cli("estimate", "gpt2", "--seq-len", "1024", "--json", env={"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:64"})
+    assert json.loads(out.stdout)["allocator"]["options"]["max_split_size_mb"] == 64
+    bad = _cli("estimate", "gpt2", "--seq-len", "1024", "--alloc-conf", "expandable_segment:True")
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+    assert "expandable_segments" in bad.stderr
+
+
+def test_compare_offers_max_split_size_when_fragmentation_is_large():
+    spec = vramplan.load_spec({"model": "qwen2.5-1.5b", "grad_accum_steps": 4, "micro_batch_size": 1,
+                               "seq_len": 512, "gpu": "a100-40gb"})
+    rows = {r.strategy.name: r for r in compare(spec)}
+    base = rows["baseline"].estimate
+    assert base.allocator.fragmentation_bytes > 0.05 * base.allocator.reserved_bytes
+    row = rows["max_split_size_mb 128"]
+    assert row.spec.alloc_conf == "max_split_size_mb:128"
+    # the saving is what the allocator model finds, whatever its sign
+    assert row.saving_bytes == base.device_bytes - row.estimate.device_bytes
+    assert row.estimate.reserved_bytes - base.reserved_bytes == (
+        row.estimate.allocator.reserved_bytes - base.allocator.reserved_bytes)

@@ -1,0 +1,200 @@
+"""The bad-input corpus (tests/bad_inputs/*.yaml): every case through the Python API
+(`vramplan.estimate`, with `import_config_files` for engine/trainer files) and through the
+CLI (`main(["estimate", "--spec", ...])`).
+
+Outcomes: `error` -> the API raises SpecError whose `field` is the case's field and whose
+message holds `says`; the CLI exits 2 with one `vramplan: error:` line naming the field and
+no traceback. `warn` -> an estimate whose notes hold `says`, printed by the CLI as `note:`.
+`ok` -> an estimate with a positive peak and no notes (but `allow_note`).
+"""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+
+import pytest
+import yaml
+
+import vramplan
+from vramplan.cli import main
+from vramplan.importers import import_config_files
+from vramplan.importers.report import merge
+
+HERE = pathlib.Path(__file__).parent / "bad_inputs"
+_FILES = {"deepspeed": "ds.json", "deepspeed_yaml": "ds.yaml", "training_args": "args.json",
+          "accelerate_config": "accelerate.yaml", "recipe": "recipe.yaml"}
+
+
+def _cases() -> list[dict]:
+    out = []
+    for path in sorted(HERE.glob("*.yaml")):
+        for case in yaml.safe_load(path.read_text()):
+            case["source"] = path.name
+            out.append(case)
+    return out
+
+
+CASES = _cases()
+
+
+def _squash(text: str) -> str:
+    return "".join(str(text).split()).lower()
+
+
+def _write(path: pathlib.Path, content) -> str:
+    if isinstance(content, str):
+        path.write_text(content)
+    elif path.suffix == ".json":
+        path.write_text(json.dumps(content))
+    else:
+        path.write_text(yaml.safe_dump(content))
+    return str(path)
+
+
+def _nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+def _materialize(case: dict, tmp: pathlib.Path) -> tuple[object, dict, str | None]:
+    """(what the API gets, the config files by flag, the spec path the CLI gets or None)."""
+    spec = dict(case.get("spec") or {})
+    if "config" in case or "config_text" in case:
+        if case.get("inline"):
+            spec["model"] = case["config"]
+        else:
+            content = case["config"] if "config" in case else case["config_text"]
+            spec["model"] = _write(tmp / "config.json", content)
+    if case.get("config_folder"):
+        (tmp / "model").mkdir()
+        spec["model"] = str(tmp / "model")
+    files = {}
+    for key, content in (case.get("files") or {}).items():
+        flag = "deepspeed" if key == "deepspeed_yaml" else key
+        files[flag] = _write(tmp / _FILES[key], content)
+    spec_path = None
+    if "spec_text" in case or "spec_text_hex" in case:
+        text = case.get("spec_text", "")
+        if "deep" in case:
+            text = text.replace("PLACEHOLDER_DEEP", _nested(case["deep"]))
+        text += "#" + "x" * case["pad_bytes"] + "\n" if case.get("pad_bytes") else ""
+        spec_path = tmp / case.get("spec_name", "spec.yaml")
+        if "spec_text_hex" in case:
+            spec_path.write_bytes(bytes.fromhex(case["spec_text_hex"]))
+        else:
+            spec_path.write_text(text)
+        spec_path = str(spec_path)
+    if "spec_path" in case:
+        spec_path = case["spec_path"].format(tmp=tmp)
+    return (spec_path if spec_path else spec), files, spec_path
+
+
+def _api(case: dict, tmp: pathlib.Path):
+    source, files, _ = _materialize(case, tmp)
+    if files:
+        overrides, _ = import_config_files(**files)
+        source = merge(dict(source), overrides)
+    return vramplan.estimate(source)
+
+
+def _cli(case: dict, tmp: pathlib.Path, capsys) -> tuple[int, str, str]:
+    source, files, spec_path = _materialize(case, tmp)
+    if spec_path is None:
+        spec_path = _write(tmp / "cli-spec.yaml", source)
+    argv = ["estimate", "--spec", spec_path]
+    for flag, path in files.items():
+        argv += ["--" + flag.replace("_", "-"), path]
+    code = main(argv + list(case.get("cli") or []))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
+def test_python_api(case, tmp_path):
+    if case["expect"] == "error":
+        with pytest.raises(vramplan.SpecError) as info:
+            _api(case, tmp_path)
+        assert isinstance(info.value, ValueError)
+        if "field" in case:
+            assert info.value.field == str(case["field"]) or info.value.field.endswith(str(case["field"])), str(info.value)
+        assert _squash(case.get("says", case.get("field", ""))) in _squash(info.value), str(info.value)
+        assert "\n" not in str(info.value)
+        return
+    est = _api(case, tmp_path)
+    assert est.peak_allocated_bytes > 0
+    if case["expect"] == "warn":
+        assert any(_squash(case["says"]) in _squash(n) for n in est.notes), est.notes
+    else:  # `allow_note`: an informational note this job always carries (host memory)
+        allowed = _squash(case.get("allow_note", "\0"))
+        assert [n for n in est.notes if allowed not in _squash(n)] == [], est.notes
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
+def test_cli(case, tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("VRAMPLAN_ONLINE", raising=False)
+    code, out, err = _cli(case, tmp_path, capsys)
+    assert "Traceback" not in out + err
+    if case["expect"] == "error":
+        assert code == 2, (out, err)
+        errors = [line for line in err.splitlines() if line.startswith("vramplan: error:")]
+        assert len(errors) == 1 and err.rstrip().splitlines()[-1] == errors[0], err
+        if not case.get("files"):
+            assert len(err.strip().splitlines()) == 1, err
+        assert _squash(case.get("field", "")) in _squash(errors[0]), errors[0]
+        assert _squash(case.get("says", "")) in _squash(errors[0]), errors[0]
+        return
+    assert code in (0, 1), err
+    if case["expect"] == "warn":
+        assert "note:" in out and _squash(case["says"]) in _squash(out), out
+    elif "allow_note" not in case:
+        assert "note:" not in out, out
+
+
+def test_corpus_is_large_and_covers_every_outcome():
+    kinds = [c["expect"] for c in CASES]
+    assert len(CASES) >= 150
+    assert {"error", "warn", "ok"} <= set(kinds)
+    ids = [c["id"] for c in CASES]
+    assert len(ids) == len(set(ids)), "case ids must be unique"
+    for case in CASES:
+        assert case["expect"] in ("error", "warn", "ok"), case["id"]
+        assert case["expect"] != "error" or "field" in case or "says" in case, case["id"]
+        assert case["expect"] != "warn" or "says" in case, case["id"]
+
+
+FLAGS = [  # (command line, a substring of the one error line); {tmp} is a folder
+    (["estimate", "gpt2", "--seq-len", "abc"], "--seq-len"),
+    (["estimate", "gpt2", "--zero-stage", "true"], "--zero-stage"),
+    (["estimate", "llama-3.2-1b", "--num-gpus", "2", "--tp", "2", "--sp", "maybe"], "--sp"),
+    (["estimate", "gpt2", "--seq-len", "512", "--plot", "/nonexistent-folder/x.png"], "No such file"),
+    (["estimate", "gpt2", "--seq-len", "512", "--save-spec", "{tmp}"], "directory"),
+    (["estimate", "gpt2", "--seq-len", "8192"], "learned positions"),
+    (["estimate", "llama-3.1-8b", "--num-gpus", "3", "--tp", "3"], "parallel.tp"),
+    (["estimate", "llama-3.1-8b", "--num-gpus", "16", "--tp", "16"], "8 KV heads"),
+    (["estimate", "gpt2", "--seq-len", "512", "--num-gpus", "64", "--pp", "64"], "parallel.pp"),
+    (["estimate", "mixtral-8x7b", "--num-gpus", "16", "--ep", "16"], "parallel.ep"),
+    (["estimate", "llama-3.1-8b", "--num-gpus", "3", "--cp", "3", "--seq-len", "1000"], "parallel.cp"),
+    (["estimate", "llama-3.2-1b", "--offload-optimizer", "cpu"], "offload"),
+    (["estimate", "llama-3.2-1b", "--num-gpus", "4", "--pp", "2", "--zero-stage", "3"], "pipeline"),
+    (["estimate", "--spec", "{tmp}/missing.yaml"], "file not found"),
+    (["estimate", "vramplan-test-org/not-cached"], "--online"),
+    (["estimate", "gpt2", "--seq-len", "512", "--gpu", "h1000"], "gpu"),
+    (["compare", "llama-3.1-8b", "--num-gpus", "3", "--tp", "3", "--gpu", "h100"], "parallel.tp"),
+    (["check", "llama-3.1-8b", "--num-gpus", "16", "--tp", "16", "--gpu", "h100"], "KV heads"),
+]
+
+
+@pytest.mark.parametrize("argv,says", FLAGS, ids=[" ".join(a[1:4]) for a, _ in FLAGS])
+def test_cli_flags_one_line(argv, says, tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("VRAMPLAN_ONLINE", raising=False)
+    code = main([a.format(tmp=tmp_path) for a in argv])
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("vramplan: error:"), (code, err)
+    assert says in lines[0] and "Traceback" not in out + err
+
+
+def test_cli_warning_is_printed_as_a_note(capsys):
+    code = main(["estimate", "llama-3.2-1b", "--seq-len", "200000", "--gradient-checkpointing", "full"])
+    out = _squash(capsys.readouterr().out)
+    assert code == 0 and _squash("note: seq_len: 200,000 tokens are past") in out
