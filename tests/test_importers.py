@@ -101,7 +101,8 @@ def test_training_args_with_deepspeed_resolves_auto(tmp_path):
     ta = write(tmp_path, "args.json", TRAINING_ARGS)
     over, lines = import_config_files(training_args=ta)
     assert over["micro_batch_size"] == 4 and over["grad_accum_steps"] == 8
-    assert over["precision"] == "mixed-bf16"
+    # DeepSpeed's bf16 section: 16-bit weights over an fp32 master (the deepspeed stack's bf16)
+    assert over["precision"] == "bf16" and over["stack"] == "deepspeed"
     assert over["optimizer"] == "adamw" and over["optimizer_impl"] == "fused"
     par = over["parallel"]
     assert par["zero_stage"] == 3 and par["offload_optimizer"] == "cpu" and par["offload_params"] == "cpu"
@@ -119,7 +120,7 @@ def test_deepspeed_alone_reports_unresolved_auto(tmp_path):
 
 def test_accelerate_fsdp2(tmp_path):
     over, _ = import_config_files(accelerate_config=write(tmp_path, "acc.yaml", ACCELERATE_FSDP))
-    assert over["num_gpus"] == 8 and over["precision"] == "amp-bf16"
+    assert over["num_gpus"] == 8 and over["precision"] == "bf16" and over["stack"] == "accelerate-fsdp"
     assert over["parallel"] == {"fsdp_version": 2, "fsdp": "full-shard"}
 
 

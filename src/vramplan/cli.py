@@ -25,7 +25,12 @@ _SPEC_FLAGS = {
     "task": (str, "sft | pretrain | sequence-classification | inference | dpo | ipo | kto | orpo | simpo | "
                   "reward-model | ppo | grpo | distill"),
     "method": (str, "full | lora | qlora | freeze"),
-    "precision": (str, "fp32 | bf16 | fp16 | amp-bf16 | amp-fp16 | mixed-bf16 | mixed-fp16"),
+    "precision": (str, N_("fp32 | bf16 | fp16 (as the stack's flag) | amp-bf16 | amp-fp16 | mixed-bf16 | "
+                          "mixed-fp16 | pure-bf16 | pure-fp16")),
+    "stack": (str, "hf-trainer (default) | trl | deepspeed | accelerate-fsdp | torchtune | axolotl | "
+                   "llama-factory | ms-swift | litgpt | torchtitan | megatron | diffusers-scripts"),
+    "load_dtype": (str, N_("dtype the weights are loaded in: float32 | bfloat16 | float16 "
+                           "(default: the stack's, the checkpoint's dtype in transformers 5)")),
     "optimizer": (str, "adamw | adam | sgd | adafactor | lion | adamw-8bit | paged-adamw-8bit | paged-adamw-32bit"),
     "optimizer_impl": (str, "foreach | fused | forloop"),
     "momentum": (float, N_("SGD momentum")),

@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 
 from vramplan.breakdown import Breakdown
 from vramplan.components.activations import plan_activations
+from vramplan.components.dtypes import resolve_load_dtype, stated_dtypes
 from vramplan.components.runtime import (
     blas_workspace_terms, cuda_context_bytes, nccl_terms, process_groups, reserved_from_allocated,
 )
@@ -56,6 +57,11 @@ class Estimate:
         return None if self.replay is None else self.replay()
 
     @property
+    def dtypes(self):
+        """The effective dtypes taken (weights, gradients, optimizer states, master, compute)."""
+        return stated_dtypes(self.spec)
+
+    @property
     def fits(self) -> bool | None:
         if self.gpu is None:
             return None
@@ -99,6 +105,8 @@ class Estimate:
                       "trainable_params": self.trainable_params,
                       **({"per_model": dict(self.models)} if self.models else {})},
             "spec": self.spec.to_dict(),
+            "stack": {**self.spec.stack.to_dict(), "load_dtype": self.spec.load_dtype},
+            "dtypes": self.dtypes.to_dict(),
             "peak_allocated_bytes": self.peak_allocated_bytes,
             "peak_phase": self.peak_phase,
             "peak_event": self.peak_event,
@@ -162,6 +170,7 @@ def estimate(spec: JobSpec) -> Estimate:
 
 
 def estimate_model(desc: ModelDesc, spec: JobSpec, gpu=None) -> Estimate:
+    spec = resolve_load_dtype(spec, desc.checkpoint_dtype)
     from vramplan.validity import check_job
     checked = check_job(desc, spec)  # SpecError for a job the libraries refuse
     params = param_set(desc, spec)

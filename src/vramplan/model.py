@@ -129,6 +129,9 @@ class ModelDesc:
     """Indices of layers whose MLP is an MoE block (all layers for Mixtral)."""
     params: tuple[ParamEntry, ...] = field(default=())
     hub_id: str | None = None
+    checkpoint_dtype: str | None = None
+    """dtype the checkpoint is stored in (config `dtype` / `torch_dtype`), None if unstated:
+    what transformers 5 `from_pretrained` loads by default."""
 
     def num_params(self) -> int:
         """Unique parameter elements (tied embeddings counted once, as PyTorch does)."""

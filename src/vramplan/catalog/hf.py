@@ -108,6 +108,26 @@ def model_from_hf_config(config: dict, name: str | None = None, *,
     """Build the ModelDesc of a Hugging Face config.json dict (see module docstring)."""
     if not isinstance(config, dict):
         raise ValueError(f"config must be a dict, got {type(config).__name__}")
+    desc = _model_from_config(config, name, num_labels)
+    dtype = checkpoint_dtype(config)
+    return replace(desc, checkpoint_dtype=dtype) if dtype else desc
+
+
+_CONFIG_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+
+
+def checkpoint_dtype(config: dict) -> str | None:
+    """The checkpoint's dtype: `dtype` (transformers 5) or `torch_dtype` (4.x), also inside a
+    multimodal `text_config`; None when unstated or not a float dtype we model."""
+    for cfg in (config, config.get("text_config") if isinstance(config.get("text_config"), dict) else {}):
+        for key in ("dtype", "torch_dtype"):
+            value = str(cfg.get(key) or "").replace("torch.", "")
+            if value in _CONFIG_DTYPES:
+                return _CONFIG_DTYPES[value]
+    return None
+
+
+def _model_from_config(config: dict, name: str | None, num_labels: int | None) -> ModelDesc:
     model_type = config.get("model_type")
     if model_type is None:
         raise ValueError("config is missing required field 'model_type'")

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from vramplan.breakdown import Breakdown
 from vramplan.components.arch import Ctx, norm
 from vramplan.components.arch_other import OTHER_MODEL_TYPES, layer_fn, layer_prefix, other_embed, other_head
+from vramplan.components.dtypes import dtypes_of
 from vramplan.components.graph import Param, Recorder, Storage, Sym
 from vramplan.components.trainable import ParamSet
 from vramplan.model import MlpKind, ModelDesc
@@ -60,7 +61,7 @@ def build_ctx(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Ctx:
     gqa_native = not spec.packing and desc.head_dim <= 256
     ctx = Ctx(desc=desc, params=table, lora=lora,
                lora_dropout=spec.lora.dropout if spec.lora else 0.0,
-               act_dtype=spec.precision.weight_dtype if spec.method.value != "qlora"
+               act_dtype=dtypes_of(spec).weights if spec.method.value != "qlora"
                else spec.quantization.compute_dtype,
                attention=spec.attention.value, gqa_native=gqa_native)
     ctx.shared_keys["param_set"] = params
@@ -95,7 +96,7 @@ def _param_tables(params: ParamSet) -> tuple[dict[str, Param], dict[str, tuple[P
 
 
 def _autocast(spec: JobSpec) -> str | None:
-    return spec.precision.compute_dtype if spec.precision.is_autocast else None
+    return dtypes_of(spec).autocast
 
 
 def _recorder(spec: JobSpec, seen: set[int]) -> Recorder:
@@ -143,12 +144,16 @@ def plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Activa
     stages.append(Stage("head", head_rec.saved_items(), []))
     plan = _with_loss(desc, spec, stages, logits, x)
     plan.input_leaf_bytes = input_leaf
-    if spec.precision.is_autocast and spec.gradient_checkpointing is not Checkpointing.NONE:
-        # autocast caches the low-precision copy of every trained weight until the autocast
-        # region exits (aten/src/ATen/autocast_mode.cpp cached_cast; the cache is cleared on
-        # exit), so under checkpointing, where the layers keep none of them, all the casts
-        # made in forward are still alive while the loss is computed.
-        cache = sum(v for st in stages for n, v in st.recompute if n.startswith("autocast_weight/"))
+    if _autocast(spec) and spec.gradient_checkpointing is not Checkpointing.NONE:
+        # autocast caches the low-precision copy of a weight only when it is a leaf that
+        # requires grad (aten/src/ATen/autocast_mode.cpp `cached_cast`: `arg.is_leaf() &&
+        # arg.requires_grad()`), until the region exits; so under checkpointing, where the
+        # layers keep none of them, the casts of the trained weights made in forward are
+        # still alive while the loss is computed. Frozen weights are cast at each use and
+        # freed with it.
+        trained = {p.name.split("#", 1)[0] for p in params.trainable()}
+        cache = sum(v for st in stages for n, v in st.recompute
+                    if n.startswith("autocast_weight/") and n.split("/", 1)[1] in trained)
         if cache:
             plan.forward_end_transient.add("activations/autocast_weight_cache", cache)
     head_in = head_rec.last_linear_input
@@ -303,8 +308,8 @@ def _layer_backward(desc: ModelDesc, spec: JobSpec) -> Breakdown:
     gradient of the down-projection input and those of both gate and up outputs (gated) or
     of fc1's output (plain), in the compute dtype."""
     tokens = spec.micro_batch_size * spec.seq_len
-    c = spec.precision.compute_dtype if spec.method.value != "qlora" else spec.quantization.compute_dtype
-    res = spec.precision.weight_dtype if spec.method.value != "qlora" else c
+    c = dtypes_of(spec).compute if spec.method.value != "qlora" else spec.quantization.compute_dtype
+    res = dtypes_of(spec).weights if spec.method.value != "qlora" else c
     width = desc.moe.expert_intermediate_size * desc.moe.top_k if desc.moe else desc.intermediate_size
     n_mlp = 3 if desc.mlp is MlpKind.GATED else 2
     return (Breakdown().add("backward/grad_hidden", nbytes(tokens * desc.hidden_size, res))

@@ -92,7 +92,7 @@ class Recorder:
 
     def _cast_param(self, w: Param) -> Sym:
         sym = Sym(w.name, w.shape, w.dtype, w.trainable, Storage(nbytes(_numel(w.shape), w.dtype)))
-        if self.autocast is None or w.dtype == self.autocast or w.dtype not in ("fp32",):
+        if self.autocast is None or w.dtype == self.autocast or w.dtype not in ("fp32", "bf16", "fp16"):
             return sym
         key = id(w)
         if w.trainable and key in self.cast_cache:
@@ -169,15 +169,18 @@ class Recorder:
         return self.new(name, x.shape, x.dtype, x.requires_grad)
 
     def layer_norm(self, x: Sym, w: Param, name: str) -> Sym:
-        """aten native_layer_norm saves input, mean and rstd (one fp32 value per row)."""
-        xin = x if self.autocast is None else self.to(x, "fp32")  # autocast runs layer_norm in fp32
+        """aten native_layer_norm saves input, mean and rstd (one fp32 value per row). CUDA
+        autocast runs layer_norm in fp32 (autocast_mode.cpp: `layer_norm` in the CUDA fp32
+        list); CPU autocast lists no layer_norm, so it runs in its input's dtype."""
+        fp32_cast = self.autocast is not None and self.backend == "cuda"
+        xin = self.to(x, "fp32") if fp32_cast else x
         rows = _numel(x.shape[:-1])
         rg = x.requires_grad or w.trainable
         if rg:
             self.save(xin)
             self.save(self.new(f"{name}.mean", (rows,), "fp32", False),
                       self.new(f"{name}.rstd", (rows,), "fp32", False))
-        return self.new(name, x.shape, _promote(xin.dtype, w.dtype) if self.autocast is None else "fp32", rg)
+        return self.new(name, x.shape, "fp32" if fp32_cast else _promote(xin.dtype, w.dtype), rg)
 
     def embedding(self, ids: Sym, w: Param, name: str) -> Sym:
         """aten embedding saves the indices (for the weight gradient)."""

@@ -9,6 +9,7 @@ d head_dim, L layers, v vocabulary.
 from __future__ import annotations
 
 from vramplan.breakdown import Breakdown
+from vramplan.components.dtypes import dtypes_of
 from vramplan.model import MlpKind, ModelDesc
 from vramplan.spec import Attention, JobSpec
 from vramplan.units import nbytes
@@ -40,7 +41,7 @@ def layer_transient(desc: ModelDesc, batch: int, tokens: int, dtype: str, attent
 def inference_terms(desc: ModelDesc, spec: JobSpec, new_tokens: int) -> tuple[Breakdown, Breakdown]:
     """(persistent, transient at the peak) for a forward over the prompt, then generation."""
     b, s = spec.micro_batch_size, spec.seq_len
-    c = spec.precision.compute_dtype if spec.quantization is None else spec.quantization.compute_dtype
+    c = dtypes_of(spec).compute if spec.quantization is None else spec.quantization.compute_dtype
     persistent = Breakdown()
     if new_tokens:
         persistent.add("kv_cache", kv_cache_bytes(desc, b, s + new_tokens, c))

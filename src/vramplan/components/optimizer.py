@@ -6,6 +6,7 @@ Each rule names the torch / transformers / bitsandbytes code whose allocations i
 from __future__ import annotations
 
 from vramplan.breakdown import Breakdown
+from vramplan.components.dtypes import dtypes_of
 from vramplan.components.trainable import HeldParam, ParamSet, grad_dtype
 from vramplan.spec import Backend, JobSpec, Optimizer, OptimizerImpl
 from vramplan.units import nbytes
@@ -29,10 +30,16 @@ def _step_scalar_bytes(spec: JobSpec) -> int:
     return 0
 
 
+def _state_dtype(spec: JobSpec, p: HeldParam) -> str:
+    """Optimizer states live in the dtype of the tensors the optimizer updates: the fp32
+    master copies under a master policy, else the parameters (and their gradients)."""
+    return dtypes_of(spec).optimizer_states if dtypes_of(spec).master_weights else grad_dtype(spec, p)
+
+
 def state_tensors(spec: JobSpec, p: HeldParam) -> dict[str, int]:
     """Persistent optimizer state bytes for one trainable parameter, by state name."""
     n = p.numel
-    sdtype = "fp32" if spec.precision.has_master_weights else grad_dtype(spec, p)
+    sdtype = _state_dtype(spec, p)
     opt = spec.optimizer
     if opt in _ADAM_LIKE:
         return {"exp_avg": nbytes(n, sdtype), "exp_avg_sq": nbytes(n, sdtype), "step": _step_scalar_bytes(spec)}
@@ -75,7 +82,7 @@ def optimizer_states(spec: JobSpec, params: ParamSet) -> Breakdown:
     for p in params.trainable():
         for name, size in state_tensors(spec, p).items():
             out.add(f"{group}/{name}", size)
-    if spec.precision.has_master_weights:
+    if dtypes_of(spec).master_weights:
         out.add("master_weights/fp32", sum(nbytes(p.numel, "fp32") for p in params.trainable()))
     return out
 
@@ -87,7 +94,7 @@ def step_temporaries(spec: JobSpec, params: ParamSet) -> Breakdown:
         return Breakdown()
     impl, opt = spec.optimizer_impl, spec.optimizer
     out = Breakdown()
-    sizes = [nbytes(p.numel, "fp32" if spec.precision.has_master_weights else grad_dtype(spec, p)) for p in train]
+    sizes = [nbytes(p.numel, _state_dtype(spec, p)) for p in train]
     if opt in _ADAM_LIKE:
         if impl is OptimizerImpl.FOREACH:
             # torch/optim/adamw.py `_multi_tensor_adamw`: exp_avg_sq_sqrt = _foreach_sqrt(...)
@@ -107,7 +114,7 @@ def step_temporaries(spec: JobSpec, params: ParamSet) -> Breakdown:
         out.add("temporaries/optimizer/lion_update", 2 * max(sizes))
     elif opt is Optimizer.ADAFACTOR:
         out.merge(_adafactor_temporaries(spec, train))
-    if spec.precision.has_master_weights:
+    if dtypes_of(spec).master_weights:
         # The 16-bit gradient is copied to fp32 for the master update (DeepSpeed
         # runtime/bf16_optimizer.py keeps fp32_groups_gradients for every parameter).
         out.add("temporaries/optimizer/fp32_grads", sum(nbytes(p.numel, "fp32") for p in train))

@@ -10,8 +10,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from vramplan.components.dtypes import dtypes_of
 from vramplan.model import ModelDesc, ParamEntry
-from vramplan.spec import JobSpec, Method, Precision
+from vramplan.spec import JobSpec, Method
 from vramplan.spec.sections import ALL_LINEAR
 
 # Output heads that PEFT's "all-linear" leaves out (peft/tuners/tuners_utils.py,
@@ -88,7 +89,7 @@ _CACHE_SIZE = 64
 def param_set(desc: ModelDesc, spec: JobSpec) -> ParamSet:
     """Memoized on the model and the spec fields that decide it (a search re-estimates the
     same model under many layouts); ParamSet is immutable, so sharing it is safe."""
-    key = (id(desc), spec.task, spec.method, spec.lora, spec.quantization, spec.freeze, spec.precision)
+    key = (id(desc), spec.task, spec.method, spec.lora, spec.quantization, spec.freeze, dtypes_of(spec))
     hit = _CACHE.get(key)
     if hit is not None and hit[0] is desc:
         return hit[1]
@@ -100,7 +101,7 @@ def param_set(desc: ModelDesc, spec: JobSpec) -> ParamSet:
 
 
 def _param_set(desc: ModelDesc, spec: JobSpec) -> ParamSet:
-    wdtype = spec.precision.weight_dtype
+    wdtype = dtypes_of(spec).weights
     if spec.task.value == "inference":
         quant = spec.quantization.type.value if spec.quantization else None
         return ParamSet(tuple(
@@ -137,8 +138,9 @@ def _lora_set(desc: ModelDesc, spec: JobSpec, wdtype: str) -> ParamSet:
 
 def _adapter_dtype(spec: JobSpec) -> str:
     # PEFT upcasts adapter weights of a 16-bit base to fp32 (LoraModel with the default
-    # autocast_adapter_dtype=True: peft/tuners/tuners_utils.py `_cast_adapter_dtype`).
-    return "fp32"
+    # autocast_adapter_dtype=True: peft/tuners/tuners_utils.py `_cast_adapter_dtype`);
+    # frameworks that cast the whole module (DeepSpeed, torchtune) do not (dtypes.py).
+    return "fp32" if spec.method is Method.QLORA else dtypes_of(spec).adapters
 
 
 def _is_head(p: ParamEntry) -> bool:
@@ -159,7 +161,9 @@ def _modules_to_save(desc: ModelDesc, spec: JobSpec, wdtype: str):
 
 
 def grad_dtype(spec: JobSpec, p: HeldParam) -> str:
-    """Gradients take the parameter's dtype (autograd accumulates into param.grad)."""
-    if spec.precision in (Precision.MIXED_BF16, Precision.MIXED_FP16):
-        return spec.precision.weight_dtype
+    """Gradients take the parameter's dtype (autograd accumulates into param.grad); under
+    an fp32 master policy the parameters the model holds are the 16-bit ones."""
+    dt = dtypes_of(spec)
+    if dt.master_weights:
+        return dt.gradients
     return p.dtype

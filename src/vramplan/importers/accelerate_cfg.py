@@ -30,7 +30,8 @@ def from_accelerate(cfg: dict, source: str = "accelerate-config") -> tuple[dict,
         raw = cfg["mixed_precision"]
         mp = "no" if raw is False or raw is None else raw.lower() if isinstance(raw, str) else None
         if mp in ("bf16", "fp16"):
-            out["precision"] = f"amp-{mp}"
+            # accelerate's autocast over the weights as loaded (components/dtypes.py)
+            out["precision"] = mp
         elif mp in ("no", "none"):
             out["precision"] = "fp32"
         elif mp == "fp8":
@@ -40,6 +41,7 @@ def from_accelerate(cfg: dict, source: str = "accelerate-config") -> tuple[dict,
         if "mixed_precision" not in rep.unresolved:
             rep.use("mixed_precision", "precision")
     if dist == "FSDP":
+        out["stack"] = "accelerate-fsdp"
         _fsdp(need_mapping(rep, "fsdp_config", cfg.get("fsdp_config")), par, rep)
     elif dist == "DEEPSPEED":
         ds = need_mapping(rep, "deepspeed_config", cfg.get("deepspeed_config"))

@@ -102,7 +102,9 @@ def _auto(flat: dict, name: str, key: str, ctx: dict, out: dict, rep: ImportRepo
 
 def _precision(cfg: dict, ctx: dict, out: dict, rep: ImportReport) -> None:
     """DeepSpeed bf16/fp16 keep 16-bit weights and gradients with fp32 master weights and
-    optimizer states in the ZeRO optimizer: vramplan's mixed-bf16 / mixed-fp16."""
+    optimizer states in the ZeRO optimizer: the word bf16/fp16 on the deepspeed stack
+    (components/dtypes.py)."""
+    out["stack"] = "deepspeed"
     both = [k for k in ("bf16", "fp16") if isinstance(cfg.get(k), dict) and cfg[k].get("enabled") is True]
     if len(both) == 2:  # deepspeed/runtime/config.py: "bfloat16 and fp16 modes cannot be simultaneously enabled"
         raise ImportError_(rep.source, "bf16.enabled", "bf16 and fp16 cannot both be enabled; keep one")
@@ -118,7 +120,7 @@ def _precision(cfg: dict, ctx: dict, out: dict, rep: ImportReport) -> None:
                 rep.unresolved[f"{kind}.enabled"] = '"auto" needs bf16/fp16 from TrainingArguments'
                 continue
         if enabled is True:
-            out["precision"] = f"mixed-{kind}"
-            rep.use(f"{kind}.enabled", f"precision = mixed-{kind}")
+            out["precision"] = kind
+            rep.use(f"{kind}.enabled", f"precision = {kind} (DeepSpeed: 16-bit weights, fp32 master)")
         elif enabled is not False:
             raise ImportError_(rep.source, f"{kind}.enabled", f'expected true, false or "auto", got {enabled!r}')

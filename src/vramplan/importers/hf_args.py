@@ -28,7 +28,9 @@ def from_training_args(cfg: dict, source: str = "training-args") -> tuple[dict, 
     if not isinstance(cfg, dict):
         raise ImportError_(source, "config", "expected a mapping of TrainingArguments fields at the top level")
     rep = ImportReport(source)
-    out: dict = {}
+    # The Trainer (or a TRL trainer, an HF Trainer subclass) runs the step: its meaning of
+    # bf16/fp16 applies (components/dtypes.py).
+    out: dict = {"stack": "trl" if any(k in cfg for k in _TRL_ONLY) else "hf-trainer"}
     for name, value in cfg.items():
         handler = _FIELDS.get(name)
         if handler:
@@ -70,11 +72,24 @@ def _gc(v, out, rep, name):
 
 
 def _bf16(v, out, rep, name):
-    # Trainer with bf16=True runs fp32 weights under torch.autocast (accelerate
-    # mixed_precision="bf16"), unless DeepSpeed's bf16 section takes over.
+    # Trainer with bf16=True runs torch.autocast over the weights as loaded (accelerate
+    # mixed_precision="bf16"), unless DeepSpeed's bf16 section takes over: the stack's
+    # word bf16, read with load_dtype (components/dtypes.py).
     if need_bool(rep, name, v):
-        out.setdefault("precision", "amp-" + name)
-        rep.use(name, f"precision = amp-{name}")
+        out.setdefault("precision", name)
+        rep.use(name, f"precision = {name} (autocast over the load dtype)")
+
+
+def _model_init_kwargs(v, out, rep, name):
+    """TRL's `model_init_kwargs` (and `ref_model_init_kwargs`): the `dtype` (or 4.x
+    `torch_dtype`) the trainer passes to from_pretrained when given a model name."""
+    if not isinstance(v, dict):
+        return
+    for key in ("dtype", "torch_dtype"):
+        if v.get(key) not in (None, "auto"):
+            out["load_dtype"] = v[key]
+            rep.use(f"{name}.{key}", "load_dtype")
+            return
 
 
 def _optim(v, out, rep, name):
@@ -147,4 +162,9 @@ _FIELDS = {
     "gradient_checkpointing": _gc, "bf16": _bf16, "fp16": _bf16, "optim": _optim,
     "fsdp": _fsdp, "fsdp_config": _fsdp_config, "deepspeed": _deepspeed,
     "max_seq_length": _seq, "max_length": _seq, "use_peft": _lora,
+    "model_init_kwargs": _model_init_kwargs,
 }
+
+# Fields only TRL's configs have (trl/trainer/*_config.py): the file is a TRL config.
+_TRL_ONLY = ("model_init_kwargs", "dataset_text_field", "max_seq_length", "beta", "num_generations",
+             "max_prompt_length", "max_completion_length", "use_peft", "completion_only_loss", "packing")

@@ -38,7 +38,7 @@ def _common(cfg: dict, names: dict, rep: ImportReport, out: dict) -> None:
 
 def _axolotl(cfg: dict, source: str) -> tuple[dict, ImportReport]:
     rep = ImportReport(source)
-    out: dict = {}
+    out: dict = {"stack": "axolotl"}
     _common(cfg, {"base_model": "model", "micro_batch_size": "micro_batch_size",
                   "gradient_accumulation_steps": "grad_accum_steps", "sequence_len": "seq_len",
                   "sample_packing": "packing"}, rep, out)
@@ -47,7 +47,7 @@ def _axolotl(cfg: dict, source: str) -> tuple[dict, ImportReport]:
         rep.use("gradient_checkpointing", "gradient_checkpointing")
     for p in ("bf16", "fp16"):
         if cfg.get(p) == "auto" or _switch(rep, p, cfg.get(p)):
-            out["precision"] = f"amp-{p}"
+            out["precision"] = p  # the HF Trainer's flag: autocast over the load dtype
             rep.use(p, "precision")
     adapter = cfg.get("adapter")
     if adapter in ("lora", "qlora"):
@@ -81,7 +81,7 @@ def _axolotl(cfg: dict, source: str) -> tuple[dict, ImportReport]:
 
 def _llama_factory(cfg: dict, source: str) -> tuple[dict, ImportReport]:
     rep = ImportReport(source)
-    out: dict = {}
+    out: dict = {"stack": "llama-factory"}
     _common(cfg, {"model_name_or_path": "model", "per_device_train_batch_size": "micro_batch_size",
                   "gradient_accumulation_steps": "grad_accum_steps", "cutoff_len": "seq_len",
                   "packing": "packing"}, rep, out)
@@ -108,8 +108,9 @@ def _llama_factory(cfg: dict, source: str) -> tuple[dict, ImportReport]:
         rep.unresolved["finetuning_type"] = f"{ft!r}: freeze needs the trained layers; set freeze in the spec"
     for p in ("bf16", "fp16"):
         if _switch(rep, p, cfg.get(p)):
-            out["precision"] = f"amp-{p}"
+            out["precision"] = p  # the HF Trainer's flag: autocast over the load dtype
             rep.use(p, "precision")
+    _llama_factory_dtype(cfg, out, rep)
     if cfg.get("flash_attn") in ("fa2", "auto"):
         out["attention"] = "flash" if cfg["flash_attn"] == "fa2" else "sdpa"
         rep.use("flash_attn", "attention")
@@ -122,9 +123,27 @@ def _llama_factory(cfg: dict, source: str) -> tuple[dict, ImportReport]:
     return out, rep
 
 
+def _llama_factory_dtype(cfg: dict, out: dict, rep: ImportReport) -> None:
+    """LLaMA-Factory loads the model in the compute dtype its bf16/fp16 flag names, then
+    upcasts the trainable parameters to fp32 unless `pure_bf16` (or BAdam) is set
+    (src/llamafactory/model/adapter.py `init_adapter`: cast_trainable_params_to_fp32).
+    A full fine-tune therefore holds fp32 weights under autocast; `pure_bf16` trains in
+    bf16 with no autocast."""
+    if "precision" not in out:
+        return
+    if cfg.get("pure_bf16") or cfg.get("use_badam"):
+        out["precision"] = "pure-bf16"
+        rep.use("pure_bf16" if cfg.get("pure_bf16") else "use_badam", "precision = pure-bf16")
+    elif out.get("method") == "full":
+        out["load_dtype"] = "fp32"
+        rep.use(out["precision"], f"precision = {out['precision']}, trainable params upcast to fp32 (load_dtype fp32)")
+    else:
+        out["load_dtype"] = out["precision"]
+
+
 def _torchtune(cfg: dict, source: str) -> tuple[dict, ImportReport]:
     rep = ImportReport(source)
-    out: dict = {}
+    out: dict = {"stack": "torchtune"}
     _common(cfg, {"batch_size": "micro_batch_size", "gradient_accumulation_steps": "grad_accum_steps"}, rep, out)
     model = need_mapping(rep, "model", cfg.get("model"))
     comp = str(model.get("_component_", ""))

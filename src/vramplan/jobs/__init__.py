@@ -55,6 +55,8 @@ def estimate_job(spec: JobSpec, gpu=None):
 
 def estimate_descs(descs: dict[str, ModelDesc], spec: JobSpec, gpu=None):
     """The pure core: per-task step of several models -> Estimate."""
+    from vramplan.components.dtypes import resolve_load_dtype
+    spec = resolve_load_dtype(spec, descs["policy"].checkpoint_dtype if "policy" in descs else None)
     task = spec.task
     if task in (Task.DPO, Task.IPO, Task.KTO, Task.ORPO, Task.SIMPO, Task.REWARD_MODEL):
         from vramplan.jobs import preference

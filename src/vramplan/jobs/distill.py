@@ -14,6 +14,7 @@ from __future__ import annotations
 from vramplan.breakdown import Breakdown
 from vramplan.jobs.compose import Step, finish
 from vramplan.jobs.frozen import frozen_weights, no_grad_forward_peak
+from vramplan.components.dtypes import dtypes_of
 from vramplan.jobs.trained import LossTerms, compute_dtype, prefixed, trained_plan
 from vramplan.model import ModelDesc
 from vramplan.spec import JobSpec
@@ -44,7 +45,7 @@ def distill_estimate(descs: dict[str, ModelDesc], spec: JobSpec, gpu=None):
     trained = trained_plan(student, spec, b, kd_loss(t, v, c))
     step = Step(prefixed(trained.plan, "student"))
     step.plan.static.add("batch/input_ids", nbytes(t, "int64")).add("batch/labels", nbytes(t, "int64"))
-    step.plan.static.merge(frozen_weights(teacher, spec.precision.weight_dtype), prefix="teacher/")
+    step.plan.static.merge(frozen_weights(teacher, dtypes_of(spec).weights), prefix="teacher/")
     student_logits = Breakdown().add("student/logits/logits", nbytes(t * v, c))
     teacher_head = Breakdown().add("logits/logits", nbytes(t * v, c))
     fwd = no_grad_forward_peak(teacher, b, s, c, teacher_head)

@@ -59,8 +59,11 @@ def generic_estimate(descs: dict[str, ModelDesc], spec: JobSpec, gpu=None):
             if role.placement == "cpu":
                 raise ValueError(f"models.{role.role}: a trained model cannot be CPU-offloaded here; "
                                  "use placement gpu or other-gpu")
+            # a role with its own precision word is loaded as that word says, not in the
+            # job's resolved load dtype
             one = single_spec(spec, b, precision=precision, method=Method(role.method),
-                              lora=spec.lora if role.method == "lora" else None)
+                              lora=spec.lora if role.method == "lora" else None,
+                              load_dtype=spec.load_dtype if role.precision is None else None)
             other, n_train = core_plan(d, one)
             merge_trained(step.plan, prefixed(other, role.role), role.role)
             trainable += n_train

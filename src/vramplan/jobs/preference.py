@@ -16,6 +16,7 @@ from vramplan.breakdown import Breakdown
 from vramplan.i18n import Msg
 from vramplan.jobs.compose import Step, finish
 from vramplan.jobs.frozen import frozen_weights, logps_head, no_grad_forward_peak
+from vramplan.components.dtypes import dtypes_of
 from vramplan.jobs.trained import compute_dtype, logps_loss, prefixed, score_loss, trained_plan
 from vramplan.model import ModelDesc
 from vramplan.spec import JobSpec, Method, Task
@@ -49,7 +50,7 @@ def preference_estimate(descs: dict[str, ModelDesc], spec: JobSpec, gpu=None):
         if shares_base:
             notes.append(Msg("reference: the LoRA policy with its adapter disabled (no second model)"))
         else:
-            step.plan.static.merge(frozen_weights(ref_desc, spec.precision.weight_dtype), prefix="reference/")
+            step.plan.static.merge(frozen_weights(ref_desc, dtypes_of(spec).weights), prefix="reference/")
             total["reference"] = ref_desc.num_params()
         peak = no_grad_forward_peak(ref_desc, rows, s, c, logps_head(rows, s, ref_desc.vocab_size, c))
         label = "reference forward (no_grad log-probs)"

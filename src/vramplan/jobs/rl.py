@@ -33,6 +33,7 @@ from vramplan.breakdown import Breakdown
 from vramplan.i18n import Msg
 from vramplan.jobs.compose import Step, finish, merge_trained
 from vramplan.jobs.frozen import frozen_weights, layer_working_set, no_grad_forward_peak
+from vramplan.components.dtypes import dtypes_of
 from vramplan.jobs.trained import (
     LossTerms, compute_dtype, prefixed, score_loss, trained_plan,
 )
@@ -211,7 +212,7 @@ def rl_estimate(descs: dict[str, ModelDesc], spec: JobSpec, gpu=None):
         shares_base = ref is None and spec.method in (Method.LORA, Method.QLORA)
         ref_desc = desc if shares_base else descs.get("reference", desc)
         if not shares_base:
-            step.plan.static.merge(frozen_weights(ref_desc, spec.precision.weight_dtype), prefix="reference/")
+            step.plan.static.merge(frozen_weights(ref_desc, dtypes_of(spec).weights), prefix="reference/")
             total["reference"] = ref_desc.num_params()
         head = completion_logps_head(rows, new, ref_desc.vocab_size, c)
         peak = no_grad_forward_peak(ref_desc, rows, total_len, c, head)
@@ -219,7 +220,7 @@ def rl_estimate(descs: dict[str, ModelDesc], spec: JobSpec, gpu=None):
                             Breakdown().merge(peak, prefix="reference/")))
     if "reward" in descs:
         rm = descs["reward"]
-        step.plan.static.merge(frozen_weights(rm, spec.precision.weight_dtype), prefix="reward/")
+        step.plan.static.merge(frozen_weights(rm, dtypes_of(spec).weights), prefix="reward/")
         total["reward"] = rm.num_params()
         scores = Breakdown().add("head/scores", nbytes(rows * total_len, c))
         step.before.append(("forward", "reward model forward (no_grad)",

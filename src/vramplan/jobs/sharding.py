@@ -29,6 +29,7 @@ from vramplan.breakdown import Breakdown
 from vramplan.parallel import activations as acts
 from vramplan.parallel import engines
 from vramplan.parallel.layout import Layout
+from vramplan.components.dtypes import dtypes_of
 from vramplan.spec import JobSpec
 from vramplan.units import nbytes
 
@@ -118,7 +119,7 @@ def _gather(step, lay: Layout, spec: JobSpec, per_role: dict[str, int], layers: 
     """ZeRO-3 / FSDP gathers of the roles cut here: a frozen role's layer during its own
     forward; a trained role not cut by rank_plan (diffusion) for the whole step, as the
     unit being computed (stage3.py fetch_sub_module, FSDP's all-gather)."""
-    plan, dtype = step.plan, spec.precision.weight_dtype
+    plan, dtype = step.plan, dtypes_of(spec).weights
     elem = nbytes(1, dtype)
 
     def live(role: str) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from vramplan.breakdown import Breakdown
+from vramplan.components.dtypes import dtypes_of
 from vramplan.components.activations import ActivationPlan, plan_activations
 from vramplan.components.trainable import ParamSet, param_set
 from vramplan.model import ModelDesc
@@ -37,7 +38,7 @@ def single_spec(spec: JobSpec, rows: int, seq_len: int | None = None, **changes)
 
 
 def compute_dtype(spec: JobSpec) -> str:
-    return spec.precision.compute_dtype if spec.method.value != "qlora" else spec.quantization.compute_dtype
+    return dtypes_of(spec).compute if spec.method.value != "qlora" else spec.quantization.compute_dtype
 
 
 def logps_loss(rows: int, s: int, v: int, h: int, c: str) -> LossTerms:

@@ -128,6 +128,8 @@ def precision_dtypes(precision: str) -> tuple[torch.dtype, torch.dtype | None]:
     kind, _, width = precision.partition("-")
     if kind in DTYPES and not width:
         return DTYPES[kind], None
+    if kind == "pure" and width in DTYPES:
+        return DTYPES[width], None
     if kind == "amp" and width in DTYPES:
         return torch.float32, DTYPES[width]
     if kind == "mixed" and width in DTYPES:
@@ -228,18 +230,37 @@ def build_optimizer(params: list[torch.Tensor], job: dict) -> torch.optim.Optimi
     raise ValueError(f"optimizer: unknown value {name!r}")
 
 
+def job_dtypes(job: dict):
+    """The estimator's effective dtypes of the job (vramplan.components.dtypes: the
+    precision word read on the job's stack, over the load dtype the stack would use for
+    this config), so a measurement runs the precision the estimate assumes."""
+    from vramplan import load_spec
+    from vramplan.catalog.hf import checkpoint_dtype
+    from vramplan.components.dtypes import dtypes_of, resolve_load_dtype
+
+    spec = resolve_load_dtype(load_spec(job), checkpoint_dtype(hf_config_dict(job["model"])))
+    return dtypes_of(spec)
+
+
 def build(job: Any, device: str = "cpu") -> Built:
     """Model + optimizer for ``job`` on ``device`` (under FakeTensorMode if active)."""
     job = job_dict(job)
     precision = norm_precision(job.get("precision", "fp32"))
-    model_dtype, autocast_dtype = precision_dtypes(precision)
+    dt = job_dtypes(job)
+    model_dtype, autocast_dtype = DTYPES[dt.weights], DTYPES[dt.autocast] if dt.autocast else None
     model = build_model(job, device, model_dtype)
     model = apply_method(model, job, device)
+    if job.get("method") == "lora" and dt.adapters != "fp32":
+        # frameworks that cast the whole module (DeepSpeed's engine, torchtune's builder)
+        # keep the adapters in the model's dtype instead of PEFT's fp32 upcast
+        for name, p in model.named_parameters():
+            if "lora_" in name:
+                p.data = p.data.to(DTYPES[dt.adapters])
     apply_checkpointing(model, job)
     model.train()
     trainable = [p for p in model.parameters() if p.requires_grad]
     pairs = []
-    if precision.startswith("mixed-"):
+    if dt.master_weights:
         # DeepSpeed-style: the optimizer steps fp32 masters; 16-bit copies run.
         pairs = [(p.detach().float().requires_grad_(False), p) for p in trainable]
         trainable = [m for m, _ in pairs]

@@ -9,6 +9,7 @@ model-parallel slice.
 """
 from __future__ import annotations
 
+from vramplan.components.dtypes import dtypes_of
 from vramplan.model import ModelDesc
 from vramplan.parallel.layout import Layout
 from vramplan.spec import JobSpec
@@ -25,7 +26,7 @@ def _ring(kind: str, n: int, size: int) -> int:
 def volumes(desc: ModelDesc, spec: JobSpec, lay: Layout, w_bytes: int, g_bytes: int,
             layers_on_rank: int, moe_layers_on_rank: int) -> dict[str, dict]:
     b, s, h, M = spec.micro_batch_size, spec.seq_len, desc.hidden_size, spec.grad_accum_steps
-    c = spec.precision.compute_dtype
+    c = dtypes_of(spec).compute
     out: dict[str, dict] = {}
     n = lay.dp * lay.cp
     if lay.engine == "ddp":

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from vramplan.breakdown import Breakdown
+from vramplan.components.dtypes import dtypes_of
 from vramplan.components.optimizer import optimizer_states, step_temporaries
 from vramplan.components.trainable import HeldParam, ParamSet, grad_dtype
 from vramplan.components.memo import cached
@@ -135,7 +136,7 @@ def _stage_plan(desc, spec, params, plan: StepPlan, lay: Layout, stage: int, lay
     last = stage == lay.pp - 1
     static = _model_states(spec, lay, sets)
     static.add("batch/input_ids", -(-plan.static.total("batch/") // lay.cp))
-    grads = _select(cached(sets.grads, ("grads", spec.precision), lambda: gradient_stages(desc, spec, sets.grads)),
+    grads = _select(cached(sets.grads, ("grads", dtypes_of(spec)), lambda: gradient_stages(desc, spec, sets.grads)),
                     stage, lay.pp, layers)
     if _grads_offloaded(lay):
         # The sharded gradient goes to host memory as soon as it is reduced: DeepSpeed's
@@ -188,7 +189,7 @@ def _model_states(spec: JobSpec, lay: Layout, sets: _Sets) -> Breakdown:
     if lay.offload_params == "none":
         out.merge(cached(sets.weights, ("weights", spec.quantization), lambda: weight_terms(spec, sets.weights)))
     if lay.offload_optimizer == "none":
-        key = ("states", spec.optimizer, spec.optimizer_impl, spec.precision, spec.backend, spec.momentum)
+        key = ("states", spec.optimizer, spec.optimizer_impl, dtypes_of(spec), spec.backend, spec.momentum)
         states = cached(sets.states, key, lambda: optimizer_states(spec, sets.states))
         for name, value in states:  # paged state is managed memory, outside the allocator
             if not name.startswith("optimizer_paged"):
@@ -206,8 +207,6 @@ def _host(spec: JobSpec, lay: Layout, sets: _Sets) -> Breakdown:
     out = Breakdown()
     if lay.offload_optimizer == "cpu":
         out.merge(optimizer_states(spec, sets.states), prefix="host/")
-        if not spec.precision.has_master_weights:
-            pass
         out.add("host/fp32_grad_partition", sum(nbytes(p.numel, "fp32") for p in sets.states.trainable()))
     elif lay.offload_optimizer == "nvme":
         out.add("host/nvme_swap_buffers", int(lay.knob("buffer_count", 4)) * int(lay.knob("buffer_size", 100_000_000)) * 4)
@@ -228,7 +227,7 @@ def _wbytes(spec: JobSpec, params: ParamSet) -> int:
 def _engine_buffers(desc, spec, lay: Layout, sets: _Sets, out: StepPlan, stage: int, layers: range) -> None:
     full = sets.full
     train = full.trainable()
-    gdt = grad_dtype(spec, train[0]) if train else spec.precision.weight_dtype
+    gdt = grad_dtype(spec, train[0]) if train else dtypes_of(spec).weights
     wb, gb = _wbytes(spec, full), nbytes(1, gdt)
     n = lay.shard_group
     unit = {i: [p for p in full.params if p.layer == i] for i in layers}
@@ -243,7 +242,7 @@ def _engine_buffers(desc, spec, lay: Layout, sets: _Sets, out: StepPlan, stage: 
         biggest = max([_numel(u) for u in unit.values()] + [max((p.numel for p in root), default=0)])
         out.static.merge(Breakdown().add("zero/ipg_bucket_flat_buffer",
                                          engines.zero3_reduce(lay, gdt, 0).total("zero/ipg")))
-        live = engines.zero3_live(lay, spec.precision.weight_dtype, biggest, _numel(full.params))
+        live = engines.zero3_live(lay, dtypes_of(spec).weights, biggest, _numel(full.params))
         for t in [out.forward_end_transient, out.loss_backward_transient, *out.stage_backward_transient]:
             t.merge(live)
         for i, t in enumerate(out.stage_backward_transient):
@@ -252,12 +251,12 @@ def _engine_buffers(desc, spec, lay: Layout, sets: _Sets, out: StepPlan, stage: 
         _fsdp(lay, out, unit, root, layers, stage, wb, gb, n)
     if lay.cp > 1:
         kv = 4 * nbytes(spec.micro_batch_size * (spec.seq_len // lay.cp) * desc.num_kv_heads * desc.head_dim,
-                        spec.precision.compute_dtype)
+                        dtypes_of(spec).compute)
         for t in out.stage_backward_transient:
             t.add("cp/ring_kv_buffers", kv)
     if lay.pp > 1:
         act = nbytes(spec.micro_batch_size * (spec.seq_len // lay.cp) * desc.hidden_size,
-                     spec.precision.compute_dtype) // (lay.tp if lay.sp else 1)
+                     dtypes_of(spec).compute) // (lay.tp if lay.sp else 1)
         out.static.add("pp/p2p_buffers", 2 * act)
 
 

@@ -112,9 +112,16 @@ class Precision(_Choice):
     FP32 = "fp32"
     """Weights, gradients, optimizer states and compute all fp32."""
     BF16 = "bf16"
-    """Pure bf16: weights, gradients and optimizer states bf16, no fp32 master copy."""
+    """What the stack's bf16 flag does (spec.stack; components/dtypes.py): autocast over the
+    load dtype (HF Trainer, TRL, accelerate), 16-bit weights over an fp32 master
+    (DeepSpeed, Megatron) or pure bf16 (torchtune, litgpt)."""
     FP16 = "fp16"
-    """Pure fp16, as bf16."""
+    """What the stack's fp16 flag does, as bf16."""
+    PURE_BF16 = "pure-bf16"
+    """Pure bf16 on every stack: weights, gradients and optimizer states bf16, no autocast,
+    no fp32 master copy."""
+    PURE_FP16 = "pure-fp16"
+    """Pure fp16, as pure-bf16."""
     AMP_BF16 = "amp-bf16"
     """fp32 weights, gradients and states; bf16 compute under torch.autocast."""
     AMP_FP16 = "amp-fp16"

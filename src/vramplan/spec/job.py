@@ -16,6 +16,7 @@ from vramplan.spec.sections import (
     FreezeConfig, LoraConfig, ParallelConfig, QuantConfig, boolean, fraction, positive_int,
 )
 from vramplan.spec import tasks as _tasks
+from vramplan.spec.stack import StackConfig, parse_dtype, parse_stack
 
 _ENUMS = {
     "task": Task, "method": Method, "precision": Precision, "optimizer": Optimizer,
@@ -45,6 +46,13 @@ class JobSpec:
     quantization: QuantConfig | None = None
     freeze: FreezeConfig | None = None
     precision: Precision = Precision.BF16
+    """The precision word; bf16/fp16 mean what the stack's flag means (components/dtypes.py)."""
+    stack: StackConfig = field(default_factory=StackConfig)
+    """Framework and library releases (spec/stack.py); default HF Trainer + PEFT/TRL."""
+    load_dtype: str | None = None
+    """dtype the weights are loaded in (`dtype` of `from_pretrained`, TRL's
+    `model_init_kwargs`): fp32 | bf16 | fp16 (torch words accepted); None: what the stack
+    does (transformers 5: the checkpoint's own dtype)."""
     optimizer: Optimizer = Optimizer.ADAMW
     optimizer_impl: OptimizerImpl | None = None
     """None: what PyTorch picks for the backend (foreach on CUDA, forloop on CPU)."""
@@ -112,6 +120,8 @@ class JobSpec:
             raise SpecError("gpu", f"expected a GPU name from `vramplan gpus` (e.g. h100), got {self.gpu!r}")
         for name in _INTS:
             set_(name, positive_int(name, getattr(self, name)))
+        set_("stack", parse_stack(self.stack))
+        set_("load_dtype", parse_dtype(self.load_dtype, "load_dtype"))
         set_("momentum", fraction("momentum", self.momentum, high=0.9999))
         if self.cuda_version is not None:
             set_("cuda_version", _cuda_version(self.cuda_version))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from vramplan.breakdown import Breakdown
 from vramplan.components.activations import ActivationPlan
+from vramplan.components.dtypes import dtypes_of
 from vramplan.components.memo import cached
 from vramplan.components.optimizer import optimizer_states, step_temporaries
 from vramplan.components.trainable import ParamSet
@@ -35,7 +36,7 @@ def rank_step(desc: ModelDesc, spec: JobSpec, params: ParamSet, acts: Activation
 
 
 def _optimizer_extras(spec: JobSpec, params: ParamSet, acts: ActivationPlan) -> Breakdown:
-    out = cached(params, ("temporaries", spec.optimizer, spec.optimizer_impl, spec.precision, spec.weight_decay),
+    out = cached(params, ("temporaries", spec.optimizer, spec.optimizer_impl, dtypes_of(spec), spec.weight_decay),
                  lambda: step_temporaries(spec, params))
     if acts.input_leaf_bytes:
         # the loss (and so its graph, holding the input leaf and its gradient) is kept until
@@ -55,14 +56,14 @@ def build_step(desc: ModelDesc, spec: JobSpec, params: ParamSet, acts: Activatio
                managed: Breakdown | None = None) -> StepPlan:
     """`managed` receives paged optimizer state (outside the allocator); without it, that
     state stays with the rest (multi-model jobs)."""
-    opt_key = ("states", spec.optimizer, spec.optimizer_impl, spec.precision, spec.backend, spec.momentum)
+    opt_key = ("states", spec.optimizer, spec.optimizer_impl, dtypes_of(spec), spec.backend, spec.momentum)
     static = cached(params, ("weights", spec.quantization), lambda: weight_terms(spec, params))
     for key, value in cached(params, opt_key, lambda: optimizer_states(spec, params)):
         # paged optimizer state is CUDA managed memory, outside the caching allocator
         (managed if managed is not None and key.startswith("optimizer_paged") else static).add(key, value)
     static.add("batch/input_ids", nbytes(spec.micro_batch_size * spec.seq_len, "int64"))
-    grads = cached(params, ("grads", spec.precision), lambda: gradient_stages(desc, spec, params))
-    grads_at_peak = cached(params, ("grads_at_peak", spec.precision),
+    grads = cached(params, ("grads", dtypes_of(spec)), lambda: gradient_stages(desc, spec, params))
+    grads_at_peak = cached(params, ("grads_at_peak", dtypes_of(spec)),
                            lambda: gradient_stages_at_peak(desc, spec, params))
     stage_acts, at_peak, transients, labels = [], [], [], []
     n = len(acts.stages)

@@ -1,0 +1,166 @@
+"""The `stack` section of the job spec: which training framework runs the job, and the
+library versions whose behaviour changes memory; and `load_dtype`, the dtype the weights
+are loaded in.
+
+The precision words of the spec (`bf16`, `fp16`) mean what the stack's own flag means
+(HF Trainer's `bf16=True` turns on autocast; DeepSpeed's `bf16.enabled` keeps 16-bit
+weights over an fp32 master copy; torchtune's `dtype: bf16` trains in pure bf16). What
+each framework does with them is derived once, in `vramplan.components.dtypes`.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from vramplan.spec.enums import SpecError, _Choice
+
+
+class Framework(_Choice):
+    HF_TRAINER = "hf-trainer"
+    """transformers' Trainer (with PEFT for adapters): `bf16=True` is torch.autocast over
+    the weights as loaded (transformers/trainer.py `autocast_smart_context_manager`)."""
+    TRL = "trl"
+    """TRL's trainers (SFT, DPO, GRPO, ...): HF Trainer subclasses, so the same precision
+    rules; the model is loaded through `model_init_kwargs` (its `dtype`)."""
+    DEEPSPEED = "deepspeed"
+    """A DeepSpeed engine (directly or under HF Trainer): `bf16.enabled` casts the module to
+    16-bit and keeps fp32 master weights and fp32 optimizer states
+    (deepspeed/runtime/bf16_optimizer.py, fp16/fused_optimizer.py)."""
+    ACCELERATE_FSDP = "accelerate-fsdp"
+    """accelerate with FSDP: `mixed_precision: bf16` is autocast over the loaded weights, as
+    under HF Trainer (accelerate/accelerator.py `autocast`)."""
+    TORCHTUNE = "torchtune"
+    """torchtune recipes: the model is built in `dtype` (bf16) and trained in it: weights,
+    gradients and optimizer states all bf16, no autocast (torchtune/training/precision.py)."""
+    AXOLOTL = "axolotl"
+    """axolotl: builds an HF Trainer; `bf16: true` is the Trainer's autocast."""
+    LLAMA_FACTORY = "llama-factory"
+    """LLaMA-Factory: builds an HF Trainer; `bf16: true` is the Trainer's autocast."""
+    MS_SWIFT = "ms-swift"
+    """ModelScope SWIFT: builds an HF Trainer; `--torch_dtype` loads, `bf16` autocasts."""
+    LITGPT = "litgpt"
+    """litgpt (Lightning Fabric): `bf16-true` is pure bf16; `bf16-mixed` is autocast over
+    fp32 weights (lightning/fabric/plugins/precision)."""
+    TORCHTITAN = "torchtitan"
+    """torchtitan: parameters stay fp32 and compute runs in `mixed_precision_param` (bf16):
+    FSDP2's MixedPrecisionPolicy when sharded, torch.autocast on one device
+    (torchtitan/distributed/utils.py `maybe_enable_amp`)."""
+    MEGATRON = "megatron"
+    """Megatron-LM / Megatron-Core: `--bf16` keeps bf16 weights and gradients with an fp32
+    main copy in the distributed optimizer (megatron/core/optimizer)."""
+    DIFFUSERS_SCRIPTS = "diffusers-scripts"
+    """diffusers' example training scripts: accelerate autocast; frozen parts (VAE, text
+    encoders) cast to `weight_dtype`, the trained model kept in fp32."""
+
+
+# How each framework turns the precision word into dtypes (components/dtypes.py).
+AUTOCAST_FRAMEWORKS = frozenset({Framework.HF_TRAINER, Framework.TRL, Framework.ACCELERATE_FSDP,
+                                 Framework.AXOLOTL, Framework.LLAMA_FACTORY, Framework.MS_SWIFT,
+                                 Framework.DIFFUSERS_SCRIPTS})
+MASTER_FRAMEWORKS = frozenset({Framework.DEEPSPEED, Framework.MEGATRON})
+PURE_FRAMEWORKS = frozenset({Framework.TORCHTUNE, Framework.LITGPT})
+FP32_PARAM_FRAMEWORKS = frozenset({Framework.TORCHTITAN})
+
+_LABELS = {
+    Framework.HF_TRAINER: "HF Trainer", Framework.TRL: "TRL", Framework.DEEPSPEED: "DeepSpeed",
+    Framework.ACCELERATE_FSDP: "accelerate FSDP", Framework.TORCHTUNE: "torchtune",
+    Framework.AXOLOTL: "axolotl", Framework.LLAMA_FACTORY: "LLaMA-Factory",
+    Framework.MS_SWIFT: "ms-swift", Framework.LITGPT: "litgpt", Framework.TORCHTITAN: "torchtitan",
+    Framework.MEGATRON: "Megatron", Framework.DIFFUSERS_SCRIPTS: "diffusers scripts",
+}
+
+_VERSION = re.compile(r"^\d+(\.\d+){0,2}$")
+
+# Torch dtype words -> the spec's dtype names.
+_DTYPE_WORDS = {
+    "fp32": "fp32", "float32": "fp32", "float": "fp32", "torch.float32": "fp32", "torch.float": "fp32",
+    "bf16": "bf16", "bfloat16": "bf16", "torch.bfloat16": "bf16",
+    "fp16": "fp16", "float16": "fp16", "half": "fp16", "torch.float16": "fp16", "torch.half": "fp16",
+}
+
+
+def parse_dtype(value: Any, field_name: str) -> str | None:
+    """A dtype as the spec spells it (fp32, bf16, fp16) from itself or a torch dtype word
+    (`float32`, `bfloat16`, `torch.float16`, ...); None and "auto" mean the stack's default."""
+    if value is None:
+        return None
+    text = str(value).strip().lower()
+    if text == "auto":
+        return None
+    if text in _DTYPE_WORDS:
+        return _DTYPE_WORDS[text]
+    raise SpecError(field_name, f"unknown dtype {value!r}; use fp32, bf16 or fp16 (or float32, "
+                                "bfloat16, float16, torch.bfloat16), or auto for the stack's default")
+
+
+def _version(value: Any, field_name: str) -> str | None:
+    if value is None:
+        return None
+    text = str(value).strip()
+    if not _VERSION.match(text):
+        raise SpecError(field_name, f"expected a release like '5.24' or '0.21.0', got {value!r}")
+    return text
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StackConfig:
+    """The framework that runs the training step and the library releases that matter.
+    The default is the most common stack today: HF Trainer with PEFT and TRL at current
+    releases."""
+
+    framework: Framework = Framework.HF_TRAINER
+    """Which framework's meaning of bf16/fp16 (and of its other defaults) applies."""
+    transformers: str | None = "5.24"
+    """transformers release: from 5.0 `from_pretrained` loads the checkpoint's own dtype
+    (`dtype="auto"` default); 4.x loads fp32 unless `torch_dtype` is given."""
+    trl: str | None = "1.16"
+    """TRL release (its log-prob heads and config defaults change by release)."""
+    peft: str | None = "0.21"
+    """PEFT release: LoRA adapters on a 16-bit base are upcast to fp32
+    (`autocast_adapter_dtype=True`, PEFT >= 0.12)."""
+
+    def __post_init__(self):
+        object.__setattr__(self, "framework", Framework.parse(self.framework, "stack.framework"))
+        for name in ("transformers", "trl", "peft"):
+            object.__setattr__(self, name, _version(getattr(self, name), f"stack.{name}"))
+
+    @property
+    def label(self) -> str:
+        return _LABELS[self.framework]
+
+    def major(self, library: str) -> int | None:
+        version = getattr(self, library)
+        return None if version is None else int(version.split(".")[0])
+
+    def minor(self, library: str) -> tuple[int, int] | None:
+        version = getattr(self, library)
+        if version is None:
+            return None
+        parts = [int(x) for x in version.split(".")] + [0]
+        return parts[0], parts[1]
+
+    def to_dict(self) -> dict:
+        return {"framework": self.framework.value, "transformers": self.transformers,
+                "trl": self.trl, "peft": self.peft}
+
+
+def parse_stack(value: Any) -> StackConfig:
+    """`stack: torchtune` (a framework name) or a mapping of StackConfig fields."""
+    if value is None:
+        return StackConfig()
+    if isinstance(value, StackConfig):
+        return value
+    if isinstance(value, str):
+        return StackConfig(framework=value)
+    if not isinstance(value, Mapping):
+        raise SpecError("stack", f"expected a framework name or a mapping, got {value!r}")
+    known = {"framework", "transformers", "trl", "peft"}
+    for key in value:
+        if key not in known:
+            raise SpecError(f"stack.{key}", f"unknown key; choose from {', '.join(sorted(known))}")
+    return StackConfig(**dict(value))
+
+
+__all__ = ["Framework", "StackConfig", "parse_dtype", "parse_stack",
+           "AUTOCAST_FRAMEWORKS", "MASTER_FRAMEWORKS", "PURE_FRAMEWORKS", "FP32_PARAM_FRAMEWORKS"]
