@@ -188,6 +188,14 @@ def test_common_errors_in_chinese(capsys, argv, zh_text, value):
     assert len(zh.strip().splitlines()) == 1
 
 
+def test_config_file_errors_translate_after_the_path(capsys, tmp_path):
+    ds = tmp_path / "ds.json"
+    ds.write_text(json.dumps({"zero_optimization": {"stage": 7}}))
+    code, _, zh = run(capsys, "--lang", "zh", "estimate", "qwen2.5-0.5b", "--deepspeed", str(ds))
+    assert code == 2 and zh.startswith("vramplan: 错误：" + str(ds) + ": zero_optimization.stage: ")
+    assert "必须是 0、1、2 或 3" in zh and "7" in zh
+
+
 def test_unmatched_error_stays_english():
     from vramplan.i18n.errors import localize
     set_language("zh")

@@ -11,6 +11,7 @@ from vramplan.components.runtime import (
 )
 from vramplan.components.trainable import ParamSet, param_set
 from vramplan.components.weights import weight_terms
+from vramplan.i18n import Msg
 from vramplan.model import ModelDesc
 from vramplan.spec import Backend, JobSpec, Task
 from vramplan.step.build import build_step, rank_step
@@ -196,11 +197,11 @@ def estimate_model(desc: ModelDesc, spec: JobSpec, gpu=None) -> Estimate:
         if _changes_placement(spec.alloc_conf):
             conf_delta = replayer().reserved_bytes - replayer(default=True).reserved_bytes
     reserved, device = device_levels(spec, gpu, events, top, managed.total(), conf_delta)
-    notes = checked + [f"LoRA target or modules_to_save {t!r} matches no module of {desc.name}; "
-             "PEFT would ignore it" for t in params.unmatched_targets]
+    notes = checked + [Msg("LoRA target or modules_to_save {target} matches no module of {model}; PEFT would ignore it",
+                           target=repr(t), model=desc.name) for t in params.unmatched_targets]
     if spec.alloc_conf and "cudaMallocAsync" in spec.alloc_conf:
-        notes.append("alloc_conf backend:cudaMallocAsync: the driver's memory pool is not modelled; "
-                     "reserved memory is estimated as for PyTorch's caching allocator")
+        notes.append(Msg("alloc_conf backend:cudaMallocAsync: the driver's memory pool is not modelled; "
+                         "reserved memory is estimated as for PyTorch's caching allocator"))
     return Estimate(spec=spec, model=desc, num_params=desc.num_params(),
                     trainable_params=params.numel(trainable=True), peak_allocated_bytes=peak,
                     peak_phase=top.phase, peak_event=top.label, phases=phases,

@@ -76,7 +76,8 @@ TEMPLATES = (
 HINT = N_("did you mean {suggestion}?")
 
 _HINT_RE = re.compile(r"(?P<body>.*?)(?:;| ) ?[Dd]id you mean (?P<suggestion>.+)\?")
-_FIELD_RE = re.compile(r"(?P<field>[\w.\[\]-]+): (?P<rest>.+)", re.S)
+_FIELD_RE = re.compile(r"(?P<field>[\w./~\[\]-]+): (?P<rest>.+)", re.S)
+"""`field: rest`; a config file's path may stand before the field (`ds.json: zero_optimization.stage: ...`)."""
 
 
 def _pattern(template: str) -> re.Pattern:
