@@ -12,8 +12,10 @@ from vramplan.spec import SpecError
 TINY = {"model_type": "llama", "vocab_size": 2048, "hidden_size": 64, "intermediate_size": 176,
         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
         "max_position_embeddings": 512, "tie_word_embeddings": False}
+# The full-logits head (TRL 0.x get_batch_logps): what vramplan.measure.jobs' hand-written steps
+# compute; TRL 1.x's chunked head is checked against the real trainers in test_trainers.py.
 BASE = {"model": TINY, "micro_batch_size": 2, "seq_len": 64, "optimizer": "adamw",
-        "optimizer_impl": "foreach", "attention": "sdpa", "backend": "cpu"}
+        "optimizer_impl": "foreach", "attention": "sdpa", "backend": "cpu", "logprob_head": "full"}
 RESULTS = Path(__file__).resolve().parents[1] / "bench" / "jobs" / "results.json"
 
 

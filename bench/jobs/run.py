@@ -28,8 +28,11 @@ LLAMA_GQA = dict(LLAMA, hidden_size=384, intermediate_size=1024, num_hidden_laye
                  num_attention_heads=6, num_key_value_heads=2)
 TEACHER = dict(LLAMA, hidden_size=512, intermediate_size=1376, num_hidden_layers=6,
                num_attention_heads=8, num_key_value_heads=8)
+# logprob_head "full": the hand-written DPO/IPO steps of vramplan.measure.jobs compute TRL 0.x's
+# full-logits head (get_batch_logps); TRL 1.x's chunked head is measured on the real trainers
+# in bench/trainers.
 BASE = {"model": LLAMA, "micro_batch_size": 2, "seq_len": 256, "optimizer": "adamw",
-        "optimizer_impl": "foreach", "attention": "sdpa", "backend": "cpu"}
+        "optimizer_impl": "foreach", "attention": "sdpa", "backend": "cpu", "logprob_head": "full"}
 LORA = {"method": "lora", "lora": {"r": 8, "target_modules": ["q_proj", "v_proj"]}}
 # A tiny LLaVA: CLIP vision tower (3 layers, 112 px, patch 14 -> 64 visual tokens), Llama LM.
 LLAVA_TEXT = {"model_type": "llama", "vocab_size": 2048, "hidden_size": 128, "intermediate_size": 344,
@@ -59,10 +62,17 @@ DIT = {"task": "diffusion", "model": TINY_COG,
                      "vae": "precomputed"}}
 # PPO (TRL PPOTrainer, measure/ppo.py): actor + critic trained, reference + reward frozen.
 PPO = {"task": "ppo", "micro_batch_size": 4, "seq_len": 64, "max_new_tokens": 32, "reward_model": LLAMA}
-GRPO = {"task": "grpo", "micro_batch_size": 8, "seq_len": 64, "num_generations": 4, "max_new_tokens": 32}
+GRPO = {"task": "grpo", "micro_batch_size": 8, "seq_len": 64, "num_generations": 4, "max_new_tokens": 32,
+        "logprob_head": "selective"}  # measure/rl.py: TRL 0.x selective_log_softmax
 
 
 def case(name: str, **fields) -> tuple[str, dict]:
+    # The hand-written steps (measure/jobs.py, rl.py, ppo.py, diffusion.py) build the model
+    # in the precision's dtype and run it without autocast: a 16-bit case is pure 16-bit,
+    # which the spec says as `pure-bf16` (plain `bf16` means the stack's own, autocast on the
+    # default HF Trainer stack; components/dtypes.py).
+    if fields.get("precision") in ("bf16", "fp16"):
+        fields["precision"] = "pure-" + fields["precision"]
     return name, {**BASE, **fields}
 
 

@@ -39,6 +39,7 @@ _SPEC_FLAGS = {
     "seq_len": (int, N_("tokens per row (ppo/grpo: the prompt)")),
     "grad_accum_steps": (int, N_("micro-steps per optimizer step")),
     "loss_impl": (str, "standard | chunked | fused-linear-cross-entropy"),
+    "logprob_head": (str, N_("dpo/kto/grpo log-prob head: auto | full | selective | chunked")),
     "gradient_checkpointing": (lambda v: _bool_word(v, "full", "none"), "none | full | selective (true = full)"),
     "attention": (lambda v: _ATTN_IMPL.get(v, v), "eager | sdpa | flash (flash_attention_2 = flash)"),
     "backend": (str, "cuda | cpu"),

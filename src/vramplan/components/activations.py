@@ -52,6 +52,11 @@ class ActivationPlan:
     """enable_input_require_grads' embedding output (a leaf that requires grad) under
     checkpointing with frozen embeddings: it and its .grad stay alive while the loss graph
     lives, which in a plain loop (loss kept until after optimizer.step()) spans the step."""
+    head_input: tuple[str, int] = ("", 0)
+    """(name, bytes) of the output head's input (the final norm's output): what a log-prob
+    head that bypasses the head module (jobs/logprob.py) reads instead."""
+    head_linear_saved: tuple[str, ...] = ()
+    """Names of what the output head's linear saved (its input, an autocast copy)."""
 
 
 def build_ctx(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Ctx:
@@ -157,6 +162,9 @@ def plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Activa
         if cache:
             plan.forward_end_transient.add("activations/autocast_weight_cache", cache)
     head_in = head_rec.last_linear_input
+    if head_in is not None:
+        plan.head_input = (head_in.name, head_in.storage.nbytes)
+        plan.head_linear_saved = ctx.shared_keys.pop("head_linear_saved", ())
     if head_in is not None and id(head_in.storage) not in seen:
         # The output head's input is a local of the model's forward, alive while the loss
         # is computed even when the head does not save it (frozen head, autocast copy).
@@ -249,7 +257,10 @@ def _head(rec: Recorder, ctx: Ctx, x: Sym) -> Sym:
     h = norm(rec, ctx, x, "model.norm", "final_norm")
     head = (ctx.params.get("lm_head.weight") or ctx.params.get("score.weight")
             or ctx.p("model.embed_tokens.weight"))
-    return rec.linear(h, head, name="logits")
+    before = set(rec.saved)
+    logits = rec.linear(h, head, name="logits")
+    ctx.shared_keys["head_linear_saved"] = tuple(rec.saved[k][0] for k in rec.saved if k not in before)
+    return logits
 
 
 def _with_loss(desc: ModelDesc, spec: JobSpec, stages: list[Stage], logits: Sym, hidden: Sym) -> ActivationPlan:

@@ -41,6 +41,14 @@ TERM_PARTS = {
     "gathered_params": N_("gathered parameters"), "ipg_bucket_flat_buffer": N_("gradient reduce bucket"),
     "p2p_buffers": N_("point-to-point buffers"), "grad_hidden": N_("hidden-state gradient"),
     "grad_mlp": N_("MLP gradient"), "product": N_("product"), "target_minus_input": N_("target minus input"),
+    # the log-prob head of preference/RL jobs (jobs/logprob.py)
+    "logprob": N_("log-prob head"), "log_probs": N_("log-probs"), "label_mask": N_("label mask"),
+    "grad_log_probs": N_("log-prob gradient"), "last_hidden_state": N_("last hidden state"),
+    "head_input": N_("head input"), "scratch_tile": N_("scratch tile"), "running_stats": N_("running statistics"),
+    "grad_hidden_fp32": N_("hidden-state gradient (fp32)"), "grad_weight_fp32": N_("head weight gradient (fp32)"),
+    "grad_weight": N_("head weight gradient"), "tile_fp32_temporaries": N_("tile fp32 temporaries"),
+    "hidden_chunk_cast": N_("hidden chunk cast"), "weight_chunk_cast": N_("weight chunk cast"),
+    "tile_top1_mask": N_("tile top-1 mask"), "tile_target_mask": N_("tile target mask"),
     # what nvidia-smi counts beyond the allocator (estimation.outside_allocator)
     "cuda_context": N_("CUDA context"), "nccl": N_("NCCL communicators"), "managed": N_("managed memory"),
     "optimizer_paged": N_("paged optimizer states"),

@@ -17,9 +17,11 @@ from vramplan.i18n import Msg
 from vramplan.jobs.compose import Step, finish
 from vramplan.jobs.frozen import frozen_weights, logps_head, no_grad_forward_peak
 from vramplan.components.dtypes import dtypes_of
+from vramplan.jobs.logprob import chunked_head, head_note, resolve_head
+from vramplan.jobs.rl import completion_logps_head, completion_logps_loss
 from vramplan.jobs.trained import compute_dtype, logps_loss, prefixed, score_loss, trained_plan
 from vramplan.model import ModelDesc
-from vramplan.spec import JobSpec, Method, Task
+from vramplan.spec import JobSpec, LogprobHead, Method, Task
 from vramplan.spec.tasks import PRECOMPUTED
 from vramplan.units import nbytes
 
@@ -29,16 +31,51 @@ def _batch(rows: int, s: int) -> Breakdown:
     return Breakdown().add("batch/input_ids", nbytes(rows * s, "int64")).add("batch/labels", nbytes(rows * s, "int64"))
 
 
+def _policy_head(spec: JobSpec, desc: ModelDesc, rows: int, chunked: bool):
+    """The trained model's log-prob head. Selective (TRL 0.2x `concatenated_forward`:
+    `selective_log_softmax(logits, torch.roll(input_ids, -1))` on all s positions): the same
+    mechanism as GRPO's completion head (jobs/rl.py), over s - 1 scored positions of s logits;
+    modelled from the source, not measured here (TRL 1.16 no longer runs it). Chunked: TRL 1.16 asks the policy for
+    ("log_probs", "entropy", "mean_logits", "is_top1") in DPO (dpo_trainer.py __init__,
+    `add_fused_lm_head(..., outputs=outputs)`) and ("log_probs", "entropy", "mean_logits")
+    in KTO (kto_trainer.py)."""
+    s, v, h = spec.seq_len, desc.vocab_size, desc.hidden_size
+    if resolve_head(spec) is LogprobHead.SELECTIVE:
+        return completion_logps_loss(rows, s - 1, v, compute_dtype(spec))
+    if not chunked:
+        return logps_loss(rows, s, v, h, compute_dtype(spec))
+    return chunked_head(spec, rows, s, h, v, top1=spec.task is not Task.KTO, entropy=True,
+                        softcap=bool(desc.final_logit_softcapping))
+
+
+def _frozen_head(spec: JobSpec, desc: ModelDesc, rows: int, chunked: bool) -> Breakdown:
+    """A no_grad forward's head: the reference's `add_fused_lm_head(self.ref_model)` asks for
+    log_probs only; the full head is get_batch_logps under no_grad."""
+    s, v, h = spec.seq_len, desc.vocab_size, desc.hidden_size
+    if resolve_head(spec) is LogprobHead.SELECTIVE:
+        return completion_logps_head(rows, s - 1, v, compute_dtype(spec))
+    if not chunked:
+        return logps_head(rows, s, v, compute_dtype(spec))
+    head = chunked_head(spec, rows, s, h, v, softcap=bool(desc.final_logit_softcapping))
+    return head.frozen_peak(nbytes(rows * s * h, head.hidden_dtype))
+
+
 def preference_estimate(descs: dict[str, ModelDesc], spec: JobSpec, gpu=None):
     desc = descs["policy"]
-    b, s, v, h = spec.micro_batch_size, spec.seq_len, desc.vocab_size, desc.hidden_size
+    b, s = spec.micro_batch_size, spec.seq_len
     c = compute_dtype(spec)
     # KTO: unpaired completions, b rows; the others: chosen + rejected, 2b rows.
     rows = b if spec.task is Task.KTO else 2 * b
-    trained = trained_plan(desc, spec, rows, logps_loss(rows, s, v, h, c))
+    chunked = resolve_head(spec) is LogprobHead.CHUNKED
+    trained = trained_plan(desc, spec, rows, _policy_head(spec, desc, rows, chunked))
     step = Step(prefixed(trained.plan, "policy"))
     step.plan.static.merge(_batch(rows, s))
-    notes, total = [], {"policy": desc.num_params()}
+    if chunked:
+        # TRL 1.x DataCollatorForPreference also returns attention_mask and completion_mask;
+        # the labels are input_ids.masked_fill(completion_mask == 0, -100) (_compute_loss).
+        step.plan.static.add("batch/attention_mask", nbytes(rows * s, "int64"))
+        step.plan.static.add("batch/completion_mask", nbytes(rows * s, "int64"))
+    notes, total = [head_note(spec)], {"policy": desc.num_params()}
     ref = spec.reference_model
     if spec.task in (Task.ORPO, Task.SIMPO):
         pass
@@ -52,7 +89,7 @@ def preference_estimate(descs: dict[str, ModelDesc], spec: JobSpec, gpu=None):
         else:
             step.plan.static.merge(frozen_weights(ref_desc, dtypes_of(spec).weights), prefix="reference/")
             total["reference"] = ref_desc.num_params()
-        peak = no_grad_forward_peak(ref_desc, rows, s, c, logps_head(rows, s, ref_desc.vocab_size, c))
+        peak = no_grad_forward_peak(ref_desc, rows, s, c, _frozen_head(spec, ref_desc, rows, chunked))
         label = "reference forward (no_grad log-probs)"
         if spec.task is Task.KTO:
             # The policy's KL-batch forward runs under no_grad too, before the reference's.

@@ -17,7 +17,7 @@ What is alive when (trl/trainer/grpo_trainer.py, `_generate_and_score_completion
    TRL 0.x `_get_per_token_logps`: logits for the completion positions plus one,
    `selective_log_softmax` (trl/trainer/utils.py) row by row (bf16) or gather + per-row
    logsumexp (fp32); temperature 1.0 (the default) makes no scaled copy. TRL 1.x's fused
-   chunked head (`add_fused_lm_head`) is not modelled.
+   chunked head (`add_fused_lm_head`, logprob_head chunked, auto for GRPO): jobs/logprob.py.
 3. The policy's training forward on prompt + completion (the core's plan with seq_len =
    prompt + completion) and the same log-prob head with gradients; then backward and the
    optimizer step. PPO's PolicyAndValueWrapper runs the critic backbone then the policy
@@ -34,11 +34,12 @@ from vramplan.i18n import Msg
 from vramplan.jobs.compose import Step, finish, merge_trained
 from vramplan.jobs.frozen import frozen_weights, layer_working_set, no_grad_forward_peak
 from vramplan.components.dtypes import dtypes_of
+from vramplan.jobs.logprob import chunked_head, head_note, resolve_head
 from vramplan.jobs.trained import (
     LossTerms, compute_dtype, prefixed, score_loss, trained_plan,
 )
 from vramplan.model import ModelDesc
-from vramplan.spec import JobSpec, Method, Task
+from vramplan.spec import JobSpec, LogprobHead, Method, Task
 from vramplan.spec.tasks import PRECOMPUTED
 from vramplan.timeline import StepPlan
 from vramplan.units import nbytes
@@ -148,8 +149,17 @@ def rl_estimate(descs: dict[str, ModelDesc], spec: JobSpec, gpu=None):
     notes = [f"{gens} completions per prompt; {gen_rows} generated per generation batch, "
              f"{rows} trained per micro-step; completion length {new}"]
     actor = "actor" if ppo else "policy"
-    trained = trained_plan(desc, spec, rows, completion_logps_loss(rows, new, v, c, total_len if ppo else None),
-                           seq_len=total_len)
+    # TRL 1.x GRPO (grpo_trainer.py `_get_per_token_logps_and_entropies`): the fused chunked
+    # head over prompt + completion with the prompt's labels at -100 (all S - 1 positions
+    # scored off Triton), outputs ("log_probs", "entropy") for the policy, log_probs only
+    # for the reference. Otherwise TRL 0.x's selective_log_softmax head (below).
+    chunked = not ppo and resolve_head(spec) is LogprobHead.CHUNKED  # full: modelled as selective
+    if chunked:
+        notes.append(head_note(spec))
+    softcap = bool(desc.final_logit_softcapping)
+    loss = (chunked_head(spec, rows, total_len, desc.hidden_size, v, entropy=True, softcap=softcap) if chunked
+            else completion_logps_loss(rows, new, v, c, total_len if ppo else None))
+    trained = trained_plan(desc, spec, rows, loss, seq_len=total_len)
     plan = prefixed(trained.plan, actor)
     total, trainable = {actor: desc.num_params()}, trained.params.numel(trainable=True)
     if ppo:
@@ -176,7 +186,7 @@ def rl_estimate(descs: dict[str, ModelDesc], spec: JobSpec, gpu=None):
     step.plan.static.add("batch/prompt_completion_ids", nbytes(gen_rows * total_len, "int64"))
     step.plan.static.add("batch/attention_mask", nbytes(gen_rows * total_len, "int64"))
     step.plan.static.add("batch/completion_mask", nbytes(gen_rows * new, "int64"))
-    step.plan.static.add("batch/ref_per_token_logps", nbytes(gen_rows * new, c))
+    step.plan.static.add("batch/ref_per_token_logps", nbytes(gen_rows * new, "fp32" if chunked else c))
     step.plan.static.add("batch/advantages", nbytes(gen_rows, "fp32"))
     if ppo:
         # trl ppo_trainer.py `generate`: `lm_backbone.generate(..., return_dict_in_generate=True,
@@ -214,7 +224,12 @@ def rl_estimate(descs: dict[str, ModelDesc], spec: JobSpec, gpu=None):
         if not shares_base:
             step.plan.static.merge(frozen_weights(ref_desc, dtypes_of(spec).weights), prefix="reference/")
             total["reference"] = ref_desc.num_params()
-        head = completion_logps_head(rows, new, ref_desc.vocab_size, c)
+        if chunked:
+            fused = chunked_head(spec, rows, total_len, ref_desc.hidden_size, ref_desc.vocab_size,
+                                 softcap=bool(ref_desc.final_logit_softcapping))
+            head = fused.frozen_peak(nbytes(rows * total_len * ref_desc.hidden_size, fused.hidden_dtype))
+        else:
+            head = completion_logps_head(rows, new, ref_desc.vocab_size, c)
         peak = no_grad_forward_peak(ref_desc, rows, total_len, c, head)
         step.before.append(("forward", "reference forward (no_grad log-probs)",
                             Breakdown().merge(peak, prefix="reference/")))

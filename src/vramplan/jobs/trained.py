@@ -12,6 +12,7 @@ from vramplan.breakdown import Breakdown
 from vramplan.components.dtypes import dtypes_of
 from vramplan.components.activations import ActivationPlan, plan_activations
 from vramplan.components.trainable import ParamSet, param_set
+from vramplan.jobs.logprob import Chunked
 from vramplan.model import ModelDesc
 from vramplan.spec import JobSpec, Task
 from vramplan.timeline import StepPlan
@@ -80,16 +81,60 @@ class Trained:
     plan: StepPlan
 
 
-def trained_plan(desc: ModelDesc, spec: JobSpec, rows: int, loss: LossTerms, seq_len: int | None = None) -> Trained:
+def head_trainable(params: ParamSet) -> bool:
+    """Whether the output head's weight trains (lm_head, or the embedding it is tied to)."""
+    names = {p.name: p.trainable for p in params.params}
+    return names.get("lm_head.weight", names.get("model.embed_tokens.weight", False))
+
+
+def chunked_loss(acts: ActivationPlan, head: Chunked, trainable: bool) -> LossTerms:
+    """TRL 1.x's chunked log-prob head on a trained model (jobs/logprob.py for the sources).
+    The head module is bypassed, so what its linear saved goes; the function saves its own
+    shifted hidden copy, targets and log_z (in the head stage, freed by the head's backward).
+    Forward: the last hidden state and the fold's live set; the autocast weight cache stays.
+    Loss: the per-token outputs of N and the label mask; backward: backward_fold."""
+    name, size = acts.head_input
+    stage = acts.stages[-1]
+    stage.saved = [x for x in stage.saved if x[0] not in acts.head_linear_saved] + head.saved(size)
+    n = head.tokens
+    saved = Breakdown().add("logprob/log_probs", nbytes(n, "fp32")).add("logprob/label_mask", nbytes(n, "bool"))
+    fwd = Breakdown()
+    for key, value in acts.forward_end_transient.terms.items():
+        if not key.startswith("logits/"):
+            fwd.add(key, value)
+    fwd.add("logits/head_input", size).merge(head.forward_fold())
+    bwd0 = Breakdown().add("logprob/grad_log_probs", 2 * nbytes(n, "fp32"))
+    return LossTerms(saved, fwd, bwd0, head.backward_fold(trainable))
+
+
+def trained_plan(desc: ModelDesc, spec: JobSpec, rows: int, loss: LossTerms | Chunked,
+                 seq_len: int | None = None) -> Trained:
     """The core's step plan for the trained model with `loss` in place of causal-LM
-    cross-entropy; the batch is left to the job (it is shared by its models)."""
+    cross-entropy (LossTerms, or a Chunked head whose terms need the model's own plan);
+    the batch is left to the job (it is shared by its models)."""
     from vramplan.step.build import rank_step
     one = single_spec(spec, rows, seq_len)
     params = param_set(desc, one)
     acts: ActivationPlan = plan_activations(desc, one, params)
+    chunked = isinstance(loss, Chunked)
+    if chunked:
+        loss = chunked_loss(acts, loss, head_trainable(params))
     acts.loss_saved, acts.forward_end_transient = loss.saved, loss.forward_end
     acts.loss_backward_transient, acts.head_backward_transient = loss.backward_start, loss.head_backward
     plan = rank_step(desc, one, params, acts)
+    if chunked and len(plan.grads_by_stage) > 1:
+        # The head stage's gradients (lm_head, final norm) are made after the function's
+        # backward returns, so none exists at its fold (the fp32 accumulators stand in):
+        # count them from the stage before on (new lists: the plan's are memoized).
+        grads = [Breakdown().merge(g) for g in plan.grads_by_stage]
+        grads[-2].merge(grads[-1])
+        grads[-1] = Breakdown()
+        plan.grads_by_stage = grads
+        if plan.stage_grads_at_peak is not None:  # the same for what a stage's peak sees
+            at_peak = [Breakdown().merge(g) for g in plan.stage_grads_at_peak]
+            at_peak[-2].merge(at_peak[-1])
+            at_peak[-1] = Breakdown()
+            plan.stage_grads_at_peak = at_peak
     plan.static.terms.pop("batch/input_ids", None)
     return Trained(desc, one, params, plan)
 

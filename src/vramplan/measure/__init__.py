@@ -32,11 +32,12 @@ class MeasureResult:
     peak_reserved_bytes: int | None = None  # CUDA only
     device_bytes: int | None = None  # CUDA only: NVML used memory at the end
     trace: Any = None  # vramplan.measure.trace.Trace when trace=True
+    runner: dict | None = None  # what ran: {library, version, entry[, note]}
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d.pop("trace")
-        for k in ("peak_reserved_bytes", "device_bytes"):
+        for k in ("peak_reserved_bytes", "device_bytes", "runner"):
             if d[k] is None:
                 d.pop(k)
         return d
@@ -55,15 +56,16 @@ def phase_kinds(phase_peaks: dict[str, int]) -> dict[str, int]:
 def measure(job: Any, device: str = "cpu", fake: bool = False, trace: bool = False,
             steps: int = 2) -> MeasureResult:
     """Build ``job``'s model and run ``steps`` training steps under a meter."""
-    from .run_modes import run_cpu, run_cuda, run_fake
+    from .dispatch import loop_runner, measure_cpu
+    from .run_modes import run_cuda, run_fake
 
-    if fake:
-        return run_fake(job, trace=trace, steps=steps)
-    if device == "cuda":
-        return run_cuda(job, steps=steps)
+    if fake or device == "cuda":
+        result = run_fake(job, trace=trace, steps=steps) if fake else run_cuda(job, steps=steps)
+        result.runner = loop_runner()
+        return result
     if device != "cpu":
         raise ValueError(f"device: expected 'cpu' or 'cuda', got {device!r}")
-    return run_cpu(job, trace=trace, steps=steps)
+    return measure_cpu(job, trace=trace, steps=steps)
 
 
 __all__ = ["MeasureResult", "measure", "phase_kinds"]

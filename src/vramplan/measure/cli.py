@@ -7,7 +7,7 @@ short table (and, with ``--trace``, the tensors alive at the peak).
 
 JSON shape (schema ``vramplan.measure/1``)::
 
-    {"schema", "device", "job",
+    {"schema", "device", "job", "runner": {library, version, entry[, note]} | null,
      "measured": {peak_allocated_bytes, phases {forward, backward, optimizer},
                   params_bytes, grad_bytes, optimizer_state_bytes,
                   activation_bytes_end_of_forward, peak_phase, phase_peaks,
@@ -94,7 +94,7 @@ def measure_main(args) -> dict:
     fake = bool(getattr(args, "fake", False))
     device = "fake" if fake else _device(args)
     trace = bool(getattr(args, "trace", False))
-    out: dict = {"schema": SCHEMA, "device": device, "job": spec.to_dict(),
+    out: dict = {"schema": SCHEMA, "device": device, "job": spec.to_dict(), "runner": None,
                  "measured": None, "estimated": None, "error": None, "failure": None}
     from vramplan.cli_progress import stages
     show = sys.stderr.isatty() and not getattr(args, "json", False)
@@ -111,6 +111,7 @@ def measure_main(args) -> dict:
     if result is not None:
         measured = result.to_dict()
         out["device"] = measured.pop("device")
+        out["runner"] = measured.pop("runner", None)
         out["measured"] = measured
         if trace and result.trace is not None:
             out["trace"] = {name: result.trace.raw(name) for name in result.trace.names()}
@@ -129,6 +130,11 @@ def render(out: dict, trace=None) -> str:
     from vramplan.measure.trace import fmt_bytes
 
     lines = [_("device: {device}").format(device=out["device"])]
+    runner = out.get("runner")
+    if runner:
+        note = f" ({runner['note']})" if runner.get("note") else ""
+        lines.append(_("ran: {library} {version} {entry}{note}").format(
+            library=runner["library"], version=runner["version"], entry=runner["entry"], note=note))
     if out["failure"]:
         lines.append(_("failed ({stage}): {message}").format(stage=out["failure"]["stage"],
                                                              message=out["failure"]["message"]))

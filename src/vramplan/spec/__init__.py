@@ -1,6 +1,6 @@
 """The job spec: one frozen, validated description of a training job."""
 from vramplan.spec.enums import (
-    Attention, Backend, Checkpointing, LossImpl, Method, Optimizer, OptimizerImpl, Precision,
+    Attention, Backend, Checkpointing, LogprobHead, LossImpl, Method, Optimizer, OptimizerImpl, Precision,
     QuantType, SpecError, Task,
 )
 from vramplan.spec.job import JobSpec, load_spec, save_spec
@@ -8,6 +8,6 @@ from vramplan.spec.sections import FreezeConfig, LoraConfig, ParallelConfig, Qua
 
 __all__ = [
     "Attention", "Backend", "Checkpointing", "FreezeConfig", "JobSpec", "LoraConfig",
-    "LossImpl", "Method", "Optimizer", "OptimizerImpl", "ParallelConfig", "Precision",
+    "LogprobHead", "LossImpl", "Method", "Optimizer", "OptimizerImpl", "ParallelConfig", "Precision",
     "QuantConfig", "QuantType", "SpecError", "Task", "load_spec", "save_spec",
 ]

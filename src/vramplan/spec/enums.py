@@ -214,3 +214,20 @@ class QuantType(_Choice):
     NF4 = "nf4"
     FP4 = "fp4"
     INT8 = "int8"
+
+
+class LogprobHead(_Choice):
+    """How per-token log-probabilities of the labels are computed (preference and RL tasks)."""
+
+    AUTO = "auto"
+    """What TRL 1.16 does for the task on the spec's backend: the chunked head for the trainers
+    that call the model with `fused_lm_head=True` (DPO/IPO/KTO, GRPO/PPO), the full head elsewhere."""
+    FULL = "full"
+    """TRL 0.x `get_batch_logps`: the whole logits, upcast to fp32, `log_softmax`, `gather`."""
+    SELECTIVE = "selective"
+    """TRL 0.13-0.2x `selective_log_softmax` (trl/trainer/utils.py): fp32 logits gather minus a
+    per-row `logsumexp`; 16-bit logits a row loop of `log_softmax`."""
+    CHUNKED = "chunked"
+    """TRL 1.x `add_fused_lm_head` + trl/kernels/chunked_logprob.py `ChunkedLogProbFunction`:
+    the head projected in token-by-32768 tiles, never the full logits (Triton on CUDA, torch
+    ops elsewhere)."""

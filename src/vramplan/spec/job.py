@@ -8,8 +8,8 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
 from vramplan.spec.enums import (
-    Attention, Backend, Checkpointing, LossImpl, Method, Optimizer, OptimizerImpl, Precision,
-    SpecError, Task,
+    Attention, Backend, Checkpointing, LogprobHead, LossImpl, Method, Optimizer, OptimizerImpl,
+    Precision, SpecError, Task,
 )
 from vramplan.spec.enums import _USER_ERRORS, as_spec_error
 from vramplan.spec.sections import (
@@ -21,7 +21,7 @@ from vramplan.spec.stack import StackConfig, parse_dtype, parse_stack
 _ENUMS = {
     "task": Task, "method": Method, "precision": Precision, "optimizer": Optimizer,
     "optimizer_impl": OptimizerImpl, "gradient_checkpointing": Checkpointing,
-    "attention": Attention, "backend": Backend, "loss_impl": LossImpl,
+    "attention": Attention, "backend": Backend, "loss_impl": LossImpl, "logprob_head": LogprobHead,
 }
 _SECTIONS = {"lora": LoraConfig, "quantization": QuantConfig, "freeze": FreezeConfig,
              "parallel": ParallelConfig}
@@ -68,6 +68,8 @@ class JobSpec:
     packing: bool = False
     """Rows packed to `seq_len` tokens with a per-document mask."""
     loss_impl: LossImpl = LossImpl.STANDARD
+    logprob_head: LogprobHead = LogprobHead.AUTO
+    """Preference/RL log-prob head: auto (what TRL 1.16 does), full, selective or chunked."""
     gradient_checkpointing: Checkpointing = Checkpointing.NONE
     attention: Attention = Attention.SDPA
     backend: Backend = Backend.CUDA

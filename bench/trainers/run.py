@@ -1,0 +1,108 @@
+"""Real library trainers on CPU, measured under the exact meter and estimated.
+
+    python bench/trainers/run.py [--only SUBSTRING] [--estimate-only]
+
+Each case runs in a fresh process through vramplan.measure.trainers.measure_trainer: TRL
+1.16's DPOTrainer (a separate reference; a LoRA policy with its adapter disabled as the
+reference), KTOTrainer, RewardTrainer, GRPOTrainer (HF generate) and the transformers
+Trainer (SFT), two optimizer steps on tiny random-init Llama models, tiny in-memory datasets.
+The estimate takes the spec as it is (logprob_head auto = TRL 1.16's chunked head for
+DPO/IPO/KTO). Results go to bench/trainers/results-cpu.json with the library versions, and
+are printed with the error of the peak and of each phase (targets: 2% peak, 5% phase).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SRC = HERE.parents[1] / "src"
+sys.path.insert(0, str(SRC))
+
+# Small enough that a case runs in minutes on a shared 2-core machine under the meter.
+LLAMA = {"model_type": "llama", "vocab_size": 8192, "hidden_size": 128, "intermediate_size": 344,
+         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+         "max_position_embeddings": 1024, "tie_word_embeddings": False}
+# A vocabulary wider than one 32768-column tile: the chunked head folds two tiles per token chunk.
+LLAMA_WIDE = dict(LLAMA, vocab_size=40000, hidden_size=64, intermediate_size=176)
+BASE = {"model": LLAMA, "micro_batch_size": 2, "seq_len": 128, "optimizer": "adamw",
+        "optimizer_impl": "foreach", "attention": "sdpa", "backend": "cpu"}
+LORA = {"method": "lora", "lora": {"r": 8, "target_modules": ["q_proj", "v_proj"]}}
+GRPO = {"task": "grpo", "micro_batch_size": 8, "seq_len": 32, "num_generations": 4, "max_new_tokens": 32}
+
+
+def case(name: str, **fields) -> tuple[str, dict]:
+    return name, {**BASE, **fields}
+
+
+CASES = dict([
+    case("dpo/bf16/full/ref-separate", task="dpo", precision="bf16"),
+    case("dpo/fp32/full/ref-separate", task="dpo", precision="fp32"),
+    case("dpo/bf16/lora/adapter-disabled", task="dpo", precision="bf16", **LORA),
+    case("dpo/amp-bf16/full/ref-separate", task="dpo", precision="amp-bf16"),
+    case("dpo/bf16/full/gc/vocab40k", task="dpo", precision="bf16", model=LLAMA_WIDE,
+         gradient_checkpointing="full"),
+    case("kto/bf16/full/ref-separate", task="kto", precision="bf16"),
+    case("reward-model/bf16/full", task="reward-model", precision="bf16"),
+    case("grpo/bf16/full/g4-c32", **GRPO, precision="bf16"),
+    case("sft/bf16/full/hf-trainer", task="sft", precision="bf16"),
+])
+
+
+def measure(job: dict) -> dict:
+    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); "
+            "from vramplan.measure.trainers import measure_trainer; "
+            "print(json.dumps(measure_trainer(json.loads(sys.argv[2])).to_dict()))")
+    proc = subprocess.run([sys.executable, "-c", code, str(SRC), json.dumps(job)],
+                          capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(proc.stderr[-3000:])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def errors(est, measured: dict) -> dict:
+    out = {"peak": est.peak_allocated_bytes / measured["peak_allocated_bytes"] - 1}
+    for k, v in measured["phases"].items():
+        if v and k in est.phases:
+            out[k] = est.phases[k] / v - 1
+    return out
+
+
+def main(argv=None) -> int:
+    import vramplan
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--only", default="")
+    ap.add_argument("--estimate-only", action="store_true")
+    args = ap.parse_args(argv)
+    path = HERE / "results-cpu.json"
+    old = json.loads(path.read_text()) if path.exists() else {}
+    out = dict(old)
+    for name, job in CASES.items():
+        if args.only not in name:
+            continue
+        est = vramplan.estimate(job)
+        row = {"job": job, "estimate": {"peak_allocated_bytes": est.peak_allocated_bytes,
+                                        "peak_event": est.peak_event, "phases": est.phases}}
+        try:
+            row["measured"] = old.get(name, {}).get("measured") if args.estimate_only else measure(job)
+        except RuntimeError as exc:
+            print(f"{name}: measurement failed: {str(exc).strip().splitlines()[-1]}", flush=True)
+            continue
+        m = row["measured"]
+        if m:
+            row["error"] = errors(est, m)
+            print(f"{name:34} {m['runner']['entry']:14} measured {m['peak_allocated_bytes']:>12} "
+                  f"({m['peak_phase']:6}) estimated {est.peak_allocated_bytes:>12} {row['error']['peak']:+7.3%}"
+                  f"  [{est.peak_event}]", flush=True)
+            phases = {k: f"{v:+.2%}" for k, v in row["error"].items() if k != "peak"}
+            print(f"{'':34} per phase: {phases}", flush=True)
+        out[name] = row
+    path.write_text(json.dumps(out, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

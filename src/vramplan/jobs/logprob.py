@@ -1,0 +1,178 @@
+"""Per-token log-probability heads of the preference and RL trainers (the `logprob_head` choice).
+
+* full: TRL 0.x `get_batch_logps` (whole logits, fp32 `log_softmax`, `gather`): trained.logps_loss
+  and frozen.logps_head.
+* selective: `selective_log_softmax` (trl/trainer/utils.py, TRL 0.13 onward; DPO's
+  `concatenated_forward` in 0.2x): fp32 logits -> `gather` minus a per-row `logsumexp`;
+  16-bit logits -> a loop over rows of `log_softmax(row)` and `gather`.
+* chunked: TRL 1.x `add_fused_lm_head` (trl/trainer/utils.py `_fused_forward`) and
+  trl/kernels/chunked_logprob.py `ChunkedLogProbFunction`: the backbone's last hidden state,
+  shifted, goes through the head in tiles of TOKEN_CHUNK_SIZE = 4096 tokens by chunk_size =
+  32768 vocabulary columns (`_CHUNKED_LOGPROB_CHUNK_SIZE`), each folded into online-logsumexp
+  statistics; the full logits never exist. On CUDA (Triton) the fold is a kernel working in
+  registers; elsewhere `_forward_tile` / `_backward_tile` run torch ops on the whole tile,
+  whose fp32 temporaries are what this module counts.
+
+Legend: r rows, s sequence, h hidden, v vocabulary, c compute dtype, N = r * (s - 1) scored
+tokens, n = min(N, 4096) tokens per tile, V = min(v, 32768) columns per tile, W = 32768.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vramplan.breakdown import Breakdown
+from vramplan.i18n import Msg
+from vramplan.spec import Backend, JobSpec, LogprobHead, Task
+from vramplan.units import nbytes
+
+TOKEN_CHUNK = 4096
+"""trl/kernels/chunked_logprob.py TOKEN_CHUNK_SIZE: tokens per projection tile."""
+VOCAB_CHUNK = 32768
+"""trl/trainer/utils.py _CHUNKED_LOGPROB_CHUNK_SIZE: the scratch buffer's width."""
+
+# Trainers that call the model with fused_lm_head=True in TRL 1.16 (dpo_trainer.py, kto_trainer.py,
+# grpo_trainer.py, rloo_trainer.py, sft_trainer.py `add_fused_lm_head`). ORPO and CPO/SimPO
+# (trl/experimental/orpo, cpo) still build the full logits; PPO is no longer in TRL 1.x.
+_CHUNKED_TASKS = (Task.DPO, Task.IPO, Task.KTO, Task.GRPO)
+
+
+def resolve_head(spec: JobSpec) -> LogprobHead:
+    """The head the spec asks for; `auto` is TRL 1.16's for the task (any backend: the
+    chunked head has a Triton path on CUDA and a torch fallback elsewhere)."""
+    head = spec.logprob_head
+    if head is not LogprobHead.AUTO:
+        return head
+    return LogprobHead.CHUNKED if spec.task in _CHUNKED_TASKS else LogprobHead.FULL
+
+
+def head_note(spec: JobSpec) -> str:
+    """What the answer assumed about the log-prob head, in words."""
+    head = resolve_head(spec)
+    # Msg: English text the report edge can print translated (vramplan.i18n.tr)
+    if head is LogprobHead.CHUNKED:
+        path = (Msg("Triton fold; every position counted, TRL scores only labels that are not -100")
+                if spec.backend is Backend.CUDA else Msg("torch fallback with fp32 tile temporaries"))
+        return Msg("log-prob head: chunked (TRL 1.16 fused_lm_head, {tokens} x {vocab} tiles, {path}); "
+                   "TRL's configs default to gradient_checkpointing=True and bf16=True, the spec's values are used",
+                   tokens=TOKEN_CHUNK, vocab=VOCAB_CHUNK, path=path)
+    if head is LogprobHead.SELECTIVE:
+        return Msg("log-prob head: selective_log_softmax (TRL 0.13-0.2x)")
+    return Msg("log-prob head: full fp32 log_softmax over the logits (TRL 0.x get_batch_logps)")
+
+
+@dataclass(frozen=True, slots=True)
+class Chunked:
+    """One call of ChunkedLogProbFunction: N tokens of width h through a v x h head."""
+
+    rows: int
+    seq_len: int
+    hidden: int
+    vocab: int
+    c: str
+    """Compute dtype: the autocast dtype, else the hidden state's (`compute_dtype`)."""
+    hidden_dtype: str
+    """dtype of the backbone's last hidden state (fp32 under autocast)."""
+    weight_dtype: str
+    torch_fold: bool
+    """True off Triton (CPU): the tile is folded with torch ops (`_forward_tile`)."""
+    top1: bool = False
+    """`is_top1` requested (DPO's metrics): a bool tile mask lives through the fold."""
+    entropy: bool = False
+    """`entropy` requested: saved for backward in log_z's second slot."""
+    softcap: bool = False
+
+    @property
+    def tokens(self) -> int:
+        return self.rows * (self.seq_len - 1)
+
+    @property
+    def tile(self) -> int:
+        """Elements of one tile n x V."""
+        return min(self.tokens, TOKEN_CHUNK) * min(self.vocab, VOCAB_CHUNK)
+
+    def scratch(self) -> int:
+        """`mm_buf = torch.empty((min(N, TOKEN_CHUNK_SIZE), chunk_size), dtype=compute_dtype)`:
+        always 32768 wide, also for a smaller vocabulary."""
+        return nbytes(min(self.tokens, TOKEN_CHUNK) * VOCAB_CHUNK, self.c)
+
+    def casts(self) -> Breakdown:
+        """`hidden[...].to(compute_dtype)` and `weight[start:end].to(compute_dtype)` copies
+        when the dtypes differ (autocast over fp32 weights)."""
+        out = Breakdown()
+        if self.hidden_dtype != self.c:
+            out.add("logprob/hidden_chunk_cast", nbytes(min(self.tokens, TOKEN_CHUNK) * self.hidden, self.c))
+        if self.weight_dtype != self.c:
+            out.add("logprob/weight_chunk_cast", nbytes(min(self.vocab, VOCAB_CHUNK) * self.hidden, self.c))
+        return out
+
+    def saved(self, head_input: int) -> list[tuple[str, int]]:
+        """`ctx.save_for_backward(hidden, weight, bias, targets, log_z, entropy-or-log_z)`.
+        hidden: CPU `hidden_states.reshape(-1, h)` of the shifted view (a copy for r > 1; for
+        one row the view keeps the whole last hidden state), CUDA `hidden_states[mask]`;
+        targets: `labels.clamp(min=0)` (CPU) or `labels[mask]` (CUDA), int64."""
+        n = self.tokens
+        hidden = head_input if self.rows == 1 and self.torch_fold else nbytes(n * self.hidden, self.hidden_dtype)
+        out = [("logprob/hidden", hidden), ("logprob/targets", nbytes(n, "int64")),
+               ("logprob/log_z", nbytes(n, "fp32"))]
+        if self.entropy:
+            out.append(("logprob/entropy", nbytes(n, "fp32")))
+        return out
+
+    def forward_fold(self) -> Breakdown:
+        """Live inside the forward tile loop besides what is saved: the scratch tile, seven
+        fp32 running statistics of N (`running_max` .. `target_logit`) and, off Triton,
+        `_forward_tile`'s temporaries. Its peak is three fp32 tiles at once: z, `z - new_m`
+        and `e = exp(...)` (and in `_torch_transform` of a 16-bit tile: `tile.float()`,
+        `z * logit_scale`, `* inv_t`); softcapping keeps one more (`z / softcap`, tanh) for
+        16-bit tiles. `is_top1` adds the bool `before_target` mask alive through the fold."""
+        out = Breakdown().add("logprob/scratch_tile", self.scratch())
+        out.add("logprob/running_stats", 7 * nbytes(self.tokens, "fp32")).merge(self.casts())
+        if self.torch_fold:
+            k = 4 if self.softcap and self.c != "fp32" else 3
+            out.add("logprob/tile_fp32_temporaries", k * nbytes(self.tile, "fp32"))
+            if self.top1:
+                out.add("logprob/tile_top1_mask", nbytes(self.tile, "bool"))
+        return out
+
+    def backward_fold(self, head_trainable: bool) -> Breakdown:
+        """The backward's larger moment. Always alive: fp32 accumulators `grad_hidden` (N x h)
+        and, for a trained head, `grad_weight` (v x h), and a new scratch tile. Off Triton,
+        `_backward_tile` holds y, z, log_p, p, grad and the bool `is_target`, and at
+        `grad += g * (is_target.float() - p)` two more fp32 tiles: seven fp32 tiles and one
+        bool (eight with softcapping's tanh). After the loop: `grad_hidden.to(hidden.dtype)`
+        and `grad_weight.to(weight.dtype)` copies beside the fp32 accumulators."""
+        acc = Breakdown().add("logprob/grad_hidden_fp32", nbytes(self.tokens * self.hidden, "fp32"))
+        if head_trainable:
+            acc.add("logprob/grad_weight_fp32", nbytes(self.vocab * self.hidden, "fp32"))
+        acc.add("logprob/scratch_tile", self.scratch())
+        fold = Breakdown().merge(acc).merge(self.casts())
+        if self.torch_fold:
+            k = 8 if self.softcap else 7
+            fold.add("logprob/tile_fp32_temporaries", k * nbytes(self.tile, "fp32"))
+            fold.add("logprob/tile_target_mask", nbytes(self.tile, "bool"))
+        end = Breakdown().merge(acc)
+        if self.hidden_dtype != "fp32":
+            end.add("logprob/grad_hidden", nbytes(self.tokens * self.hidden, self.hidden_dtype))
+        if head_trainable and self.weight_dtype != "fp32":
+            end.add("logprob/grad_weight", nbytes(self.vocab * self.hidden, self.weight_dtype))
+        return fold if fold.total() >= end.total() else end
+
+    def frozen_peak(self, head_input: int) -> Breakdown:
+        """Under torch.no_grad() (a reference model): the last hidden state, the shifted
+        copy and targets, the fold's live set."""
+        out = Breakdown().add("logprob/last_hidden_state", head_input)
+        for name, value in self.saved(head_input):
+            if name == "logprob/hidden" and self.rows == 1 and self.torch_fold:
+                continue  # a view of the last hidden state
+            out.add(name, value)
+        return out.merge(self.forward_fold())
+
+
+def chunked_head(spec: JobSpec, rows: int, seq_len: int, hidden: int, vocab: int, *, top1: bool = False,
+                 entropy: bool = False, softcap: bool = False) -> Chunked:
+    """The chunked head of a model in `spec`'s precision and backend."""
+    p = spec.precision
+    c = p.compute_dtype if spec.method.value != "qlora" else spec.quantization.compute_dtype
+    hidden_dtype = p.weight_dtype if spec.method.value != "qlora" else c
+    return Chunked(rows, seq_len, hidden, vocab, c, hidden_dtype, p.weight_dtype,
+                   torch_fold=spec.backend is not Backend.CUDA, top1=top1, entropy=entropy, softcap=softcap)

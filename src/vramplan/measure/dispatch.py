@@ -1,0 +1,87 @@
+"""Which runner measures a job on CPU, and the `runner` record naming it.
+
+Library trainers first (measure/trainers.py: TRL's DPOTrainer, KTOTrainer, RewardTrainer,
+GRPOTrainer); single-model jobs through measure/run.py (a transformers model in a plain loop
+in HF Trainer's order, the semantics of the committed CPU references); the hand-written
+multi-model steps only where no library trainer runs here, each named with a note.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from . import MeasureResult
+
+HAND_WRITTEN = {
+    "distill": ("jobs", "measure_job", "TRL 0.x GKDTrainer's step written out (full logits, no TRL "
+                                       "trainer run here)"),
+    "ppo": ("ppo", "measure_ppo", "TRL 0.x PPOTrainer's step written out (PPO is not in TRL 1.x)"),
+    "grpo": ("rl", "measure_grpo", "TRL 0.x GRPO step written out (selective_log_softmax head); "
+                                   "install trl to run GRPOTrainer"),
+    "dpo": ("jobs", "measure_job", "TRL 0.x DPO step written out (full-logits get_batch_logps head)"),
+    "ipo": ("jobs", "measure_job", "TRL 0.x DPO step written out (full-logits get_batch_logps head)"),
+    "reward-model": ("jobs", "measure_job", "TRL RewardTrainer's loss written out; install trl to run it"),
+    "diffusion": ("diffusion", "measure_diffusion", "diffusers example training step written out"),
+}
+
+
+def _vramplan_runner(entry: str, note: str) -> dict:
+    from vramplan import __version__
+
+    return {"library": "vramplan", "version": __version__, "entry": entry, "note": note}
+
+
+def loop_runner() -> dict:
+    """The runner record of measure/run.py's single-model loop."""
+    import transformers
+
+    return {"library": "transformers", "version": transformers.__version__,
+            "entry": "PreTrainedModel.forward + loss.backward + torch.optim step",
+            "note": "a plain loop in HF Trainer's order (measure/run.py); "
+                    "measure.trainers runs transformers.Trainer itself"}
+
+
+def _hand_written(job: dict, trace: bool, steps: int) -> MeasureResult:
+    import importlib
+
+    if job.get("vision"):
+        module, fn, note = "vlm", "measure_vlm", "LLaVA-style step written out (no library trainer)"
+    elif job.get("models"):
+        module, fn, note = "generic", "measure_generic", "generic multi-model step written out"
+    else:
+        module, fn, note = HAND_WRITTEN[job["task"]]
+    result = getattr(importlib.import_module(f"vramplan.measure.{module}"), fn)(job, steps=steps, trace=trace)
+    result.runner = _vramplan_runner(f"vramplan.measure.{module}.{fn}", note)
+    return result
+
+
+def _library_ok(job: dict) -> bool:
+    from .trainers import TRL_TASKS, runs_library
+
+    if job["task"] not in TRL_TASKS or job.get("vision") or job.get("models"):
+        return False
+    if job.get("reference_model") == "precomputed":
+        return False  # TRL precomputes reference log-probs before train(); not metered here
+    return runs_library(job["task"])
+
+
+def measure_cpu(job: Any, trace: bool = False, steps: int = 2) -> MeasureResult:
+    """Measure ``job`` on CPU with the most faithful runner available."""
+    from .build import MEASURED_TASKS, job_dict
+
+    job = job_dict(job)
+    if _library_ok(job):
+        from .trainers import measure_trainer
+
+        return measure_trainer(job, trace=trace)
+    if job["task"] in MEASURED_TASKS and not job.get("vision") and not job.get("models"):
+        from .run_modes import run_cpu
+
+        result = run_cpu(job, trace=trace, steps=steps)
+        result.runner = loop_runner()
+        return result
+    if job["task"] in HAND_WRITTEN or job.get("vision") or job.get("models"):
+        return _hand_written(job, trace, steps)
+    raise ValueError(f"task: measuring {job['task']!r} is not implemented yet")
+
+
+__all__ = ["loop_runner", "measure_cpu"]

@@ -1,0 +1,230 @@
+"""The real library trainers, one job each, under the exact CPU meter.
+
+    from vramplan.measure.trainers import measure_trainer, runs_library
+    result = measure_trainer(spec)          # result.runner == {"library": "trl", ...}
+
+What runs (tiny random-init models built from the spec's config by measure/build.py, tiny
+in-memory datasets from measure/trl_data.py, ``use_cpu=True``, ``report_to="none"``, no
+saving, two optimizer steps):
+
+* dpo, ipo: ``trl.DPOTrainer`` (``loss_type`` ``sigmoid`` / ``ipo``); a separate
+  reference model, or, for a LoRA policy with no ``reference_model``, the policy with its
+  adapter disabled (dpo_trainer.py ``_compute_loss`` -> ``use_adapter``);
+* kto: ``trl.KTOTrainer``; reward-model: ``trl.RewardTrainer``;
+* grpo: ``trl.GRPOTrainer`` with HF ``generate`` (``use_vllm=False``) and a reward function;
+* sft: the HF ``transformers.Trainer`` (the model's own causal-LM loss).
+
+The TRL configs' own defaults (``gradient_checkpointing=True``, ``bf16=True``: trl/trainer/
+base_config.py ``_BaseConfig``) are overridden by the spec, which states both; the
+optimizer is the spec's torch optimizer handed to the trainer (``optimizers=(opt, None)``),
+so ``optimizer_impl`` is the spec's rather than Trainer's ``adamw_torch`` (for-loop on CPU).
+Precision: ``fp32``/``bf16``/``fp16`` build the model in that dtype with the trainer's
+autocast off; ``amp-bf16`` an fp32 model with ``bf16=True``; ``mixed-*`` has no equivalent
+in these trainers.
+"""
+from __future__ import annotations
+
+import tempfile
+
+import torch
+
+from . import MeasureResult
+from . import trl_data as data
+from .build import (
+    apply_method, build_model, build_optimizer, job_dict, norm_precision, precision_dtypes,
+)
+from .trainer_meter import metered_train
+
+TRL_TASKS = {"dpo": "DPOTrainer", "ipo": "DPOTrainer", "kto": "KTOTrainer",
+             "reward-model": "RewardTrainer", "grpo": "GRPOTrainer"}
+HF_TASKS = {"sft": "Trainer"}
+DPO_LOSS = {"dpo": "sigmoid", "ipo": "ipo"}
+
+
+def runs_library(task: str) -> bool:
+    """Whether a library trainer is measured for ``task`` (and installed)."""
+    if task in HF_TASKS:
+        return True
+    if task not in TRL_TASKS:
+        return False
+    try:
+        import trl  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _precision(job: dict) -> tuple[torch.dtype, dict]:
+    """(model dtype, the trainer's bf16/fp16 flags) for the spec's precision."""
+    precision = norm_precision(job.get("precision", "fp32"))
+    if precision.startswith("mixed-"):
+        raise ValueError(f"precision: {precision} (16-bit weights, fp32 master) has no equivalent in "
+                         "the HF/TRL trainers; use amp-bf16 or bf16")
+    dtype, autocast = precision_dtypes(precision)
+    return dtype, {"bf16": autocast is torch.bfloat16, "fp16": autocast is torch.float16}
+
+
+def _model(job: dict, field, dtype, task: str = "sft", num_labels: int | None = None):
+    sub = dict(job, model=field, task=task, method="full")
+    if num_labels is not None:
+        from .build import hf_config_dict
+
+        sub["model"] = dict(hf_config_dict(field), num_labels=num_labels)
+    model = build_model(sub, "cpu", dtype)
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.pad_token_id = data.PAD
+    model.config.pad_token_id = data.PAD
+    return model
+
+
+def _policy(job: dict, dtype, task: str = "sft", num_labels: int | None = None):
+    model = _model(job, job["model"], dtype, task, num_labels)
+    return apply_method(model, job, "cpu")
+
+
+def _frozen(job: dict, field, dtype):
+    model = _model(job, field, dtype)
+    model.eval()
+    model.requires_grad_(False)
+    return model
+
+
+def _common(job: dict, flags: dict) -> dict:
+    """TrainingArguments fields every trainer gets."""
+    gc = job.get("gradient_checkpointing", "none") not in (None, False, "none", "off")
+    return dict(output_dir=tempfile.mkdtemp(prefix="vramplan-measure-"),
+                per_device_train_batch_size=int(job.get("micro_batch_size", 1)),
+                gradient_accumulation_steps=int(job.get("grad_accum_steps", 1)), max_steps=2,
+                use_cpu=True, report_to="none", save_strategy="no", logging_strategy="no",
+                disable_tqdm=True, dataloader_num_workers=0, seed=0, gradient_checkpointing=gc,
+                learning_rate=float(job.get("learning_rate", 1e-4)), **flags)
+
+
+def _optimizers(model, job: dict):
+    return build_optimizer([p for p in model.parameters() if p.requires_grad], job), None
+
+
+def _rows(job: dict) -> int:
+    return 4 * int(job.get("micro_batch_size", 1)) * int(job.get("grad_accum_steps", 1))
+
+
+def _dpo(job: dict, dtype, flags: dict):
+    from trl import DPOConfig, DPOTrainer
+
+    policy = _policy(job, dtype)
+    vocab = policy.config.vocab_size
+    ref = job.get("reference_model")
+    if ref == "precomputed":
+        raise ValueError("reference_model: precomputed is measured through the hand-written step "
+                         "(TRL precomputes it before train())")
+    lora_ref = ref is None and job.get("method") in ("lora", "qlora")
+    ref_model = None if lora_ref else _frozen(job, ref or job["model"], dtype)
+    args = DPOConfig(**_common(job, flags), max_length=int(job["seq_len"]),
+                     loss_type=[DPO_LOSS[job["task"]]], dataset_num_proc=None)
+    trainer = DPOTrainer(model=policy, ref_model=ref_model, args=args,
+                         train_dataset=data.dataset(data.preference_rows(_rows(job), job["seq_len"], vocab)),
+                         processing_class=data.tokenizer(vocab), optimizers=_optimizers(policy, job))
+    models = {"policy": policy} | ({"reference": ref_model} if ref_model is not None else {})
+    return trainer, models, {}
+
+
+def _kto(job: dict, dtype, flags: dict):
+    from trl import KTOConfig, KTOTrainer
+
+    policy = _policy(job, dtype)
+    vocab = policy.config.vocab_size
+    ref = job.get("reference_model")
+    lora_ref = ref is None and job.get("method") in ("lora", "qlora")
+    ref_model = None if lora_ref else _frozen(job, ref or job["model"], dtype)
+    args = KTOConfig(**_common(job, flags), max_length=int(job["seq_len"]), dataset_num_proc=None)
+    trainer = KTOTrainer(model=policy, ref_model=ref_model, args=args,
+                         train_dataset=data.dataset(data.unpaired_rows(_rows(job), job["seq_len"], vocab)),
+                         processing_class=data.tokenizer(vocab), optimizers=_optimizers(policy, job))
+    models = {"policy": policy} | ({"reference": ref_model} if ref_model is not None else {})
+    return trainer, models, {}
+
+
+def _reward(job: dict, dtype, flags: dict):
+    from trl import RewardConfig, RewardTrainer
+
+    policy = _policy(job, dtype, "sequence-classification", num_labels=1)
+    vocab = policy.config.vocab_size
+    args = RewardConfig(**_common(job, flags), max_length=int(job["seq_len"]), dataset_num_proc=None)
+    trainer = RewardTrainer(model=policy, args=args,
+                            train_dataset=data.dataset(data.reward_rows(_rows(job), job["seq_len"], vocab)),
+                            processing_class=data.tokenizer(vocab), optimizers=_optimizers(policy, job))
+    return trainer, {"policy": policy}, {}
+
+
+def _length_reward(completions, **kwargs) -> list[float]:
+    """A reward function (no reward model): the completion's length."""
+    return [float(len(c)) for c in completions]
+
+
+def _grpo(job: dict, dtype, flags: dict):
+    from unittest import mock
+
+    from trl import GRPOConfig, GRPOTrainer
+    from trl.trainer import grpo_trainer
+
+    policy = _policy(job, dtype)
+    vocab = policy.config.vocab_size
+    b = int(job.get("micro_batch_size", 1))
+    g = int(job.get("num_generations") or b)
+    new = int(job.get("max_new_tokens") or 16)
+    ref = job.get("reference_model")
+    # The spec's reference: none for "precomputed" (GRPOConfig.beta = 0.0, TRL 1.x's default,
+    # builds no reference); else beta = 0.04 (TRL 0.x's default). A LoRA policy is its own
+    # reference with the adapter disabled; otherwise GRPOTrainer loads the reference from the
+    # policy's checkpoint path (grpo_trainer.py `create_model_from_path`), which a random-init
+    # model has not: the loader is handed the reference built from the spec instead.
+    beta = 0.0 if ref == "precomputed" else 0.04
+    frozen = None if beta == 0.0 or job.get("method") in ("lora", "qlora") else _frozen(job, ref or job["model"], dtype)
+    args = GRPOConfig(**_common(job, flags), num_generations=g, max_completion_length=new, beta=beta,
+                      use_vllm=False, generation_kwargs={"min_new_tokens": new})
+    with mock.patch.object(grpo_trainer, "create_model_from_path", lambda *a, **k: frozen):
+        trainer = GRPOTrainer(model=policy, reward_funcs=_length_reward, args=args,
+                              train_dataset=data.dataset(data.prompt_rows(_rows(job), job["seq_len"], vocab)),
+                              processing_class=data.tokenizer(vocab), optimizers=_optimizers(policy, job))
+    models = {"policy": policy} | ({"reference": frozen} if frozen is not None else {})
+    return trainer, models, {"generation": True}
+
+
+def _sft(job: dict, dtype, flags: dict):
+    from transformers import Trainer, TrainingArguments, default_data_collator
+
+    policy = _policy(job, dtype)
+    vocab = policy.config.vocab_size
+    args = TrainingArguments(**_common(job, flags))
+    trainer = Trainer(model=policy, args=args, data_collator=default_data_collator,
+                      train_dataset=data.dataset(data.lm_rows(_rows(job), job["seq_len"], vocab)),
+                      optimizers=_optimizers(policy, job))
+    return trainer, {"policy": policy}, {}
+
+
+BUILDERS = {"dpo": _dpo, "ipo": _dpo, "kto": _kto, "reward-model": _reward, "grpo": _grpo, "sft": _sft}
+
+
+def _runner(task: str) -> dict:
+    if task in HF_TASKS:
+        import transformers
+
+        return {"library": "transformers", "version": transformers.__version__, "entry": HF_TASKS[task]}
+    import trl
+
+    return {"library": "trl", "version": trl.__version__, "entry": TRL_TASKS[task]}
+
+
+def measure_trainer(job, trace: bool = False) -> MeasureResult:
+    """Run the job's library trainer for two optimizer steps under the exact CPU meter."""
+    job = job_dict(job)
+    task = job["task"]
+    if task not in BUILDERS:
+        raise ValueError(f"task: no library trainer is measured for {task!r}")
+    torch.manual_seed(0)
+    dtype, flags = _precision(job)
+    trainer, models, options = BUILDERS[task](job, dtype, flags)
+    return metered_train(trainer, models, _runner(task), trace=trace, **options)
+
+
+__all__ = ["measure_trainer", "runs_library", "TRL_TASKS", "HF_TASKS"]
