@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from vramplan.i18n import N_, _
+from vramplan.i18n import DEFAULT_LANGUAGE, N_, _, get_language
 
 TERM_PARTS = {
     # groups
@@ -85,7 +85,7 @@ def event_label(event: str) -> str:
     if event in _EVENTS:
         return _(_EVENTS[event])
     m = _LAYER_EVENT.fullmatch(event)
-    if m is None:
+    if m is None or get_language() == DEFAULT_LANGUAGE:  # English keeps the core's own words
         return event
     where = _("layer {n} backward") if m["pass"] == "backward" else _("layer {n} forward")
     where = where.format(n=m["n"])
@@ -114,7 +114,7 @@ def _strategy_part(part: str) -> str:
     if m:
         return _("{n} GPUs").format(n=m["n"])
     m = _MAX_SPLIT.fullmatch(part)
-    return _("max_split_size_mb {mb} (allocator block split limit)").format(mb=m["mb"]) if m else part
+    return _("max_split_size_mb {mb}").format(mb=m["mb"]) if m else part
 
 
 def strategy_label(name: str) -> str:

@@ -20,9 +20,10 @@ def estimate_table(est, depth: int = 2) -> Tabular:
             for name, size in groups]
     rows.append([_("peak allocated"), *([""] if labels else []), est.peak_allocated_bytes,
                  gib(est.peak_allocated_bytes), gb(est.peak_allocated_bytes), 100.0])
+    phase = phase_name if labels else str  # English keeps the phase keys, as the JSON has them
     notes = [_("peak in {phase} ({event}); phase peaks: {phases}").format(
-        phase=phase_name(est.peak_phase), event=event_label(est.peak_event), phases=", ".join(
-            _("{phase} {gib} GiB").format(phase=phase_name(k), gib=f"{v / GiB:,.2f}") for k, v in est.phases.items()))]
+        phase=phase(est.peak_phase), event=event_label(est.peak_event), phases=", ".join(
+            _("{phase} {gib} GiB").format(phase=phase(k), gib=f"{v / GiB:,.2f}") for k, v in est.phases.items()))]
     if est.spec.backend.value == "cuda":
         notes.append(_("max_memory_allocated {allocated} GiB, max_memory_reserved {reserved} GiB, "
                        "nvidia-smi {device} GiB ({device_gb} GB)").format(

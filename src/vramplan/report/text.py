@@ -45,15 +45,16 @@ def render_estimate(est, console=None, depth: int = 2) -> None:
     table.add_row("[bold]" + _("peak allocated") + "[/bold]", *([""] if labels else []),
                   _gib(est.peak_allocated_bytes), _gb(est.peak_allocated_bytes), "100%")
     console.print(table)
-    phases = "  ".join(_("{phase} {gib} GiB").format(phase=phase_name(k), gib=_gib(v)) for k, v in est.phases.items())
+    phase = phase_name if labels else str  # English keeps the phase and term keys, as the JSON has them
+    phases = "  ".join(_("{phase} {gib} GiB").format(phase=phase(k), gib=_gib(v)) for k, v in est.phases.items())
     console.print(_("peak in {phase} ({event}); phase peaks: {phases}").format(
-        phase=f"[bold]{phase_name(est.peak_phase)}[/bold]", event=event_label(est.peak_event), phases=phases))
+        phase=f"[bold]{phase(est.peak_phase)}[/bold]", event=event_label(est.peak_event), phases=phases))
     if spec.backend.value == "cuda":
         console.print(_("torch.cuda.max_memory_allocated ≈ {allocated} GiB, max_memory_reserved ≈ {reserved} GiB, "
                         "nvidia-smi ≈ {device} GiB ({device_gb} GB)").format(
             allocated=_gib(est.peak_allocated_bytes), reserved=_gib(est.reserved_bytes),
             device=_gib(est.device_bytes), device_gb=_gb(est.device_bytes)))
-        outside = "  ".join(_("{term} {gib} GiB").format(term=term_label(k), gib=_gib(v))
+        outside = "  ".join(_("{term} {gib} GiB").format(term=term_label(k) if labels else k, gib=_gib(v))
                             for k, v in est.device_terms.to_dict().items())
         lo, hi = est.bounds["device"]
         console.print(_("nvidia-smi beyond reserved: {outside}; measured on published runs within "
