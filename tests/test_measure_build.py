@@ -25,7 +25,7 @@ def job(**overrides):
 
 
 @pytest.mark.parametrize("precision, model_dtype, autocast", [
-    ("fp32", torch.float32, None), ("bf16", torch.bfloat16, None),
+    ("fp32", torch.float32, None), ("pure-bf16", torch.bfloat16, None),
     ("amp-bf16", torch.float32, torch.bfloat16), ("mixed-bf16", torch.bfloat16, None),
 ])
 def test_precision_dtypes(precision, model_dtype, autocast):
@@ -94,3 +94,16 @@ def test_gradient_checkpointing_is_non_reentrant():
     assert model.is_gradient_checkpointing
     func = model.model.layers[0]._gradient_checkpointing_func
     assert func.keywords.get("use_reentrant") is False  # Trainer's default in transformers 5
+
+
+@pytest.mark.parametrize("extra, model_dtype, autocast", [
+    # HF Trainer's bf16=True (the default stack): autocast over the weights as loaded; the
+    # config states no dtype, so they are loaded in the dtype the word names
+    ({}, torch.bfloat16, torch.bfloat16),
+    ({"load_dtype": "float32"}, torch.float32, torch.bfloat16),
+    ({"stack": "torchtune"}, torch.bfloat16, None),
+])
+def test_build_follows_the_stack(extra, model_dtype, autocast):
+    built = build(job(precision="bf16", **extra))
+    assert {p.dtype for p in built.model.parameters()} == {model_dtype}
+    assert built.autocast_dtype == autocast

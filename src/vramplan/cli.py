@@ -157,6 +157,9 @@ def spec_from_args(args) -> "object":
         if env:
             data["alloc_conf"] = env
     spec = load_spec(data)
+    if spec.lengths is not None:  # the lengths file is read here, relative to the spec file
+        from vramplan.importers.lengths import resolve_lengths
+        spec = resolve_lengths(spec, os.path.dirname(os.path.abspath(args.spec)) if args.spec else None)
     for note in vars(args).pop("pending_notes", []):
         print(tr(note), file=sys.stderr)
     if args.save_spec:

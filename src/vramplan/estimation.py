@@ -51,6 +51,9 @@ class Estimate:
     replay: object | None = field(repr=False, default=None)
     """Callable(conf=None) -> vramplan.allocator.AllocatorResult: the caching allocator
     replaying the step's tensor events (CUDA backend, single-model jobs); run on demand."""
+    lengths: object | None = field(repr=False, default=None)
+    """vramplan.step.lengths.LengthsReplay when the spec gives a `lengths` distribution
+    (dynamic padding): the run's steps replayed in order, longest-first and capped."""
 
     @property
     def allocator(self):
@@ -124,6 +127,7 @@ class Estimate:
             "managed_bytes": self.managed_bytes,
             "notes": list(self.notes),
             **self._allocator_dict(),
+            **({"lengths": self.lengths.to_dict()} if self.lengths is not None else {}),
             **self._parallel_dict(),
         }
 
@@ -164,7 +168,9 @@ def estimate(spec: JobSpec) -> Estimate:
     else:
         from vramplan.parallel.host import resolve_local
         from vramplan.sources import resolve_model
+        from vramplan.importers.lengths import resolve_lengths
         spec = resolve_local(spec)  # parallel.extras.host_memory_bytes: "local" -> this machine's RAM
+        spec = resolve_lengths(spec)  # lengths.lengths_file: read and summarised here, at the edge
         est = estimate_model(resolve_model(spec), spec, gpu)
     check_size(est.device_bytes, est.spec)
     return est
@@ -196,9 +202,18 @@ def estimate_model(desc: ModelDesc, spec: JobSpec, gpu=None) -> Estimate:
         replayer = allocator_replayer(spec, gpu, plan, desc, params if par is None else None, managed.total())
         if _changes_placement(spec.alloc_conf):
             conf_delta = replayer().reserved_bytes - replayer(default=True).reserved_bytes
+    lengths = None
+    if replayer is not None and spec.lengths is not None:
+        lengths = _lengths_replay(spec, gpu, desc, params, par is None, managed.total())
     reserved, device = device_levels(spec, gpu, events, top, managed.total(), conf_delta)
+    if lengths is not None:
+        extra = lengths.applied(reserved, _replay_capacity(spec, gpu, managed.total()))
+        reserved, device = reserved + extra, device + extra
     notes = checked + [Msg("LoRA target or modules_to_save {target} matches no module of {model}; PEFT would ignore it",
                            target=repr(t), model=desc.name) for t in params.unmatched_targets]
+    if spec.lengths is not None:
+        from vramplan.step.lengths import lengths_notes
+        notes += lengths_notes(spec, lengths)
     if spec.alloc_conf and "cudaMallocAsync" in spec.alloc_conf:
         notes.append(Msg("alloc_conf backend:cudaMallocAsync: the driver's memory pool is not modelled; "
                          "reserved memory is estimated as for PyTorch's caching allocator"))
@@ -207,7 +222,7 @@ def estimate_model(desc: ModelDesc, spec: JobSpec, gpu=None) -> Estimate:
                     peak_phase=top.phase, peak_event=top.label, phases=phases,
                     components=components, reserved_bytes=reserved, device_bytes=device,
                     events=events, gpu=gpu, notes=notes + (par.notes if par else []), parallel=par,
-                    managed_bytes=managed.total(), replay=replayer)
+                    managed_bytes=managed.total(), replay=replayer, lengths=lengths)
 
 
 def _group(bd: Breakdown, group: str) -> list[int]:
@@ -265,7 +280,8 @@ def step_events(spec: JobSpec):
     if spec.backend is Backend.CUDA:
         from vramplan.catalog import find_gpu
         gpu = find_gpu(spec.gpu) if spec.gpu else None
-        plan.static.add("runtime/cublas_workspace", cublas_workspace_bytes(gpu.name if gpu else None))
+        for key, value in blas_workspace_terms(gpu.name if gpu else None):
+            plan.static.add(key, value)
     return build_events(plan, tensor_pieces(desc, params, plan))
 
 
@@ -281,7 +297,7 @@ def allocator_replayer(spec: JobSpec, gpu, plan: StepPlan, desc: ModelDesc, para
     from vramplan.allocator import replay
     from vramplan.spec.alloc_conf import parse_alloc_conf
     from vramplan.step import build_events
-    capacity = None if gpu is None else gpu.memory_bytes - outside_allocator(spec, gpu).total() - outside
+    capacity = _replay_capacity(spec, gpu, outside)
     ops: list = []
 
     def run(default: bool = False):
@@ -292,6 +308,24 @@ def allocator_replayer(spec: JobSpec, gpu, plan: StepPlan, desc: ModelDesc, para
         result = replay(ops[0], ops[1], conf, capacity)
         return replay(ops[0], ops[1], conf, None) if result.out_of_memory else result
     return run
+
+
+def _replay_capacity(spec: JobSpec, gpu, outside: int = 0) -> int | None:
+    return None if gpu is None else gpu.memory_bytes - outside_allocator(spec, gpu).total() - outside
+
+
+def _lengths_replay(spec: JobSpec, gpu, desc: ModelDesc, params: ParamSet, split: bool, outside: int):
+    """Dynamic padding (spec.lengths): the run's steps of different lengths through one
+    allocator (vramplan.step.lengths); its extra_bytes joins the reserve like conf_delta."""
+    from vramplan.spec import SpecError
+    from vramplan.spec.alloc_conf import parse_alloc_conf
+    from vramplan.step.lengths import length_ops, replay_lengths
+    if not spec.lengths.resolved:
+        raise SpecError("lengths.lengths_file", "not read yet: vramplan.estimate and the CLI read it "
+                        "(vramplan.importers.lengths.resolve_lengths)")
+    setup, ops_for = length_ops(desc, spec, params, split, blas_workspace_terms(gpu.name if gpu else None))
+    return replay_lengths(spec.lengths, spec.micro_batch_size, spec.seq_len, setup, ops_for,
+                          parse_alloc_conf(spec.alloc_conf), _replay_capacity(spec, gpu, outside))
 
 
 def outside_allocator(spec: JobSpec, gpu, managed: int = 0) -> Breakdown:

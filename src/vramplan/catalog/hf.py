@@ -19,13 +19,16 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from vramplan.families import FAMILY_OF, REMOTE_CODE_ONLY, adapter, remote_code_message
 from vramplan.model import MlpKind, ModelDesc, MoEDesc, NormKind, ParamEntry, PositionKind
 
 _ROPE_DECODERS = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
                   "gemma", "gemma2", "gemma3_text", "phi3", "phi")
 _MORE = ("gpt_neox", "bloom", "opt", "qwen", "falcon", "t5", "mt5")
 """Families built by `vramplan.catalog.hf_more` (same rules; kept apart for file size)."""
-SUPPORTED_MODEL_TYPES = (*_ROPE_DECODERS, "gpt2", "bert", "gemma3", *_MORE)
+SUPPORTED_MODEL_TYPES = (*_ROPE_DECODERS, "gpt2", "bert", "gemma3", *_MORE,
+                         *(t for t in FAMILY_OF if t not in _ROPE_DECODERS))
+"""Families with a folder under vramplan/families are dispatched there (FAMILY_OF)."""
 """`gemma3` (multimodal) is read through its `text_config` (the language model only)."""
 
 _COMMON = {"num_key_value_heads": None, "head_dim": None, "attention_dropout": 0.0,
@@ -139,6 +142,10 @@ def _model_from_config(config: dict, name: str | None, num_labels: int | None) -
 
 
 def _build(config: dict, model_type: str, name: str | None, num_labels: int | None) -> ModelDesc:
+    if model_type in REMOTE_CODE_ONLY:
+        raise ValueError(remote_code_message(model_type))
+    if model_type in FAMILY_OF:
+        return adapter(model_type)(config, name or config.get("_name_or_path") or model_type, num_labels)
     if "text_config" in config or model_type == "gemma3":
         return _from_text_config(config, model_type, name, num_labels)
     if model_type in _MORE:

@@ -224,9 +224,12 @@ class Recorder:
         b, a, s, d = q.shape
         inner = "fp32" if dtype in ("bf16", "fp16") else dtype
         if rg:
+            # enable_gqa: the math path repeat_interleaves k and v to q's head count first
+            # (seen with the exact CPU meter: GPTBigCode's one-head k, v saved at a heads).
+            full = (b, a, k.shape[2], k.shape[3])
             self.save(self.new(f"{name}.q_scaled", q.shape, inner, True),
-                      self.new(f"{name}.k_scaled_t", k.shape, inner, True),
-                      self.new(f"{name}.v", v.shape, inner, True))
+                      self.new(f"{name}.k_scaled_t", full, inner, True),
+                      self.new(f"{name}.v", full, inner, True))
             for part in ("softmax", "dropout.mask", "dropped"):
                 self.save(self.new(f"{name}.{part}", (b, a, s, s), inner, False))
         return self.new(f"{name}.out_t", out_shape, dtype, rg)

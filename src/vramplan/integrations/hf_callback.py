@@ -38,11 +38,15 @@ _ATTENTION = {"eager": "eager", "sdpa": "sdpa", "flash_attention_2": "flash", "f
 
 
 def _precision(model, args) -> str:
+    """The Trainer's own flag: bf16/fp16 turn on autocast over the weights as loaded
+    (components/dtypes.py, stack hf-trainer); the loaded dtype is `_load_dtype`."""
+    return "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
+
+
+def _load_dtype(model) -> str:
     import torch
     dtype = next(model.parameters()).dtype
-    if dtype == torch.float32:
-        return "amp-bf16" if args.bf16 else "amp-fp16" if args.fp16 else "fp32"
-    return "bf16" if dtype == torch.bfloat16 else "fp16"
+    return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32")
 
 
 def _lora_fields(model) -> dict:
@@ -74,7 +78,7 @@ def spec_from_trainer(model, args, *, seq_len: int | None = None, **overrides) -
         "seq_len": int(seq),
         "num_gpus": max(1, args.world_size),
         "backend": "cuda" if args.device.type == "cuda" else "cpu",
-        "precision": _precision(model, args),
+        "precision": _precision(model, args), "load_dtype": _load_dtype(model), "stack": "hf-trainer",
         # transformers 5 renamed gradient_checkpointing to activation_checkpointing.
         "gradient_checkpointing": "full" if (getattr(args, "activation_checkpointing", False)
                                              or getattr(args, "gradient_checkpointing", False)) else "none",

@@ -136,6 +136,8 @@ def _stage_plan(desc, spec, params, plan: StepPlan, lay: Layout, stage: int, lay
     last = stage == lay.pp - 1
     static = _model_states(spec, lay, sets)
     static.add("batch/input_ids", -(-plan.static.total("batch/") // lay.cp))
+    if plan.static.terms.get("weights/buffers"):  # non-parameter buffers stay whole on every rank
+        static.add("weights/buffers", plan.static.terms["weights/buffers"])
     grads = _select(cached(sets.grads, ("grads", dtypes_of(spec)), lambda: gradient_stages(desc, spec, sets.grads)),
                     stage, lay.pp, layers)
     if _grads_offloaded(lay):

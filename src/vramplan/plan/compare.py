@@ -85,6 +85,8 @@ def default_strategies(spec: JobSpec) -> list[Strategy]:
         as_named = all(_current(spec, k) == v for k, v in cand.changes.items() if k not in effective)
         name = cand.name if as_named else " + ".join(f"{k.split('.')[-1]}={v}" for k, v in effective.items())
         out.append(Strategy(name, effective))
+    if spec.lengths is not None and spec.lengths.batching != "sorted-longest-first":
+        out.append(Strategy("longest-first", {"lengths.batching": "sorted-longest-first"}))
     if spec.backend is Backend.CUDA and not parse_alloc_conf(spec.alloc_conf).expandable_segments:
         out.append(Strategy("expandable segments", {"alloc_conf": with_alloc_option(spec.alloc_conf, "expandable_segments:True")}))
     return out

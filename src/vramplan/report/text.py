@@ -67,5 +67,7 @@ def render_estimate(est, console=None, depth: int = 2) -> None:
         verdict = f"[{colour}]{verdict_label(est.verdict)}[/{colour}]"
         console.print(_("{gpu} ({usable} GiB usable): {verdict}, headroom {headroom} GiB").format(
             gpu=est.gpu.name, usable=_gib(est.gpu.memory_bytes), verdict=verdict, headroom=_gib(est.headroom_bytes)))
+    if getattr(est, "lengths", None) is not None:
+        console.print(tr(est.lengths.summary()))
     for note in est.notes:
         console.print("[yellow]" + _("note:") + "[/yellow] " + tr(note))

@@ -109,6 +109,9 @@ class JobSpec:
     alloc_conf: str | None = None
     """PYTORCH_CUDA_ALLOC_CONF of the run ('expandable_segments:True', 'max_split_size_mb:128');
     None: PyTorch's defaults. Validated as PyTorch parses it (spec/alloc_conf.py)."""
+    lengths: object | None = None
+    """Dynamic padding: the dataset's row lengths and the batching policy
+    (spec/lengths.py LengthsConfig); None: every row padded to seq_len."""
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731  (frozen dataclass)
@@ -133,6 +136,11 @@ class JobSpec:
             from vramplan.spec.alloc_conf import parse_alloc_conf
             set_("alloc_conf", str(self.alloc_conf).strip() or None)
             parse_alloc_conf(self.alloc_conf)
+        if self.lengths is not None:
+            from vramplan.spec.lengths import parse_lengths
+            set_("lengths", parse_lengths(self.lengths))
+            if self.packing:
+                raise SpecError("lengths", "packing fills every row to seq_len; drop packing or the lengths section")
         for name, value in _tasks.check_task_fields(self).items():
             set_(name, value)
         if (self.task is Task.DIFFUSION and isinstance(self.parallel, ParallelConfig)

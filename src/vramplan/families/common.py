@@ -1,0 +1,79 @@
+"""What every family adapter needs: a config reader with the config class's defaults,
+and the parameter entries of nn.Linear / norms, named as `named_parameters()` names them.
+
+Shapes: nn.Linear(in, out).weight is (out, in).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from vramplan.catalog.hf_more import ExtendedDesc
+from vramplan.model import ModelDesc, ParamEntry
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FamilyDesc(ExtendedDesc):
+    """ExtendedDesc plus what the families in this package add."""
+
+    buffer_bytes: int = 0
+    """Registered buffers that are not parameters and live on the device with the model
+    (GPTBigCodeModel's (n_positions, n_positions) bool causal-mask table)."""
+
+
+class Cfg:
+    """Config lookup: explicit key, else the config class's default, else a one-line
+    ValueError naming the field."""
+
+    def __init__(self, config: dict, model_type: str, defaults: dict[str, Any],
+                 aliases: dict[str, str] | None = None):
+        self.raw = {(aliases or {}).get(k, k): v for k, v in config.items()}
+        self.model_type = model_type
+        self.defaults = defaults
+
+    def __getitem__(self, key: str) -> Any:
+        if key in self.raw:
+            return self.raw[key]
+        if key in self.defaults:
+            return self.defaults[key]
+        raise ValueError(f"{self.model_type} config is missing required field {key!r}")
+
+    def get(self, key: str, default: Any = None) -> Any:
+        value = self.raw.get(key, self.defaults.get(key, default))
+        return default if value is None else value
+
+    def int(self, key: str) -> int:
+        value = self[key]
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise ValueError(f"{self.model_type} config field {key!r} must be a positive "
+                             f"integer, got {value!r}")
+        return value
+
+
+def linear(name: str, out: int, inp: int, bias: bool, layer: int | None) -> list[ParamEntry]:
+    weight = [ParamEntry(f"{name}.weight", (out, inp), layer)]
+    return weight + ([ParamEntry(f"{name}.bias", (out,), layer)] if bias else [])
+
+
+def norm(name: str, dim: int, layernorm: bool, layer: int | None) -> list[ParamEntry]:
+    """RMSNorm: weight; LayerNorm: weight and bias."""
+    entries = [ParamEntry(f"{name}.weight", (dim,), layer)]
+    return entries + ([ParamEntry(f"{name}.bias", (dim,), layer)] if layernorm else [])
+
+
+def head(desc: ModelDesc, bias: bool = False) -> list[ParamEntry]:
+    """`score` (no bias) for sequence classification, else `lm_head` when untied."""
+    if desc.num_labels:
+        return linear("score", desc.num_labels, desc.hidden_size, False, None)
+    if desc.tie_word_embeddings:
+        return []
+    return linear("lm_head", desc.vocab_size, desc.hidden_size, bias, None)
+
+
+def with_params(desc: ModelDesc, params: list[ParamEntry]) -> ModelDesc:
+    return replace(desc, params=tuple(params))
+
+
+def extend(base: ModelDesc, cls: type, **extra: Any) -> ModelDesc:
+    """`base` as the ModelDesc subclass `cls`, with its extra fields set."""
+    return cls(**{f.name: getattr(base, f.name) for f in fields(ModelDesc)}, **extra)

@@ -1,0 +1,43 @@
+"""The families under src/vramplan/families against real training steps under the exact
+CPU meter: two steps of a tiny random-init transformers model (vramplan.measure), the
+estimate of the same spec within 2% at the peak and 5% per phase (the benchmark targets).
+The larger cases live in bench/accuracy/grid_cases.yaml."""
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+import vramplan  # noqa: E402
+from vramplan.measure import measure  # noqa: E402
+
+TINY = {"vocab_size": 1000, "hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4}
+MLA = {**TINY, "num_hidden_layers": 3, "intermediate_size": 256, "moe_intermediate_size": 64,
+       "n_routed_experts": 8, "num_experts_per_tok": 2, "first_k_dense_replace": 1, "kv_lora_rank": 32,
+       "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "v_head_dim": 32}
+CASES = {
+    "phi-dropout": {"model": {"model_type": "phi", **TINY, "intermediate_size": 256, "resid_pdrop": 0.1,
+                              "embd_pdrop": 0.1}},
+    "phi-qk-layernorm-lora": {"model": {"model_type": "phi", **TINY, "intermediate_size": 256, "qk_layernorm": True},
+                              "method": "lora", "lora": {"r": 4, "target_modules": ["q_proj", "v_proj", "dense"]}},
+    "gpt_bigcode-mqa-dropout": {"model": {"model_type": "gpt_bigcode", "vocab_size": 1000, "n_embd": 128,
+                                          "n_layer": 2, "n_head": 4, "n_positions": 256}},
+    "gpt_bigcode-mha-lora": {"model": {"model_type": "gpt_bigcode", "vocab_size": 1000, "n_embd": 128, "n_layer": 2,
+                                       "n_head": 4, "n_positions": 256, "multi_query": False},
+                             "method": "lora", "lora": {"r": 4, "target_modules": ["c_attn", "c_proj"]}},
+    "deepseek_v3-mla-moe": {"model": {"model_type": "deepseek_v3", **MLA, "n_group": 2, "topk_group": 1,
+                                      "q_lora_rank": 64, "num_key_value_heads": 4}},
+    "deepseek_v2-mla-moe": {"model": {"model_type": "deepseek_v2", **MLA, "n_shared_experts": 2, "q_lora_rank": None}},
+    "glm4": {"model": {"model_type": "glm4", **TINY, "pad_token_id": 0, "num_key_value_heads": 2, "head_dim": 32,
+                       "intermediate_size": 256}},
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_estimate_matches_measured_cpu_step(name):
+    job = {"backend": "cpu", "precision": "fp32", "micro_batch_size": 2, "seq_len": 64,
+           "optimizer_impl": "foreach", **CASES[name]}
+    measured = measure(job, device="cpu").to_dict()
+    est = vramplan.estimate(vramplan.load_spec(job))
+    assert est.peak_allocated_bytes == pytest.approx(measured["peak_allocated_bytes"], rel=0.02)
+    for phase in ("forward", "backward", "optimizer"):
+        assert est.phases[phase] == pytest.approx(measured["phases"][phase], rel=0.05), phase

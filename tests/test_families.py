@@ -1,0 +1,115 @@
+"""Families under src/vramplan/families against the real transformers models.
+
+Parameter names and shapes: `named_parameters()` of the model transformers builds from
+the same config on the meta device (no download, no weights, no remote code). Published
+totals: the parameter counts on the model cards, for the catalog entries.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from vramplan import catalog
+from vramplan.catalog.hf import model_from_hf_config
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+transformers.logging.set_verbosity_error()
+
+
+def real_shapes(config: dict, num_labels: int | None = None) -> dict[str, tuple[int, ...]]:
+    cfg = dict(config)
+    if num_labels is not None:
+        cfg["num_labels"] = num_labels
+    hf_config = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+    auto = (transformers.AutoModelForSequenceClassification if num_labels
+            else transformers.AutoModelForCausalLM)
+    with torch.device("meta"):
+        model = auto.from_config(hf_config)
+    return {name: tuple(p.shape) for name, p in model.named_parameters()}
+
+
+def assert_matches(config: dict, num_labels: int | None = None) -> None:
+    desc = model_from_hf_config(config, num_labels=num_labels)
+    real = real_shapes(config, num_labels)
+    mine = {p.name: p.shape for p in desc.params}
+    assert len(mine) == len(desc.params), "duplicate parameter names"
+    missing, extra = sorted(set(real) - set(mine)), sorted(set(mine) - set(real))
+    assert not missing and not extra, f"missing {missing[:5]}, extra {extra[:5]}"
+    wrong = {n: (mine[n], real[n]) for n in real if mine[n] != real[n]}
+    assert not wrong, f"shape (mine, real): {dict(list(wrong.items())[:5])}"
+    assert desc.num_params() == sum(math.prod(s) for s in real.values())
+
+
+TINY = {"vocab_size": 1000, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4}
+CASES = {
+    "phi-default": {"model_type": "phi", **TINY, "intermediate_size": 256},
+    "phi-qk-layernorm-tied": {"model_type": "phi", **TINY, "intermediate_size": 128,
+                              "qk_layernorm": True, "tie_word_embeddings": True},
+    "gpt_bigcode-mqa": {"model_type": "gpt_bigcode", "vocab_size": 1000, "n_embd": 64, "n_layer": 2,
+                        "n_head": 4},
+    "gpt_bigcode-mha-untied-generic-names": {"model_type": "gpt_bigcode", **TINY, "multi_query": False,
+                                             "n_inner": 96, "tie_word_embeddings": False},
+    "deepseek_v3-q-lora-dense-first": {"model_type": "deepseek_v3", **TINY, "intermediate_size": 96,
+                                       "moe_intermediate_size": 32, "n_routed_experts": 8, "n_group": 2,
+                                       "topk_group": 1, "num_experts_per_tok": 2, "first_k_dense_replace": 1,
+                                       "q_lora_rank": 24, "kv_lora_rank": 16, "qk_nope_head_dim": 16,
+                                       "qk_rope_head_dim": 8, "v_head_dim": 12, "num_key_value_heads": 4},
+    "deepseek_v2-lite-shape": {"model_type": "deepseek_v2", **TINY, "intermediate_size": 96,
+                               "moe_intermediate_size": 32, "n_routed_experts": 8, "n_shared_experts": 2,
+                               "num_experts_per_tok": 2, "first_k_dense_replace": 1, "q_lora_rank": None,
+                               "kv_lora_rank": 16, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8,
+                               "v_head_dim": 16, "attention_bias": True, "mlp_bias": True},
+    "glm4-default-bias": {"model_type": "glm4", **TINY, "pad_token_id": 0, "intermediate_size": 96, "num_key_value_heads": 2,
+                          "head_dim": 32},
+    "glm4-no-bias-tied": {"model_type": "glm4", **TINY, "pad_token_id": 0, "intermediate_size": 96, "num_key_value_heads": 4,
+                          "head_dim": 16, "attention_bias": False, "tie_word_embeddings": True},
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_params_match_transformers(name):
+    assert_matches(CASES[name])
+
+
+def test_phi_sequence_classification_head():
+    assert_matches({**CASES["phi-default"], "pad_token_id": 0}, num_labels=3)
+
+
+def test_phi_rotary_dims():
+    phi2 = catalog.model_desc("phi-2")
+    assert phi2.head_dim == 80 and phi2.rotary_dim == 32  # partial_rotary_factor 0.4
+    assert model_from_hf_config(CASES["phi-default"]).rotary_dim == 8  # PhiConfig default 0.5
+
+
+@pytest.mark.parametrize("name, total", [
+    ("phi-2", 2_779_683_840),  # microsoft/phi-2 model card: 2.7B; PhiForCausalLM count
+    # model cards: 15.7B total / 2.4B active; 671B total / 37B active (plus the 14B MTP
+    # module that transformers does not build)
+    ("deepseek-v2-lite", 15_706_484_224),
+    ("deepseek-v3", 671_026_404_352),
+    ("deepseek-r1", 671_026_404_352),
+    ("yi-1.5-6b", 6_061_035_520),
+    ("yi-1.5-9b", 8_829_407_232),
+    ("yi-1.5-34b", 34_388_917_248),
+    ("mistral-nemo-12b", 12_247_782_400),  # "12B"
+    ("mistral-small-24b", 23_572_403_200),  # "24B"
+    ("qwen2.5-coder-1.5b", 1_543_714_304),  # model card: 1.54B
+    ("qwen2.5-coder-7b", 7_615_616_512),  # 7.61B
+    ("qwen2.5-coder-32b", 32_763_876_352),  # 32.5B
+    ("starcoder", 15_517_456_384),  # 15.5B
+    ("starcoderbase-1b", 1_137_207_296),
+    ("glm-4-9b-0414", 9_400_279_040),  # 9.4B
+    ("glm-4-32b-0414", 32_566_487_552),  # 32.6B
+])
+def test_published_parameter_totals(name, total):
+    assert catalog.model_desc(name).num_params() == total
+
+
+@pytest.mark.parametrize("model_type, word", [("internlm2", "wqkv"), ("baichuan", "W_pack")])
+def test_remote_code_families_are_refused_with_the_reason(model_type, word):
+    config = {"model_type": model_type, **TINY, "intermediate_size": 96}
+    with pytest.raises(ValueError, match="exists only as remote code") as err:
+        model_from_hf_config(config)
+    assert word in str(err.value)
