@@ -30,7 +30,8 @@ def test_alias_changes_the_answer(capsys):
 def test_trainer_flags_go_through_the_training_args_importer(capsys):
     spec = spec_of(capsys, "--optim", "adamw_torch_fused", "--bf16", "--gradient_checkpointing", "true",
                    "--attn_implementation", "flash_attention_2")["spec"]
-    assert (spec["optimizer"], spec["optimizer_impl"], spec["precision"]) == ("adamw", "fused", "amp-bf16")
+    # --bf16 is the HF Trainer's flag: its stack's bf16 (autocast over the weights as loaded)
+    assert (spec["optimizer"], spec["optimizer_impl"], spec["precision"]) == ("adamw", "fused", "bf16")
     assert spec["gradient_checkpointing"] == "full" and spec["attention"] == "flash"
     # an explicit spec flag wins over the trainer's
     assert spec_of(capsys, "--bf16", "--precision", "bf16")["spec"]["precision"] == "bf16"

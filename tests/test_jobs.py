@@ -107,11 +107,7 @@ def test_ppo_trains_actor_and_critic():
 @pytest.mark.parametrize("name", ["dpo/bf16/full/ref-same", "dpo/fp32/full/ref-same",
                                   "dpo/bf16/lora/adapter-disabled", "dpo/bf16/full/ref-precomputed",
                                   "distill/bf16/full/teacher-6l",
-                                  # -2.1% at the peak: the bf16 reward step's forward holds ~2 MB
-                                  # the estimate lacks (-1.7% in forward, unchanged by the per-stage
-                                  # backward fix that removed this case's earlier over-count).
-                                  pytest.param("reward-model/bf16/full", marks=pytest.mark.xfail(
-                                      strict=True, reason="bf16 reward-model forward term missing")),
+                                  "reward-model/bf16/full", "reward-model/fp32/full/b4",
                                   "grpo/bf16/full/g4-c128", "grpo/fp32/full/g4-c32",
                                   "grpo/bf16/lora/adapter-disabled", "grpo/bf16/full/gc/b4",
                                   "ppo/fp32/full/c32", "ppo/bf16/full/c64"])

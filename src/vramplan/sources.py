@@ -123,6 +123,11 @@ def _desc_key(spec: JobSpec) -> tuple | None:
             except OSError:
                 return None
             return ("path", path, st.st_mtime_ns, st.st_size, labels)
+        from vramplan import catalog
+        try:  # only catalog entries: a hub id depends on the cache and on `online`
+            catalog.find_model(model)
+        except (catalog.UnknownNameError, KeyError, ValueError):
+            return None
         return ("name", model, labels)
     if isinstance(model, dict):
         try:

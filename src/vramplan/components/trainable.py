@@ -65,13 +65,26 @@ def _matches(module: str, target: str) -> bool:
     return module == target or module.endswith("." + target)
 
 
+_TARGETS: dict[tuple, tuple] = {}
+
+
 def lora_targets(desc: ModelDesc, spec: JobSpec) -> tuple[list[ParamEntry], tuple[str, ...]]:
-    """Linear weights LoRA wraps, and target names that matched nothing."""
-    targets = spec.lora.target_modules
+    """Linear weights LoRA wraps, and target names that matched nothing (memoized on the
+    frozen ModelDesc and the targets, like param_set: validity and the ParamSet both ask)."""
+    key = (id(desc), spec.lora.target_modules)
+    hit = _TARGETS.get(key)
+    if hit is None or hit[0] is not desc:
+        if len(_TARGETS) >= _CACHE_SIZE:
+            _TARGETS.pop(next(iter(_TARGETS)))
+        hit = _TARGETS[key] = (desc, _lora_targets(desc, spec.lora.target_modules))
+    return list(hit[1][0]), hit[1][1]
+
+
+def _lora_targets(desc: ModelDesc, targets) -> tuple[tuple[ParamEntry, ...], tuple[str, ...]]:
     linears = [p for p in desc.params if is_linear(p)]
     if targets == ALL_LINEAR:
-        return [p for p in linears if p.module.rsplit(".", 1)[-1] not in _HEADS], ()
-    hit = [p for p in linears if any(_matches(p.module, t) for t in targets)]
+        return tuple(p for p in linears if p.module.rsplit(".", 1)[-1] not in _HEADS), ()
+    hit = tuple(p for p in linears if any(_matches(p.module, t) for t in targets))
     unmatched = tuple(t for t in targets if not any(_matches(p.module, t) for p in linears))
     return hit, unmatched
 

@@ -21,7 +21,7 @@ from vramplan.jobs.logprob import chunked_head, head_note, resolve_head
 from vramplan.jobs.rl import completion_logps_head, completion_logps_loss
 from vramplan.jobs.trained import compute_dtype, logps_loss, prefixed, score_loss, trained_plan
 from vramplan.model import ModelDesc
-from vramplan.spec import JobSpec, LogprobHead, Method, Task
+from vramplan.spec import Checkpointing, JobSpec, LogprobHead, Method, Task
 from vramplan.spec.tasks import PRECOMPUTED
 from vramplan.units import nbytes
 
@@ -103,7 +103,13 @@ def reward_model_estimate(descs: dict[str, ModelDesc], spec: JobSpec, gpu=None):
     desc = descs["policy"]
     b, s = spec.micro_batch_size, spec.seq_len
     rows = 2 * b
-    trained = trained_plan(desc, spec, rows, score_loss(rows, s, desc.hidden_size, compute_dtype(spec)))
+    c = compute_dtype(spec)
+    res = dtypes_of(spec).weights if spec.method is not Method.QLORA else c
+    # The final norm's moments (trained.final_norm_moments); layer 0's input (the embedding
+    # output) is kept by its checkpoint under full checkpointing.
+    embeds_saved = spec.gradient_checkpointing is Checkpointing.FULL
+    loss = score_loss(rows, s, desc.hidden_size, c, norm_dtype=res, embeds_saved=embeds_saved)
+    trained = trained_plan(desc, spec, rows, loss)
     step = Step(prefixed(trained.plan, "reward_model"))
     step.plan.static.merge(_batch(rows, s))
     return finish(spec, desc, step, num_params=desc.num_params(),

@@ -27,6 +27,8 @@ class LossTerms:
     forward_end: Breakdown
     backward_start: Breakdown
     head_backward: Breakdown
+    head_freed: tuple[str, ...] = ()
+    """Names of the head stage's saved tensors already released at its backward peak."""
 
 
 def single_spec(spec: JobSpec, rows: int, seq_len: int | None = None, **changes) -> JobSpec:
@@ -63,14 +65,50 @@ def logps_loss(rows: int, s: int, v: int, h: int, c: str) -> LossTerms:
     return LossTerms(saved, fwd, bwd0, head)
 
 
-def score_loss(rows: int, s: int, h: int, c: str) -> LossTerms:
+def score_loss(rows: int, s: int, h: int, c: str, norm_dtype: str | None = None,
+               embeds_saved: bool = False) -> LossTerms:
     """A one-output score head on every position (transformers
     LlamaForSequenceClassification: `score(hidden_states)` then the last token's value):
-    (r, s, 1) scores, (r,) pooled; the pairwise loss is on r values."""
+    (r, s, 1) scores, (r,) pooled; the pairwise loss is on r values. With `norm_dtype` (the
+    residual stream's dtype) the final RMSNorm's own moments are modelled too
+    (final_norm_moments): with logits this small they, not the head, set the forward peak
+    and the head stage's backward peak."""
     t = rows * s
     fwd = Breakdown().add("head/scores", nbytes(t, c))
     head = Breakdown().add("head/grad_scores", nbytes(t, c)).add("head/grad_hidden", nbytes(t * h, c))
-    return LossTerms(Breakdown(), fwd, Breakdown().add("head/grad_pooled", nbytes(rows, c)), head)
+    terms = LossTerms(Breakdown(), fwd, Breakdown().add("head/grad_pooled", nbytes(rows, c)), head)
+    if norm_dtype is not None:
+        final_norm_moments(terms, t, h, norm_dtype, embeds_saved)
+    return terms
+
+
+def final_norm_moments(terms: LossTerms, t: int, h: int, res: str, embeds_saved: bool) -> None:
+    """The final norm's forward and backward moments, kept where larger than the head's.
+    transformers models/llama/modeling_llama.py LlamaRMSNorm.forward: `x.to(float32)`,
+    `x.pow(2).mean(-1)`, `x * rsqrt(var + eps)`, `weight * xhat.to(input_dtype)`.
+    Forward, at the weight multiply (LlamaModel.forward is still running): the layers'
+    output x (not saved when the upcast is a copy), `inputs_embeds` (a local of
+    LlamaModel.forward, alive to its return; saved only when layer 0's norm upcast is a no-op
+    or a checkpoint keeps it) and the fp32 xhat (its .to(input_dtype) copy is what is saved)
+    are alive, with the variance. With fp32 weights all three are saved already.
+    Backward, at pow's backward (torch/csrc/autograd/FunctionsManual.cpp pow_backward:
+    `grad * (exponent * self.pow(exponent - 1))`): the mul path's fp32 gradient of x waiting
+    to be accumulated, MeanBackward's expanded gradient, self.pow(1), 2 * it and the product,
+    five (T, h) fp32 tensors; the norm output (score's input), xhat's cast (or xhat) and
+    rstd are freed by then (their users' backward ran), and so are the head's gradients."""
+    th, f32 = t * h, "fp32"
+    if res != f32:
+        at_norm = Breakdown().add("head/final_norm_input", nbytes(th, res)).add(
+            "head/final_norm_xhat_fp32", nbytes(th, f32)).add("head/final_norm_variance", nbytes(t, f32))
+        if not embeds_saved:
+            at_norm.add("head/inputs_embeds", nbytes(th, res))
+        if at_norm.total() > terms.forward_end.total():
+            terms.forward_end = at_norm
+    freed = 2 * nbytes(th, res) + nbytes(t, f32)
+    at_pow = Breakdown().add("head/final_norm_grad_fp32", 5 * nbytes(th, f32))
+    if at_pow.total() - freed > terms.head_backward.total():
+        terms.head_backward = at_pow
+        terms.head_freed = ("final_norm", "final_norm.xhat_cast", "final_norm.xhat", "final_norm.rstd")
 
 
 @dataclass(slots=True)
@@ -121,6 +159,8 @@ def trained_plan(desc: ModelDesc, spec: JobSpec, rows: int, loss: LossTerms | Ch
         loss = chunked_loss(acts, loss, head_trainable(params))
     acts.loss_saved, acts.forward_end_transient = loss.saved, loss.forward_end
     acts.loss_backward_transient, acts.head_backward_transient = loss.backward_start, loss.head_backward
+    if loss.head_freed:
+        acts.stages[-1].freed_before_peak = loss.head_freed
     plan = rank_step(desc, one, params, acts)
     if chunked and len(plan.grads_by_stage) > 1:
         # The head stage's gradients (lm_head, final norm) are made after the function's
