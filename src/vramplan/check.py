@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from vramplan.i18n import Msg
 from vramplan.spec import JobSpec, load_spec
 from vramplan.units import GiB
 
@@ -111,15 +112,20 @@ class CheckResult:
         return self.needed_bytes <= self.device.free_bytes
 
     def message(self) -> str:
-        where = f"device {self.device.index} ({self.device.name})"
-        free = "total" if self.device.source == "catalog" else "free"
-        head = (f"{self.estimate.model.name} needs {self.estimate.device_bytes / GiB:.2f} GiB"
-                + (f" + {self.headroom_bytes / GiB:.2f} GiB headroom" if self.headroom_bytes else "")
-                + f" on {where}, which has {self.device.free_bytes / GiB:.2f} GiB {free}")
+        """English; a `Msg`, so the CLI can print it translated (vramplan.i18n.tr)."""
+        values = dict(model=self.estimate.model.name, needed=self.estimate.device_bytes / GiB,
+                      headroom=self.headroom_bytes / GiB, free=self.device.free_bytes / GiB,
+                      where=Msg("device {index} ({name})", index=self.device.index, name=self.device.name),
+                      kind=Msg("total") if self.device.source == "catalog" else Msg("free"))
+        head = (Msg("{model} needs {needed:.2f} GiB + {headroom:.2f} GiB headroom on {where}, which has "
+                    "{free:.2f} GiB {kind}", **values) if self.headroom_bytes else
+                Msg("{model} needs {needed:.2f} GiB on {where}, which has {free:.2f} GiB {kind}", **values))
         if self.fits:
-            return head + f": fits ({(self.device.free_bytes - self.needed_bytes) / GiB:.2f} GiB to spare)"
-        tips = "; ".join(str(s) for s in self.suggestions) or "no single change found; see `vramplan fit`"
-        return head + f": does not fit. Try: {tips}"
+            return Msg("{head}: fits ({spare:.2f} GiB to spare)", head=head,
+                       spare=(self.device.free_bytes - self.needed_bytes) / GiB)
+        tips = (Msg.join("; ", [s.message() for s in self.suggestions]) if self.suggestions
+                else Msg("no single change found; see `vramplan fit`"))
+        return Msg("{head}: does not fit. Try: {tips}", head=head, tips=tips)
 
     def to_dict(self) -> dict:
         return {"schema_version": CHECK_SCHEMA_VERSION,

@@ -10,6 +10,7 @@ from vramplan.components.weights import weight_terms
 from vramplan.device import (  # noqa: F401 (re-exported: the device levels lived here)
     allocator_replayer, device_levels, outside_allocator, replay_capacity, reserved_bytes, step_events,
 )
+from vramplan.i18n import Msg
 from vramplan.model import ModelDesc
 from vramplan.result import SCHEMA_VERSION, Estimate  # noqa: F401 (re-exported: Estimate lived here)
 from vramplan.spec import Backend, JobSpec, Task
@@ -75,14 +76,14 @@ def estimate_model(desc: ModelDesc, spec: JobSpec, gpu=None) -> Estimate:
     if lengths is not None:
         extra = lengths.applied(reserved, replay_capacity(spec, gpu, managed.total()))
         reserved, device = reserved + extra, device + extra
-    notes = checked + [f"LoRA target or modules_to_save {t!r} matches no module of {desc.name}; "
-             "PEFT would ignore it" for t in params.unmatched_targets]
+    notes = checked + [Msg("LoRA target or modules_to_save {target} matches no module of {model}; PEFT would ignore it",
+                           target=repr(t), model=desc.name) for t in params.unmatched_targets]
     if spec.lengths is not None:
         from vramplan.step.lengths import lengths_notes
         notes += lengths_notes(spec, lengths)
     if spec.alloc_conf and "cudaMallocAsync" in spec.alloc_conf:
-        notes.append("alloc_conf backend:cudaMallocAsync: the driver's memory pool is not modelled; "
-                     "reserved memory is estimated as for PyTorch's caching allocator")
+        notes.append(Msg("alloc_conf backend:cudaMallocAsync: the driver's memory pool is not modelled; "
+                         "reserved memory is estimated as for PyTorch's caching allocator"))
     return Estimate(spec=spec, model=desc, num_params=desc.num_params(),
                     trainable_params=params.numel(trainable=True), peak_allocated_bytes=peak,
                     peak_phase=top.phase, peak_event=top.label, phases=phases,

@@ -6,6 +6,7 @@ vramplan never prints a number for a job that cannot run. Pure: spec and model i
 """
 from __future__ import annotations
 
+from vramplan.i18n import Msg
 from vramplan.model import ModelDesc, PositionKind
 from vramplan.spec import JobSpec, Method, SpecError, Task
 
@@ -24,8 +25,8 @@ def check_job(desc: ModelDesc, spec: JobSpec) -> list[str]:
         notes += _parallel(desc, spec)
     tokens = spec.micro_batch_size * spec.seq_len // spec.parallel.cp
     if tokens > LARGE_TOKENS:
-        notes.append(f"absurd size? micro_batch_size x seq_len = {tokens:,} tokens per GPU per "
-                     "micro-step; check the units of micro_batch_size and seq_len")
+        notes.append(Msg("absurd size? micro_batch_size x seq_len = {tokens:,} tokens per GPU per "
+                         "micro-step; check the units of micro_batch_size and seq_len", tokens=tokens))
     return notes
 
 
@@ -46,14 +47,16 @@ def _positions(desc: ModelDesc, spec: JobSpec) -> list[str]:
     length = spec.seq_len + (spec.max_new_tokens or 0)
     if not limit or length <= limit or spec.model is None:  # a raw size has no position table
         return []
-    what = f"{length:,} tokens" if not spec.max_new_tokens else f"seq_len + max_new_tokens = {length:,}"
+    what = (Msg("{n:,} tokens", n=length) if not spec.max_new_tokens
+            else Msg("seq_len + max_new_tokens = {n:,}", n=length))
     if desc.position is PositionKind.LEARNED:
         # GPT-2's wpe / BERT's position_embeddings are nn.Embedding(max_positions, h): a
         # position past the table is an index error (a device-side assert on CUDA).
         raise SpecError("seq_len", f"{what} are past {desc.name}'s {limit:,} learned "
                         f"positions (max_position_embeddings); use seq_len <= {limit:,}")
-    return [f"seq_len: {what} are past {desc.name}'s max_position_embeddings {limit:,}: "
-            "rotary positions run, but the model was not trained that long (rope_scaling?)"]
+    return [Msg("seq_len: {what} are past {model}'s max_position_embeddings {limit:,}: "
+                "rotary positions run, but the model was not trained that long (rope_scaling?)",
+                what=what, model=desc.name, limit=limit)]
 
 
 def _trainable(desc: ModelDesc, spec: JobSpec) -> list[str]:
@@ -73,8 +76,8 @@ def _freeze(desc: ModelDesc, spec: JobSpec) -> list[str]:
     notes = []
     for name in cfg.trainable_modules:
         if not any(name in p.name for p in desc.params):
-            notes.append(f"freeze.trainable_modules {name!r} matches no parameter of {desc.name}; "
-                         "it trains nothing")
+            notes.append(Msg("freeze.trainable_modules {name} matches no parameter of {model}; it trains nothing",
+                             name=repr(name), model=desc.name))
     if not cfg.trainable_layers and len(notes) == len(cfg.trainable_modules):
         # torch.optim.Optimizer.__init__: "optimizer got an empty parameter list".
         raise SpecError("freeze", f"trains nothing of {desc.name}: name trainable_layers, or "

@@ -9,6 +9,7 @@ import argparse
 import re
 import sys
 
+from vramplan.i18n import N_, Msg, _
 from vramplan.spec import SpecError
 
 
@@ -43,21 +44,21 @@ _ALIASES = {
 }
 # TrainingArguments / TRL flags that are not spec keys: read by the TrainingArguments
 # importer (importers/hf_args.py), the same mapping `--training-args FILE` uses.
-_TRAINER_FLAGS = (("optim", str, "TrainingArguments optim, e.g. adamw_torch_fused, paged_adamw_8bit"),
-                  ("bf16", _flag_bool, "TrainingArguments bf16 (autocast: precision amp-bf16)"),
-                  ("fp16", _flag_bool, "TrainingArguments fp16 (autocast: precision amp-fp16)"),
-                  ("use_peft", _flag_bool, "TRL use_peft: method lora"))
+_TRAINER_FLAGS = (("optim", str, N_("TrainingArguments optim, e.g. adamw_torch_fused, paged_adamw_8bit")),
+                  ("bf16", _flag_bool, N_("TrainingArguments bf16 (autocast: precision amp-bf16)")),
+                  ("fp16", _flag_bool, N_("TrainingArguments fp16 (autocast: precision amp-fp16)")),
+                  ("use_peft", _flag_bool, N_("TRL use_peft: method lora")))
 
 
 # The `diffusion` section (spec/tasks.py DiffusionConfig) from flags; any of them implies
 # --task diffusion, and a catalog pipeline fills the rest from its published defaults.
-_DIFFUSION_FLAGS = (("num_frames", int, "diffusion: video frames in pixel space (1 = an image; CogVideoX: 49)"),
-                    ("height", int, "diffusion: frame height in pixels"),
-                    ("width", int, "diffusion: frame width in pixels"),
-                    ("text_encoders", str, "diffusion: frozen | precomputed (embeddings from disk)"),
-                    ("vae", str, "diffusion: frozen | precomputed (latents from disk)"),
-                    ("frozen_copy", _flag_bool, "diffusion: a frozen copy of the denoiser beside it"),
-                    ("offload_frozen", _flag_bool, "diffusion: frozen modules on the CPU between forwards"))
+_DIFFUSION_FLAGS = (("num_frames", int, N_("diffusion: video frames in pixel space (1 = an image; CogVideoX: 49)")),
+                    ("height", int, N_("diffusion: frame height in pixels")),
+                    ("width", int, N_("diffusion: frame width in pixels")),
+                    ("text_encoders", str, N_("diffusion: frozen | precomputed (embeddings from disk)")),
+                    ("vae", str, N_("diffusion: frozen | precomputed (latents from disk)")),
+                    ("frozen_copy", _flag_bool, N_("diffusion: a frozen copy of the denoiser beside it")),
+                    ("offload_frozen", _flag_bool, N_("diffusion: frozen modules on the CPU between forwards")))
 
 
 def _flag_names(name: str) -> list[str]:
@@ -102,8 +103,8 @@ def _diffusion(args, data: dict) -> dict:
             section.update(filled)
             # said once the spec has loaded (cli.spec_from_args): a bad input stays one line
             vars(args).setdefault("pending_notes", []).append(
-                f"vramplan: diffusion: {', '.join(f'{k}={v}' for k, v in filled.items())} "
-                f"from {pipe['name']}'s defaults")
+                Msg("vramplan: diffusion: {settings} from {pipeline}'s defaults",
+                    settings=", ".join(f"{k}={v}" for k, v in filled.items()), pipeline=pipe["name"]))
     return {**data, "diffusion": section} if section else data
 
 
@@ -154,8 +155,8 @@ def answer_format(args) -> str:
 
 def add_format_args(p) -> None:
     from vramplan.report.tables import FORMATS
-    p.add_argument("--format", choices=FORMATS, default="table", help="how to print the answer (default: table)")
-    p.add_argument("--json", action="store_true", help="the versioned JSON form (= --format json)")
+    p.add_argument("--format", choices=FORMATS, default="table", help=_("how to print the answer (default: table)"))
+    p.add_argument("--json", action="store_true", help=_("the versioned JSON form (= --format json)"))
 
 
 def cmd_completion(args) -> int:

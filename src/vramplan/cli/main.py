@@ -11,6 +11,8 @@ import json
 import os
 import sys
 
+from vramplan.i18n import LANGUAGES, N_, _, language_for, set_language, tr
+from vramplan.i18n.errors import error_line
 from vramplan.cli.flags import (  # noqa: F401 (dashed, strategy_from_flags: public from here too)
     _ATTN_IMPL, _DIFFUSION_FLAGS, _TRAINER_FLAGS, _bool_word, _diffusion, _flag_bool, _flag_names,
     _trainer_flags, add_format_args, answer_format, cmd_completion, dashed, strategy_from_flags,
@@ -23,39 +25,39 @@ _SPEC_FLAGS = {
     "task": (str, "sft | pretrain | sequence-classification | inference | dpo | ipo | kto | orpo | simpo | "
                   "reward-model | ppo | grpo | distill"),
     "method": (str, "full | lora | qlora | freeze"),
-    "precision": (str, "fp32 | bf16 | fp16 (as the stack's flag) | amp-bf16 | amp-fp16 | mixed-bf16 | "
-                       "mixed-fp16 | pure-bf16 | pure-fp16"),
+    "precision": (str, N_("fp32 | bf16 | fp16 (as the stack's flag) | amp-bf16 | amp-fp16 | mixed-bf16 | "
+                          "mixed-fp16 | pure-bf16 | pure-fp16")),
     "stack": (str, "hf-trainer (default) | trl | deepspeed | accelerate-fsdp | torchtune | axolotl | "
                    "llama-factory | ms-swift | litgpt | torchtitan | megatron | diffusers-scripts"),
-    "load_dtype": (str, "dtype the weights are loaded in: float32 | bfloat16 | float16 "
-                        "(default: the stack's, the checkpoint's dtype in transformers 5)"),
+    "load_dtype": (str, N_("dtype the weights are loaded in: float32 | bfloat16 | float16 "
+                           "(default: the stack's, the checkpoint's dtype in transformers 5)")),
     "optimizer": (str, "adamw | adam | sgd | adafactor | lion | adamw-8bit | paged-adamw-8bit | paged-adamw-32bit"),
     "optimizer_impl": (str, "foreach | fused | forloop"),
-    "momentum": (float, "SGD momentum"),
-    "weight_decay": (float, "optimizer weight decay (default: the optimizer's)"),
+    "momentum": (float, N_("SGD momentum")),
+    "weight_decay": (float, N_("optimizer weight decay (default: the optimizer's)")),
     "micro_batch_size": (int, BATCH_HELP),
-    "seq_len": (int, "tokens per row (ppo/grpo: the prompt)"),
-    "grad_accum_steps": (int, "micro-steps per optimizer step"),
+    "seq_len": (int, N_("tokens per row (ppo/grpo: the prompt)")),
+    "grad_accum_steps": (int, N_("micro-steps per optimizer step")),
     "loss_impl": (str, "standard | chunked | fused-linear-cross-entropy"),
-    "logprob_head": (str, "dpo/kto/grpo log-prob head: auto | full | selective | chunked"),
+    "logprob_head": (str, N_("dpo/kto/grpo log-prob head: auto | full | selective | chunked")),
     "gradient_checkpointing": (lambda v: _bool_word(v, "full", "none"), "none | full | selective (true = full)"),
     "attention": (lambda v: _ATTN_IMPL.get(v, v), "eager | sdpa | flash (flash_attention_2 = flash)"),
     "backend": (str, "cuda | cpu"),
-    "gpu": (str, "GPU catalog name (see `vramplan gpus`)"),
-    "num_gpus": (int, "GPUs in the job"),
-    "cuda_version": (str, "CUDA runtime, e.g. 12.4 (before 11.7 every kernel loads at start)"),
-    "num_params": (str, "raw size instead of a model, e.g. 8e9 or 7B"),
-    "reference_model": (str, "dpo/ipo/kto/ppo/grpo: reference model, or 'precomputed'"),
-    "teacher": (str, "distill: the frozen teacher model"),
-    "reward_model": (str, "ppo/grpo: the reward model"),
-    "critic_model": (str, "ppo: the critic (default: the model)"),
-    "num_generations": (int, "grpo: completions per prompt"),
-    "max_new_tokens": (int, "ppo/grpo/inference: generated tokens"),
-    "num_labels": (int, "sequence-classification: classes"),
-    "num_layers": (int, "with --num-params: layer count"),
-    "hidden_size": (int, "with --num-params: hidden size"),
-    "alloc_conf": (str, "PYTORCH_CUDA_ALLOC_CONF of the run, e.g. expandable_segments:True "
-                        "(default: the environment's)"),
+    "gpu": (str, N_("GPU catalog name (see `vramplan gpus`)")),
+    "num_gpus": (int, N_("GPUs in the job")),
+    "cuda_version": (str, N_("CUDA runtime, e.g. 12.4 (before 11.7 every kernel loads at start)")),
+    "num_params": (str, N_("raw size instead of a model, e.g. 8e9 or 7B")),
+    "reference_model": (str, N_("dpo/ipo/kto/ppo/grpo: reference model, or 'precomputed'")),
+    "teacher": (str, N_("distill: the frozen teacher model")),
+    "reward_model": (str, N_("ppo/grpo: the reward model")),
+    "critic_model": (str, N_("ppo: the critic (default: the model)")),
+    "num_generations": (int, N_("grpo: completions per prompt")),
+    "max_new_tokens": (int, N_("ppo/grpo/inference: generated tokens")),
+    "num_labels": (int, N_("sequence-classification: classes")),
+    "num_layers": (int, N_("with --num-params: layer count")),
+    "hidden_size": (int, N_("with --num-params: hidden size")),
+    "alloc_conf": (str, N_("PYTORCH_CUDA_ALLOC_CONF of the run, e.g. expandable_segments:True "
+                           "(default: the environment's)")),
 }
 # Read at this edge only (the core never reads the environment); PyTorch 2.9 also reads
 # PYTORCH_ALLOC_CONF, the device-neutral name.
@@ -63,20 +65,20 @@ _ALLOC_CONF_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
 
 
 _PARALLEL_FLAGS = (
-    ("zero_stage", int, "DeepSpeed ZeRO stage 0-3"),
+    ("zero_stage", int, N_("DeepSpeed ZeRO stage 0-3")),
     ("fsdp", str, "none | full-shard | shard-grad-op | hybrid-shard | no-shard"),
-    ("fsdp_version", int, "1 or 2"),
-    ("tp", int, "tensor-parallel size"),
-    ("sp", _flag_bool, "sequence parallelism with tp (true/false)"),
-    ("cp", int, "context-parallel size"),
-    ("pp", int, "pipeline-parallel size"),
-    ("ep", int, "expert-parallel size"),
+    ("fsdp_version", int, N_("1 or 2")),
+    ("tp", int, N_("tensor-parallel size")),
+    ("sp", _flag_bool, N_("sequence parallelism with tp (true/false)")),
+    ("cp", int, N_("context-parallel size")),
+    ("pp", int, N_("pipeline-parallel size")),
+    ("ep", int, N_("expert-parallel size")),
     ("offload_optimizer", str, "none | cpu | nvme"),
     ("offload_params", str, "none | cpu | nvme"),
 )
 
 
-EXIT_STATUS_HELP = ("exit status: 0 the job fits (or no --gpu was given), 1 it does not fit "
+EXIT_STATUS_HELP = N_("exit status: 0 the job fits (or no --gpu was given), 1 it does not fit "
                     "(fit: no layout fits; compare: the job as given), 2 bad input")
 
 
@@ -85,38 +87,48 @@ class UsageError(Exception):
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs):
+        from vramplan.i18n.argparse_text import LocalizedHelpFormatter, localize_parser
+        kwargs.setdefault("formatter_class", LocalizedHelpFormatter)
+        super().__init__(*args, **kwargs)
+        localize_parser(self)
+        # read by main() before parsing (help texts are translated as the parser is built);
+        # declared on every command so it may stand before or after the command's name
+        self.add_argument("--lang", choices=LANGUAGES, default=argparse.SUPPRESS,
+                          help=_("language of the answers (default: from LC_ALL, LC_MESSAGES or LANG, else en)"))
+
     def error(self, message):  # argparse's own usage errors: one line, exit 2
         raise UsageError(message)
 
 
 def _add_spec_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", nargs="?", help="catalog name, hub id, config.json path or model folder")
-    p.add_argument("--spec", help="job spec file (YAML or JSON); flags override it")
-    p.add_argument("--save-spec", help="write the resolved spec to this file")
+    p.add_argument("model", nargs="?", help=_("catalog name, hub id, config.json path or model folder"))
+    p.add_argument("--spec", help=_("job spec file (YAML or JSON); flags override it"))
+    p.add_argument("--save-spec", help=_("write the resolved spec to this file"))
     for name, (typ, help_) in _SPEC_FLAGS.items():
-        p.add_argument(*_flag_names(name), dest=name, type=typ, help=help_,
+        p.add_argument(*_flag_names(name), dest=name, type=typ, help=_(help_),
                        metavar="N" if typ is int else name.upper())
     for name, typ, help_ in _DIFFUSION_FLAGS:
-        p.add_argument("--" + name.replace("_", "-"), dest="diffusion_" + name, type=typ, help=help_,
+        p.add_argument("--" + name.replace("_", "-"), dest="diffusion_" + name, type=typ, help=_(help_),
                        nargs="?" if typ is _flag_bool else None, const=True if typ is _flag_bool else None)
     for name, typ, help_ in _TRAINER_FLAGS:
         p.add_argument("--" + name.replace("_", "-"), dest="hf_" + name, type=typ, nargs="?",
-                       const=True if typ is _flag_bool else None, help=help_)
-    p.add_argument("--lora-r", type=int, help="LoRA rank")
+                       const=True if typ is _flag_bool else None, help=_(help_))
+    p.add_argument("--lora-r", type=int, help=_("LoRA rank"))
     p.add_argument("--lora-alpha", type=float)
     p.add_argument("--lora-dropout", type=float)
-    p.add_argument("--lora-target-modules", help="comma-separated names or all-linear")
-    p.add_argument("--packing", action="store_true", default=None, help="packed rows with a document mask")
+    p.add_argument("--lora-target-modules", help=_("comma-separated names or all-linear"))
+    p.add_argument("--packing", action="store_true", default=None, help=_("packed rows with a document mask"))
     for name, typ, help_ in _PARALLEL_FLAGS:
-        p.add_argument("--" + name.replace("_", "-"), dest="parallel_" + name, type=typ, help=help_)
-    for name, help_ in (("deepspeed", "DeepSpeed config JSON"), ("training_args", "HF TrainingArguments / TRL config"),
-                        ("accelerate_config", "accelerate config YAML"),
-                        ("recipe", "axolotl / LLaMA-Factory / torchtune recipe YAML")):
-        p.add_argument("--" + name.replace("_", "-"), dest="import_" + name, help=help_)
+        p.add_argument("--" + name.replace("_", "-"), dest="parallel_" + name, type=typ, help=_(help_))
+    for name, help_ in (("deepspeed", N_("DeepSpeed config JSON")), ("training_args", N_("HF TrainingArguments / TRL config")),
+                        ("accelerate_config", N_("accelerate config YAML")),
+                        ("recipe", N_("axolotl / LLaMA-Factory / torchtune recipe YAML"))):
+        p.add_argument("--" + name.replace("_", "-"), dest="import_" + name, help=_(help_))
     p.add_argument("--trust-remote-code", action="store_true", default=None)
     p.add_argument("--online", action="store_true", default=None,
-                   help="allow fetching a hub model's config.json that is not in the catalog or the "
-                        "local Hugging Face cache (also VRAMPLAN_ONLINE=1); offline otherwise")
+                   help=_("allow fetching a hub model's config.json that is not in the catalog or the "
+                          "local Hugging Face cache (also VRAMPLAN_ONLINE=1); offline otherwise"))
 
 
 def _imported(args, data: dict) -> dict:
@@ -129,7 +141,7 @@ def _imported(args, data: dict) -> dict:
     from vramplan.importers.report import merge
     overrides, lines = import_config_files(**files)
     for line in lines:
-        print(f"vramplan: {line}", file=sys.stderr)
+        print(f"vramplan: {tr(line)}", file=sys.stderr)
     return merge(data, overrides)
 
 
@@ -149,7 +161,7 @@ def spec_from_args(args) -> "object":
         from vramplan.importers.lengths import resolve_lengths
         spec = resolve_lengths(spec, os.path.dirname(os.path.abspath(args.spec)) if args.spec else None)
     for note in vars(args).pop("pending_notes", []):
-        print(note, file=sys.stderr)
+        print(tr(note), file=sys.stderr)
     if args.save_spec:
         from vramplan.spec import save_spec
         save_spec(spec, args.save_spec)
@@ -215,7 +227,7 @@ def cmd_estimate(args) -> int:
         console = Console()
         render_estimate(est, console=console, depth=args.depth)
         for line in parallel_lines(est):
-            console.print(escape(line))
+            console.print(escape(tr(line)))
     return fit_status(est.fits)
 
 
@@ -233,9 +245,9 @@ def cmd_models(args) -> int:
         return 0
     from rich.console import Console
     from rich.table import Table
-    table = Table(title="vramplan model catalog (diffusion: all parts; the denoiser is trained)")
-    for col in ("name", "kind", "hub id", "type", "params"):
-        table.add_column(col, justify="right" if col == "params" else "left")
+    table = Table(title=_("vramplan model catalog (diffusion: all parts; the denoiser is trained)"))
+    for col in (N_("name"), N_("kind"), N_("hub id"), N_("type"), N_("params")):
+        table.add_column(_(col), justify="right" if col == "params" else "left")
     for r in rows:
         trained = f" (denoiser {r['trained_params'] / 1e9:,.2f} B)" if "trained_params" in r else ""
         table.add_row(r["name"], r["kind"], r["hub_id"] or "", r["type"], f"{r['num_params'] / 1e9:,.3f} B{trained}")
@@ -253,9 +265,9 @@ def cmd_gpus(args) -> int:
         return 0
     from rich.console import Console
     from rich.table import Table
-    table = Table(title="vramplan GPU catalog (usable bytes as the driver reports them)")
-    for col in ("name", "marketed", "GiB usable", "bf16 TFLOP/s", "what the marketed figure means"):
-        table.add_column(col)
+    table = Table(title=_("vramplan GPU catalog (usable bytes as the driver reports them)"))
+    for col in (N_("name"), N_("marketed"), N_("GiB usable"), "bf16 TFLOP/s", N_("what the marketed figure means")):
+        table.add_column(_(col))
     for g in gpus:
         table.add_row(g.name, g.memory_marketed, f"{g.memory_bytes / GiB:,.2f}",
                       "-" if g.bf16_tflops is None else f"{g.bf16_tflops:g}", g.memory_unit_note)
@@ -272,39 +284,39 @@ def cmd_measure(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="vramplan", description="Per-GPU peak memory of a training step, in named terms.",
-                     epilog=EXIT_STATUS_HELP)
+    parser = _Parser(prog="vramplan", description=_("Per-GPU peak memory of a training step, in named terms."),
+                     epilog=_(EXIT_STATUS_HELP))
     parser.add_argument("--version", action="version", version=f"vramplan {_version()}")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
-    est = sub.add_parser("estimate", help="estimate one GPU's peak memory for a job")
+    est = sub.add_parser("estimate", help=_("estimate one GPU's peak memory for a job"))
     _add_spec_args(est)
     add_format_args(est)
-    est.add_argument("--depth", type=int, default=2, help="group terms by this many key parts")
-    est.add_argument("--plot", help="write the breakdown as stacked bars (.png, .svg or interactive .html)")
+    est.add_argument("--depth", type=int, default=2, help=_("group terms by this many key parts"))
+    est.add_argument("--plot", help=_("write the breakdown as stacked bars (.png, .svg or interactive .html)"))
     est.set_defaults(func=cmd_estimate)
-    for name, fn, help_ in (("models", cmd_models, "the built-in catalog: language, vision-language, diffusion"),
-                            ("gpus", cmd_gpus, "the built-in GPU catalog")):
-        p = sub.add_parser(name, help=help_)
+    for name, fn, help_ in (("models", cmd_models, N_("the built-in catalog: language, vision-language, diffusion")),
+                            ("gpus", cmd_gpus, N_("the built-in GPU catalog"))):
+        p = sub.add_parser(name, help=_(help_))
         p.add_argument("--json", action="store_true")
         p.set_defaults(func=fn)
         if name == "models":
-            p.add_argument("name", nargs="?", help="only names or hub ids containing this text")
-            p.add_argument("--kind", choices=("llm", "vlm", "diffusion"), help="only this kind")
-    m = sub.add_parser("measure", help="run real training steps and record the true peak")
+            p.add_argument("name", nargs="?", help=_("only names or hub ids containing this text"))
+            p.add_argument("--kind", choices=("llm", "vlm", "diffusion"), help=_("only this kind"))
+    m = sub.add_parser("measure", help=_("run real training steps and record the true peak"))
     _add_spec_args(m)
-    m.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
-    m.add_argument("--fake", action="store_true", help="run under FakeTensorMode: no memory used")
-    m.add_argument("--trace", action="store_true", help="list the tensors alive at the peak")
+    m.add_argument("--device", default=None, help=_("cpu or cuda (default: cuda if available)"))
+    m.add_argument("--fake", action="store_true", help=_("run under FakeTensorMode: no memory used"))
+    m.add_argument("--trace", action="store_true", help=_("list the tensors alive at the peak"))
     m.add_argument("--json", action="store_true")
     m.set_defaults(func=cmd_measure)
     __import__("vramplan.cli.plan").cli.plan.register(sub, _add_spec_args, spec_from_args)
-    comp = sub.add_parser("completion", help="print a shell completion script (shtab)",
-                          description="eval \"$(vramplan completion bash)\", or for zsh write it to a file "
-                                      "named _vramplan on your $fpath")
+    comp = sub.add_parser("completion", help=_("print a shell completion script (shtab)"),
+                          description=_("eval \"$(vramplan completion bash)\", or for zsh write it to a file "
+                                        "named _vramplan on your $fpath"))
     comp.add_argument("shell", choices=("bash", "zsh", "tcsh"))
     comp.set_defaults(func=cmd_completion)
     for name in ("estimate", "compare", "fit", "check"):
-        sub.choices[name].epilog = EXIT_STATUS_HELP
+        sub.choices[name].epilog = _(EXIT_STATUS_HELP)
     return parser
 
 
@@ -315,11 +327,12 @@ def _version() -> str:
 
 def _error(message: str) -> int:
     """One line on stderr, exit 2 (bad input)."""
-    print("vramplan: error: " + " ".join(str(message).split()), file=sys.stderr)
+    print(error_line(" ".join(str(message).split())), file=sys.stderr)
     return 2
 
 
 def main(argv: list[str] | None = None) -> int:
+    set_language(language_for(sys.argv[1:] if argv is None else argv))
     try:
         return _main(argv)
     except (KeyboardInterrupt, SystemExit):
@@ -327,9 +340,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # a bug, not the user's input: still one line, no traceback
         if os.environ.get("VRAMPLAN_DEBUG") == "1":
             raise
-        print(f"vramplan: internal error: {type(exc).__name__}: {' '.join(str(exc).split())} "
-              "(a bug; please report it with the command; VRAMPLAN_DEBUG=1 shows the traceback)",
-              file=sys.stderr)
+        print("vramplan: " + _("internal error: {kind}: {detail} (a bug; please report it with the command; "
+                               "VRAMPLAN_DEBUG=1 shows the traceback)").format(
+                  kind=type(exc).__name__, detail=" ".join(str(exc).split())), file=sys.stderr)
         return 70
 
 
@@ -351,8 +364,7 @@ def _main(argv: list[str] | None) -> int:
     except OSError as exc:  # --plot / --save-spec to a missing folder, onto a folder, ...
         return _error(f"{exc.filename or 'file'}: {exc.strerror or type(exc).__name__}")
     except ImportError as exc:
-        print(f"vramplan: error: {exc.name or exc} is not installed; pip install 'vramplan[measure]'",
-              file=sys.stderr)
+        print(error_line(f"{exc.name or exc} is not installed; pip install 'vramplan[measure]'"), file=sys.stderr)
         return 2
 
 

@@ -126,15 +126,18 @@ def measure_main(args) -> dict:
 
 def render(out: dict, trace=None) -> str:
     """A plain-text table: measured beside estimated, in bytes and GiB."""
+    from vramplan.i18n import _
     from vramplan.measure.trace import fmt_bytes
 
-    lines = [f"device: {out['device']}"]
+    lines = [_("device: {device}").format(device=out["device"])]
     runner = out.get("runner")
     if runner:
         note = f" ({runner['note']})" if runner.get("note") else ""
-        lines.append(f"ran: {runner['library']} {runner['version']} {runner['entry']}{note}")
+        lines.append(_("ran: {library} {version} {entry}{note}").format(
+            library=runner["library"], version=runner["version"], entry=runner["entry"], note=note))
     if out["failure"]:
-        lines.append(f"failed ({out['failure']['stage']}): {out['failure']['message']}")
+        lines.append(_("failed ({stage}): {message}").format(stage=out["failure"]["stage"],
+                                                             message=out["failure"]["message"]))
     m = out["measured"]
     if m:
         rows = [("peak_allocated_bytes", m["peak_allocated_bytes"])]
@@ -147,15 +150,24 @@ def render(out: dict, trace=None) -> str:
         lines.append(f"  {'peak_phase':34s} {m['peak_phase']:>15s}")
         if est is not None:
             err = (est - m["peak_allocated_bytes"]) / max(1, m["peak_allocated_bytes"])
-            lines.append(f"  {'estimated peak':34s} {est:>15d}  {fmt_bytes(est):>11s}  ({err:+.1%})")
+            label = _pad(_("estimated peak"), 34)
+            lines.append(f"  {label} {est:>15d}  {fmt_bytes(est):>11s}  ({err:+.1%})")
         for name, value in (out["error"] or {}).items():
             if isinstance(value, float):
-                lines.append(f"  {'error of ' + name:34s} {value:>+15.2%}")
+                label = _pad(_("error of {name}").format(name=name), 34)
+                lines.append(f"  {label} {value:>+15.2%}")
     if trace is not None:
         for name in ("peak", "end_of_forward"):
             if name in trace.snapshots:
                 lines.append(trace.render(name, limit=40))
     return "\n".join(lines)
+
+
+def _pad(text: str, width: int) -> str:
+    """Left-justify to `width` terminal columns (a CJK character takes two)."""
+    import unicodedata
+    cols = sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
+    return text + " " * max(0, width - cols)
 
 
 def _estimated_peak(estimated: dict | None) -> int | None:

@@ -9,6 +9,9 @@ import json
 import re
 import sys
 
+from vramplan.i18n import _, ngettext, tr
+from vramplan.i18n.errors import localize
+from vramplan.i18n.terms import strategy_label, tier_label
 from vramplan.spec import SpecError
 from vramplan.units import GB, GiB, MiB
 
@@ -86,10 +89,10 @@ def cmd_compare(args) -> int:
         print(json.dumps(compare_to_dict(rows), indent=2))
         return status
     from vramplan.report.answers import compare_table, parallel_lines
-    table = compare_table(rows, f"{spec.model or 'model'} on {ev.gpu.name} ({_gib(ev.limit_bytes)} GiB usable): "
-                                f"strategies")
+    table = compare_table(rows, _("{model} on {gpu} ({usable} GiB usable): strategies").format(
+        model=spec.model or _("model"), gpu=ev.gpu.name, usable=_gib(ev.limit_bytes)))
     if rows[0].estimate is not None:
-        table.notes += [f"as given: {line}" for line in parallel_lines(rows[0].estimate)]
+        table.notes += [_("as given: {line}").format(line=tr(line)) for line in parallel_lines(rows[0].estimate)]
     _print(table, fmt)
     return status
 
@@ -126,9 +129,10 @@ def _tiers(spec, args) -> int:
         print(json.dumps({"schema_version": 1, "gpus": [r.to_dict() for r in rows],
                           "tiers": tiers_summary(rows)}, indent=2))
         return 0
-    _table("which GPUs hold this job, and with what (least change first)",
-           ["tier", "gpu", "GiB", "needs", "device GiB"],
-           [[r.tier, r.gpu, _gib(r.memory_bytes), "does not fit" if r.best is None else r.best.strategy.name,
+    _table(_("which GPUs hold this job, and with what (least change first)"),
+           [_("tier"), _("gpu"), "GiB", _("needs"), _("device GiB")],
+           [[tier_label(r.tier), r.gpu, _gib(r.memory_bytes),
+             _("does not fit") if r.best is None else strategy_label(r.best.strategy.name),
              "-" if r.best is None else _gib(r.best.estimate.device_bytes)] for r in rows])
     return 0
 
@@ -213,7 +217,8 @@ def _emit(results, what: str) -> int:
             reason = str(exc).split(": ", 1)[-1]
             why += [reason] if reason not in why else []
             continue
-        print(f"vramplan: {what} for layout #{i} ({short_layout(r.changes)})", file=sys.stderr)
+        print("vramplan: " + _("{what} for layout #{i} ({layout})").format(what=what, i=i, layout=short_layout(r.changes)),
+              file=sys.stderr)
         print(json.dumps(out, indent=2))
         return 0
     raise SpecError("emit", f"none of the {len(results)} layouts has a {what} form: " + "; ".join(why))
@@ -235,21 +240,23 @@ def _render_fit(report, ev, fmt: str = "table") -> None:
     if report.results:
         table = fit_table(report, ev.gpu.name)
         try:
-            table.notes.append("#1 as a command: " + command_line(report.results[0].spec))
+            table.notes.append(_("#1 as a command: ") + command_line(report.results[0].spec))
         except SpecError as exc:
-            table.notes.append(f"#1: {exc}")
-        table.notes.append("--emit deepspeed | training-args prints #1 as a DeepSpeed JSON or TrainingArguments")
+            table.notes.append(f"#1: {localize(str(exc))}")
+        table.notes.append(_("--emit deepspeed | training-args prints #1 as a DeepSpeed JSON or TrainingArguments"))
         _print(table, fmt)
         return
-    note = " (interrupted: best so far)" if report.interrupted else ""
-    print(f"none of {report.candidates_total:,} layouts fits on {ev.gpu.name} "
-          f"({report.estimates_computed} estimates, {report.elapsed_s:.2f} s){note}")
+    note = _(" (interrupted: best so far)") if report.interrupted else ""
+    print(_("none of {total:,} layouts fits on {gpu} ({estimates} estimates, {seconds:.2f} s){note}").format(
+        total=report.candidates_total, gpu=ev.gpu.name, estimates=report.estimates_computed,
+        seconds=report.elapsed_s, note=note))
     closest = report.closest
     if closest is not None:
         short = closest.estimate.device_bytes - report.limit_bytes
-        print(f"the closest layout ({short_layout(closest.changes)}) needs {short / GiB:.2f} GiB more")
+        print(_("the closest layout ({layout}) needs {gib:.2f} GiB more").format(
+            layout=short_layout(closest.changes), gib=short / GiB))
     for s in report.suggestions:
-        print(f"  would fit: {s}")
+        print("  " + _("would fit: {suggestion}").format(suggestion=tr(s.message())))
 
 
 def _fit_maximize(spec, ev, axes, args) -> int:
@@ -261,12 +268,13 @@ def _fit_maximize(spec, ev, axes, args) -> int:
     if _format(args) == "json":
         print(json.dumps(solved.to_dict(), indent=2))
     elif solved.value is None:
-        print(f"no layout fits even at {args.maximize}=1 on {ev.gpu.name}")
+        print(_("no layout fits even at {name}=1 on {gpu}").format(name=args.maximize, gpu=ev.gpu.name))
     else:
-        print(f"largest {args.maximize} that fits on {ev.gpu.name}: {solved.value} "
-              f"({_gib(solved.estimate.device_bytes)} GiB, {solved.step.total_s:.3f} s/step), with "
-              f"gradient_checkpointing={solved.spec.gradient_checkpointing.value}, "
-              f"parallel={solved.spec.parallel.to_dict() if not solved.spec.parallel.is_trivial else 'none'}")
+        print(_("largest {name} that fits on {gpu}: {value} ({gib} GiB, {seconds:.3f} s/step), with "
+                "gradient_checkpointing={ckpt}, parallel={parallel}").format(
+            name=args.maximize, gpu=ev.gpu.name, value=solved.value, gib=_gib(solved.estimate.device_bytes),
+            seconds=solved.step.total_s, ckpt=solved.spec.gradient_checkpointing.value,
+            parallel=solved.spec.parallel.to_dict() if not solved.spec.parallel.is_trivial else 'none'))
     return 0 if solved.value else 1
 
 
@@ -276,11 +284,12 @@ def _fit_minimize(spec, ev, axes, args) -> int:
     if _format(args) == "json":
         print(json.dumps({"num_gpus": n, "fit": report.to_dict()}, indent=2))
     elif n is None:
-        print(f"does not fit on {args.max_gpus} x {ev.gpu.name} in any layout searched")
+        print(_("does not fit on {n} x {gpu} in any layout searched").format(n=args.max_gpus, gpu=ev.gpu.name))
     else:
         best = report.results[0]
-        print(f"fewest GPUs: {n} x {ev.gpu.name}, with {best.changes} "
-              f"({_gib(best.estimate.device_bytes)} GiB, {best.step_time_s:.3f} s/step)")
+        print(_("fewest GPUs: {n} x {gpu}, with {changes} ({gib} GiB, {seconds:.3f} s/step)").format(
+            n=n, gpu=ev.gpu.name, changes=best.changes, gib=_gib(best.estimate.device_bytes),
+            seconds=best.step_time_s))
     return 0 if n else 1
 
 
@@ -292,12 +301,12 @@ def cmd_check(args) -> int:
         result = check(spec, device=args.device, raise_error=False,
                        headroom_bytes=parse_headroom(args.headroom, 0))
     except NoGPUError as exc:
-        print(f"vramplan: {exc}", file=sys.stderr)
+        print(f"vramplan: {localize(str(exc))}", file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
     else:
-        print(result.message())
+        print(tr(result.message()))
     return 0 if result.fits else 1
 
 
@@ -305,40 +314,40 @@ def cmd_check(args) -> int:
 def register(sub, add_spec_args, spec_from_args) -> None:
     global _SPEC_FROM_ARGS
     _SPEC_FROM_ARGS = spec_from_args
-    c = sub.add_parser("compare", help="memory-saving strategies side by side")
+    c = sub.add_parser("compare", help=_("memory-saving strategies side by side"))
     add_spec_args(c)
     c.add_argument("--strategy", action="append",
-                   help="the command line's own flags, e.g. \"zero3 --zero-stage 3 --gradient-checkpointing full\" "
-                        "(leading words name the row), or 'NAME key=value ...' (repeatable)")
-    c.add_argument("--strategies", help="YAML/JSON file: a list of {name, changes}")
-    c.add_argument("--with-defaults", action="store_true", help="keep the built-in strategies too")
-    c.add_argument("--tiers", action="store_true", help="every catalog GPU: the least change that fits")
+                   help=_("the command line's own flags, e.g. \"zero3 --zero-stage 3 --gradient-checkpointing full\" "
+                          "(leading words name the row), or 'NAME key=value ...' (repeatable)"))
+    c.add_argument("--strategies", help=_("YAML/JSON file: a list of {name, changes}"))
+    c.add_argument("--with-defaults", action="store_true", help=_("keep the built-in strategies too"))
+    c.add_argument("--tiers", action="store_true", help=_("every catalog GPU: the least change that fits"))
     _common(c)
     c.set_defaults(func=cmd_compare)
-    f = sub.add_parser("fit", help="layouts that fit, ranked by estimated step time")
+    f = sub.add_parser("fit", help=_("layouts that fit, ranked by estimated step time"))
     add_spec_args(f)
     f.add_argument("--top-k", type=int, default=5)
-    f.add_argument("--vary", action="append", help="open an axis: NAME or NAME=v1,v2 (repeatable)")
-    f.add_argument("--only", action="store_true", help="search only the --vary axes")
+    f.add_argument("--vary", action="append", help=_("open an axis: NAME or NAME=v1,v2 (repeatable)"))
+    f.add_argument("--only", action="store_true", help=_("search only the --vary axes"))
     f.add_argument("--maximize", choices=("micro_batch_size", "seq_len"))
     f.add_argument("--minimize", choices=("num_gpus",))
     f.add_argument("--max-gpus", type=int, default=1024)
     f.add_argument("--emit", choices=("deepspeed", "training-args"),
-                   help="print the best layout as a DeepSpeed JSON or a TrainingArguments fragment")
+                   help=_("print the best layout as a DeepSpeed JSON or a TrainingArguments fragment"))
     _common(f)
     f.set_defaults(func=cmd_fit)
-    k = sub.add_parser("check", help="compare the estimate with a local GPU's free memory")
+    k = sub.add_parser("check", help=_("compare the estimate with a local GPU's free memory"))
     add_spec_args(k)
-    k.add_argument("--device", type=int, default=None, help="local GPU index (default 0)")
-    k.add_argument("--headroom", default=None, help="memory to keep free: 2GiB, 1.5GB, 512MiB")
+    k.add_argument("--device", type=int, default=None, help=_("local GPU index (default 0)"))
+    k.add_argument("--headroom", default=None, help=_("memory to keep free: 2GiB, 1.5GB, 512MiB"))
     k.add_argument("--json", action="store_true")
     k.set_defaults(func=cmd_check)
 
 
 def _common(p) -> None:
-    p.add_argument("--headroom", default=None, help="memory to keep free: 2GiB, 1.5GB, 5%%, 0.05 "
-                   "(fit's default: what keeps the estimate's upper bound on the GPU; 0 for none)")
-    p.add_argument("--mfu", type=float, default=None, help="model FLOPs utilization (default 0.40)")
-    p.add_argument("--plot", help="write a picture: .png/.svg (matplotlib) or .html")
-    from vramplan.cli.flags import add_format_args
+    p.add_argument("--headroom", default=None, help=_("memory to keep free: 2GiB, 1.5GB, 5%%, 0.05 "
+                                                  "(fit's default: what keeps the estimate's upper bound on the GPU; 0 for none)"))
+    p.add_argument("--mfu", type=float, default=None, help=_("model FLOPs utilization (default 0.40)"))
+    p.add_argument("--plot", help=_("write a picture: .png/.svg (matplotlib) or .html"))
+    from vramplan.cli import add_format_args
     add_format_args(p)

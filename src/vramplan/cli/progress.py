@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import sys
 
+from vramplan.i18n import _
+
 
 def progress_wanted(args) -> bool:
     from vramplan.cli.flags import answer_format
@@ -34,8 +36,8 @@ class SearchProgress:
 
     def __call__(self, done: int, total: int, found: int) -> None:
         if self._task is None:
-            self._task = self._bar.add_task("fit: layouts", total=total)
-        self._bar.update(self._task, completed=done, description=f"fit: {found} fitting so far (Ctrl-C: best so far)")
+            self._task = self._bar.add_task(_("fit: layouts"), total=total)
+        self._bar.update(self._task, completed=done, description=_("fit: {found} fitting so far (Ctrl-C: best so far)").format(found=found))
 
 
 @contextlib.contextmanager

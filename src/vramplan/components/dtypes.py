@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
+from vramplan.i18n import Msg
 from vramplan.spec import JobSpec, Method, Precision, SpecError
 from vramplan.spec.stack import (
     AUTOCAST_FRAMEWORKS, FP32_PARAM_FRAMEWORKS, MASTER_FRAMEWORKS, PURE_FRAMEWORKS, StackConfig,
@@ -70,14 +71,18 @@ class Dtypes:
     def describe(self, optimizer_states: bool = True) -> str:
         """Plain words: 'weights bf16, autocast bf16, gradients bf16, optimizer states bf16
         (HF Trainer bf16=True)'."""
-        parts = [f"weights {self.weights}"] + ([f"adapters {self.adapters}"] if self.trains_adapters else [])
-        parts.append(f"autocast {self.autocast}" if self.autocast else f"compute {self.compute}")
-        parts.append(f"gradients {self.gradients}")
+        # Msg: English text the report edge can print translated (vramplan.i18n.tr)
+        parts = [Msg("weights {dtype}", dtype=self.weights)]
+        if self.trains_adapters:
+            parts.append(Msg("adapters {dtype}", dtype=self.adapters))
+        parts.append(Msg("autocast {dtype}", dtype=self.autocast) if self.autocast
+                     else Msg("compute {dtype}", dtype=self.compute))
+        parts.append(Msg("gradients {dtype}", dtype=self.gradients))
         if optimizer_states:
-            parts.append(f"optimizer states {self.optimizer_states}")
+            parts.append(Msg("optimizer states {dtype}", dtype=self.optimizer_states))
         if self.master_weights:
-            parts.append(f"master weights {self.master_weights}")
-        return ", ".join(parts) + f" ({self.source})"
+            parts.append(Msg("master weights {dtype}", dtype=self.master_weights))
+        return Msg("{parts} ({source})", parts=Msg.join(", ", parts), source=self.source)
 
     def to_dict(self) -> dict:
         return {"weights": self.weights, "gradients": self.gradients,

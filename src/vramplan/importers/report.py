@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from vramplan.i18n import Msg
 from vramplan.spec import SpecError
 
 
@@ -57,12 +58,13 @@ class ImportReport:
         self.used[name] = target
 
     def lines(self) -> list[str]:
-        out = [f"{self.source}: used {len(self.used)}, ignored {len(self.ignored)}, "
-               f"unresolved {len(self.unresolved)}"]
-        out += [f"  used {k} -> {v}" for k, v in self.used.items()]
-        out += [f"  unresolved {k}: {v}" for k, v in self.unresolved.items()]
+        # Msg: English text the CLI can print translated (vramplan.i18n.tr)
+        out = [Msg("{source}: used {used}, ignored {ignored}, unresolved {unresolved}", source=self.source,
+                   used=len(self.used), ignored=len(self.ignored), unresolved=len(self.unresolved))]
+        out += [Msg("  used {field} -> {key}", field=k, key=v) for k, v in self.used.items()]
+        out += [Msg("  unresolved {field}: {why}", field=k, why=v) for k, v in self.unresolved.items()]
         if self.ignored:
-            out.append("  ignored " + ", ".join(self.ignored))
+            out.append(Msg("  ignored {fields}", fields=", ".join(self.ignored)))
         return out
 
 

@@ -25,6 +25,7 @@ from vramplan.components.arch_dit import DitCtx, joint_block, unet_level_saved
 from vramplan.components.graph import Recorder
 from vramplan.components.optimizer import optimizer_states, step_temporaries
 from vramplan.components.trainable import HeldParam, ParamSet
+from vramplan.i18n import Msg
 from vramplan.jobs.compose import Step, finish
 from vramplan.spec import Checkpointing, JobSpec, Method
 from vramplan.spec.tasks import PRECOMPUTED
@@ -294,7 +295,7 @@ def _frozen_modules(pipe, spec, step: Step, b, c, w, notes, tokens: int) -> int:
         else:
             step.after_forward.append(("forward", label, event, True))
     if off:
-        notes.append("frozen modules offloaded: each is on the GPU only during its own forward")
+        notes.append(Msg("frozen modules offloaded: each is on the GPU only during its own forward"))
     return total
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 from vramplan.breakdown import Breakdown
 from vramplan.components.activations import plan_activations
 from vramplan.components.trainable import param_set
+from vramplan.i18n import Msg
 from vramplan.jobs.compose import Step, finish, merge_trained
 from vramplan.jobs.frozen import frozen_weights, no_grad_forward_peak
 from vramplan.jobs.trained import compute_dtype, prefixed, single_spec
@@ -46,13 +47,13 @@ def generic_estimate(descs: dict[str, ModelDesc], spec: JobSpec, gpu=None):
     total, notes = {"policy": desc.num_params()}, []
     for role in spec.models:
         if role.model == "precomputed":
-            notes.append(f"{role.role}: precomputed, holds nothing")
+            notes.append(Msg("{role}: precomputed, holds nothing", role=role.role))
             continue
         d = descs[role.role]
         precision = role.precision or spec.precision
         total[role.role] = d.num_params()
         if role.placement == "other-gpu":
-            notes.append(f"{role.role}: on another GPU, not counted here")
+            notes.append(Msg("{role}: on another GPU, not counted here", role=role.role))
             continue
         if role.method in ("full", "lora"):
             if role.placement == "cpu":
@@ -72,7 +73,7 @@ def generic_estimate(descs: dict[str, ModelDesc], spec: JobSpec, gpu=None):
         fwd = Breakdown().merge(no_grad_forward_peak(d, b, s, c, head))
         if role.placement == "cpu":
             fwd.merge(weights)
-            notes.append(f"{role.role}: CPU-offloaded, on the GPU only during its forward")
+            notes.append(Msg("{role}: CPU-offloaded, on the GPU only during its forward", role=role.role))
         else:
             step.plan.static.merge(weights, prefix=f"{role.role}/")
         step.after_forward.append(("forward", f"{role.role} forward (no_grad)",

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vramplan.breakdown import Breakdown
+from vramplan.i18n import Msg
 from vramplan.spec import Backend, JobSpec, LogprobHead, Task
 from vramplan.units import nbytes
 
@@ -47,14 +48,16 @@ def resolve_head(spec: JobSpec) -> LogprobHead:
 def head_note(spec: JobSpec) -> str:
     """What the answer assumed about the log-prob head, in words."""
     head = resolve_head(spec)
+    # Msg: English text the report edge can print translated (vramplan.i18n.tr)
     if head is LogprobHead.CHUNKED:
-        path = ("Triton fold; every position counted, TRL scores only labels that are not -100"
-                if spec.backend is Backend.CUDA else "torch fallback with fp32 tile temporaries")
-        return (f"log-prob head: chunked (TRL 1.16 fused_lm_head, {TOKEN_CHUNK} x {VOCAB_CHUNK} tiles, {path}); "
-                "TRL's configs default to gradient_checkpointing=True and bf16=True, the spec's values are used")
+        path = (Msg("Triton fold; every position counted, TRL scores only labels that are not -100")
+                if spec.backend is Backend.CUDA else Msg("torch fallback with fp32 tile temporaries"))
+        return Msg("log-prob head: chunked (TRL 1.16 fused_lm_head, {tokens} x {vocab} tiles, {path}); "
+                   "TRL's configs default to gradient_checkpointing=True and bf16=True, the spec's values are used",
+                   tokens=TOKEN_CHUNK, vocab=VOCAB_CHUNK, path=path)
     if head is LogprobHead.SELECTIVE:
-        return "log-prob head: selective_log_softmax (TRL 0.13-0.2x)"
-    return "log-prob head: full fp32 log_softmax over the logits (TRL 0.x get_batch_logps)"
+        return Msg("log-prob head: selective_log_softmax (TRL 0.13-0.2x)")
+    return Msg("log-prob head: full fp32 log_softmax over the logits (TRL 0.x get_batch_logps)")
 
 
 @dataclass(frozen=True, slots=True)

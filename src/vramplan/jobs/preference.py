@@ -13,6 +13,7 @@ Legend: b micro-batch, r rows, s sequence, v vocabulary, h hidden, c compute dty
 from __future__ import annotations
 
 from vramplan.breakdown import Breakdown
+from vramplan.i18n import Msg
 from vramplan.jobs.compose import Step, finish
 from vramplan.jobs.frozen import frozen_weights, logps_head, no_grad_forward_peak
 from vramplan.components.dtypes import dtypes_of
@@ -84,7 +85,7 @@ def preference_estimate(descs: dict[str, ModelDesc], spec: JobSpec, gpu=None):
         shares_base = ref is None and spec.method in (Method.LORA, Method.QLORA)
         ref_desc = desc if shares_base else descs.get("reference", desc)
         if shares_base:
-            notes.append("reference: the LoRA policy with its adapter disabled (no second model)")
+            notes.append(Msg("reference: the LoRA policy with its adapter disabled (no second model)"))
         else:
             step.plan.static.merge(frozen_weights(ref_desc, dtypes_of(spec).weights), prefix="reference/")
             total["reference"] = ref_desc.num_params()

@@ -30,6 +30,7 @@ S = P + C, L layers, k KV heads, d head_dim, v vocabulary, c compute dtype.
 from __future__ import annotations
 
 from vramplan.breakdown import Breakdown
+from vramplan.i18n import Msg
 from vramplan.jobs.compose import Step, finish, merge_trained
 from vramplan.jobs.frozen import frozen_weights, layer_working_set, no_grad_forward_peak
 from vramplan.components.dtypes import dtypes_of
@@ -197,7 +198,7 @@ def rl_estimate(descs: dict[str, ModelDesc], spec: JobSpec, gpu=None):
     floor = Breakdown()
     if spec.generation and spec.generation.engine == "vllm":
         if gpu is None:
-            notes.append("generation.engine vllm: name a gpu to count the engine's reserved fraction")
+            notes.append(Msg("generation.engine vllm: name a gpu to count the engine's reserved fraction"))
         else:
             floor.add("generation/vllm_engine", int(spec.generation.gpu_memory_utilization * gpu.memory_bytes))
     else:

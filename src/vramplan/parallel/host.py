@@ -18,6 +18,7 @@ import os
 from dataclasses import replace
 
 from vramplan.parallel.layout import Layout
+from vramplan.i18n import Msg
 from vramplan.units import GiB
 
 
@@ -56,13 +57,16 @@ def host_notes(lay: Layout, per_rank: int) -> list[str]:
         return []
     ranks = lay.gpus_per_node
     need = host_per_node(lay, per_rank)
-    head = (f"host memory: offload needs {per_rank / GiB:,.2f} GiB per rank x {ranks} ranks per node = "
-            f"{need / GiB:,.2f} GiB per node (offloaded states and buffers only; each process's own "
-            "footprint comes on top)")
+    head = Msg("host memory: offload needs {per_rank:,.2f} GiB per rank x {ranks} ranks per node = {need:,.2f} GiB "
+               "per node (offloaded states and buffers only; each process's own footprint comes on top)",
+               per_rank=per_rank / GiB, ranks=ranks, need=need / GiB)
     ram = lay.extras.get("host_memory_bytes")
     if ram in (None, "", "local", "auto"):
-        return [head + "; set parallel.extras.host_memory_bytes (or \"local\") to check it against the machine's RAM"]
+        return [Msg("{head}; set parallel.extras.host_memory_bytes (or \"local\") to check it against the machine's RAM",
+                    head=head)]
     ram = int(ram)
     if need <= ram:
-        return [head + f"; fits in {ram / GiB:,.2f} GiB of host RAM ({(ram - need) / GiB:,.2f} GiB left)"]
-    return [head + f"; does NOT fit in {ram / GiB:,.2f} GiB of host RAM (short by {(need - ram) / GiB:,.2f} GiB)"]
+        return [Msg("{head}; fits in {ram:,.2f} GiB of host RAM ({left:,.2f} GiB left)", head=head, ram=ram / GiB,
+                    left=(ram - need) / GiB)]
+    return [Msg("{head}; does NOT fit in {ram:,.2f} GiB of host RAM (short by {short:,.2f} GiB)", head=head,
+                ram=ram / GiB, short=(need - ram) / GiB)]

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from vramplan.estimation import Estimate
+from vramplan.i18n import Msg
 from vramplan.plan.evaluate import Evaluator, accum_key, reported_communication
 from vramplan.plan.space import Candidate, default_axes, enumerate_candidates
 from vramplan.plan.steptime import StepTime
@@ -260,15 +261,18 @@ def _explain(results: list[FitResult], ev: Evaluator) -> None:
     """One line per reason: spare memory, where the time goes, and what it beats."""
     for i, r in enumerate(results):
         spare = ev.limit_bytes - r.estimate.device_bytes
-        kept = f" after keeping {ev.headroom_bytes / GiB:.2f} GiB free" if ev.headroom_bytes else ""
-        r.why.append(f"fits with {spare / GiB:.2f} GiB to spare{kept}")
-        r.why.append(f"{r.step_time_s:.3f} s/step ({_top_terms(r.step)})")
+        if ev.headroom_bytes:
+            r.why.append(Msg("fits with {gib:.2f} GiB to spare after keeping {kept:.2f} GiB free",
+                             gib=spare / GiB, kept=ev.headroom_bytes / GiB))
+        else:
+            r.why.append(Msg("fits with {gib:.2f} GiB to spare", gib=spare / GiB))
+        r.why.append(Msg("{seconds:.3f} s/step ({terms})", seconds=r.step_time_s, terms=_top_terms(r.step)))
         if i + 1 < len(results):
             nxt = results[i + 1]
-            r.why.append(f"faster than #{i + 2} by {_pct(nxt.step_time_s, r.step_time_s)}: "
-                         f"{_largest_gap(r.step, nxt.step)}")
+            r.why.append(Msg("faster than #{rank} by {pct}: {gap}", rank=i + 2,
+                             pct=_pct(nxt.step_time_s, r.step_time_s), gap=_largest_gap(r.step, nxt.step)))
         if i == 0:
-            r.why.insert(0, "fastest layout that fits")
+            r.why.insert(0, Msg("fastest layout that fits"))
 
 
 def _pct(slow: float, fast: float) -> str:
@@ -278,9 +282,9 @@ def _pct(slow: float, fast: float) -> str:
 def _largest_gap(a: StepTime, b: StepTime) -> str:
     keys = set(a.terms) | set(b.terms)
     if not keys:
-        return "same step time"
+        return Msg("same step time")
     key = max(keys, key=lambda k: b.terms.get(k, 0.0) - a.terms.get(k, 0.0))
     gap = b.terms.get(key, 0.0) - a.terms.get(key, 0.0)
     if gap <= 0:
-        return "same step time; larger micro-batch or earlier in the space"
-    return f"{key} {gap:.3f} s less"
+        return Msg("same step time; larger micro-batch or earlier in the space")
+    return Msg("{term} {seconds:.3f} s less", term=key, seconds=gap)

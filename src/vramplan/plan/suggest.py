@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vramplan.estimation import Estimate
+from vramplan.i18n import Msg
 from vramplan.plan.evaluate import Evaluator, apply_changes
 from vramplan.spec import Checkpointing, JobSpec, Method, SpecError
 from vramplan.units import GiB
@@ -15,6 +16,7 @@ from vramplan.units import GiB
 @dataclass(slots=True)
 class Suggestion:
     description: str
+    """English (a `Msg`, so the report edge can translate it with the same values)."""
     changes: dict
     estimate: Estimate | None
     gpu: str | None = None
@@ -23,9 +25,16 @@ class Suggestion:
         return {"description": self.description, "changes": dict(self.changes), "gpu": self.gpu,
                 "device_bytes": None if self.estimate is None else self.estimate.device_bytes}
 
+    def message(self) -> Msg:
+        """The description with the device memory it needs, as a translatable `Msg`."""
+        description = self.description if isinstance(self.description, Msg) else Msg("{text}", text=self.description)
+        if self.estimate is None:
+            return description
+        return Msg("{description} ({gib:.2f} GiB)", description=description,
+                   gib=self.estimate.device_bytes / GiB)
+
     def __str__(self) -> str:
-        size = "" if self.estimate is None else f" ({self.estimate.device_bytes / GiB:.2f} GiB)"
-        return f"{self.description}{size}"
+        return str(self.message())
 
 
 def _ladder(spec: JobSpec) -> list[tuple[str, dict]]:
@@ -34,22 +43,22 @@ def _ladder(spec: JobSpec) -> list[tuple[str, dict]]:
     rows = spec.micro_batch_size * spec.grad_accum_steps
     steps: list[tuple[str, dict]] = []
     if ckpt:
-        steps.append(("turn on full gradient checkpointing", ckpt))
+        steps.append((Msg("turn on full gradient checkpointing"), ckpt))
     if spec.micro_batch_size > 1:
-        steps.append((f"micro_batch_size 1 with grad_accum_steps {rows} (same global batch)",
+        steps.append((Msg("micro_batch_size 1 with grad_accum_steps {rows} (same global batch)", rows=rows),
                       {**ckpt, "micro_batch_size": 1, "grad_accum_steps": rows}))
     if spec.num_gpus > 1 and spec.parallel.zero_stage < 3:
-        steps.append(("ZeRO-3 across the job's GPUs", {**ckpt, "parallel.zero_stage": 3}))
-    steps.append(("ZeRO-2 with the optimizer offloaded to CPU",
+        steps.append((Msg("ZeRO-3 across the job's GPUs"), {**ckpt, "parallel.zero_stage": 3}))
+    steps.append((Msg("ZeRO-2 with the optimizer offloaded to CPU"),
                   {**ckpt, "parallel.zero_stage": 2, "parallel.offload_optimizer": "cpu"}))
     if spec.method is Method.FULL:
-        steps.append(("8-bit AdamW (bitsandbytes)", {**ckpt, "optimizer": "adamw-8bit"}))
-        steps.append(("LoRA instead of full fine-tuning", {**ckpt, "method": "lora"}))
+        steps.append((Msg("8-bit AdamW (bitsandbytes)"), {**ckpt, "optimizer": "adamw-8bit"}))
+        steps.append((Msg("LoRA instead of full fine-tuning"), {**ckpt, "method": "lora"}))
     if spec.method in (Method.FULL, Method.LORA):
-        steps.append(("QLoRA (4-bit base)", {**ckpt, "method": "qlora"}))
+        steps.append((Msg("QLoRA (4-bit base)"), {**ckpt, "method": "qlora"}))
     for n in (2, 4, 8, 16, 32, 64):
         if n > spec.num_gpus:
-            steps.append((f"{n} GPUs with ZeRO-3", {**ckpt, "num_gpus": n, "parallel.zero_stage": 3}))
+            steps.append((Msg("{n} GPUs with ZeRO-3", n=n), {**ckpt, "num_gpus": n, "parallel.zero_stage": 3}))
     return steps
 
 
@@ -71,7 +80,7 @@ def suggestions(ev: Evaluator, spec: JobSpec, *, limit: int = 4) -> list[Suggest
         longest = _longest_seq(ev, spec)
         if longest and longest < spec.seq_len:
             s = spec.with_(seq_len=longest, gradient_checkpointing="full")
-            out.append(Suggestion(f"seq_len {longest} with full checkpointing (the longest that fits)",
+            out.append(Suggestion(Msg("seq_len {longest} with full checkpointing (the longest that fits)", longest=longest),
                                   {"seq_len": longest, "gradient_checkpointing": "full"}, ev.estimate(s)))
     bigger = smallest_gpu(ev, spec)
     if bigger is not None:
@@ -88,9 +97,9 @@ def smallest_gpu(ev: Evaluator, spec: JobSpec) -> Suggestion | None:
     """The catalog GPU with the least memory that holds the job (as given, else with full
     checkpointing), with the same headroom; None if none does."""
     from vramplan.catalog import list_gpus
-    variants = [("as given", {})]
+    variants = [(Msg("as given"), {})]
     if spec.gradient_checkpointing is not Checkpointing.FULL:
-        variants.append(("with full checkpointing", {"gradient_checkpointing": "full"}))
+        variants.append((Msg("with full checkpointing"), {"gradient_checkpointing": "full"}))
     for gpu in sorted(list_gpus(), key=lambda g: g.memory_bytes):
         if gpu.memory_bytes <= ev.gpu.memory_bytes:
             continue
@@ -99,6 +108,7 @@ def smallest_gpu(ev: Evaluator, spec: JobSpec) -> Suggestion | None:
             s = apply_changes(spec, {**changes, "gpu": gpu.name})
             est = other.estimate(s)
             if est.device_bytes <= other.limit_bytes:
-                return Suggestion(f"a {gpu.name} ({gpu.memory_marketed}) {label}",
+                return Suggestion(Msg("a {gpu} ({marketed}) {variant}", gpu=gpu.name, marketed=gpu.memory_marketed,
+                                      variant=label),
                                   {**changes, "gpu": gpu.name}, est, gpu=gpu.name)
     return None

@@ -11,6 +11,7 @@ import html
 import io
 from dataclasses import dataclass, field
 
+from vramplan.i18n import _
 from vramplan.units import GB, GiB
 
 FORMATS = ("table", "json", "markdown", "csv")
@@ -74,7 +75,7 @@ def _cell(value, plain: bool = False) -> str:
     if value is None:
         return "" if plain else "-"
     if isinstance(value, bool):
-        return "yes" if value else "NO"
+        return _("yes") if value else _("NO")
     if isinstance(value, float):
         return f"{value:.4g}" if plain and abs(value) < 1e-2 and value else (f"{value:.2f}" if plain else f"{value:,.2f}")
     if isinstance(value, int):

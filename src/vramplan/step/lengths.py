@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from vramplan.allocator.schedule import ScheduleResult, replay_schedule
+from vramplan.i18n import Msg
 from vramplan.spec.lengths import LengthsConfig
 
 TOKENS_PER_BUCKET_MIN = 64
@@ -140,15 +141,19 @@ class LengthsReplay:
         """One line for the text answer."""
         gib = 2**30
         run = self.run
-        line = (f"lengths ({self.cfg.batching}, {len(run.lengths)} steps): reserved peaks at step "
-                f"{run.peak_step} (length {run.peak_length}) at {run.reserved_bytes / gib:,.2f} GiB, "
-                f"{self.extra_bytes / gib:+,.2f} GiB against only {self.longest_padded}-token steps; "
-                f"longest-first {self.longest_first.reserved_bytes / gib:,.2f} GiB")
+        # Msg parts: English text the report edge can print translated (vramplan.i18n.tr)
+        parts = [Msg("lengths ({batching}, {steps} steps): reserved peaks at step {step} (length {length}) at "
+                     "{reserved} GiB, {extra} GiB against only {longest}-token steps; longest-first {first} GiB",
+                     batching=self.cfg.batching, steps=len(run.lengths), step=run.peak_step,
+                     length=run.peak_length, reserved=f"{run.reserved_bytes / gib:,.2f}",
+                     extra=f"{self.extra_bytes / gib:+,.2f}", longest=self.longest_padded,
+                     first=f"{self.longest_first.reserved_bytes / gib:,.2f}")]
         if self.capped is not None:
-            line += f"; cap {self.cap_tokens} {self.capped.reserved_bytes / gib:,.2f} GiB"
+            parts.append(Msg("cap {tokens} {reserved} GiB", tokens=self.cap_tokens,
+                             reserved=f"{self.capped.reserved_bytes / gib:,.2f}"))
         if run.out_of_memory_step is not None:
-            line += f"; out of memory at step {run.out_of_memory_step}"
-        return line
+            parts.append(Msg("out of memory at step {step}", step=run.out_of_memory_step))
+        return Msg.join("; ", parts)
 
     def to_dict(self) -> dict:
         def one(r: ScheduleResult) -> dict:
@@ -210,11 +215,12 @@ def _p99_cap(cfg: LengthsConfig, seq_len: int) -> int | None:
 def lengths_notes(spec, rep: LengthsReplay | None) -> list[str]:
     """What the estimate says about a `lengths` section it did not fully use."""
     if rep is None:
-        return ["lengths: the order of step lengths is replayed for training on the cuda backend only; "
-                "the terms are those of seq_len"]
+        return [Msg("lengths: the order of step lengths is replayed for training on the cuda backend only; "
+                    "the terms are those of seq_len")]
     if rep.longest_padded < spec.seq_len:
-        return [f"lengths: the longest row pads to {rep.longest_padded} tokens, below seq_len {spec.seq_len}; "
-                f"the terms are at seq_len (seq_len: {rep.longest_padded} gives the run's own peak)"]
+        return [Msg("lengths: the longest row pads to {longest} tokens, below seq_len {seq_len}; "
+                    "the terms are at seq_len (seq_len: {longest} gives the run's own peak)",
+                    longest=rep.longest_padded, seq_len=spec.seq_len)]
     return []
 
 

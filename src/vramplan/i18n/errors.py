@@ -1,0 +1,121 @@
+"""One-line errors in the user's language, translated at the CLI edge by template.
+
+Errors are raised deep in the spec, catalog and importers with English text built from
+values (`SpecError(field, f"expected an integer >= {minimum}, got {value!r}")`). Rather
+than thread a language through the core, the CLI matches the finished English line
+against the templates below (their `{name}` placeholders match any text) and formats the
+translated template with the same values. A line no template matches stays in English, so
+a new or reworded error is never lost, only untranslated; tests/test_i18n.py raises each
+common error through the CLI and checks that its template still matches.
+
+The shape handled: `[field: ]message[ Did you mean 'x'?]`, as SpecError, the catalog's
+UnknownNameError and argparse write them.
+"""
+from __future__ import annotations
+
+import re
+
+from vramplan.i18n import N_, _
+
+TEMPLATES = (
+    # vramplan.spec: SpecError messages (the field name is kept as it is)
+    N_("unknown value {value}; choose one of {choices}."),
+    N_("expected an integer >= {minimum}, got {value}"),
+    N_("expected a number in [{low}, {high}], got {value}"),
+    N_("expected a mapping, got {value}"),
+    N_("unknown spec key"),
+    N_("unknown key"),
+    N_("no such file or folder: {path}"),
+    N_("must be 0, 1, 2 or 3, got {value}"),
+    N_("planning needs a GPU: pass --gpu (see `vramplan gpus`)"),
+    N_("expected e.g. 2GiB, 1.5GB, 512MiB, 5% or 0.05, got {text}"),
+    N_("expected one of {choices}; got {kind}"),
+    N_("is empty; choose one of {choices}"),
+    N_("expected true or false, got {value}; write true or false without quotes"),
+    N_("expected true or false, got {value}; write it without quotes"),
+    N_("expected true or false, got {value}"),
+    N_("expected a mapping of settings, got {value}"),
+    N_("must be 1 or 2, got {value}"),
+    N_("no change in {text}; e.g. {example}"),
+    N_("a strategy changes flags of the job, not its model or files: {text}"),
+    N_("required: a catalog name, a config.json path, a hub id, an inline HF config, or num_params"),
+    N_("unknown axis {name}"),
+    N_("{n} is not divisible by tp*pp*cp = {product}"),
+    N_("{n} GPUs do not split into tp x pp x cp = {product}; use a multiple of {multiple}"),
+    N_("{what} are past {model}'s {limit} learned positions (max_position_embeddings); use seq_len <= {use}"),
+    # vramplan.files: spec and config files
+    N_("{path}: file not found"),
+    N_("{path}: not valid JSON/YAML ({detail})"),
+    N_("{path}: not valid JSON ({detail})"),
+    N_("{path}: not valid YAML ({detail})"),
+    N_("{path}: is a folder; pass the YAML/JSON file inside it"),
+    N_("{path}: duplicate key {key}; keep one"),
+    N_("{path}: not UTF-8 text (byte {byte}); save it as UTF-8 YAML or JSON"),
+    N_("{path}: expected a mapping (key: value lines) at the top level, found {kind}"),
+    # vramplan.catalog: UnknownNameError
+    N_("unknown model {name}"),
+    N_("unknown GPU {name}"),
+    N_("GPU {name} is ambiguous: pass one of {choices}"),
+    N_("GPU size {text} needs a unit: {gb} (10^9 bytes, as datasheets count) or {gib} (2^30 bytes, as PyTorch counts)"),
+    N_("GPU size {text} is too small to hold a training step"),
+    # argparse's usage errors (Python 3.10-3.13 wording)
+    N_("argument {arg}: invalid {kind} value: {value}"),
+    N_("argument {arg}: invalid choice: {value} (choose from {choices})"),
+    N_("unrecognized arguments: {args}"),
+    N_("the following arguments are required: {args}"),
+    N_("argument {arg}: expected one argument"),
+    N_("argument {arg}: expected true or false, got {value}"),
+    # vramplan.check
+    N_("no local GPU (NVML and torch.cuda found none); pass a catalog GPU (--gpu / gpu=) to check against its "
+       "total memory"),
+    N_("no GPU {index}: visible devices are {devices}"),
+    # cli.main
+    N_("{name} is not installed; pip install {extra}"),
+    N_("shell completion needs shtab: pip install {extra}"),
+)
+HINT = N_("did you mean {suggestion}?")
+
+_HINT_RE = re.compile(r"(?P<body>.*?)(?:;| ) ?[Dd]id you mean (?P<suggestion>.+)\?")
+_FIELD_RE = re.compile(r"(?P<field>[\w./~\[\]-]+): (?P<rest>.+)", re.S)
+"""`field: rest`; a config file's path may stand before the field (`ds.json: zero_optimization.stage: ...`)."""
+
+
+def _pattern(template: str) -> re.Pattern:
+    parts = re.split(r"\{(\w+)\}", template)
+    regex = "".join(re.escape(p) if i % 2 == 0 else f"(?P<{p}>.+?)" for i, p in enumerate(parts))
+    return re.compile(regex, re.S)
+
+
+_PATTERNS = [(t, _pattern(t)) for t in TEMPLATES]
+
+
+def _translate_body(text: str) -> str | None:
+    for template, pattern in _PATTERNS:
+        m = pattern.fullmatch(text)
+        if m is not None:
+            return _(template).format(**m.groupdict())
+    m = _FIELD_RE.fullmatch(text)
+    if m is not None:
+        rest = _translate_body(m["rest"])
+        if rest is not None:
+            return f"{m['field']}: {rest}"
+    return None
+
+
+def localize(text: str) -> str:
+    """The English error line in the current language; unchanged when no template matches."""
+    text = str(text)
+    m = _HINT_RE.fullmatch(text)
+    body, hint = (m["body"], m["suggestion"]) if m else (text, None)
+    translated = _translate_body(body)
+    if translated is None:
+        return text
+    if hint is not None:
+        sep = "" if translated.endswith((".", "。", "；")) else _("; ")
+        translated += sep + _(HINT).format(suggestion=hint)
+    return translated
+
+
+def error_line(exc) -> str:
+    """`vramplan: error: <message>` with both parts in the current language."""
+    return "vramplan: " + _("error: ") + localize(str(exc))
