@@ -34,7 +34,7 @@ def static_terms(e) -> dict:
 def test_hf_trainer_bf16_on_a_bf16_checkpoint_keeps_everything_bf16_with_autocast():
     # transformers 5 loads the checkpoint's dtype; bf16=True only turns on autocast; AdamW
     # works on the bf16 parameters themselves: 2 bytes each for weights, grads, both states.
-    e = est(precision="bf16")
+    e = est(precision="bf16", stack="hf-trainer")
     d, n, t = e.dtypes, n_params(e), static_terms(e)
     assert (d.weights, d.gradients, d.optimizer_states, d.master_weights, d.autocast) == ("bf16", "bf16", "bf16", None, "bf16")
     assert e.spec.load_dtype == "bf16"
@@ -103,12 +103,14 @@ def test_each_stack_default_meaning_of_bf16(framework, policy, weights, states, 
 
 
 def test_every_framework_has_a_row_above():
-    assert len(Framework) == 12
+    assert len(Framework) == 13  # the twelve frameworks and `plain` (none named)
 
 
 def test_default_load_dtype_follows_the_stack_and_the_checkpoint():
-    spec = load_spec({**BASE, "precision": "bf16"})
+    spec = load_spec({**BASE, "precision": "bf16", "stack": "hf-trainer"})
     assert resolve_load_dtype(spec, "fp32").load_dtype == "fp32"  # an fp32 checkpoint (gemma-2-2b)
+    plain = load_spec({**BASE, "precision": "bf16"})  # no framework named: bf16 is pure bf16
+    assert resolve_load_dtype(plain, "fp32").load_dtype == "bf16"
     assert resolve_load_dtype(spec, None).load_dtype == "bf16"  # unstated: the word's dtype
     old = load_spec({**BASE, "precision": "bf16", "stack": {"framework": "hf-trainer", "transformers": "4.46"}})
     assert resolve_load_dtype(old, "bf16").load_dtype == "fp32"  # 4.x from_pretrained loads fp32
@@ -133,10 +135,11 @@ def test_bad_stack_and_dtype_name_the_field():
 
 def test_pure_fp16_full_training_under_hf_trainer_is_refused():
     with pytest.raises(SpecError, match="GradScaler"):
-        vramplan.estimate(load_spec({**BASE, "model": {**TINY, "torch_dtype": "float16"}, "precision": "fp16"}))
+        vramplan.estimate(load_spec({**BASE, "model": {**TINY, "torch_dtype": "float16"}, "precision": "fp16",
+                                     "stack": "hf-trainer"}))
     # LoRA trains PEFT's fp32 adapters: it runs
     lora = vramplan.estimate(load_spec({**BASE, "model": {**TINY, "torch_dtype": "float16"}, "precision": "fp16",
-                                        "method": "lora"}))
+                                        "method": "lora", "stack": "hf-trainer"}))
     assert lora.dtypes.gradients == "fp32"
 
 
@@ -166,7 +169,7 @@ def test_json_and_text_state_the_dtypes(capsys):
     out = json.loads(capsys.readouterr().out)
     assert code == 0
     assert out["dtypes"]["weights"] == "fp32" and out["dtypes"]["optimizer_states"] == "fp32"
-    assert out["dtypes"]["compute"] == "bf16" and out["stack"]["framework"] == "hf-trainer"
+    assert out["dtypes"]["compute"] == "bf16" and out["stack"]["framework"] == "plain"
     code = main(["estimate", "llama-3.2-1b", "--precision", "bf16", "--stack", "torchtune"])
     text = " ".join(capsys.readouterr().out.split())
     assert "weights bf16, compute bf16, gradients bf16, optimizer states bf16 (torchtune dtype bf16)" in text

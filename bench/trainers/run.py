@@ -28,7 +28,7 @@ LLAMA = {"model_type": "llama", "vocab_size": 8192, "hidden_size": 128, "interme
          "max_position_embeddings": 1024, "tie_word_embeddings": False}
 # A vocabulary wider than one 32768-column tile: the chunked head folds two tiles per token chunk.
 LLAMA_WIDE = dict(LLAMA, vocab_size=40000, hidden_size=64, intermediate_size=176)
-BASE = {"model": LLAMA, "micro_batch_size": 2, "seq_len": 128, "optimizer": "adamw",
+BASE = {"model": LLAMA, "stack": "trl", "micro_batch_size": 2, "seq_len": 128, "optimizer": "adamw",
         "optimizer_impl": "foreach", "attention": "sdpa", "backend": "cpu"}
 LORA = {"method": "lora", "lora": {"r": 8, "target_modules": ["q_proj", "v_proj"]}}
 GRPO = {"task": "grpo", "micro_batch_size": 8, "seq_len": 32, "num_generations": 4, "max_new_tokens": 32}

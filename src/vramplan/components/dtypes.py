@@ -30,7 +30,7 @@ from functools import lru_cache
 from vramplan.i18n import Msg
 from vramplan.spec import JobSpec, Method, Precision, SpecError
 from vramplan.spec.stack import (
-    AUTOCAST_FRAMEWORKS, FP32_PARAM_FRAMEWORKS, MASTER_FRAMEWORKS, PURE_FRAMEWORKS, StackConfig,
+    Framework, AUTOCAST_FRAMEWORKS, FP32_PARAM_FRAMEWORKS, MASTER_FRAMEWORKS, PURE_FRAMEWORKS, StackConfig,
 )
 
 _AUTOCAST, _MASTER, _PURE, _FP32_PARAMS = "autocast", "master", "pure", "fp32-params"
@@ -105,6 +105,8 @@ def _policy(precision: Precision, stack: StackConfig) -> str:
     if precision in (Precision.PURE_BF16, Precision.PURE_FP16):
         return _PURE
     fw = stack.framework
+    if fw is Framework.PLAIN:  # no framework named: bf16 is pure bf16 (spec/stack.py)
+        return _PURE
     if fw in MASTER_FRAMEWORKS:
         return _MASTER
     if fw in PURE_FRAMEWORKS:
@@ -156,6 +158,10 @@ def dtypes_of(spec: JobSpec) -> Dtypes:
 def _derive(precision: Precision, stack: StackConfig, load_dtype: str | None, method: Method,
             quantized: bool, task: str) -> Dtypes:
     word, policy = _word_dtype(precision), _policy(precision, stack)
+    if policy == _PURE and stack.framework is Framework.PLAIN and load_dtype not in (None, word):
+        # no framework named, but weights loaded in another dtype than the word: the word
+        # can only be an autocast flag over them (what every trainer's bf16 flag does)
+        policy = _AUTOCAST
     load = load_dtype or ("fp32" if policy in ("fp32", _FP32_PARAMS) or precision.is_autocast else word)
     source = _source(precision, stack, policy)
     if policy == _MASTER:

@@ -17,6 +17,12 @@ from vramplan.spec.enums import SpecError, _Choice
 
 
 class Framework(_Choice):
+    PLAIN = "plain"
+    """No framework named (the default): the precision words mean what they say. `bf16` is
+    pure bf16 (weights, gradients and optimizer states in bf16; PEFT's adapters fp32), as it
+    has always meant in vramplan specs and in the validation sets they are scored on (torchtune
+    and litgpt runs, the exact CPU measurements). Name the stack (`--stack hf-trainer`), or
+    import its config (TrainingArguments, DeepSpeed JSON, a recipe), for its own meaning."""
     HF_TRAINER = "hf-trainer"
     """transformers' Trainer (with PEFT for adapters): `bf16=True` is torch.autocast over
     the weights as loaded (transformers/trainer.py `autocast_smart_context_manager`)."""
@@ -63,7 +69,7 @@ PURE_FRAMEWORKS = frozenset({Framework.TORCHTUNE, Framework.LITGPT})
 FP32_PARAM_FRAMEWORKS = frozenset({Framework.TORCHTITAN})
 
 _LABELS = {
-    Framework.HF_TRAINER: "HF Trainer", Framework.TRL: "TRL", Framework.DEEPSPEED: "DeepSpeed",
+    Framework.PLAIN: "no framework named", Framework.HF_TRAINER: "HF Trainer", Framework.TRL: "TRL", Framework.DEEPSPEED: "DeepSpeed",
     Framework.ACCELERATE_FSDP: "accelerate FSDP", Framework.TORCHTUNE: "torchtune",
     Framework.AXOLOTL: "axolotl", Framework.LLAMA_FACTORY: "LLaMA-Factory",
     Framework.MS_SWIFT: "ms-swift", Framework.LITGPT: "litgpt", Framework.TORCHTITAN: "torchtitan",
@@ -106,10 +112,11 @@ def _version(value: Any, field_name: str) -> str | None:
 @dataclass(frozen=True, kw_only=True, slots=True)
 class StackConfig:
     """The framework that runs the training step and the library releases that matter.
-    The default is the most common stack today: HF Trainer with PEFT and TRL at current
-    releases."""
+    The default names no framework (`plain`: the words mean what they say, bf16 = pure bf16)
+    with current releases of transformers, PEFT and TRL; the importers set the framework of
+    the file they read."""
 
-    framework: Framework = Framework.HF_TRAINER
+    framework: Framework = Framework.PLAIN
     """Which framework's meaning of bf16/fp16 (and of its other defaults) applies."""
     transformers: str | None = "5.24"
     """transformers release: from 5.0 `from_pretrained` loads the checkpoint's own dtype
