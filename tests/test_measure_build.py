@@ -97,9 +97,11 @@ def test_gradient_checkpointing_is_non_reentrant():
 
 
 @pytest.mark.parametrize("extra, model_dtype, autocast", [
-    # HF Trainer's bf16=True (the default stack): autocast over the weights as loaded; the
-    # config states no dtype, so they are loaded in the dtype the word names
-    ({}, torch.bfloat16, torch.bfloat16),
+    # no stack named: bf16 is pure bf16 (spec/stack.py `plain`)
+    ({}, torch.bfloat16, None),
+    # HF Trainer's bf16=True: autocast over the weights as loaded; the config states no
+    # dtype, so they are loaded in the dtype the word names
+    ({"stack": "hf-trainer"}, torch.bfloat16, torch.bfloat16),
     ({"load_dtype": "float32"}, torch.float32, torch.bfloat16),
     ({"stack": "torchtune"}, torch.bfloat16, None),
 ])
