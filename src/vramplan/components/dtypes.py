@@ -148,8 +148,21 @@ def stated_dtypes(spec: JobSpec) -> Dtypes:
     return dt.for_adapters() if spec.method in (Method.LORA, Method.QLORA) else dt
 
 
+_LAST: list = [None]
+
+
 def dtypes_of(spec: JobSpec) -> Dtypes:
-    """The effective dtypes of the job (memoized: many components ask)."""
+    """The effective dtypes of the job (memoized: many components ask, per parameter; the
+    last spec is kept by identity, JobSpec being frozen, so those calls skip hashing it)."""
+    last = _LAST[0]
+    if last is not None and last[0] is spec:
+        return last[1]
+    d = _dtypes_of(spec)
+    _LAST[0] = (spec, d)
+    return d
+
+
+def _dtypes_of(spec: JobSpec) -> Dtypes:
     return _derive(spec.precision, spec.stack, spec.load_dtype, spec.method, spec.quantization is not None,
                    spec.task.value)
 

@@ -232,8 +232,13 @@ def _engine_buffers(desc, spec, lay: Layout, sets: _Sets, out: StepPlan, stage: 
     gdt = grad_dtype(spec, train[0]) if train else dtypes_of(spec).weights
     wb, gb = _wbytes(spec, full), nbytes(1, gdt)
     n = lay.shard_group
-    unit = {i: [p for p in full.params if p.layer == i] for i in layers}
-    root = [p for p in full.params if p.layer is None]
+    unit: dict[int, list] = {i: [] for i in layers}
+    root = []
+    for p in full.params:  # one pass: a 70B model has ~700 tensors over 80 layers
+        if p.layer is None:
+            root.append(p)
+        elif p.layer in unit:
+            unit[p.layer].append(p)
     if lay.engine == "ddp":
         out.static.merge(engines.ddp_buckets(lay, sum(nbytes(p.numel, grad_dtype(spec, p)) for p in train)))
     elif lay.engine == "zero":
