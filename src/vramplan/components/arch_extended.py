@@ -89,16 +89,28 @@ def gpt_neox_attention(rec: Recorder, ctx: Ctx, x: Sym, i: int, b: int, s: int) 
     a, d = desc.num_heads, desc.head_dim
     qkv = lin(rec, ctx, x, f"{pre}.query_key_value", "attn/qkv")
     q, k, v = (rec.view(qkv, (b, a, s, d), f"attn/{n}") for n in "qkv")
+    return rotary_cat_attention(rec, ctx, q, k, v, b, s, f"{pre}.dense", fold_v_for_eager=True)
+
+
+def rotary_cat_attention(rec: Recorder, ctx: Ctx, q: Sym, k: Sym, v: Sym, b: int, s: int,
+                         out_proj: str, fold_v_for_eager: bool = False) -> Sym:
+    """Partial rotary on q and k, whose torch.cat makes them contiguous (b, a, s, d); the
+    attention interface; the output projection `out_proj` (GPT-NeoX, Phi, GLM-4). SDPA's
+    output follows q's layout, so `transpose(1, 2).contiguous()` copies it and the
+    projection saves the copy. `fold_v_for_eager`: eager matmul(probs, v) folds a strided v
+    (GPT-NeoX's view of the fused qkv) to (b*a, s, d), a copy it saves."""
+    a, d = ctx.desc.num_heads, ctx.desc.head_dim
     cos, sin = partial_rotary(rec, ctx, s)
     q = apply_partial_rope(rec, q, cos, sin, "attn/q_rope")
     k = apply_partial_rope(rec, k, cos, sin, "attn/k_rope")
     if ctx.attention == "eager":
-        v = rec.new("attn/v_folded", v.shape, v.dtype, v.requires_grad)
+        if fold_v_for_eager:
+            v = rec.new("attn/v_folded", v.shape, v.dtype, v.requires_grad)
         out = eager_attention(rec, ctx, q, k, v, "attn/core")
     else:
         out = attention_core(rec, ctx, q, k, v, "attn/core")
         out = rec.new("attn/core.out_t", (b, s, a, d), out.dtype, out.requires_grad)
-    return lin(rec, ctx, rec.view(out, (b, s, a * d)), f"{pre}.dense", "attn/o")
+    return lin(rec, ctx, rec.view(out, (b, s, a * d)), out_proj, "attn/o")
 
 
 def gpt_neox_embed(rec: Recorder, ctx: Ctx, ids: Sym) -> Sym:

@@ -11,8 +11,8 @@ Legend: b micro-batch, s sequence, h hidden, a heads, k KV heads, d head_dim.
 """
 from __future__ import annotations
 
-from vramplan.components.arch import Ctx, attention_core, eager_attention, lin, mlp_shared, rms_norm
-from vramplan.components.arch_extended import apply_partial_rope, partial_rotary
+from vramplan.components.arch import Ctx, lin, mlp_shared, rms_norm
+from vramplan.components.arch_extended import rotary_cat_attention
 from vramplan.components.graph import Recorder, Sym
 
 LAYER_PREFIX = "model.layers"
@@ -35,15 +35,7 @@ def attention(rec: Recorder, ctx: Ctx, x: Sym, i: int, b: int, s: int) -> Sym:
     q = rec.view(lin(rec, ctx, x, f"{pre}.q_proj", "attn/q"), (b, a, s, d))
     kk = rec.view(lin(rec, ctx, x, f"{pre}.k_proj", "attn/k"), (b, k, s, d))
     v = rec.view(lin(rec, ctx, x, f"{pre}.v_proj", "attn/v"), (b, k, s, d))
-    cos, sin = partial_rotary(rec, ctx, s)
-    q = apply_partial_rope(rec, q, cos, sin, "attn/q_rope")
-    kk = apply_partial_rope(rec, kk, cos, sin, "attn/k_rope")
-    if ctx.attention == "eager":
-        out = eager_attention(rec, ctx, q, kk, v, "attn/core")
-    else:
-        out = attention_core(rec, ctx, q, kk, v, "attn/core")
-        out = rec.new("attn/core.out_t", (b, s, a, d), out.dtype, out.requires_grad)
-    return lin(rec, ctx, rec.view(out, (b, s, a * d)), f"{pre}.o_proj", "attn/o")
+    return rotary_cat_attention(rec, ctx, q, kk, v, b, s, f"{pre}.o_proj")
 
 
 def embed(rec: Recorder, ctx: Ctx, ids: Sym) -> Sym:

@@ -9,8 +9,8 @@ Legend: b micro-batch, s sequence, h hidden, a heads, k KV heads, d head_dim.
 """
 from __future__ import annotations
 
-from vramplan.components.arch import Ctx, activation, attention_core, eager_attention, lin
-from vramplan.components.arch_extended import apply_partial_rope, partial_rotary
+from vramplan.components.arch import Ctx, activation, lin
+from vramplan.components.arch_extended import rotary_cat_attention
 from vramplan.components.graph import Recorder, Sym
 
 LAYER_PREFIX = "model.layers"
@@ -44,15 +44,7 @@ def attention(rec: Recorder, ctx: Ctx, x: Sym, i: int, b: int, s: int) -> Sym:
     if desc.qk_norm:  # nn.LayerNorm(h // a) on each head
         q = rec.layer_norm(q, ctx.p(f"{pre}.q_layernorm.weight"), "attn/q_norm")
         kk = rec.layer_norm(kk, ctx.p(f"{pre}.k_layernorm.weight"), "attn/k_norm")
-    cos, sin = partial_rotary(rec, ctx, s)
-    q = apply_partial_rope(rec, q, cos, sin, "attn/q_rope")
-    kk = apply_partial_rope(rec, kk, cos, sin, "attn/k_rope")
-    if ctx.attention == "eager":
-        out = eager_attention(rec, ctx, q, kk, v, "attn/core")
-    else:
-        out = attention_core(rec, ctx, q, kk, v, "attn/core")
-        out = rec.new("attn/core.out_t", (b, s, a, d), out.dtype, out.requires_grad)
-    return lin(rec, ctx, rec.view(out, (b, s, a * d)), f"{pre}.dense", "attn/o")
+    return rotary_cat_attention(rec, ctx, q, kk, v, b, s, f"{pre}.dense")
 
 
 def embed(rec: Recorder, ctx: Ctx, ids: Sym) -> Sym:
