@@ -39,8 +39,9 @@ ORDER = (
     "plan", "check",
     # the public API
     "vramplan",
-    # edges: the Trainer callback, the measurement branch (real libraries), the command line
-    "integrations", "measure", "cli", "__main__",
+    # edges: the Trainer callback, the measurement branch (real libraries), the web page (its
+    # server and API; `vramplan serve` in cli/ starts it), the command line
+    "integrations", "measure", "web", "cli", "__main__",
 )
 
 # (importing unit, imported unit, module path relative to src/vramplan): reason.

@@ -115,7 +115,7 @@ def test_fit_keeps_the_default_headroom():
 
 
 def test_headroom_flag_takes_a_fraction_or_bytes():
-    from vramplan.cli.plan import parse_headroom
+    from vramplan.plan.answers import parse_headroom
     from vramplan.spec import SpecError
     assert parse_headroom("0.05", 100 * GiB) == 5 * GiB
     assert parse_headroom("5%", 100 * GiB) == 5 * GiB

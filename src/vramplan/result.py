@@ -107,6 +107,8 @@ class Estimate:
             "peak_phase": self.peak_phase,
             "peak_event": self.peak_event,
             "phases": dict(self.phases),
+            # the step's events in order (timeline.walk): live bytes at each local maximum
+            "timeline": [{"phase": e.phase, "label": e.label, "bytes": e.total} for e in self.events],
             "components": self.components.to_dict(),
             "reserved_bytes": self.reserved_bytes,
             "device_bytes": self.device_bytes,

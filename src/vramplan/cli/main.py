@@ -238,7 +238,7 @@ def fit_status(fits: bool | None) -> int:
 
 
 def cmd_models(args) -> int:
-    from vramplan.cli.catalog import model_rows
+    from vramplan.catalog.listing import model_rows
     rows = model_rows(args.kind, args.name)
     if args.json:
         print(json.dumps(rows, indent=2))
@@ -260,8 +260,8 @@ def cmd_gpus(args) -> int:
     from vramplan.units import GiB
     gpus = list_gpus()
     if args.json:
-        print(json.dumps([{"name": g.name, "memory_bytes": g.memory_bytes, "memory_marketed": g.memory_marketed,
-                           "memory_unit_note": g.memory_unit_note} for g in gpus], indent=2))
+        from vramplan.catalog.listing import gpu_rows
+        print(json.dumps(gpu_rows(), indent=2))
         return 0
     from rich.console import Console
     from rich.table import Table
@@ -310,6 +310,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--json", action="store_true")
     m.set_defaults(func=cmd_measure)
     __import__("vramplan.cli.plan").cli.plan.register(sub, _add_spec_args, spec_from_args)
+    __import__("vramplan.cli.serve").cli.serve.register(sub)
     comp = sub.add_parser("completion", help=_("print a shell completion script (shtab)"),
                           description=_("eval \"$(vramplan completion bash)\", or for zsh write it to a file "
                                         "named _vramplan on your $fpath"))
@@ -340,9 +341,8 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # a bug, not the user's input: still one line, no traceback
         if os.environ.get("VRAMPLAN_DEBUG") == "1":
             raise
-        print("vramplan: " + _("internal error: {kind}: {detail} (a bug; please report it with the command; "
-                               "VRAMPLAN_DEBUG=1 shows the traceback)").format(
-                  kind=type(exc).__name__, detail=" ".join(str(exc).split())), file=sys.stderr)
+        from vramplan.spec.enums import internal_error_line
+        print(internal_error_line(exc), file=sys.stderr)
         return 70
 
 
@@ -357,8 +357,9 @@ def _main(argv: list[str] | None) -> int:
         return _error(exc)
     except (SpecError, ValueError, KeyError, NotImplementedError, ArithmeticError) as exc:
         # SpecError, importer and catalog input errors; KeyError's quotes dropped
-        from vramplan.spec.enums import as_spec_error
-        return _error(as_spec_error(exc) if isinstance(exc, KeyError) else exc)
+        from vramplan.spec.enums import user_error_line
+        print(user_error_line(exc), file=sys.stderr)
+        return 2
     except BrokenPipeError:
         return 0
     except OSError as exc:  # --plot / --save-spec to a missing folder, onto a folder, ...

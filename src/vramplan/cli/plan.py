@@ -6,31 +6,15 @@ user errors are SpecError / UsageError, which cli.main turns into one line and e
 from __future__ import annotations
 
 import json
-import re
 import sys
 
 from vramplan.i18n import _, ngettext, tr
 from vramplan.i18n.errors import localize
 from vramplan.i18n.terms import strategy_label, tier_label
 from vramplan.spec import SpecError
-from vramplan.units import GB, GiB, MiB
+from vramplan.units import GiB
 
 _SPEC_FROM_ARGS = None
-
-
-def parse_headroom(text: str | None, capacity_bytes: int) -> int:
-    """'0', '2GiB', '1.5GB', '512MiB', '5%', a fraction '0.05', or bytes '2000000000' -> bytes."""
-    if text is None or str(text).strip() in ("", "0"):
-        return 0
-    t = str(text).strip().replace(" ", "")
-    m = re.fullmatch(r"([\d.]+)(%|GiB|GB|MiB|B)?", t, flags=re.IGNORECASE)
-    if not m or m.group(1).count(".") > 1:
-        raise SpecError("headroom", f"expected e.g. 2GiB, 1.5GB, 512MiB, 5% or 0.05, got {text!r}")
-    value, unit = float(m.group(1)), (m.group(2) or "B").lower()
-    if unit == "b" and m.group(2) is None and value < 1:
-        unit, value = "%", value * 100     # a bare number below 1 is a fraction of the GPU
-    scale = {"%": capacity_bytes / 100, "gib": GiB, "gb": GB, "mib": MiB, "b": 1}[unit]
-    return int(value * scale)
 
 
 def _parse_vary(items: list[str] | None) -> dict | None:
@@ -67,7 +51,8 @@ def _gib(n) -> str:
 
 # ------------------------------------------------------------------ compare
 def cmd_compare(args) -> int:
-    from vramplan.plan.compare import Strategy, compare, compare_to_dict, default_strategies
+    from vramplan.plan.answers import compare_answer
+    from vramplan.plan.compare import compare_to_dict, default_strategies
     spec = _SPEC_FROM_ARGS(args)
     if args.tiers:
         return _tiers(spec, args)
@@ -78,8 +63,7 @@ def cmd_compare(args) -> int:
             strategies += _read_strategies(args.strategies)
         if args.with_defaults:
             strategies = default_strategies(spec) + strategies
-    ev = _evaluator(spec, args)
-    rows = compare(spec, strategies=strategies, evaluator=ev)
+    rows, ev = compare_answer(spec, strategies=strategies, headroom=args.headroom, mfu=args.mfu)
     if args.plot:
         from vramplan.report.plots import plot_compare
         plot_compare(rows, args.plot, capacity_bytes=ev.gpu.memory_bytes)
@@ -123,6 +107,7 @@ def _strategy(text: str):
 
 
 def _tiers(spec, args) -> int:
+    from vramplan.plan.answers import parse_headroom
     from vramplan.plan.tiers import gpu_tiers, tiers_summary
     rows = gpu_tiers(spec, headroom_bytes=0 if args.headroom is None else parse_headroom(args.headroom, 0))
     if _format(args) == "json":
@@ -152,30 +137,11 @@ def _read_strategies(path: str):
     return [Strategy(name=str(i["name"]), changes=dict(i.get("changes") or {})) for i in items]
 
 
-def _evaluator(spec, args, default_headroom: bool = False):
-    from vramplan.catalog import find_gpu
-    from vramplan.plan.evaluate import Evaluator
-    from vramplan.plan.steptime import DEFAULT_MFU
-    from vramplan.plan.evaluate import trained_desc
-    if not spec.gpu:
-        raise SpecError("gpu", "planning needs a GPU: pass --gpu (see `vramplan gpus`)")
-    gpu = find_gpu(spec.gpu)
-    if gpu.by_size:
-        raise SpecError("gpu", f"{args.command} ranks layouts by step time, which needs the GPU's "
-                               f"throughput: name a catalog GPU with {gpu.memory_marketed} (see `vramplan gpus`); "
-                               f"a size alone is enough for estimate and check")
-    if args.headroom is None and default_headroom:
-        from vramplan.plan.fit import default_fit_headroom
-        headroom = default_fit_headroom(gpu.memory_bytes)
-    else:
-        headroom = parse_headroom(args.headroom, gpu.memory_bytes)
-    return Evaluator(trained_desc(spec), gpu, headroom_bytes=headroom, mfu=args.mfu or DEFAULT_MFU)
-
-
 # ------------------------------------------------------------------ fit
 def cmd_fit(args) -> int:
     spec = _SPEC_FROM_ARGS(args)
-    ev = _evaluator(spec, args, default_headroom=True)
+    from vramplan.plan.answers import fit_answer, fit_evaluator
+    ev = fit_evaluator(spec, headroom=args.headroom, mfu=args.mfu)
     axes = _parse_vary(args.vary)
     if axes is not None and not args.only:
         from vramplan.plan.space import default_axes
@@ -185,12 +151,11 @@ def cmd_fit(args) -> int:
     if args.minimize:
         return _fit_minimize(spec, ev, axes, args)
     from vramplan.cli.progress import SearchProgress, progress_wanted
-    from vramplan.plan.fit import fit
     if progress_wanted(args):
         with SearchProgress() as progress:
-            report = fit(spec, evaluator=ev, axes=axes, top_k=args.top_k, progress=progress)
+            report, _ev = fit_answer(spec, evaluator=ev, axes=axes, top_k=args.top_k, progress=progress)
     else:
-        report = fit(spec, evaluator=ev, axes=axes, top_k=args.top_k)
+        report, _ev = fit_answer(spec, evaluator=ev, axes=axes, top_k=args.top_k)
     if args.plot and report.results:
         from vramplan.report.plots import plot_breakdown
         plot_breakdown(report.results[0].estimate, args.plot)
@@ -296,6 +261,7 @@ def _fit_minimize(spec, ev, axes, args) -> int:
 # ------------------------------------------------------------------ check
 def cmd_check(args) -> int:
     from vramplan.check import NoGPUError, check
+    from vramplan.plan.answers import parse_headroom
     spec = _SPEC_FROM_ARGS(args)
     try:
         result = check(spec, device=args.device, raise_error=False,

@@ -29,6 +29,7 @@ from vramplan.i18n import Msg
 from vramplan.plan.evaluate import Evaluator, accum_key, reported_communication
 from vramplan.plan.space import Candidate, default_axes, enumerate_candidates
 from vramplan.plan.steptime import StepTime
+from vramplan.report.emit import paste_forms
 from vramplan.spec import JobSpec
 from vramplan.units import GiB
 
@@ -51,7 +52,8 @@ class FitResult:
     def to_dict(self) -> dict:
         return {"spec": self.spec.to_dict(), "changes": dict(self.changes),
                 "estimate": self.estimate.to_dict(), "step_time_s": self.step_time_s,
-                "step_time": self.step.to_dict(), "fits": self.fits, "why": list(self.why)}
+                "step_time": self.step.to_dict(), "fits": self.fits, "why": list(self.why),
+                "paste": paste_forms(self.spec)}
 
 
 @dataclass(slots=True)

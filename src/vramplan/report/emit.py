@@ -100,3 +100,15 @@ def training_args(spec: JobSpec) -> dict:
     elif par.zero_stage or par.offload_optimizer != "none":
         out["deepspeed"] = "ds_config.json"
     return out
+
+
+def paste_forms(spec: JobSpec) -> dict:
+    """{"command", "deepspeed", "training_args"}: the layout in each form that can express
+    it, None where it cannot (fit's JSON carries them for each layout)."""
+    out: dict = {}
+    for key, emit in (("command", command_line), ("deepspeed", deepspeed_config), ("training_args", training_args)):
+        try:
+            out[key] = emit(spec)
+        except SpecError:
+            out[key] = None
+    return out

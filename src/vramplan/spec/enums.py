@@ -43,6 +43,22 @@ def as_spec_error(exc: BaseException) -> SpecError:
     return SpecError("spec", text)
 
 
+def user_error_line(exc: BaseException) -> str:
+    """The one line bad input gets, in the current language: what the CLI prints before
+    exit 2 and what the web API answers with HTTP 400 (`vramplan: error: field: message`)."""
+    from vramplan.i18n.errors import error_line
+    message = as_spec_error(exc) if isinstance(exc, KeyError) else exc
+    return error_line(" ".join(str(message).split()))
+
+
+def internal_error_line(exc: BaseException) -> str:
+    """The one line a bug gets (CLI exit 70, web HTTP 500): never a traceback."""
+    from vramplan.i18n import _
+    return "vramplan: " + _("internal error: {kind}: {detail} (a bug; please report it with the command; "
+                            "VRAMPLAN_DEBUG=1 shows the traceback)").format(
+        kind=type(exc).__name__, detail=" ".join(str(exc).split()))
+
+
 class _Choice(str, enum.Enum):
     """An enum whose values are the spec's spelling; parse() accepts _ for - and any case."""
 

@@ -1,4 +1,5 @@
-"""Rows for `vramplan models`: language, vision-language and generation models together.
+"""The catalog as rows: `vramplan models` (language, vision-language and generation models
+together) and `vramplan gpus`, for the `--json` output and the web page's /api/models, /api/gpus.
 
 Language models are counted from their config (catalog/hf.py); vision-language models add
 their vision tower and projector to their language model; a diffusion pipeline's count is
@@ -58,3 +59,10 @@ def _pipeline_rows() -> list[dict]:
                     "trained_params": e["denoiser"]["num_params"],
                     "defaults": f"{d.get('num_frames', 1)}x{d.get('height', '?')}x{d.get('width', '?')}"})
     return out
+
+
+def gpu_rows() -> list[dict]:
+    """{name, memory_bytes, memory_marketed, memory_unit_note} per catalog GPU."""
+    from vramplan.catalog import list_gpus
+    return [{"name": g.name, "memory_bytes": g.memory_bytes, "memory_marketed": g.memory_marketed,
+             "memory_unit_note": g.memory_unit_note} for g in list_gpus()]

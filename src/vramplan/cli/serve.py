@@ -1,0 +1,40 @@
+"""`vramplan serve`: the web page and its JSON API on a local port (vramplan.web).
+
+Binds 127.0.0.1 unless --host says otherwise; opens a browser only with --open. Needs the
+`web` extra (Starlette, uvicorn): without it, one line says what to install (exit 2).
+"""
+from __future__ import annotations
+
+import sys
+
+from vramplan.i18n import _
+from vramplan.i18n.errors import error_line
+
+
+def register(sub) -> None:
+    s = sub.add_parser("serve", help=_("serve the web page and its JSON API (the `web` extra)"))
+    s.add_argument("--host", default="127.0.0.1", help=_("address to bind (default 127.0.0.1: this machine only)"))
+    s.add_argument("--port", type=int, default=8000, help=_("port to listen on (default 8000)"))
+    s.add_argument("--open", action="store_true", help=_("open the page in a web browser"))
+    s.set_defaults(func=cmd_serve)
+
+
+def cmd_serve(args) -> int:
+    try:
+        import uvicorn
+
+        from vramplan.web.app import create_app
+    except ImportError as exc:
+        print(error_line(_("{name} is not installed; pip install 'vramplan[web]'").format(name=exc.name or exc)),
+              file=sys.stderr)
+        return 2
+    url = f"http://{'127.0.0.1' if args.host in ('0.0.0.0', '::') else args.host}:{args.port}/"
+    print(_("vramplan: serving the page at {url} (Ctrl+C stops)").format(url=url), file=sys.stderr)
+    config = uvicorn.Config(create_app(), host=args.host, port=args.port, log_level="warning")
+    server = uvicorn.Server(config)
+    if args.open:
+        import threading
+        import webbrowser
+        threading.Timer(1.0, webbrowser.open, (url,)).start()
+    server.run()
+    return 0

@@ -1,0 +1,144 @@
+"""The web page's JSON API (vramplan.web.app) against the command line: every endpoint
+answers what `vramplan ... --json` prints for the same spec (the CLI run in a subprocess,
+its stdout parsed), and bad input gets HTTP 400 with the CLI's one stderr line."""
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import tomllib
+
+import pytest
+
+pytest.importorskip("starlette", reason="the web extra (starlette) is not installed")
+pytest.importorskip("httpx", reason="starlette's TestClient needs httpx (in the test extra)")
+from starlette.testclient import TestClient  # noqa: E402
+
+from vramplan.web.app import create_app  # noqa: E402
+
+ROOT = pathlib.Path(__file__).parents[1]
+SPEC = {"model": "qwen2.5-0.5b", "method": "lora", "micro_batch_size": 2, "seq_len": 512, "gpu": "a10g"}
+# elapsed_s is the search's wall time: the one field two runs of the same search differ in
+VOLATILE = ("elapsed_s",)
+
+
+@pytest.fixture(scope="module")
+def client():
+    return TestClient(create_app())
+
+
+def cli_json(tmp_path, *args: str, spec: dict | None = None, status: int = 0):
+    """What `vramplan ARGS [--spec FILE] ` prints on stdout, parsed (and the exit status checked)."""
+    cmd = [sys.executable, "-m", "vramplan", *args]
+    if spec is not None:
+        path = tmp_path / "spec.json"
+        path.write_text(json.dumps(spec))
+        cmd += ["--spec", str(path)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "LANG": "C"}
+    for key in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "VRAMPLAN_ONLINE"):
+        env.pop(key, None)
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == status, out.stderr
+    return json.loads(out.stdout) if out.stdout.strip() else out.stderr
+
+
+def without(data, keys=VOLATILE):
+    if isinstance(data, dict):
+        return {k: without(v, keys) for k, v in data.items() if k not in keys}
+    if isinstance(data, list):
+        return [without(v, keys) for v in data]
+    return data
+
+
+def test_estimate_is_the_cli_json(client, tmp_path):
+    answer = client.post("/api/estimate", json=SPEC)
+    assert answer.status_code == 200
+    assert answer.json() == cli_json(tmp_path, "estimate", "--json", spec=SPEC)
+    timeline = answer.json()["timeline"]
+    assert max(e["bytes"] for e in timeline) == answer.json()["peak_allocated_bytes"]
+
+
+def test_compare_is_the_cli_json(client, tmp_path):
+    answer = client.post("/api/compare", json=SPEC)
+    assert answer.status_code == 200
+    assert answer.json() == cli_json(tmp_path, "compare", "--format", "json", spec=SPEC)
+    assert len(answer.json()["rows"]) > 1
+
+
+def test_fit_is_the_cli_json_with_paste_forms(client, tmp_path):
+    answer = client.post("/api/fit?top_k=3&headroom=1GiB", json=SPEC)
+    assert answer.status_code == 200
+    cli = cli_json(tmp_path, "fit", "--format", "json", "--top-k", "3", "--headroom", "1GiB", spec=SPEC)
+    assert without(answer.json()) == without(cli)
+    best = answer.json()["results"][0]
+    # the command fit offers estimates the layout it names: the same device bytes
+    words = best["paste"]["command"].split()[1:]
+    assert words[0] == "estimate"
+    again = cli_json(tmp_path, *words, "--json")
+    assert again["device_bytes"] == best["estimate"]["device_bytes"]
+
+
+def test_models_and_gpus_are_the_cli_json(client, tmp_path):
+    models = client.get("/api/models?kind=llm&name=qwen2.5")
+    assert models.status_code == 200
+    assert models.json() == cli_json(tmp_path, "models", "--kind", "llm", "qwen2.5", "--json")
+    gpus = client.get("/api/gpus")
+    assert gpus.json() == cli_json(tmp_path, "gpus", "--json")
+
+
+@pytest.mark.parametrize("path", ["/api/estimate", "/api/compare", "/api/fit"])
+def test_bad_spec_is_400_with_the_cli_line(client, tmp_path, path):
+    bad = {**SPEC, "micro_batch_size": 0}
+    answer = client.post(path, json=bad)
+    assert answer.status_code == 400
+    line = cli_json(tmp_path, path.rsplit("/", 1)[1], spec=bad, status=2).strip()
+    assert answer.json() == {"error": line, "field": "micro_batch_size"}
+    assert "\n" not in line and "micro_batch_size" in line
+
+
+def test_bad_input_in_chinese_and_not_json(client, tmp_path):
+    bad = {**SPEC, "gpu": "h10"}
+    answer = client.post("/api/estimate?lang=zh", json=bad)
+    assert answer.status_code == 400
+    assert answer.json()["error"] == cli_json(tmp_path, "estimate", "--lang", "zh", spec=bad, status=2).strip()
+    assert client.post("/api/estimate", content=b"{not json").json()["field"] == "spec"
+    assert client.post("/api/compare", json={"model": "qwen2.5-0.5b"}).json()["field"] == "gpu"
+
+
+def test_import_reads_what_the_cli_flag_reads(client, tmp_path):
+    ds = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2,
+          "zero_optimization": {"stage": 3}, "bf16": {"enabled": True}}
+    answer = client.post("/api/import?kind=deepspeed&name=ds.json", content=json.dumps(ds))
+    assert answer.status_code == 200
+    spec = {**answer.json()["spec"], "model": "qwen2.5-0.5b", "gpu": "a100-80gb", "num_gpus": 2}
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(ds))
+    cli = cli_json(tmp_path, "estimate", "qwen2.5-0.5b", "--gpu", "a100-80gb", "--num-gpus", "2",
+                   "--deepspeed", str(path), "--json")
+    assert client.post("/api/estimate", json=spec).json()["spec"] == cli["spec"]
+    assert any("ds.json" in line for line in answer.json()["lines"])
+    assert client.post("/api/import?kind=nothing", content=b"{}").status_code == 400
+
+
+def test_page_and_its_files_are_served_and_shipped(client):
+    page = client.get("/")
+    assert page.status_code == 200 and "chart.umd.min.js" in page.text
+    static = ROOT / "src" / "vramplan" / "web" / "static"
+    globs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["vramplan"]
+    files = [p for p in static.rglob("*") if p.is_file()]
+    assert files
+    for p in files:
+        rel = p.relative_to(ROOT / "src" / "vramplan").as_posix()
+        assert any(fnmatch.fnmatch(rel, g) and rel.count("/") == g.count("/") for g in globs), rel
+        url = "/static/" + p.relative_to(static).as_posix()
+        assert client.get(url).content == p.read_bytes(), url
+    en = json.loads((static / "i18n" / "en.json").read_text(encoding="utf-8"))
+    zh = json.loads((static / "i18n" / "zh.json").read_text(encoding="utf-8"))
+    assert set(en) == set(zh)
+    # every page string that holds English words has a different Chinese one, but names
+    names = ("title", "kind_deepspeed", "device", "level_device")
+    untranslated = [k for k in en if en[k] == zh[k] and any(c.islower() for c in en[k]) and k not in names]
+    assert untranslated == []
