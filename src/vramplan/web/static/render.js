@@ -26,12 +26,25 @@ function render() {
     return;
   }
   renderFigures(estimate);
+  showDefaults(estimate.spec);
   Charts.breakdown(estimate, t);
   Charts.timeline(estimate, t);
   Charts.levels(estimate, t);
   $("#notes").replaceChildren(...estimate.notes.map((n) => el("li", n)));
   renderCompare(state.answers.compare);
   renderFit(state.answers.fit);
+}
+
+// Fields the spec leaves out show the value the estimate took (the answer's resolved spec).
+function showDefaults(resolved) {
+  for (const node of document.querySelectorAll("[data-key]")) {
+    if (node.dataset.key === "model") continue;
+    let value = getPath(resolved, node.dataset.key);
+    if (value && typeof value === "object") value = value.framework;
+    const text = value === undefined || value === null ? "" : String(value);
+    if (node.tagName === "SELECT") node.options[0].textContent = text ? `(${text})` : "";
+    else node.placeholder = text;
+  }
 }
 
 function renderModelInfo() {
