@@ -25,8 +25,7 @@ def cmd_serve(args) -> int:
 
         from vramplan.web.app import create_app
     except ImportError as exc:
-        print(error_line(_("{name} is not installed; pip install 'vramplan[web]'").format(name=exc.name or exc)),
-              file=sys.stderr)
+        print(error_line(f"{exc.name or exc} is not installed; pip install 'vramplan[web]'"), file=sys.stderr)
         return 2
     url = f"http://{'127.0.0.1' if args.host in ('0.0.0.0', '::') else args.host}:{args.port}/"
     print(_("vramplan: serving the page at {url} (Ctrl+C stops)").format(url=url), file=sys.stderr)

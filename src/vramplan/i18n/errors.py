@@ -71,6 +71,12 @@ TEMPLATES = (
     N_("no GPU {index}: visible devices are {devices}"),
     # cli.main
     N_("{name} is not installed; pip install {extra}"),
+    # web.app: the JSON API's requests
+    N_("the request is {size} bytes; a spec is at most {limit}"),
+    N_("the request body is not JSON: {detail}"),
+    N_("expected a mapping of spec fields, got {kind}"),
+    N_("expected a number, got {value}"),
+    N_("expected a number > 0, got {value}"),
     N_("shell completion needs shtab: pip install {extra}"),
 )
 HINT = N_("did you mean {suggestion}?")
