@@ -1,18 +1,10 @@
-"""The web page's server: one static page and a JSON API (Starlette, the `web` extra).
-
-Every answer is what the command line's `--json` prints for the same spec, built by the same
-functions: `Estimate.to_dict()` (estimate), `plan.answers.compare_answer` +
-`compare_to_dict` (compare), `plan.answers.fit_answer` + `FitReport.to_dict()` (fit),
-`catalog.listing` (models, gpus). A request's body is the spec mapping (what `--spec`
-reads); the planning options (`headroom`, `mfu`, `top_k`) and the language of error lines
-(`lang`) go in the query string. Bad input is HTTP 400 with the CLI's one line
-(`spec.enums.user_error_line`) and the field it names.
+"""The web page's server (Starlette, the `web` extra): `GET /` the page, `/static/` its
+files, and the JSON API of web/api.py under `/api/<name>` (POST estimate, compare, fit,
+import; GET models, gpus, choices). Handlers run on the event loop's thread one at a time,
+so the process-wide language that web.api.answer sets is the request's for its whole answer.
 """
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 from importlib import resources
 
 from starlette.applications import Starlette
@@ -21,30 +13,18 @@ from starlette.responses import FileResponse, JSONResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from vramplan.i18n import LANGUAGES, set_language, tr
-from vramplan.spec import SpecError
-from vramplan.spec.enums import USER_ERRORS, as_spec_error, internal_error_line, user_error_line
+from vramplan.web.api import ENDPOINTS, answer
 
 STATIC = resources.files("vramplan.web") / "static"
-IMPORT_KINDS = ("deepspeed", "training_args", "accelerate_config", "recipe")
-"""The config files the page reads, as the CLI's --deepspeed, --training-args, ... flags."""
-MAX_BODY_BYTES = 4 * 2**20
-"""A spec, config.json or training config is a few kilobytes; more is a mistake."""
 
 
 def create_app() -> Starlette:
     """The application `vramplan serve` runs (also for tests: starlette.testclient)."""
-    routes = [
-        Route("/", _index),
-        Route("/api/estimate", _api(_estimate), methods=["POST"]),
-        Route("/api/compare", _api(_compare), methods=["POST"]),
-        Route("/api/fit", _api(_fit), methods=["POST"]),
-        Route("/api/import", _api(_import, spec_body=False), methods=["POST"]),
-        Route("/api/models", _api(_models, spec_body=False), methods=["GET"]),
-        Route("/api/gpus", _api(_gpus, spec_body=False), methods=["GET"]),
-        Route("/api/choices", _api(_choices, spec_body=False), methods=["GET"]),
-        Mount("/static", StaticFiles(directory=str(STATIC)), name="static"),
-    ]
+    routes = [Route("/", _index)]
+    for name, (_handler, spec_body) in ENDPOINTS.items():
+        methods = ["POST"] if spec_body or name == "import" else ["GET"]
+        routes.append(Route(f"/api/{name}", _endpoint(name), methods=methods))
+    routes.append(Mount("/static", StaticFiles(directory=str(STATIC)), name="static"))
     return Starlette(routes=routes)
 
 
@@ -52,116 +32,8 @@ async def _index(request: Request):
     return FileResponse(str(STATIC / "index.html"), media_type="text/html")
 
 
-def _api(handler, *, spec_body: bool = True):
-    """An endpoint: the request's language set for its error lines, the body read as a spec
-    (JSON mapping) when `spec_body`, the handler's answer as JSON; bad input -> 400.
-    Handlers run on the event loop's thread one at a time, so the process-wide language
-    (vramplan.i18n.set_language) is the request's for the whole answer."""
+def _endpoint(name: str):
     async def endpoint(request: Request):
-        lang = request.query_params.get("lang", "en")
-        set_language(lang if lang in LANGUAGES else "en")
-        try:
-            body = await request.body()
-            if len(body) > MAX_BODY_BYTES:
-                raise SpecError("spec", f"the request is {len(body):,} bytes; a spec is at most {MAX_BODY_BYTES:,}")
-            arg = _spec(body) if spec_body else body
-            return JSONResponse(handler(arg, request.query_params))
-        except USER_ERRORS as exc:
-            error = as_spec_error(exc)
-            return JSONResponse({"error": user_error_line(exc), "field": error.field}, status_code=400)
-        except Exception as exc:  # a bug, not the input: one line, as the CLI's exit 70
-            return JSONResponse({"error": internal_error_line(exc), "field": None}, status_code=500)
-        finally:
-            set_language("en")
+        status, payload = answer(name, request.query_params, await request.body())
+        return JSONResponse(payload, status_code=status)
     return endpoint
-
-
-def _spec(body: bytes):
-    """The body as a JobSpec, loaded as `vramplan estimate --spec FILE.json` loads it."""
-    from vramplan.spec import load_spec
-    try:
-        data = json.loads(body.decode("utf-8") or "{}")
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise SpecError("spec", f"the request body is not JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise SpecError("spec", f"expected a mapping of spec fields, got {type(data).__name__}")
-    spec = load_spec(data)
-    if spec.lengths is not None:
-        from vramplan.importers.lengths import resolve_lengths
-        spec = resolve_lengths(spec, None)
-    return spec
-
-
-def _estimate(spec, query) -> dict:
-    from vramplan.estimation import estimate
-    return estimate(spec).to_dict()
-
-
-def _compare(spec, query) -> dict:
-    from vramplan.plan.answers import compare_answer
-    from vramplan.plan.compare import compare_to_dict
-    rows, _ev = compare_answer(spec, headroom=query.get("headroom"), mfu=_number(query, "mfu", float))
-    return compare_to_dict(rows)
-
-
-def _fit(spec, query) -> dict:
-    from vramplan.plan.answers import fit_answer
-    report, _ev = fit_answer(spec, headroom=query.get("headroom"), mfu=_number(query, "mfu", float),
-                             top_k=_number(query, "top_k", int) or 5)
-    return report.to_dict()
-
-
-def _number(query, name: str, kind):
-    text = query.get(name)
-    if text in (None, ""):
-        return None
-    try:
-        value = kind(text)
-    except ValueError:
-        raise SpecError(name, f"expected a number, got {text!r}") from None
-    if value <= 0:
-        raise SpecError(name, f"expected a number > 0, got {text!r}")
-    return value
-
-
-def _models(body, query) -> list[dict]:
-    from vramplan.catalog.listing import KINDS, model_rows
-    kind = query.get("kind") or None
-    if kind is not None and kind not in KINDS:
-        raise SpecError("kind", f"expected one of {', '.join(KINDS)}; got {kind}")
-    return model_rows(kind, query.get("name") or None)
-
-
-def _gpus(body, query) -> list[dict]:
-    from vramplan.catalog.listing import gpu_rows
-    return gpu_rows()
-
-
-def _choices(body, query) -> dict:
-    """The words of each spec field the page offers as a list (the spec's own enums)."""
-    from vramplan.spec import Checkpointing, Method, Optimizer, Precision, Task
-    from vramplan.spec.sections import FSDP_MODES
-    from vramplan.spec.stack import Framework
-    return {"task": [m.value for m in Task], "method": [m.value for m in Method],
-            "precision": [m.value for m in Precision], "stack": [m.value for m in Framework],
-            "optimizer": [m.value for m in Optimizer],
-            "gradient_checkpointing": [m.value for m in Checkpointing], "fsdp": list(FSDP_MODES)}
-
-
-def _import(body: bytes, query) -> dict:
-    """A dropped DeepSpeed JSON / TrainingArguments / accelerate config / recipe, read by the
-    importer the CLI's flag of the same name runs: {"spec": overrides, "lines": what was
-    used, ignored and left unresolved}. The body goes through a temporary file because the
-    importers read files (a TrainingArguments file may name its DeepSpeed JSON beside it)."""
-    from vramplan.importers.cli_args import import_config_files
-    kind = query.get("kind", "")
-    if kind not in IMPORT_KINDS:
-        raise SpecError("kind", f"expected one of {', '.join(IMPORT_KINDS)}; got {kind or 'nothing'}")
-    name = os.path.basename(query.get("name") or "config.json")
-    suffix = ".json" if name.endswith(".json") else ".yaml"
-    with tempfile.TemporaryDirectory(prefix="vramplan-web-") as folder:
-        path = os.path.join(folder, os.path.splitext(name)[0] + suffix)
-        with open(path, "wb") as fh:
-            fh.write(body)
-        overrides, lines = import_config_files(**{kind: path})
-    return {"spec": overrides, "lines": [tr(line).replace(path, name) for line in lines]}
