@@ -3,7 +3,8 @@ playwright against `vramplan serve`'s app on a free local port. Each figure the 
 is checked against the command line's answer for the spec the page sent (read back from the
 page, run through `vramplan estimate --spec FILE --json` in a subprocess).
 
-Set VRAMPLAN_WEB_SCREENSHOT=docs/web-page.png to write the README's screenshot."""
+Set VRAMPLAN_WEB_SCREENSHOTS=docs to write the READMEs' screenshots there (web-page.png,
+web-page.zh.png)."""
 from __future__ import annotations
 
 import json
@@ -82,6 +83,13 @@ def shown(page, **expect) -> tuple[dict, int]:
     return json.loads(peak.get_attribute("data-spec")), int(peak.get_attribute("data-bytes"))
 
 
+def screenshot(page, name: str) -> None:
+    folder = os.environ.get("VRAMPLAN_WEB_SCREENSHOTS")
+    if folder:
+        page.wait_for_function("document.body.dataset.state === 'ready'")
+        page.screenshot(path=str(ROOT / folder / name), full_page=True)
+
+
 def cli_estimate(spec: dict, tmp_path) -> dict:
     path = tmp_path / "page-spec.json"
     path.write_text(json.dumps(spec))
@@ -110,9 +118,7 @@ def test_choose_a_model_change_the_batch_and_match_the_cli(page, server, tmp_pat
     page.wait_for_function("document.body.dataset.state === 'ready'")
     assert page.locator("#compare tbody tr").count() > 1
     assert page.locator("#paste-command").text_content().startswith("vramplan estimate qwen2.5-0.5b")
-    shot = os.environ.get("VRAMPLAN_WEB_SCREENSHOT")
-    if shot:
-        page.screenshot(path=str(ROOT / shot), full_page=True)
+    screenshot(page, "web-page.png")
 
 
 def test_a_shared_url_opens_the_same_answer(page, server, tmp_path):
@@ -139,6 +145,7 @@ def test_switch_to_chinese_and_keep_it_in_the_url(page, server):
     page.goto(page.url.replace("#", "?reload#"))  # the shared link opens in Chinese
     page.wait_for_function("document.documentElement.lang === 'zh-CN'")
     assert page.text_content("h2[data-i18n=compare_title]") == zh["compare_title"]
+    screenshot(page, "web-page.zh.png")
 
 
 def test_a_dropped_deepspeed_json_sets_the_layout(page, server, tmp_path):

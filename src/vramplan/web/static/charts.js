@@ -47,14 +47,17 @@ const Charts = (() => {
       options: {plugins: {tooltip: tip}, scales: {x: {stacked: true}, y: gibAxis(t, {stacked: true})}}});
   }
 
-  // Live bytes at each event of the step, in order, with the card's memory as a line.
+  // Live bytes at each event of the step, in order (the estimate's `timeline`; its `phases`
+  // when there is none), with the card's memory as a line.
   function timeline(est, t) {
     const events = est.timeline && est.timeline.length ? est.timeline
       : Object.entries(est.phases).map(([phase, bytes]) => ({phase, label: phase, bytes}));
     const labels = events.map((e) => e.label);
     const datasets = [{label: t("live_memory"), data: events.map((e) => inGiB(e.bytes)), borderColor: PALETTE[0],
                        backgroundColor: PALETTE[0], pointRadius: 3, tension: 0}];
-    if (est.gpu) {
+    // the card's line only where it is near enough to read the step's shape beside it
+    // (the levels chart always shows it)
+    if (est.gpu && est.gpu.memory_bytes < 2 * Math.max(...events.map((e) => e.bytes))) {
       datasets.push({label: t("gpu_memory"), data: events.map(() => inGiB(est.gpu.memory_bytes)),
                      borderColor: "#c00", borderDash: [6, 4], pointRadius: 0});
     }
