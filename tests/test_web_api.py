@@ -142,3 +142,31 @@ def test_page_and_its_files_are_served_and_shipped(client):
     names = ("title", "kind_deepspeed", "device", "level_device")
     untranslated = [k for k in en if en[k] == zh[k] and any(c.islower() for c in en[k]) and k not in names]
     assert untranslated == []
+
+
+def test_static_build_runs_the_api_from_its_zip_alone(tmp_path):
+    """The static build's vramplan.zip answers as the CLI does with nothing but the standard
+    library beside it (python -I -S: no site-packages; yaml from the zip). Pyodide's files are
+    stand-ins here: tests/test_web_static.py runs the real ones in Chromium."""
+    from vramplan.web.static_build import PYODIDE_FILES, build
+    fake = tmp_path / "pyodide"
+    fake.mkdir()
+    for name in PYODIDE_FILES:
+        (fake / name).write_bytes(b"")
+    files = build(str(tmp_path / "site"), str(fake))
+    assert {"index.html", "vramplan.zip", "static/pyodide-api.js", "static/chart.umd.min.js"} <= set(files)
+    assert "static/pyodide-api.js" in (tmp_path / "site" / "index.html").read_text()
+    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); from vramplan.web.api import answer_json; "
+            "print(answer_json('estimate', '{}', sys.argv[2])); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', '_yaml', 'rich', 'starlette')))")
+    out = subprocess.run([sys.executable, "-I", "-S", "-c", code, str(tmp_path / "site" / "vramplan.zip"), json.dumps(SPEC)],
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    answer, modules = out.stdout.splitlines()
+    assert json.loads(answer) == {"status": 200, "payload": cli_json(tmp_path, "estimate", "--json", spec=SPEC)}
+    assert modules == "[]"
+
+
+def test_static_build_bad_input_is_one_line(tmp_path):
+    out = cli_json(tmp_path, "serve", "--static-build", str(tmp_path / "site"), "--pyodide", str(tmp_path), status=2)
+    assert out.count("\n") == 1 and "pyodide:" in out and "pyodide.asm.wasm" in out

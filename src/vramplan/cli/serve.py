@@ -16,10 +16,16 @@ def register(sub) -> None:
     s.add_argument("--host", default="127.0.0.1", help=_("address to bind (default 127.0.0.1: this machine only)"))
     s.add_argument("--port", type=int, default=8000, help=_("port to listen on (default 8000)"))
     s.add_argument("--open", action="store_true", help=_("open the page in a web browser"))
+    s.add_argument("--static-build", metavar="OUT",
+                   help=_("write the page as static files to OUT instead (no server: the API runs in the "
+                          "browser under Pyodide); needs --pyodide"))
+    s.add_argument("--pyodide", metavar="DIR", help=_("the npm package pyodide's folder, for --static-build"))
     s.set_defaults(func=cmd_serve)
 
 
 def cmd_serve(args) -> int:
+    if args.static_build or args.pyodide:
+        return _static_build(args)
     try:
         import uvicorn
 
@@ -36,4 +42,15 @@ def cmd_serve(args) -> int:
         import webbrowser
         threading.Timer(1.0, webbrowser.open, (url,)).start()
     server.run()
+    return 0
+
+
+def _static_build(args) -> int:
+    from vramplan.spec import SpecError
+    from vramplan.web.static_build import build
+    if not (args.static_build and args.pyodide):
+        raise SpecError("static_build", "--static-build OUT and --pyodide DIR go together")
+    files = build(args.static_build, args.pyodide)
+    print(_("vramplan: wrote {n} files to {out}; serve that folder with any static web server").format(
+        n=len(files), out=args.static_build), file=sys.stderr)
     return 0

@@ -77,6 +77,11 @@ TEMPLATES = (
     N_("expected a mapping of spec fields, got {kind}"),
     N_("expected a number, got {value}"),
     N_("expected a number > 0, got {value}"),
+    # web.static_build
+    N_("{path} lacks {files}: give the folder of the npm package pyodide (npm pack pyodide; tar xzf; its "
+       "package/ folder)"),
+    N_("{path} is not empty; give a new or empty folder"),
+    N_("--static-build OUT and --pyodide DIR go together"),
     N_("shell completion needs shtab: pip install {extra}"),
 )
 HINT = N_("did you mean {suggestion}?")

@@ -45,6 +45,15 @@ def answer(name: str, query: Mapping[str, str], body: bytes = b"") -> tuple[int,
         set_language("en")
 
 
+def answer_json(name: str, query_json: str, body: str) -> str:
+    """answer() with its arguments and result as JSON text, `{"status", "payload"}`: for a
+    caller outside Python (the static page, static/pyodide-api.js, under Pyodide)."""
+    if name not in ENDPOINTS:
+        return json.dumps({"status": 404, "payload": {"error": f"no endpoint {name}", "field": None}})
+    status, payload = answer(name, json.loads(query_json), body.encode("utf-8"))
+    return json.dumps({"status": status, "payload": payload})
+
+
 def _spec(body: bytes):
     """The body as a JobSpec, loaded as `vramplan estimate --spec FILE.json` loads it."""
     from vramplan.spec import load_spec

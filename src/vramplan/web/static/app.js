@@ -90,7 +90,7 @@ function readHash() {
 
 // ------------------------------------------------------------ languages
 async function setLanguage(lang) {
-  state.strings = await getJSON(`/static/i18n/${lang}.json`);
+  state.strings = await getJSON(`static/i18n/${lang}.json`);
   state.lang = lang;
   document.documentElement.lang = lang === "zh" ? "zh-CN" : "en";
   for (const el of document.querySelectorAll("[data-i18n]")) el.textContent = t(el.dataset.i18n);
@@ -102,8 +102,10 @@ async function setLanguage(lang) {
 }
 
 // ------------------------------------------------------------ the API
+// The static build (no server) sets window.vramplanFetch: the same API answered in the page
+// by Python under Pyodide (static/pyodide-api.js).
 async function getJSON(url, options) {
-  const response = await fetch(url, options);
+  const response = await (window.vramplanFetch || fetch)(url, options);
   const body = await response.json();
   if (!response.ok) throw new Error(body.error || response.statusText);
   return body;
@@ -122,7 +124,7 @@ async function run() {
   document.body.dataset.state = "busy";
   state.answers = {};
   try {
-    state.answers.estimate = await post("/api/estimate", controller.signal);
+    state.answers.estimate = await post("api/estimate", controller.signal);
     state.answers.sent = sent;
     state.answers.error = null;
   } catch (e) {
@@ -135,7 +137,7 @@ async function run() {
   render();
   document.body.dataset.state = "estimated";
   if (!state.spec.gpu) { document.body.dataset.state = "ready"; return; }
-  for (const [key, path] of [["compare", "/api/compare"], ["fit", "/api/fit"]]) {
+  for (const [key, path] of [["compare", "api/compare"], ["fit", "api/fit"]]) {
     try {
       state.answers[key] = await post(path, controller.signal);
     } catch (e) {
@@ -168,7 +170,7 @@ async function onFile(file) {
       state.spec.model = config;
       lines.textContent = fmt(t("read_config"), {name: file.name, type: config.model_type || "?"});
     } else {
-      const url = `/api/import?kind=${kind}&name=${encodeURIComponent(file.name)}&lang=${state.lang}`;
+      const url = `api/import?kind=${kind}&name=${encodeURIComponent(file.name)}&lang=${state.lang}`;
       const answer = await getJSON(url, {method: "POST", body: text});
       merge(state.spec, answer.spec);
       lines.textContent = answer.lines.join("\n");
@@ -198,7 +200,7 @@ async function start() {
     if (e.dataTransfer.files[0]) onFile(e.dataTransfer.files[0]);
   });
   window.addEventListener("hashchange", () => { setLanguage(readHash()).then(run); });
-  const [choices, gpus, models] = await Promise.all([getJSON("/api/choices"), getJSON("/api/gpus"), getJSON("/api/models")]);
+  const [choices, gpus, models] = await Promise.all([getJSON("api/choices"), getJSON("api/gpus"), getJSON("api/models")]);
   fillChoices(choices, gpus, models);
   await setLanguage(lang);
   run();
