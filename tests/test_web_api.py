@@ -9,6 +9,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import time
 import tomllib
 
 import pytest
@@ -170,3 +171,32 @@ def test_static_build_runs_the_api_from_its_zip_alone(tmp_path):
 def test_static_build_bad_input_is_one_line(tmp_path):
     out = cli_json(tmp_path, "serve", "--static-build", str(tmp_path / "site"), "--pyodide", str(tmp_path), status=2)
     assert out.count("\n") == 1 and "pyodide:" in out and "pyodide.asm.wasm" in out
+
+
+def test_serve_binds_this_machine_and_answers(tmp_path):
+    """`vramplan serve --port N`: one line naming the local URL, the page and the API there."""
+    import socket
+    import urllib.request
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "LANG": "C"}
+    proc = subprocess.Popen([sys.executable, "-m", "vramplan", "serve", "--port", str(port)],
+                            stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        line = proc.stderr.readline()
+        assert f"http://127.0.0.1:{port}/" in line
+        gpus = None
+        for _ in range(200):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/gpus", timeout=5) as r:
+                    gpus = json.load(r)
+                break
+            except OSError:
+                proc.poll()
+                assert proc.returncode is None
+                time.sleep(0.1)
+        assert gpus == cli_json(tmp_path, "gpus", "--json")
+    finally:
+        proc.terminate()
+        proc.wait(30)
