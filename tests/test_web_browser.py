@@ -157,3 +157,22 @@ def test_a_dropped_deepspeed_json_sets_the_layout(page, server, tmp_path):
     sent, _ = shown(page, micro_batch_size=3)
     assert sent["parallel"]["zero_stage"] == 3 and page.input_value("#zero_stage") == "3"
     assert "ds_config.json" in page.text_content("#import-lines")
+
+
+def test_bad_input_shows_the_cli_line_at_its_field(page, server, tmp_path):
+    page.goto(server)
+    page.wait_for_function("document.body.dataset.state === 'ready'")
+    page.fill("#seq_len", "0")
+    page.wait_for_function("document.body.dataset.state === 'error'")
+    sent = json.loads(page.get_attribute("#peak", "data-spec") or "null")
+    assert sent is None  # no figure is left standing beside the error
+    path = tmp_path / "bad.json"
+    shared = page.evaluate("JSON.parse(new URLSearchParams(location.hash.slice(1)).get('spec'))")
+    assert shared["seq_len"] == 0  # the URL carries the spec as typed
+    path.write_text(json.dumps(shared))
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "LANG": "C"}
+    out = subprocess.run([sys.executable, "-m", "vramplan", "estimate", "--spec", str(path)],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 2
+    assert page.text_content("#error") == out.stderr.strip()
+    assert "invalid" in page.get_attribute("#seq_len", "class")

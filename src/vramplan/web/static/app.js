@@ -107,7 +107,7 @@ async function setLanguage(lang) {
 async function getJSON(url, options) {
   const response = await (window.vramplanFetch || fetch)(url, options);
   const body = await response.json();
-  if (!response.ok) throw new Error(body.error || response.statusText);
+  if (!response.ok) throw Object.assign(new Error(body.error || response.statusText), {field: body.field});
   return body;
 }
 
@@ -129,7 +129,7 @@ async function run() {
     state.answers.error = null;
   } catch (e) {
     if (generation !== state.generation) return;
-    state.answers = {error: e.message, sent};
+    state.answers = {error: e.message, field: e.field, sent};
     render();
     document.body.dataset.state = "error";
     return;

@@ -10,14 +10,20 @@ function el(tag, text, attrs) {
 }
 
 function render() {
-  const {estimate, error} = state.answers;
+  const {estimate, error, field} = state.answers;
   const box = $("#error");
   box.hidden = !error;
   box.textContent = error || "";
+  for (const node of document.querySelectorAll("[data-key]")) {  // the input the error names
+    node.classList.toggle("invalid", Boolean(error) && node.dataset.key === field);
+  }
   renderModelInfo();
   if (!estimate) {
     for (const id of ["#peak", "#reserved", "#device", "#verdict"]) { $(id).textContent = "-"; $(id).dataset.bytes = ""; }
     $("#peak").dataset.spec = "";
+    $("#verdict").className = "";
+    $("#verdict").dataset.verdict = "";
+    $("#notes").replaceChildren();
     $("#peak-where").textContent = "";
     Charts.clear();
     table("#compare", [], []);
