@@ -42,6 +42,7 @@ function merge(into, from) {  // a config file's overrides, section by section
 }
 
 function readInput(el) {
+  if (el.type === "checkbox") return el.checked ? true : undefined;
   const text = el.value.trim();
   if (text === "") return undefined;
   if (el.type === "number" || el.dataset.type === "int") return Number.parseInt(text, 10);
@@ -55,6 +56,7 @@ function fillInputs() {
       el.value = fmt(t("inline_model"), {type: value.model_type || "?"});
       continue;
     }
+    if (el.type === "checkbox") { el.checked = value === true; continue; }
     const text = value === undefined || value === null ? "" : String(value);
     if (el.tagName === "SELECT" && ![...el.options].some((o) => o.value === text)) el.add(new Option(text, text));
     el.value = text;

@@ -44,7 +44,7 @@ function render() {
 // Fields the spec leaves out show the value the estimate took (the answer's resolved spec).
 function showDefaults(resolved) {
   for (const node of document.querySelectorAll("[data-key]")) {
-    if (node.dataset.key === "model") continue;
+    if (node.dataset.key === "model" || node.type === "checkbox") continue;
     let value = getPath(resolved, node.dataset.key);
     if (value && typeof value === "object") value = value.framework;
     const text = value === undefined || value === null ? "" : String(value);
