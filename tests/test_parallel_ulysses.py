@@ -48,9 +48,11 @@ def _acts(e):
 def test_every_saved_activation_is_split_over_the_ulysses_ranks():
     one, two = estimate(spec(u=1, gpus=1)), estimate(spec(u=2))
     a1, a2 = _acts(one), _acts(two)
-    assert a1 and a1.keys() == a2.keys()
+    assert a1 and set(a2) == set(a1) | {"activations/layers/attn/ulysses_out"}
     for name, value in a1.items():
         assert a2[name] == -(-value // 2), name
+    # the output projection saves the all-to-all's output, a tensor apart from the kernel's
+    assert a2["activations/layers/attn/ulysses_out"] == a2["activations/layers/attn/core"]
 
 
 def test_replicated_kv_heads_keep_a_whole_head_each():
@@ -58,6 +60,8 @@ def test_replicated_kv_heads_keep_a_whole_head_each():
     # whole sequence, i.e. half the unsharded k and v, not a quarter.
     one, four = _acts(estimate(spec(u=1, gpus=1, kv=2))), _acts(estimate(spec(u=4, gpus=4, kv=2)))
     for name in one:
+        if name not in four:
+            continue
         want = -(-one[name] // 2) if name.endswith(("attn/k_rope", "attn/v")) else -(-one[name] // 4)
         assert four[name] == want, name
 
@@ -83,3 +87,21 @@ def test_cli_flag_and_all_to_all_volume(tmp_path, capsys):
     # twice the ranks send 3/4 of a half instead of 1/2 of a whole, i.e. 3/4 as many bytes.
     v2, v4 = (d["communication"]["ulysses"]["bytes"] for d in (two, four))
     assert v4 * 4 == v2 * 3
+
+
+def test_deepspeed_json_sets_ulysses_and_hpz():
+    from vramplan.importers.deepspeed import from_deepspeed
+    out, _ = from_deepspeed({"sequence_parallel_size": 4,
+                             "zero_optimization": {"stage": 3, "zero_hpz_partition_size": 8}})
+    assert out["parallel"]["ulysses"] == 4
+    assert out["parallel"]["extras"]["zero_hpz_partition_size"] == 8
+
+
+def test_hpz_keeps_a_secondary_partition_of_the_partitioned_weights():
+    base = {"model": "llama-3.1-8b", "precision": "bf16", "num_gpus": 16, "seq_len": 1024}
+    plain = estimate(load_spec({**base, "parallel": {"zero_stage": 3}}))
+    hpz = estimate(load_spec({**base, "parallel": {"zero_stage": 3, "extras": {"zero_hpz_partition_size": 8}}}))
+    sec = hpz.events[-1].live.total("zero/hpz_secondary_partition")
+    # an 8th of the bf16 weights (all but the small persistent norms are partitioned)
+    assert sec == pytest.approx(plain.num_params * 2 / 8, rel=0.01)
+    assert hpz.peak_allocated_bytes - plain.peak_allocated_bytes == pytest.approx(sec, rel=0.01)

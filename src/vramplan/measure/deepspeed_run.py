@@ -148,6 +148,10 @@ def _sequence_parallel(job: dict):
 
 def _dataset(job: dict, vocab: int, n: int) -> list[dict]:
     batch = make_inputs({**job, "micro_batch_size": 1}, vocab, "cpu")
+    if _sequence_parallel(job) is not None:
+        # UlyssesSPDataLoaderAdapter shards position_ids with the rest and refuses batches
+        # without them (deepspeed/runtime/sequence_parallel/ulysses_sp.py refill).
+        batch["position_ids"] = torch.arange(int(job["seq_len"])).unsqueeze(0)
     return [{k: v[0].clone() for k, v in batch.items()} for _ in range(n)]
 
 

@@ -17,6 +17,10 @@ q, k, v and its output with all of the sequence and 1/u of the heads: the same b
 KV heads than u ranks, each rank gets one replicated KV head (`kv_replication_factor`), so the
 saved k and v are s x 1 head instead of (s/u) x kv heads. The labels are sharded as well
 (UlyssesSPDataLoaderAdapter shards `shift_labels`), so the logits are divided by u too.
+The attention output goes back through a second all-to-all (`_partition_global_sequence`) and
+a contiguous reshape before the output projection, which saves that new tensor, while the
+kernel keeps its own output for its backward: one more b x (s/u) x h tensor per layer
+(`attn/ulysses_out`, seen in the meter's trace of the real run, bench/parallel).
 """
 from __future__ import annotations
 
@@ -41,6 +45,7 @@ def tp_divides(name: str, sp: bool) -> bool:
 
 # The k and v a Ulysses rank's attention kernel saves (components/arch.py names).
 _ULYSSES_KV = ("attn/k_rope", "attn/v")
+_ULYSSES_OUT = "attn/core"
 
 
 def scale(bd: Breakdown, lay: Layout, kv_heads: int = 0) -> Breakdown:
@@ -55,6 +60,8 @@ def scale(bd: Breakdown, lay: Layout, kv_heads: int = 0) -> Breakdown:
                 value = _div(value * lay.ulysses, shards * kv_heads)
             else:
                 value = _div(value, shards)
+            if lay.ulysses > 1 and name.endswith(_ULYSSES_OUT):
+                out.add(name[: -len(_ULYSSES_OUT)] + "attn/ulysses_out", value)
         out.add(name, value)
     return out
 

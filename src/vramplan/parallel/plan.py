@@ -291,6 +291,7 @@ def _zero(spec, lay: Layout, sets: _Sets, out: StepPlan, unit: dict, root: list,
     # it replaces the per-stage sharded gradients.
     out.static.add("zero/grad_partitions_flat_buffer", reduce.total("zero/grad_partitions"))
     out.grads_by_stage = [Breakdown() for _ in out.grads_by_stage]
+    out.static.merge(engines.zero3_hpz_secondary(lay, dtypes_of(spec).weights, [p.numel for p in full.params]))
     live = engines.zero3_live(lay, dtypes_of(spec).weights, biggest, _numel(full.params))
     for t in [out.forward_end_transient, out.loss_backward_transient, *out.stage_backward_transient]:
         t.merge(live)
