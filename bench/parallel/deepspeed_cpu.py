@@ -25,12 +25,15 @@ TINY_LLAMA = {"model_type": "llama", "vocab_size": 2048, "hidden_size": 256,
               "tie_word_embeddings": False}
 
 
-def _job(stage: int, **extras) -> dict:
+def _job(stage: int, ulysses: int = 1, seq_len: int = 128, **extras) -> dict:
     # The Trainer's optimizer: torch AdamW (optim adamw_torch) with foreach=None, which
     # torch/optim/optimizer.py _default_to_fused_or_foreach turns into the for-loop on CPU.
-    return {"model": TINY_LLAMA, "precision": "fp32", "optimizer": "adamw", "optimizer_impl": "forloop",
-            "micro_batch_size": 2, "seq_len": 128, "backend": "cpu", "attention": "sdpa", "num_gpus": 2,
-            "parallel": {"zero_stage": stage, "extras": {"dist_backend": "gloo", **extras}}}
+    model = {**TINY_LLAMA, "max_position_embeddings": max(512, seq_len)}
+    par = {"zero_stage": stage, **({"ulysses": ulysses} if ulysses > 1 else {}),
+           "extras": {"dist_backend": "gloo", **extras}}
+    return {"model": model, "precision": "fp32", "optimizer": "adamw", "optimizer_impl": "forloop",
+            "micro_batch_size": 2, "seq_len": seq_len, "backend": "cpu", "attention": "sdpa", "num_gpus": 2,
+            "parallel": par}
 
 
 # reduce_bucket_size 1e6 elements (4 MB fp32, a quarter of the model) makes several reductions
@@ -41,6 +44,14 @@ CASES = [
     {"name": "tiny-llama/b2s128/fp32/zero3/default-buckets", "job": _job(3)},
     {"name": "tiny-llama/b2s128/fp32/zero2/bucket1e6", "job": _job(2, reduce_bucket_size=1_000_000,
                                                                  allgather_bucket_size=1_000_000)},
+    # DeepSpeed Ulysses (ALST) through TrainingArguments(parallelism_config=ParallelismConfig(
+    # sp_backend="deepspeed", sp_size=2)): both ranks split each sample's sequence.
+    {"name": "tiny-llama/b2s128/fp32/zero2/bucket1e6/ulysses2",
+     "job": _job(2, ulysses=2, reduce_bucket_size=1_000_000, allgather_bucket_size=1_000_000)},
+    {"name": "tiny-llama/b2s1024/fp32/zero2/bucket1e6",
+     "job": _job(2, seq_len=1024, reduce_bucket_size=1_000_000, allgather_bucket_size=1_000_000)},
+    {"name": "tiny-llama/b2s1024/fp32/zero2/bucket1e6/ulysses2",
+     "job": _job(2, ulysses=2, seq_len=1024, reduce_bucket_size=1_000_000, allgather_bucket_size=1_000_000)},
 ]
 
 

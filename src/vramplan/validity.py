@@ -23,7 +23,7 @@ def check_job(desc: ModelDesc, spec: JobSpec) -> list[str]:
     notes += _trainable(desc, spec)
     if not spec.parallel.is_trivial or spec.num_gpus > 1:
         notes += _parallel(desc, spec)
-    tokens = spec.micro_batch_size * spec.seq_len // spec.parallel.cp
+    tokens = spec.micro_batch_size * spec.seq_len // (spec.parallel.cp * spec.parallel.ulysses)
     if tokens > LARGE_TOKENS:
         notes.append(Msg("absurd size? micro_batch_size x seq_len = {tokens:,} tokens per GPU per "
                          "micro-step; check the units of micro_batch_size and seq_len", tokens=tokens))
@@ -101,9 +101,10 @@ def _lora(desc: ModelDesc, spec: JobSpec) -> list[str]:
 
 def _parallel(desc: ModelDesc, spec: JobSpec) -> list[str]:
     par, n = spec.parallel, spec.num_gpus
-    mp = par.tp * par.pp * par.cp
+    mp = par.model_parallel
     if n % mp:
-        raise SpecError("num_gpus", f"{n} GPUs do not split into tp x pp x cp = {mp}; "
+        axes = "tp x pp x cp x ulysses" if par.ulysses > 1 else "tp x pp x cp"
+        raise SpecError("num_gpus", f"{n} GPUs do not split into {axes} = {mp}; "
                         f"use a multiple of {mp}")
     _tensor(desc, spec)
     if par.pp > desc.num_layers:
@@ -115,7 +116,30 @@ def _parallel(desc: ModelDesc, spec: JobSpec) -> list[str]:
         # (load balancing for causal attention).
         raise SpecError("parallel.cp", f"seq_len {spec.seq_len} does not split into 2 x cp = {2 * par.cp} "
                         f"equal chunks; use a seq_len that is a multiple of {2 * par.cp}")
+    _ulysses(desc, spec)
     return _offload(spec)
+
+
+def _ulysses(desc: ModelDesc, spec: JobSpec) -> None:
+    u = spec.parallel.ulysses
+    if u == 1:
+        return
+    # deepspeed/runtime/sequence_parallel/ulysses_sp.py UlyssesSPAttentionHF.__init__ and
+    # register_with_transformers: heads split over u ranks, KV heads split or replicated, no
+    # eager attention (it materialises the full mask); the adapter shards the sequence evenly.
+    if desc.num_heads % u:
+        raise SpecError("parallel.ulysses", f"{u} does not divide {desc.name}'s {desc.num_heads} attention "
+                        f"heads; use a ulysses size that divides {desc.num_heads}")
+    kv = desc.num_kv_heads
+    if kv % u and u % kv:
+        raise SpecError("parallel.ulysses", f"{u} and {desc.name}'s {kv} KV heads do not divide one "
+                        "another; use a ulysses size that divides or is a multiple of the KV heads")
+    if spec.seq_len % (u * spec.parallel.cp):
+        raise SpecError("parallel.ulysses", f"seq_len {spec.seq_len} does not split over "
+                        f"{u * spec.parallel.cp} sequence ranks; use a multiple of {u * spec.parallel.cp}")
+    if spec.attention.value == "eager":
+        raise SpecError("attention", "DeepSpeed Ulysses runs with sdpa or flash attention, not eager; "
+                        "set attention: sdpa")
 
 
 def _tensor(desc: ModelDesc, spec: JobSpec) -> None:
@@ -147,10 +171,10 @@ def _experts(desc: ModelDesc, spec: JobSpec, dp: int) -> None:
         # asserted to divide.
         raise SpecError("parallel.ep", f"{ep} does not divide {desc.name}'s {moe.num_experts} experts; "
                         f"use an ep that divides {moe.num_experts}")
-    if (dp * spec.parallel.cp) % ep:
+    if (dp * spec.parallel.cp * spec.parallel.ulysses) % ep:
         # megatron parallel_state.initialize_model_parallel: expert ranks are carved out of
         # the data-parallel (x context-parallel) ranks.
-        raise SpecError("parallel.ep", f"{ep} does not divide the {dp * spec.parallel.cp} data-parallel "
+        raise SpecError("parallel.ep", f"{ep} does not divide the {dp * spec.parallel.cp * spec.parallel.ulysses} data-parallel "
                         "ranks the experts are spread over; raise num_gpus or lower ep")
 
 

@@ -71,6 +71,7 @@ _PARALLEL_FLAGS = (
     ("tp", int, N_("tensor-parallel size")),
     ("sp", _flag_bool, N_("sequence parallelism with tp (true/false)")),
     ("cp", int, N_("context-parallel size")),
+    ("ulysses", int, N_("DeepSpeed Ulysses sequence-parallel size")),
     ("pp", int, N_("pipeline-parallel size")),
     ("ep", int, N_("expert-parallel size")),
     ("offload_optimizer", str, "none | cpu | nvme"),

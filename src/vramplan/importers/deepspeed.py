@@ -9,7 +9,7 @@ from vramplan.importers.report import ImportError_, ImportReport, flatten, need_
 
 _ZERO_KNOBS = ("reduce_bucket_size", "allgather_bucket_size", "stage3_prefetch_bucket_size",
                "stage3_max_live_parameters", "stage3_param_persistence_threshold",
-               "overlap_comm", "contiguous_gradients", "stage3_max_reuse_distance")
+               "overlap_comm", "contiguous_gradients", "stage3_max_reuse_distance", "zero_hpz_partition_size")
 _NO_MEMORY = ("steps_per_print", "wall_clock_breakdown", "gradient_clipping", "optimizer", "scheduler",
               "zero_allow_untested_optimizer", "train_batch_size", "flops_profiler", "tensorboard",
               "wandb", "comms_logger", "zero_optimization.round_robin_gradients",
@@ -53,6 +53,10 @@ def from_deepspeed(cfg: dict, context: dict | None = None, source: str = "deepsp
         if knob in zero:
             extras[knob] = _knob(rep, knob, zero[knob])
             rep.use(f"zero_optimization.{knob}", f"parallel.extras.{knob}")
+    if "sequence_parallel_size" in cfg:
+        # Ulysses SP: deepspeed/runtime/config.py divides the data-parallel world by it.
+        par["ulysses"] = need_int(rep, "sequence_parallel_size", cfg["sequence_parallel_size"], minimum=1)
+        rep.use("sequence_parallel_size", "parallel.ulysses")
     _precision(cfg, ctx, out, rep)
     if "activation_checkpointing" in cfg:
         rep.ignored.append("activation_checkpointing (Megatron/DeepSpeed API; set gradient_checkpointing)")

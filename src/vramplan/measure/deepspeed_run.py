@@ -131,8 +131,27 @@ def _checkpointing(job: dict) -> bool:
     return word in ("full", "True")
 
 
+def _sequence_parallel(job: dict):
+    """DeepSpeed Ulysses (ALST) through accelerate's ParallelismConfig(sp_backend="deepspeed"),
+    as TrainingArguments(parallelism_config=...) takes it (transformers/trainer.py compute_loss ->
+    integrations/deepspeed.py deepspeed_sp_compute_loss; accelerate/accelerator.py registers
+    deepspeed's UlyssesSPAttentionHF and wraps the dataloader in UlyssesSPDataLoaderAdapter)."""
+    u = int((job.get("parallel") or {}).get("ulysses", 1))
+    if u == 1:
+        return None
+    from accelerate.utils import ParallelismConfig
+    from accelerate.utils.dataclasses import DeepSpeedSequenceParallelConfig
+    return ParallelismConfig(sp_backend="deepspeed", sp_size=u, sp_handler=DeepSpeedSequenceParallelConfig(
+        sp_seq_length=int(job.get("seq_len", 1)), sp_seq_length_is_variable=False,
+        sp_attn_implementation=str(job.get("attention", "sdpa"))))
+
+
 def _dataset(job: dict, vocab: int, n: int) -> list[dict]:
     batch = make_inputs({**job, "micro_batch_size": 1}, vocab, "cpu")
+    if _sequence_parallel(job) is not None:
+        # UlyssesSPDataLoaderAdapter shards position_ids with the rest and refuses batches
+        # without them (deepspeed/runtime/sequence_parallel/ulysses_sp.py refill).
+        batch["position_ids"] = torch.arange(int(job["seq_len"])).unsqueeze(0)
     return [{k: v[0].clone() for k, v in batch.items()} for _ in range(n)]
 
 
@@ -162,7 +181,7 @@ def _rank_run(rank: int, world: int, port: int, job: dict, steps: int, trace: bo
         per_device_train_batch_size=b, gradient_accumulation_steps=int(job.get("grad_accum_steps", 1)),
         max_steps=steps, optim=_optim_name(job), learning_rate=1e-4, max_grad_norm=float(job.get("max_grad_norm", 1.0)),
         report_to=[], save_strategy="no", logging_strategy="no", disable_tqdm=True, dataloader_num_workers=0,
-        gradient_checkpointing=_checkpointing(job))
+        gradient_checkpointing=_checkpointing(job), parallelism_config=_sequence_parallel(job))
     trainer = Trainer(model=model, args=args, train_dataset=data)
     gc.collect()
     meter = _RankMeter(trace=trace)

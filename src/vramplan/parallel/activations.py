@@ -10,6 +10,17 @@ vocab-parallel (megatron/core/tensor_parallel/cross_entropy.py, VocabParallelCro
 logits and their gradients are divided by t. Context parallelism (ring attention,
 megatron/core/transformer/... TransformerEngine `attn_forward_func_with_cp`) splits the
 sequence over c ranks: every activation, logit and gradient of activations is divided by c.
+DeepSpeed Ulysses (Jacobs et al. 2023, arXiv 2309.14509; deepspeed/runtime/sequence_parallel/
+ulysses_sp.py UlyssesSPAttentionHF) splits the sequence over u ranks the same way outside
+attention; inside, an all-to-all trades the sequence split for a head split, so attention saves
+q, k, v and its output with all of the sequence and 1/u of the heads: the same bytes. With fewer
+KV heads than u ranks, each rank gets one replicated KV head (`kv_replication_factor`), so the
+saved k and v are s x 1 head instead of (s/u) x kv heads. The labels are sharded as well
+(UlyssesSPDataLoaderAdapter shards `shift_labels`), so the logits are divided by u too.
+The attention output goes back through a second all-to-all (`_partition_global_sequence`) and
+a contiguous reshape before the output projection, which saves that new tensor, while the
+kernel keeps its own output for its backward: one more b x (s/u) x h tensor per layer
+(`attn/ulysses_out`, seen in the meter's trace of the real run, bench/parallel).
 """
 from __future__ import annotations
 
@@ -32,13 +43,25 @@ def tp_divides(name: str, sp: bool) -> bool:
     return any(k in name for k in _TP_SPLIT)
 
 
-def scale(bd: Breakdown, lay: Layout) -> Breakdown:
+# The k and v a Ulysses rank's attention kernel saves (components/arch.py names).
+_ULYSSES_KV = ("attn/k_rope", "attn/v")
+_ULYSSES_OUT = "attn/core"
+
+
+def scale(bd: Breakdown, lay: Layout, kv_heads: int = 0) -> Breakdown:
     out = Breakdown()
+    shards = lay.seq_shards
+    kv_wide = lay.ulysses > 1 and 0 < kv_heads < lay.ulysses
     for name, value in bd:
         if lay.tp > 1 and tp_divides(name, lay.sp):
             value = _div(value, lay.tp)
-        if lay.cp > 1:
-            value = _div(value, lay.cp)
+        if shards > 1:
+            if kv_wide and name.endswith(_ULYSSES_KV):
+                value = _div(value * lay.ulysses, shards * kv_heads)
+            else:
+                value = _div(value, shards)
+            if lay.ulysses > 1 and name.endswith(_ULYSSES_OUT):
+                out.add(name[: -len(_ULYSSES_OUT)] + "attn/ulysses_out", value)
         out.add(name, value)
     return out
 

@@ -28,7 +28,7 @@ def volumes(desc: ModelDesc, spec: JobSpec, lay: Layout, w_bytes: int, g_bytes: 
     b, s, h, M = spec.micro_batch_size, spec.seq_len, desc.hidden_size, spec.grad_accum_steps
     c = dtypes_of(spec).compute
     out: dict[str, dict] = {}
-    n = lay.dp * lay.cp
+    n = lay.data_ranks
     if lay.engine == "ddp":
         # DDP all-reduces every gradient once per step (no_sync during accumulation,
         # torch/nn/parallel/distributed.py).
@@ -55,23 +55,31 @@ def volumes(desc: ModelDesc, spec: JobSpec, lay: Layout, w_bytes: int, g_bytes: 
                            "over the shard group (+ all-reduce of the shard across replicas for HSDP)",
                            "torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py foreach_all_gather / foreach_reduce")
     if lay.tp > 1:
-        act = nbytes(b * (s // lay.cp) * h, c)
+        act = nbytes(b * (s // lay.seq_shards) * h, c)
         vol = M * layers_on_rank * 4 * _ring("all-reduce", lay.tp, act)
         out["tp"] = _entry(vol, "per layer 2 all-reduces of b*s*h in forward and 2 in backward "
                            "(with SP: all-gather + reduce-scatter, the same volume)",
                            "Shoeybi et al. 2019 (arXiv 1909.08053) Fig. 4; Korthikanti et al. 2022 section 4.2.2")
     if lay.pp > 1:
-        act = nbytes(b * (s // lay.cp) * h, c) // (lay.tp if lay.sp else 1)
+        act = nbytes(b * (s // lay.seq_shards) * h, c) // (lay.tp if lay.sp else 1)
         out["pp"] = _entry(2 * M * act, "per micro-batch send activation forward + gradient backward: 2*M*b*s*h",
                            "megatron/core/pipeline_parallel/p2p_communication.py send_forward / send_backward")
     if lay.cp > 1:
-        kv = 2 * nbytes(b * (s // lay.cp) * desc.num_kv_heads * desc.head_dim, c)
+        kv = 2 * nbytes(b * (s // lay.seq_shards) * desc.num_kv_heads * desc.head_dim, c)
         vol = M * layers_on_rank * 3 * (lay.cp - 1) * kv
         out["cp"] = _entry(vol, "ring attention: K,V chunk passed cp-1 times per layer in forward, "
                            "K,V and dK,dV in backward: 3*(cp-1)*2*b*(s/cp)*k*d per layer",
                            "Liu et al. 2023 Ring Attention (arXiv 2310.01889); TransformerEngine attn_forward_func_with_cp")
+    if lay.ulysses > 1:
+        local = b * (s // lay.seq_shards) * desc.head_dim
+        qkvo = nbytes(local * (2 * desc.num_heads + 2 * max(desc.num_kv_heads, lay.ulysses)), c)
+        vol = M * layers_on_rank * 2 * _ring("all-to-all", lay.ulysses, qkvo)
+        out["ulysses"] = _entry(vol, "per layer all-to-all of q, k, v and the attention output, forward "
+                                "and backward: 2*(u-1)/u*b*(s/u)*(2a+2k)*d",
+                                "Jacobs et al. 2023 DeepSpeed-Ulysses (arXiv 2309.14509) section 3.2; "
+                                "deepspeed/runtime/sequence_parallel/ulysses_sp.py")
     if lay.ep > 1 and moe_layers_on_rank and desc.moe:
-        tok = nbytes(b * (s // lay.cp) * desc.moe.top_k * h, c)
+        tok = nbytes(b * (s // lay.seq_shards) * desc.moe.top_k * h, c)
         vol = M * moe_layers_on_rank * 4 * _ring("all-to-all", lay.ep, tok)
         out["ep"] = _entry(vol, "per MoE layer dispatch + combine all-to-all of b*s*top_k*h, forward and backward",
                            "megatron/core/transformer/moe/token_dispatcher.py MoEAlltoAllTokenDispatcher")

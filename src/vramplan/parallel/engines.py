@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from vramplan.breakdown import Breakdown
 from vramplan.parallel.layout import (
-    DS_ALLGATHER_BUCKET, DS_MAX_LIVE_PARAMETERS, DS_PREFETCH_BUCKET,
+    DS_ALLGATHER_BUCKET, DS_MAX_LIVE_PARAMETERS, DS_PARAM_PERSISTENCE_THRESHOLD, DS_PREFETCH_BUCKET,
     DS_REDUCE_BUCKET, Layout,
 )
 from vramplan.units import nbytes
@@ -108,6 +108,21 @@ def zero3_live(lay: Layout, wdtype: str, unit_numel: int, total_numel: int) -> B
     max_live = int(lay.knob("stage3_max_live_parameters", DS_MAX_LIVE_PARAMETERS))
     live = min(max_live, unit_numel + prefetch, total_numel)
     return Breakdown().add("zero/gathered_params", nbytes(max(live, unit_numel if unit_numel <= max_live else 0), wdtype))
+
+
+def zero3_hpz_secondary(lay: Layout, wdtype: str, numels: list[int]) -> Breakdown:
+    """ZeRO++ hpZ (Wang et al. 2023, arXiv 2306.10209, section 3.2): after the forward
+    all-gather each partitioned parameter keeps a secondary partition over the hpz ranks of
+    its node, in the weights' dtype, so that backward gathers within the node
+    (runtime/zero/partition_parameters.py _partition_param_sec: ds_secondary_tensor of
+    aligned_size // num_ranks_in_param_group elements, allocated once and kept). Persistent
+    parameters (below stage3_param_persistence_threshold) are never partitioned."""
+    hpz = int(lay.knob("zero_hpz_partition_size", 1))
+    if hpz <= 1:
+        return Breakdown()
+    n, keep = lay.shard_group, lay.knob("stage3_param_persistence_threshold", DS_PARAM_PERSISTENCE_THRESHOLD)
+    sec = sum(-(-numel // n) * n // hpz for numel in numels if numel > keep)
+    return Breakdown().add("zero/hpz_secondary_partition", nbytes(sec, wdtype))
 
 
 def zero3_reduce(lay: Layout, grad_dtype: str, unit_numel: int, grad_partition_numel: int) -> Breakdown:

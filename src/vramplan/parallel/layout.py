@@ -1,6 +1,9 @@
 """Layout: the parallel degrees of one job and which ranks shard the model states.
 
-Legend: n_gpu = num_gpus, t = tp, p = pp, c = cp, e = ep, d = data-parallel degree.
+Legend: n_gpu = num_gpus, t = tp, p = pp, c = cp, u = ulysses, e = ep, d = data-parallel degree.
+DeepSpeed Ulysses (ALST) ranks hold the same model replica and split each sample's sequence:
+transformers/trainer.py get_dp_world_size = world // (tp * cp * sp), while ZeRO partitions over
+every rank (deepspeed/runtime/engine.py: the sequence-data-parallel group of dp * sp).
 Megatron's rank grid (megatron/core/parallel_state.py, initialize_model_parallel):
 world = t * c * p * d; experts are split over e ranks carved out of d * c
 (expert-data-parallel degree = d * c / e when expert-TP equals 1).
@@ -30,6 +33,7 @@ class Layout:
     tp: int
     pp: int
     cp: int
+    ulysses: int
     ep: int
     sp: bool
     zero_stage: int
@@ -53,11 +57,11 @@ class Layout:
                                ("stage3_param_persistence_threshold", 10 * h)):
                 if extras.get(key) == "auto":
                     extras[key] = value
-        mp = par.tp * par.pp * par.cp
+        mp = par.model_parallel
         if spec.num_gpus % mp:
-            raise ValueError(f"num_gpus: {spec.num_gpus} is not divisible by tp*pp*cp = {mp}")
+            raise ValueError(f"num_gpus: {spec.num_gpus} is not divisible by tp*pp*cp*ulysses = {mp}")
         dp = spec.num_gpus // mp
-        return cls(num_gpus=spec.num_gpus, dp=dp, tp=par.tp, pp=par.pp, cp=par.cp, ep=par.ep,
+        return cls(num_gpus=spec.num_gpus, dp=dp, tp=par.tp, pp=par.pp, cp=par.cp, ulysses=par.ulysses, ep=par.ep,
                    sp=par.sp, zero_stage=par.zero_stage, fsdp=par.fsdp, fsdp_version=par.fsdp_version,
                    offload_optimizer=par.offload_optimizer, offload_params=par.offload_params,
                    pp_schedule=par.pp_schedule, extras=extras)
@@ -69,7 +73,17 @@ class Layout:
             return "fsdp"
         if self.zero_stage:
             return "zero"
-        return "ddp" if self.dp * self.cp > 1 else "single"
+        return "ddp" if self.data_ranks > 1 else "single"
+
+    @property
+    def seq_shards(self) -> int:
+        """Ranks one sample's sequence is split over: ring context parallelism x Ulysses."""
+        return self.cp * self.ulysses
+
+    @property
+    def data_ranks(self) -> int:
+        """Ranks that hold the same model slice and reduce gradients together (d * c * u)."""
+        return self.dp * self.cp * self.ulysses
 
     @property
     def shard_group(self) -> int:
@@ -77,7 +91,7 @@ class Layout:
         Megatron's distributed optimizer and torchtitan's FSDP mesh shard over d * c
         (parallel_state.py: data_parallel_group_with_cp); hybrid-shard shards within a node
         (torch FSDP ShardingStrategy.HYBRID_SHARD / HSDP mesh (replicate, shard))."""
-        group = self.dp * self.cp
+        group = self.data_ranks
         if self.fsdp == "hybrid-shard":
             return min(group, int(self.extras.get("shard_group_size", GPUS_PER_NODE)))
         if self.fsdp == "no-shard":
@@ -94,5 +108,5 @@ class Layout:
 
     def to_dict(self) -> dict:
         return {"num_gpus": self.num_gpus, "dp": self.dp, "tp": self.tp, "pp": self.pp,
-                "cp": self.cp, "ep": self.ep, "sp": self.sp, "engine": self.engine,
+                "cp": self.cp, "ulysses": self.ulysses, "ep": self.ep, "sp": self.sp, "engine": self.engine,
                 "shard_group": self.shard_group}

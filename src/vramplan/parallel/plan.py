@@ -135,7 +135,7 @@ def _stage_plan(desc, spec, params, plan: StepPlan, lay: Layout, stage: int, lay
     sets = _sets(desc, spec, params, lay, stage, layers)
     last = stage == lay.pp - 1
     static = _model_states(spec, lay, sets)
-    static.add("batch/input_ids", -(-plan.static.total("batch/") // lay.cp))
+    static.add("batch/input_ids", -(-plan.static.total("batch/") // lay.seq_shards))
     if plan.static.terms.get("weights/buffers"):  # non-parameter buffers stay whole on every rank
         static.add("weights/buffers", plan.static.terms["weights/buffers"])
     grads = _select(cached(sets.grads, ("grads", dtypes_of(spec)), lambda: gradient_stages(desc, spec, sets.grads)),
@@ -152,11 +152,11 @@ def _stage_plan(desc, spec, params, plan: StepPlan, lay: Layout, stage: int, lay
 
     def sc(b: Breakdown) -> Breakdown:
         if id(b) not in scaled:
-            scaled[id(b)] = acts.scale(b, lay)
+            scaled[id(b)] = acts.scale(b, lay, desc.num_kv_heads)
         return scaled[id(b)]
 
     stage_acts = [sc(b) for b in _select(plan.stage_acts, stage, lay.pp, layers)]
-    trans = [acts.scale(b, lay) for b in _select(plan.stage_backward_transient, stage, lay.pp, layers)]
+    trans = [acts.scale(b, lay, desc.num_kv_heads) for b in _select(plan.stage_backward_transient, stage, lay.pp, layers)]
     labels = _select(plan.labels or [f"stage {i}" for i in range(len(plan.stage_acts))], stage, lay.pp, layers)
     in_flight = acts.pipeline_in_flight(lay, stage, spec.grad_accum_steps)
     if in_flight > 1:
@@ -246,12 +246,12 @@ def _engine_buffers(desc, spec, lay: Layout, sets: _Sets, out: StepPlan, stage: 
     elif lay.engine == "fsdp" and lay.fsdp != "no-shard":
         _fsdp(lay, out, unit, root, layers, stage, wb, gb, n)
     if lay.cp > 1:
-        kv = 4 * nbytes(spec.micro_batch_size * (spec.seq_len // lay.cp) * desc.num_kv_heads * desc.head_dim,
+        kv = 4 * nbytes(spec.micro_batch_size * (spec.seq_len // lay.seq_shards) * desc.num_kv_heads * desc.head_dim,
                         dtypes_of(spec).compute)
         for t in out.stage_backward_transient:
             t.add("cp/ring_kv_buffers", kv)
     if lay.pp > 1:
-        act = nbytes(spec.micro_batch_size * (spec.seq_len // lay.cp) * desc.hidden_size,
+        act = nbytes(spec.micro_batch_size * (spec.seq_len // lay.seq_shards) * desc.hidden_size,
                      dtypes_of(spec).compute) // (lay.tp if lay.sp else 1)
         out.static.add("pp/p2p_buffers", 2 * act)
 
@@ -291,6 +291,7 @@ def _zero(spec, lay: Layout, sets: _Sets, out: StepPlan, unit: dict, root: list,
     # it replaces the per-stage sharded gradients.
     out.static.add("zero/grad_partitions_flat_buffer", reduce.total("zero/grad_partitions"))
     out.grads_by_stage = [Breakdown() for _ in out.grads_by_stage]
+    out.static.merge(engines.zero3_hpz_secondary(lay, dtypes_of(spec).weights, [p.numel for p in full.params]))
     live = engines.zero3_live(lay, dtypes_of(spec).weights, biggest, _numel(full.params))
     for t in [out.forward_end_transient, out.loss_backward_transient, *out.stage_backward_transient]:
         t.merge(live)

@@ -83,14 +83,18 @@ def divisors(n: int, cap: int) -> list[int]:
     return [d for d in range(1, min(n, cap) + 1) if n % d == 0]
 
 
+def _model_parallel(par: Mapping[str, Any]) -> int:
+    return par.get("tp", 1) * par.get("pp", 1) * par.get("cp", 1) * par.get("ulysses", 1)
+
+
 def _valid(values: Mapping[str, Any], spec_data: dict, desc: ModelDesc | None) -> bool:
     par = spec_data.get("parallel") or {}
-    tp, pp, cp = par.get("tp", 1), par.get("pp", 1), par.get("cp", 1)
-    gpus = spec_data.get("num_gpus", 1)
-    if gpus % (tp * pp * cp):
+    tp, pp = par.get("tp", 1), par.get("pp", 1)
+    gpus, mp = spec_data.get("num_gpus", 1), _model_parallel(par)
+    if gpus % mp:
         return False
     if desc is None:
-        if tp * pp * cp > 1:
+        if mp > 1:
             return False                      # no layer shapes to split (diffusion pipelines)
     elif desc.num_heads % tp or desc.num_kv_heads % tp or pp > desc.num_layers:
         return False
@@ -103,7 +107,7 @@ def _valid(values: Mapping[str, Any], spec_data: dict, desc: ModelDesc | None) -
         return False                      # DeepSpeed offload runs under ZeRO; FSDP under a shard
     if par.get("offload_params", "none") != "none" and zero not in (0, 3):
         return False                      # parameter offload is ZeRO-3 only (ZeRO-Infinity)
-    dp = gpus // (tp * pp * cp)
+    dp = gpus // mp * par.get("ulysses", 1)  # Ulysses ranks shard ZeRO states like data ranks
     if sharded and dp == 1 and not offload:
         return False                      # nothing to shard over: the same as no ZeRO
     method = spec_data.get("method", "full")
@@ -133,7 +137,7 @@ def enumerate_candidates(spec: JobSpec, desc: ModelDesc | None, axes: Mapping[st
         if not _valid(values, data, desc):
             continue
         par = data.get("parallel") or {}
-        dp = data.get("num_gpus", 1) // (par.get("tp", 1) * par.get("pp", 1) * par.get("cp", 1))
+        dp = data.get("num_gpus", 1) // _model_parallel(par)
         if vary_micro_batch:
             if rows_total % dp:
                 continue

@@ -46,7 +46,7 @@ def parallel_lines(est) -> list[str]:
     if par is None:
         return []
     d = par.to_dict()
-    axes = " ".join(f"{k}={d[k]}" for k in ("dp", "tp", "pp", "cp", "ep") if d.get(k, 1) > 1) or "dp=1"
+    axes = " ".join(f"{k}={d[k]}" for k in ("dp", "tp", "pp", "cp", "ulysses", "ep") if d.get(k, 1) > 1) or "dp=1"
     out = [Msg("parallel: {n} GPUs, {axes}{sp}, engine {engine}", n=d["num_gpus"], axes=axes,
                sp=" +sp" if d.get("sp") else "", engine=d.get("engine"))]
     stages = d.get("pp_stage_peaks") or []

@@ -13,7 +13,7 @@ _FLAG_KEYS = ("task", "method", "precision", "optimizer", "optimizer_impl", "mic
               "grad_accum_steps", "loss_impl", "gradient_checkpointing", "attention", "backend", "gpu",
               "num_gpus", "reference_model", "teacher", "reward_model", "critic_model", "num_generations",
               "max_new_tokens", "num_labels")
-_PARALLEL_KEYS = ("zero_stage", "fsdp", "fsdp_version", "tp", "sp", "cp", "pp", "ep", "offload_optimizer",
+_PARALLEL_KEYS = ("zero_stage", "fsdp", "fsdp_version", "tp", "sp", "cp", "ulysses", "pp", "ep", "offload_optimizer",
                   "offload_params")
 
 

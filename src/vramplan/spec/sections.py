@@ -218,6 +218,9 @@ class ParallelConfig:
     sp: bool = False
     """Megatron sequence parallelism alongside tp."""
     cp: int = 1
+    ulysses: int = 1
+    """DeepSpeed Ulysses sequence parallelism (ALST; ms-swift `sequence_parallel_size`): the
+    sequence is split over `ulysses` ranks and attention heads are exchanged all-to-all."""
     pp: int = 1
     pp_schedule: str = "1f1b"
     ep: int = 1
@@ -232,7 +235,7 @@ class ParallelConfig:
         set_("zero_stage", positive_int("parallel.zero_stage", self.zero_stage, minimum=0))
         if self.zero_stage > 3:
             raise SpecError("parallel.zero_stage", f"must be 0, 1, 2 or 3, got {self.zero_stage}")
-        for name in ("tp", "cp", "pp", "ep"):
+        for name in ("tp", "cp", "ulysses", "pp", "ep"):
             set_(name, positive_int(f"parallel.{name}", getattr(self, name)))
         set_("fsdp", choice("parallel.fsdp", self.fsdp, FSDP_MODES))
         set_("fsdp_version", positive_int("parallel.fsdp_version", self.fsdp_version))
@@ -254,7 +257,7 @@ class ParallelConfig:
 
     @property
     def model_parallel(self) -> int:
-        return self.tp * self.cp * self.pp
+        return self.tp * self.cp * self.pp * self.ulysses
 
     @property
     def is_trivial(self) -> bool:
@@ -263,7 +266,7 @@ class ParallelConfig:
 
     def to_dict(self) -> dict:
         return {"zero_stage": self.zero_stage, "fsdp": self.fsdp, "fsdp_version": self.fsdp_version,
-                "tp": self.tp, "sp": self.sp, "cp": self.cp, "pp": self.pp,
+                "tp": self.tp, "sp": self.sp, "cp": self.cp, "ulysses": self.ulysses, "pp": self.pp,
                 "pp_schedule": self.pp_schedule, "ep": self.ep,
                 "offload_optimizer": self.offload_optimizer, "offload_params": self.offload_params,
                 **({"extras": dict(self.extras)} if self.extras else {})}
