@@ -17,6 +17,8 @@ FAMILY_OF: dict[str, str] = {
     "deepseek_v2": "deepseek",
     "deepseek_v3": "deepseek",
     "glm4": "glm4",
+    "llama4_text": "llama4",
+    "llama4": "llama4",
 }
 """HF `model_type` -> folder under vramplan/families."""
 
