@@ -135,6 +135,20 @@ def test_llama4_multimodal_config_reads_its_text_config():
     assert desc.num_params() == model_from_hf_config(CASES["llama4-scout-shape"]).num_params()
 
 
+def test_llama4_router_is_refused_as_a_lora_target():
+    """PEFT's lora.Linear fails on Llama4Router's tuple output (seen on CPU), so all-linear
+    on Llama-4 is one SpecError naming the field rather than a number."""
+    import vramplan
+    from vramplan.spec import SpecError
+
+    job = {"model": CASES["llama4-scout-shape"], "method": "lora", "lora": {"r": 4, "target_modules": "all-linear"}}
+    with pytest.raises(SpecError, match="router") as err:
+        vramplan.estimate(vramplan.load_spec(job))
+    assert err.value.field == "lora.target_modules"
+    job["lora"]["target_modules"] = ["q_proj", "v_proj"]
+    assert vramplan.estimate(vramplan.load_spec(job)).peak_allocated_bytes > 0
+
+
 @pytest.mark.parametrize("model_type, word", [("internlm2", "wqkv"), ("baichuan", "W_pack")])
 def test_remote_code_families_are_refused_with_the_reason(model_type, word):
     config = {"model_type": model_type, **TINY, "intermediate_size": 96}

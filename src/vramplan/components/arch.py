@@ -165,8 +165,13 @@ def eager_attention(rec: Recorder, ctx: Ctx, q: Sym, k: Sym, v: Sym, name: str) 
         scores = rec.scale(rec.unary_saving_output(rec.scale(scores, f"{name}.capped"), f"{name}.softcap_tanh"),
                            f"{name}.uncapped")
     scores = rec.new(f"{name}.masked", scores.shape, scores.dtype, scores.requires_grad)
-    probs32 = rec.unary_saving_output(rec.to(scores, "fp32"), f"{name}.softmax", "fp32")
-    probs = rec.to(probs32, q.dtype, name=f"{name}.probs")
+    if getattr(ctx.desc, "softmax_in_input_dtype", False) and rec.autocast is None:
+        # Llama-4's eager_attention_forward: softmax in the scores' dtype, no fp32 upcast
+        # (under autocast softmax is on the fp32 list, as for the others: seen with the meter)
+        probs = rec.unary_saving_output(scores, f"{name}.softmax")
+    else:
+        probs32 = rec.unary_saving_output(rec.to(scores, "fp32"), f"{name}.softmax", "fp32")
+        probs = rec.to(probs32, q.dtype, name=f"{name}.probs")
     probs = rec.dropout(probs, ctx.desc.attention_dropout if ctx.training_dropout else 0.0, f"{name}.dropout")
     if v.requires_grad:
         rec.save(probs)

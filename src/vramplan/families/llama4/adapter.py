@@ -46,6 +46,12 @@ class Llama4Desc(FamilyDesc):
     attn_temperature_tuning: bool = False
     """NoPE layers scale q by log1p(floor((pos + 1) / floor_scale)) * attn_scale + 1."""
 
+    softmax_in_input_dtype: bool = True
+    """models/llama4 eager_attention_forward "doesn't cast attn weights to fp32"."""
+
+    lora_refused_modules: tuple[str, ...] = ("router",)
+    """Llama4Router (an nn.Linear returning a tuple) breaks PEFT's LoRA Linear (validity)."""
+
     def local_window_of(self, i: int) -> int | None:
         """Chunked attention: SDPA gets a mask once the sequence reaches the chunk (the
         window arch.sdpa_gets_mask reads)."""

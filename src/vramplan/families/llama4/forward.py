@@ -17,7 +17,7 @@ tokens, E experts, m expert width.
 from __future__ import annotations
 
 from vramplan.components.arch import Ctx, activation, attention_core, lin, mlp_shared, rms_norm, sdpa_gets_mask
-from vramplan.components.graph import Param, Recorder, Sym
+from vramplan.components.graph import Recorder, Sym
 
 LAYER_PREFIX = "model.layers"
 
@@ -88,11 +88,10 @@ def moe(rec: Recorder, ctx: Ctx, x: Sym, i: int) -> Sym:
     scaled = rec.mul(repeated, column, name="moe/routed_in_scaled")
     gate_up, down = ctx.p(f"{pre}.experts.gate_up_proj"), ctx.p(f"{pre}.experts.down_proj")
     # torch.bmm((E, T, h), (E, h, 2m)) saves both operands, as a linear does
-    gu = rec.linear(rec.view(scaled, (E, T, h)), Param(gate_up.name, (2 * m, h), gate_up.dtype, gate_up.trainable),
-                    name="moe/expert_gate_up")
+    gu = rec.bmm(rec.view(scaled, (E, T, h)), gate_up, 2 * m, name="moe/expert_gate_up")
     act = activation(rec, rec.view(gu, (E, T, m), "moe/expert_gate"), d.hidden_act, "moe/expert_act")
     prod = rec.mul(rec.view(gu, (E, T, m), "moe/expert_up"), act, name="moe/expert_act_times_up")
-    routed = rec.linear(prod, Param(down.name, (h, m), down.dtype, down.trainable), name="moe/expert_down")
+    routed = rec.bmm(prod, down, h, name="moe/expert_down")
     summed = rec.new("moe/expert_sum", (T, h), routed.dtype, routed.requires_grad)
     shared = mlp_shared(rec, ctx, x, f"{pre}.shared_expert")
     return rec.add(shared, rec.view(summed, x.shape), name="moe/out")
