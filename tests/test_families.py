@@ -65,6 +65,10 @@ CASES = {
                           "head_dim": 32},
     "glm4-no-bias-tied": {"model_type": "glm4", **TINY, "pad_token_id": 0, "intermediate_size": 96, "num_key_value_heads": 4,
                           "head_dim": 16, "attention_bias": False, "tie_word_embeddings": True},
+    "internlm3-default": {"model_type": "internlm3", **TINY, "intermediate_size": 96, "num_key_value_heads": 2,
+                          "head_dim": 32},
+    "internlm3-bias-aliases": {"model_type": "internlm3", **TINY, "intermediate_size": 96, "num_key_value_heads": 2,
+                               "head_dim": 16, "qkv_bias": True, "bias": True},
     "llama4-scout-shape": {"model_type": "llama4_text", **TINY, "num_hidden_layers": 4, "intermediate_size": 32,
                            "intermediate_size_mlp": 96, "num_key_value_heads": 2, "head_dim": 32,
                            "num_local_experts": 4},
@@ -127,6 +131,14 @@ def test_llama4_layer_lists_follow_the_config_class():
         assert desc.moe_layers == tuple(real.moe_layers)
         assert desc.rope_layers == tuple(i for i, r in enumerate(real.no_rope_layers) if r)
         assert desc.chunked_layers == tuple(i for i, t in enumerate(real.layer_types) if t == "chunked_attention")
+
+
+def test_internlm3_refuses_unequal_biases_like_its_config_class():
+    config = {**CASES["internlm3-default"], "qkv_bias": True}
+    with pytest.raises(ValueError, match="qkv_bias"):
+        model_from_hf_config(config)
+    with pytest.raises(Exception, match="qkv_bias"):  # huggingface_hub's strict-validation error
+        transformers.AutoConfig.for_model(**config)
 
 
 def test_llama4_multimodal_config_reads_its_text_config():
