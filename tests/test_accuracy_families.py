@@ -29,6 +29,16 @@ CASES = {
     "deepseek_v2-mla-moe": {"model": {"model_type": "deepseek_v2", **MLA, "n_shared_experts": 2, "q_lora_rank": None}},
     "glm4": {"model": {"model_type": "glm4", **TINY, "pad_token_id": 0, "num_key_value_heads": 2, "head_dim": 32,
                        "intermediate_size": 256}},
+    # layer 0: rotary, chunked (chunk 32 <= seq 64: SDPA gets a mask), dense; layer 1: NoPE, MoE
+    "llama4-chunked-nope-moe": {"model": {"model_type": "llama4_text", **TINY, "pad_token_id": 0,
+                                          "num_key_value_heads": 2, "head_dim": 32, "intermediate_size": 64,
+                                          "intermediate_size_mlp": 256, "num_local_experts": 4,
+                                          "interleave_moe_layer_step": 2, "no_rope_layer_interval": 2,
+                                          "attention_chunk_size": 32}},
+    # layer 0 sliding (window 32 <= seq 64: SDPA gets a mask, k/v repeated), layer 1 global
+    "gemma3-sliding-sdpa": {"model": {"model_type": "gemma3_text", **TINY, "num_key_value_heads": 2, "head_dim": 64,
+                                      "intermediate_size": 256, "sliding_window": 32,
+                                      "layer_types": ["sliding_attention", "full_attention"]}},
 }
 
 

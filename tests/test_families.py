@@ -65,6 +65,21 @@ CASES = {
                           "head_dim": 32},
     "glm4-no-bias-tied": {"model_type": "glm4", **TINY, "pad_token_id": 0, "intermediate_size": 96, "num_key_value_heads": 4,
                           "head_dim": 16, "attention_bias": False, "tie_word_embeddings": True},
+    "internlm3-default": {"model_type": "internlm3", **TINY, "intermediate_size": 96, "num_key_value_heads": 2,
+                          "head_dim": 32},
+    "internlm3-bias-aliases": {"model_type": "internlm3", **TINY, "intermediate_size": 96, "num_key_value_heads": 2,
+                               "head_dim": 16, "qkv_bias": True, "bias": True},
+    "llama4-scout-shape": {"model_type": "llama4_text", **TINY, "num_hidden_layers": 4, "intermediate_size": 32,
+                           "intermediate_size_mlp": 96, "num_key_value_heads": 2, "head_dim": 32,
+                           "num_local_experts": 4},
+    "llama4-maverick-shape-bias-tied": {"model_type": "llama4_text", **TINY, "num_hidden_layers": 4,
+                                        "intermediate_size": 32, "intermediate_size_mlp": 96,
+                                        "num_key_value_heads": 2, "head_dim": 16, "num_local_experts": 4,
+                                        "interleave_moe_layer_step": 2, "use_qk_norm": False,
+                                        "attention_bias": True, "tie_word_embeddings": True},
+    "llama4-explicit-moe-layers": {"model_type": "llama4_text", **TINY, "num_hidden_layers": 3,
+                                   "intermediate_size": 32, "intermediate_size_mlp": 48, "num_local_experts": 2, "num_key_value_heads": 2,
+                                   "moe_layers": [0, 2], "no_rope_layers": [1, 0, 1]},
 }
 
 
@@ -105,6 +120,45 @@ def test_phi_rotary_dims():
 ])
 def test_published_parameter_totals(name, total):
     assert catalog.model_desc(name).num_params() == total
+
+
+def test_llama4_layer_lists_follow_the_config_class():
+    """Llama4TextConfig.__post_init__ fills no_rope_layers, moe_layers and layer_types."""
+    for name in ("llama4-scout-shape", "llama4-maverick-shape-bias-tied", "llama4-explicit-moe-layers"):
+        config = CASES[name]
+        real = transformers.AutoConfig.for_model(**config)
+        desc = model_from_hf_config(config)
+        assert desc.moe_layers == tuple(real.moe_layers)
+        assert desc.rope_layers == tuple(i for i, r in enumerate(real.no_rope_layers) if r)
+        assert desc.chunked_layers == tuple(i for i, t in enumerate(real.layer_types) if t == "chunked_attention")
+
+
+def test_internlm3_refuses_unequal_biases_like_its_config_class():
+    config = {**CASES["internlm3-default"], "qkv_bias": True}
+    with pytest.raises(ValueError, match="qkv_bias"):
+        model_from_hf_config(config)
+    with pytest.raises(Exception, match="qkv_bias"):  # huggingface_hub's strict-validation error
+        transformers.AutoConfig.for_model(**config)
+
+
+def test_llama4_multimodal_config_reads_its_text_config():
+    text = {k: v for k, v in CASES["llama4-scout-shape"].items() if k != "model_type"}
+    desc = model_from_hf_config({"model_type": "llama4", "text_config": text})
+    assert desc.num_params() == model_from_hf_config(CASES["llama4-scout-shape"]).num_params()
+
+
+def test_llama4_router_is_refused_as_a_lora_target():
+    """PEFT's lora.Linear fails on Llama4Router's tuple output (seen on CPU), so all-linear
+    on Llama-4 is one SpecError naming the field rather than a number."""
+    import vramplan
+    from vramplan.spec import SpecError
+
+    job = {"model": CASES["llama4-scout-shape"], "method": "lora", "lora": {"r": 4, "target_modules": "all-linear"}}
+    with pytest.raises(SpecError, match="router") as err:
+        vramplan.estimate(vramplan.load_spec(job))
+    assert err.value.field == "lora.target_modules"
+    job["lora"]["target_modules"] = ["q_proj", "v_proj"]
+    assert vramplan.estimate(vramplan.load_spec(job)).peak_allocated_bytes > 0
 
 
 @pytest.mark.parametrize("model_type, word", [("internlm2", "wqkv"), ("baichuan", "W_pack")])

@@ -96,6 +96,14 @@ def _lora(desc: ModelDesc, spec: JobSpec) -> list[str]:
             "q_proj", "v_proj") else ""
         raise SpecError("lora.target_modules", f"{', '.join(unmatched)}{default} match no module of "
                         f"{desc.name}; name some of its layer modules ({', '.join(names[:12])}) or all-linear")
+    refused = getattr(desc, "lora_refused_modules", ())
+    bad = sorted({p.module.rsplit(".", 1)[-1] for p in hit if p.module.rsplit(".", 1)[-1] in refused})
+    if bad:
+        # Llama4Router subclasses nn.Linear but returns (scores, logits): PEFT's lora.Linear
+        # .forward reads `result.dtype` and fails (peft/tuners/lora/layer.py, seen on CPU)
+        raise SpecError("lora.target_modules", f"PEFT cannot wrap {desc.name}'s {', '.join(bad)} with LoRA "
+                        f"(its forward returns a tuple); name the modules to adapt instead of all-linear, "
+                        f"without {', '.join(bad)}")
     return []  # partly unmatched targets: estimation's note (PEFT ignores them)
 
 

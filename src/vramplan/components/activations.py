@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vramplan.breakdown import Breakdown
-from vramplan.components.arch import Ctx, norm
+from vramplan.components.arch import Ctx, local_window, norm
 from vramplan.components.arch_gpt2_bert import OTHER_MODEL_TYPES, layer_fn, layer_prefix, other_embed, other_head
 from vramplan.components.dtypes import dtypes_of
 from vramplan.components.graph import Param, Recorder, Storage, Sym
@@ -190,7 +190,9 @@ def _signature(ctx: Ctx, i: int, x: Sym) -> tuple:
     """What makes one layer's saved set differ from another's."""
     if "layer_keys" not in ctx.shared_keys:
         ctx.shared_keys["layer_keys"] = _layer_keys_memo(ctx)
-    return (i in ctx.desc.moe_layers, ctx.shared_keys["layer_keys"].get(i), x.requires_grad, x.dtype)
+    kind = getattr(ctx.desc, "layer_kind", None)  # a family's per-layer variants (Llama-4's NoPE layers)
+    return (i in ctx.desc.moe_layers, ctx.shared_keys["layer_keys"].get(i), x.requires_grad, x.dtype,
+            local_window(ctx.desc, i), kind(i) if kind else None)
 
 
 _LAYER_KEYS: dict[int, tuple[object, dict]] = {}
@@ -236,7 +238,9 @@ def _layer(ctx: Ctx, spec: JobSpec, i: int, x: Sym, b: int, s: int, seen: set[in
 
 def _shared_rotary(ctx: Ctx, stages: list[Stage]) -> None:
     if "cos" in ctx.shared and any(st.saved or st.recompute for st in stages[1:]):
-        stages[0].saved.extend((t.name, t.storage.nbytes) for t in (ctx.shared["cos"], ctx.shared["sin"]))
+        # cos and sin (Llama); one complex freqs_cis (Llama-4) is kept under "cos" alone
+        shared = [ctx.shared[key] for key in ("cos", "sin") if key in ctx.shared]
+        stages[0].saved.extend((t.name, t.storage.nbytes) for t in shared)
 
 
 def _embed(rec: Recorder, ctx: Ctx, ids: Sym) -> Sym:

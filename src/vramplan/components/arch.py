@@ -104,20 +104,48 @@ def rope(rec: Recorder, x: Sym, cos: Sym, sin: Sym, name: str) -> Sym:
     return rec.add(a, bsin, name=name)
 
 
-def attention_core(rec: Recorder, ctx: Ctx, q: Sym, k: Sym, v: Sym, name: str) -> Sym:
-    """softmax(q k^T / sqrt(d) + mask) v, as the configured implementation saves it."""
+def local_window(desc: ModelDesc, i: int) -> int | None:
+    """The local attention span of layer i: the sliding window of its sliding layers, or a
+    family's chunk (Llama-4's attention_chunk_size, `local_window_of`); None when global."""
+    if i in desc.sliding_window_layers:
+        return desc.sliding_window
+    chunks = getattr(desc, "local_window_of", None)
+    return chunks(i) if chunks else None
+
+
+def sdpa_gets_mask(desc: ModelDesc, i: int, s: int) -> bool:
+    """transformers masking_utils._ignore_causal_mask_sdpa: without padding SDPA is called
+    with is_causal and no mask, except on a local layer whose window is not longer than the
+    sequence (`kv_length >= local_attention_size`): then it gets a (b, 1, s, s) bool mask."""
+    window = local_window(desc, i)
+    return window is not None and s >= window
+
+
+def attention_core(rec: Recorder, ctx: Ctx, q: Sym, k: Sym, v: Sym, name: str, masked: bool = False) -> Sym:
+    """softmax(q k^T / sqrt(d) + mask) v, as the configured implementation saves it.
+    `masked`: SDPA gets an explicit mask (sdpa_gets_mask)."""
     desc = ctx.desc
     b, a, s, d = q.shape
     drop = desc.attention_dropout if ctx.training_dropout else 0.0
-    if ctx.attention != "eager" and ctx.gqa_native:
+    sdpa = ctx.attention != "eager"
+    if sdpa and ctx.gqa_native and not masked:
         return rec.sdpa(q, k, v, (b, s, a, d), name, dropout=drop)  # output laid out (b, s, a, d)
     if desc.num_kv_heads != desc.num_heads:
-        # repeat_kv: expand + reshape materializes k and v at full head count.
+        # repeat_kv: expand + reshape materializes k and v at full head count (sdpa: a mask
+        # turns off transformers' use_gqa_in_sdpa, integrations/sdpa_attention.py).
         k = rec.new(f"{name}.k_repeated", (b, a, s, d), k.dtype, k.requires_grad)
         v = rec.new(f"{name}.v_repeated", (b, a, s, d), v.dtype, v.requires_grad)
-    if ctx.attention != "eager":
-        return rec.sdpa(q, k, v, (b, s, a, d), name, dropout=drop)
-    return eager_attention(rec, ctx, q, k, v, name)
+    if not sdpa:
+        return eager_attention(rec, ctx, q, k, v, name)
+    if masked and drop == 0:
+        # F.scaled_dot_product_attention turns a bool mask into a float one in the query's
+        # (autocast) dtype, a new (b, 1, s, s) tensor in each call (aten/src/ATen/native/
+        # transformers/attention.cpp convert_boolean_attn_mask: at::where), and the fused
+        # kernels keep their attn_mask for backward (derivatives.yaml
+        # _scaled_dot_product_flash_attention_for_cpu / _efficient_attention_forward).
+        # Seen with the exact CPU meter: Gemma-3's sliding layers, one per layer.
+        rec.save(rec.new(f"{name}.mask_float", (b, 1, s, s), rec.autocast or q.dtype, False))
+    return rec.sdpa(q, k, v, (b, s, a, d), name, dropout=drop)
 
 
 def eager_attention(rec: Recorder, ctx: Ctx, q: Sym, k: Sym, v: Sym, name: str) -> Sym:
@@ -137,8 +165,13 @@ def eager_attention(rec: Recorder, ctx: Ctx, q: Sym, k: Sym, v: Sym, name: str) 
         scores = rec.scale(rec.unary_saving_output(rec.scale(scores, f"{name}.capped"), f"{name}.softcap_tanh"),
                            f"{name}.uncapped")
     scores = rec.new(f"{name}.masked", scores.shape, scores.dtype, scores.requires_grad)
-    probs32 = rec.unary_saving_output(rec.to(scores, "fp32"), f"{name}.softmax", "fp32")
-    probs = rec.to(probs32, q.dtype, name=f"{name}.probs")
+    if getattr(ctx.desc, "softmax_in_input_dtype", False) and rec.autocast is None:
+        # Llama-4's eager_attention_forward: softmax in the scores' dtype, no fp32 upcast
+        # (under autocast softmax is on the fp32 list, as for the others: seen with the meter)
+        probs = rec.unary_saving_output(scores, f"{name}.softmax")
+    else:
+        probs32 = rec.unary_saving_output(rec.to(scores, "fp32"), f"{name}.softmax", "fp32")
+        probs = rec.to(probs32, q.dtype, name=f"{name}.probs")
     probs = rec.dropout(probs, ctx.desc.attention_dropout if ctx.training_dropout else 0.0, f"{name}.dropout")
     if v.requires_grad:
         rec.save(probs)
@@ -167,7 +200,7 @@ def self_attention(rec: Recorder, ctx: Ctx, x: Sym, i: int, b: int, s: int) -> S
     cos, sin = rotary(rec, ctx, b, s)
     q = rope(rec, q, cos, sin, "attn/q_rope")
     kk = rope(rec, kk, cos, sin, "attn/k_rope")
-    out = attention_core(rec, ctx, q, kk, v, "attn/core")
+    out = attention_core(rec, ctx, q, kk, v, "attn/core", sdpa_gets_mask(desc, i, s))
     out = rec.view(out, (b, s, a * d))
     return lin(rec, ctx, out, f"{pre}.o_proj", "attn/o")
 

@@ -122,6 +122,16 @@ class Recorder:
         out_features = w.shape[0] if not name.startswith("conv1d") else w.shape[1]
         return self.new(name, x.shape[:-1] + (out_features,), xin.dtype, rg)
 
+    def bmm(self, x: Sym, w: Param, out_features: int, name: str = "bmm") -> Sym:
+        """torch.bmm of (E, T, in) with a whole (E, in, out) parameter: saves as linear does;
+        under amp the autocast copy is of the whole parameter (Llama4TextExperts)."""
+        xin, wc = self._autocast_input(x), self._cast_param(w)
+        if w.trainable:
+            self.save(xin)
+        if xin.requires_grad and wc.name.startswith("autocast_weight/"):
+            self.save(wc)
+        return self.new(name, x.shape[:-1] + (out_features,), xin.dtype, x.requires_grad or w.trainable)
+
     def mul(self, a: Sym, b: Sym | Param, name: str = "mul") -> Sym:
         bs = b if isinstance(b, Sym) else Sym(b.name, b.shape, b.dtype, b.trainable, Storage(0))
         if bs.requires_grad:

@@ -17,6 +17,9 @@ FAMILY_OF: dict[str, str] = {
     "deepseek_v2": "deepseek",
     "deepseek_v3": "deepseek",
     "glm4": "glm4",
+    "llama4_text": "llama4",
+    "llama4": "llama4",
+    "internlm3": "internlm3",
 }
 """HF `model_type` -> folder under vramplan/families."""
 
@@ -38,7 +41,7 @@ that architecture; these are not, so they are refused with the reason."""
 def remote_code_message(model_type: str) -> str:
     return (f"model_type {model_type!r} exists only as remote code: {REMOTE_CODE_ONLY[model_type]}; "
             "vramplan does not run repository code and does not model it yet (InternLM3 is "
-            "supported by transformers itself: model_type 'internlm3' is not modelled yet either)")
+            "supported by transformers itself as model_type 'internlm3', and by vramplan)")
 
 
 def _module(model_type: str, part: str) -> ModuleType:

@@ -1,0 +1,1 @@
+"""Llama-4 text (llama4_text): adapter.py and forward.py."""
