@@ -89,12 +89,14 @@ def _unique(folder: str) -> list[dict]:
 
 
 def image_tokens(vlm: dict, image_size: int) -> int:
-    """Visual tokens one image adds to the language model's sequence: (side / patch)^2
+    """Visual tokens one square image adds to the language model's sequence: (side / patch)^2
     patches, merged spatial_merge^2 to one (Qwen2-VL PatchMerger); LLaVA's 'default'
-    feature strategy drops the CLS token (transformers LlavaModel.get_image_features)."""
-    v = vlm["vision"]
+    feature strategy drops the CLS token (transformers LlavaModel.get_image_features).
+    A published-config entry (Qwen2-VL) reads its vision_config; the side is taken as
+    already a multiple of patch * merge (families/qwen2_vl/vision.py resizes any other)."""
+    v = vlm["vision"] if "vision" in vlm else vlm["config"]["vision_config"]
     side = (v.get("image_size") or image_size) // v["patch_size"]
-    return side * side // (v.get("spatial_merge", 1) ** 2)
+    return side * side // (v.get("spatial_merge", v.get("spatial_merge_size", 1)) ** 2)
 
 
 __all__ = ["denoiser_tokens", "find_pipeline", "find_vlm", "image_tokens", "latent_shape", "list_pipelines",

@@ -17,6 +17,7 @@ t tokens per image in the tower, t_v visual tokens per image, e vision hidden.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 
 from vramplan.breakdown import Breakdown
@@ -271,6 +272,18 @@ def resolve_vlm(model):
     return vision_from_catalog(entry), _desc(entry["language_model"])
 
 
+def vlm_num_params(entry: dict) -> int:
+    """A catalog VLM's parameters: language model + tower + projector (a published-config
+    entry counted from its description; an older entry from its recorded part counts)."""
+    if "config" not in entry:
+        from vramplan.catalog import model_desc
+        return model_desc(entry["language_model"]).num_params() + entry["vision"]["num_params"] + \
+            entry["projector"]["num_params"]
+    vis, lm = _qwen_vl(entry["config"], entry["name"])
+    return lm.num_params() + sum(math.prod(s) for _, s, _ in vis.params()) + \
+        sum(math.prod(s) for _, s in vis.merger_params())
+
+
 def _qwen_vl(cfg: dict, name: str | None = None):
     """Qwen2-VL / Qwen2.5-VL: the vision tower, and the language model as Qwen2's layout
     (Qwen2VLTextConfig defaults; M-RoPE changes only cos/sin, not the parameters). The
@@ -286,4 +299,5 @@ def _qwen_vl(cfg: dict, name: str | None = None):
     return vision_from_config(cfg), model_from_hf_config(text, name=name or cfg["model_type"])
 
 
-__all__ = ["frozen_tower_transient", "resolve_vlm", "vision_from_catalog", "vision_from_llava_config", "vlm_estimate"]
+__all__ = ["TowerPlan", "frozen_tower_transient", "grads_where", "llava_tokens", "llava_tower", "resolve_vlm", "saved_items",
+           "vision_from_catalog", "vision_from_llava_config", "vlm_estimate", "vlm_num_params"]
