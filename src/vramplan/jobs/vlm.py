@@ -196,10 +196,11 @@ def vlm_estimate(vis, lm: ModelDesc, spec: JobSpec, gpu=None):
     if isinstance(vis, VisionDesc):
         S = spec.seq_len + llava_tokens(vis, spec)
         tower = llava_tower(vis, spec, S)
-    else:
-        from vramplan.jobs import qwen_vl
-        S = spec.seq_len + qwen_vl.visual_tokens(vis, spec, lm)
-        tower = qwen_vl.tower_plan(vis, spec, S, lm)
+    else:  # a family's own tower: Qwen2-VL / Qwen2.5-VL, InternVL
+        from vramplan.jobs import internvl, qwen_vl
+        module = internvl if type(vis).__name__ == "InternVisionDesc" else qwen_vl
+        S = spec.seq_len + module.visual_tokens(vis, spec, lm)
+        tower = module.tower_plan(vis, spec, S, lm)
     b = spec.micro_batch_size
     one = single_spec(spec, b, S)
     params = param_set(lm, one)
@@ -259,6 +260,8 @@ def resolve_vlm(model):
     if isinstance(model, dict):
         if model.get("model_type") in QWEN_VL:
             return _qwen_vl(model)
+        if model.get("model_type") == "internvl":
+            return _internvl(model)
         if model.get("model_type") != "llava":
             raise ValueError(f"vision: inline configs of model_type llava, qwen2_vl or qwen2_5_vl are modelled, "
                              f"got {model.get('model_type')!r}")
@@ -268,7 +271,8 @@ def resolve_vlm(model):
     from vramplan.jobs import _desc
     entry = find_vlm(model)
     if "config" in entry:  # the published config.json fields, read like an inline config
-        return _qwen_vl(entry["config"], entry["name"])
+        cfg = entry["config"]
+        return _internvl(cfg, entry["name"]) if cfg["model_type"] == "internvl" else _qwen_vl(cfg, entry["name"])
     return vision_from_catalog(entry), _desc(entry["language_model"])
 
 
@@ -279,9 +283,21 @@ def vlm_num_params(entry: dict) -> int:
         from vramplan.catalog import model_desc
         return model_desc(entry["language_model"]).num_params() + entry["vision"]["num_params"] + \
             entry["projector"]["num_params"]
-    vis, lm = _qwen_vl(entry["config"], entry["name"])
-    return lm.num_params() + sum(math.prod(s) for _, s, _ in vis.params()) + \
-        sum(math.prod(s) for _, s in vis.merger_params())
+    vis, lm = resolve_vlm(entry["name"])
+    proj = vis.merger_params() if hasattr(vis, "merger_params") else vis.projector_params()
+    return lm.num_params() + sum(math.prod(s) for _, s, _ in vis.params()) + sum(math.prod(s) for _, s in proj)
+
+
+def _internvl(cfg: dict, name: str | None = None):
+    """InternVL: InternViT + projector, and the language model of its text_config (Qwen2
+    by default, InternVLConfig's sub-config default); tie_word_embeddings is the outer
+    config's (InternVLConfig, default true)."""
+    from vramplan.catalog.hf import model_from_hf_config
+    from vramplan.families.internvl.vision import vision_from_config
+    text = {"model_type": "qwen2", **cfg.get("text_config", {}),
+            "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", True))}
+    lm = model_from_hf_config(text, name=name or "internvl")
+    return vision_from_config(cfg, lm.hidden_size), lm
 
 
 def _qwen_vl(cfg: dict, name: str | None = None):

@@ -40,7 +40,8 @@ def build_vlm(job: dict, dtype: torch.dtype):
     cfg = dict(job["model"])
     model_type = cfg.pop("model_type")
     config = AutoConfig.for_model(model_type, **cfg)
-    cls = getattr(transformers, QWEN_CLASSES.get(model_type, "LlavaForConditionalGeneration"))
+    cls = getattr(transformers, {**QWEN_CLASSES, "internvl": "InternVLForConditionalGeneration"}.get(
+        model_type, "LlavaForConditionalGeneration"))
     attn = job.get("attention", "sdpa") or "sdpa"
     model = cls._from_config(config, attn_implementation=attn, dtype=dtype)
     model.config.use_cache = False
@@ -74,6 +75,8 @@ def image_token_count(model_cfg: dict) -> int:
 def make_vlm_batch(job: dict, model, dtype) -> dict:
     if job["model"]["model_type"] in QWEN_CLASSES:
         return make_qwen_batch(job, model, dtype)
+    if job["model"]["model_type"] == "internvl":
+        return make_internvl_batch(job, model, dtype)
     b, s = int(job.get("micro_batch_size", 1)), int(job.get("seq_len", 128))
     vision = job.get("vision") or {}
     n_img = int(vision.get("num_images", 1))
@@ -88,6 +91,37 @@ def make_vlm_batch(job: dict, model, dtype) -> dict:
     ids = torch.cat([images, text], dim=1)
     side = int(job["model"]["vision_config"]["image_size"])
     pixels = torch.randn(b * n_img, 3, side, side, generator=g).to(dtype)
+    return {"input_ids": ids, "pixel_values": pixels, "labels": ids.clone()}
+
+
+def internvl_tiles(model, height: int, width: int, max_tiles: int) -> int:
+    """Tiles of one image by the processor's own count (transformers
+    image_processing_pil_got_ocr2.py get_number_of_image_patches, crop_to_patches as
+    InternVLProcessor's image processor is configured), at the tower's tile size."""
+    from transformers.models.got_ocr2.image_processing_pil_got_ocr2 import GotOcr2ImageProcessorPil
+    side = model.config.vision_config.image_size[0]
+    proc = GotOcr2ImageProcessorPil(crop_to_patches=True, max_patches=max_tiles, size={"height": side, "width": side})
+    return proc.get_number_of_image_patches(height, width, {})
+
+
+def make_internvl_batch(job: dict, model, dtype) -> dict:
+    """What InternVLProcessor hands the model: per sample, each image's tiles x
+    image_seq_length image tokens (the processor expands `<image>`), then the text;
+    pixel_values (tiles of the batch, 3, side, side)."""
+    b, s = int(job.get("micro_batch_size", 1)), int(job.get("seq_len", 128))
+    v = job.get("vision") or {}
+    cfg = model.config
+    side = int(v.get("image_size", 336))
+    tiles = internvl_tiles(model, int(v.get("image_height") or side), int(v.get("image_width") or side),
+                           int(v.get("max_tiles") or 12))
+    m = int(v.get("num_images", 1))
+    per_tile = (cfg.vision_config.image_size[0] // cfg.vision_config.patch_size[0]) ** 2 * cfg.downsample_ratio ** 2
+    g = torch.Generator().manual_seed(0)
+    text = torch.randint(0, min(int(cfg.text_config.vocab_size), int(cfg.image_token_id)), (b, s), generator=g)
+    images = torch.full((b, m * tiles * int(per_tile)), int(cfg.image_token_id), dtype=torch.long)
+    ids = torch.cat([images, text], dim=1)
+    tile = int(cfg.vision_config.image_size[0])
+    pixels = torch.randn(b * m * tiles, 3, tile, tile, generator=g).to(dtype)
     return {"input_ids": ids, "pixel_values": pixels, "labels": ids.clone()}
 
 
@@ -182,4 +216,4 @@ def measure_vlm(job: Any, steps: int = 2, trace: bool = False) -> MeasureResult:
     return metered_result(meter, model, opt, grads, PHASE_KINDS, trace=trace)
 
 
-__all__ = ["build_vlm", "image_token_count", "make_qwen_batch", "make_vlm_batch", "measure_vlm", "qwen_grid"]
+__all__ = ["build_vlm", "image_token_count", "internvl_tiles", "make_internvl_batch", "make_qwen_batch", "make_vlm_batch", "measure_vlm", "qwen_grid"]

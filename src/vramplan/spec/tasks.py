@@ -123,6 +123,9 @@ class VisionConfig:
     max_pixels: int | None = None
     """Qwen2-VL processor bounds on an image's resized area (None: the processor's
     defaults, 56*56 and 28*28*1280)."""
+    max_tiles: int | None = None
+    """InternVL dynamic tiling: most tiles per image (None: the processor's 12; 1: one
+    resized tile, no thumbnail)."""
     num_videos: int = 0
     video_frames: int = 16
     """Frames sampled from each video (after fps sampling); padded to the temporal patch."""
@@ -165,7 +168,7 @@ class VisionConfig:
         return out
 
 
-_OPTIONAL_SIZES = ("image_height", "image_width", "min_pixels", "max_pixels", "video_height", "video_width",
+_OPTIONAL_SIZES = ("image_height", "image_width", "min_pixels", "max_pixels", "max_tiles", "video_height", "video_width",
                    "video_min_pixels", "video_max_pixels")
 
 
