@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import vramplan
-from vramplan.catalog.pipelines import find_vlm, list_vlms
+from vramplan.catalog.pipelines import find_vlm, image_tokens, list_vlms
 from vramplan.families.internvl.vision import num_tiles
 from vramplan.jobs.vlm import resolve_vlm, vlm_num_params
 from vramplan.spec import SpecError
@@ -63,7 +63,7 @@ def test_tiles_match_the_processors_own_count():
         proc = GotOcr2ImageProcessorPil(crop_to_patches=True, max_patches=max_tiles, size={"height": 448, "width": 448})
         for h, w in [(448, 448), (448, 896), (1080, 1920), (3000, 400), (500, 500), (800, 1300), (100, 2000)]:
             assert num_tiles(vis, h, w, max_tiles=max_tiles) == proc.get_number_of_image_patches(h, w, {}), (h, w)
-    assert vis.tokens_per_tile == 256
+    assert vis.tokens_per_tile == 256 == image_tokens(find_vlm("internvl3-8b"), 448)
 
 
 def test_tiles_become_tokens_and_pixel_values():
