@@ -31,7 +31,7 @@ from vramplan.i18n import Msg
 from vramplan.jobs.compose import Step, finish
 from vramplan.jobs.trained import prefixed, single_spec
 from vramplan.model import ModelDesc
-from vramplan.spec import JobSpec, Method, SpecError
+from vramplan.spec import Checkpointing, JobSpec, Method, SpecError
 from vramplan.timeline import StepPlan
 from vramplan.units import nbytes
 
@@ -232,6 +232,11 @@ def vlm_estimate(vis, lm: ModelDesc, spec: JobSpec, gpu=None):
     notes = [Msg("{images} image(s) and {videos} video(s) per sample -> {visual} visual tokens; "
                  "language model at seq_len {seq_len}", images=spec.vision.num_images,
                  videos=spec.vision.num_videos, visual=S - spec.seq_len, seq_len=S)]
+    if tower.frozen is None and spec.gradient_checkpointing is not Checkpointing.NONE:
+        # transformers' gradient_checkpointing_enable reaches every GradientCheckpointingLayer,
+        # the tower's too; the tower's stages here keep all they save (not measured yet)
+        notes.append(Msg("gradient checkpointing covers the language model here; the trained vision tower's "
+                         "layers are counted with all their activations kept, so its share is an upper bound"))
     return finish(spec, lm, step, num_params=lm.num_params() + sum(p.numel for p in held.params if p.kind == "base"),
                   trainable_params=union.numel(trainable=True), gpu=gpu, notes=notes)
 
