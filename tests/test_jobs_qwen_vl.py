@@ -27,7 +27,7 @@ QWEN25_VL = {"model_type": "qwen2_5_vl", "text_config": TEXT, **IDS,
                                "out_hidden_size": 128, "window_size": 112, "fullatt_block_indexes": [1, 3]}}
 BASE = {"task": "sft", "micro_batch_size": 2, "seq_len": 32, "optimizer": "adamw", "optimizer_impl": "foreach",
         "attention": "sdpa", "backend": "cpu", "precision": "fp32"}
-QWEN_CATALOG = [e["name"] for e in list_vlms() if "config" in e]
+QWEN_CATALOG = [e["name"] for e in list_vlms() if e["kind"] in ("qwen2-vl", "qwen2.5-vl")]
 
 
 def _meta_model(cfg: dict):
@@ -141,3 +141,15 @@ def test_estimate_matches_the_measured_qwen_vl_step(name):
     measured = row["measured"]["peak_allocated_bytes"]
     e = vramplan.estimate(row["job"])
     assert abs(e.peak_allocated_bytes / measured - 1) < 0.01, (e.peak_allocated_bytes, measured)
+
+
+def test_full_checkpointing_keeps_each_tower_layers_input_and_recomputes_the_rest():
+    plain = est(QWEN25_VL, image_height=224, image_width=336, freeze_vision_tower=False)
+    gc = vramplan.estimate({**BASE, "model": QWEN25_VL, "gradient_checkpointing": "full",
+                            "vision": {"image_height": 224, "image_width": 336, "freeze_vision_tower": False}})
+    n, e, depth = 2 * 16 * 24, 64, 4
+    end = [next(ev.live for ev in x.events if ev.label.startswith("end of forward")) for x in (plain, gc)]
+    assert end[1].total("vision_tower/activations/layers") == depth * n * e * 4
+    layer0 = next(ev for ev in gc.events if ev.label.startswith("image vision layer 0"))
+    recomputed = layer0.live.total("recomputed")
+    assert 0 < recomputed < end[0].total("vision_tower/activations/layers")

@@ -88,7 +88,8 @@ def tower_plan(vis: InternVisionDesc, spec: JobSpec, S: int, lm: ModelDesc) -> T
     end = Breakdown().add("vision_tower/forward/last_hidden_state", nbytes(n * t * vis.hidden_size, c)) \
         .add("projector/forward/outputs", nbytes(out.numel, c))
     frozen = None if train else forward.frozen_transient(vis, n, c)
-    return TowerPlan(held, stages, frozen, batch, end)
+    inputs = {f"vision layer {i}": nbytes(n * t * vis.hidden_size, w) for i in range(vis.num_layers)}
+    return TowerPlan(held, stages, frozen, batch, end, layer_inputs=inputs)
 
 
 __all__ = ["tiles_per_image", "tower_plan", "visual_tokens"]

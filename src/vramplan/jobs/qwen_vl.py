@@ -113,7 +113,7 @@ def tower_plan(vis: QwenVisionDesc, spec: JobSpec, S: int, lm: ModelDesc) -> Tow
     held = _held(vis, spec, train)
     passes = grids(vis, spec)
     batch = Breakdown().add("batch/mm_token_type_ids", nbytes(b * S, "int64"))
-    stages, frozen, end = [], Breakdown(), Breakdown()
+    stages, frozen, end, inputs = [], Breakdown(), Breakdown(), {}
     for j, (kind, (count, grid)) in enumerate(passes.items()):
         t, h, gw = grid
         n = b * count * t * h * gw
@@ -121,12 +121,13 @@ def tower_plan(vis: QwenVisionDesc, spec: JobSpec, S: int, lm: ModelDesc) -> Tow
         batch.add(f"batch/{kind}_grid_thw", nbytes(b * count * 3, "int64"))
         # the last pass's backward runs first: it makes the gradients
         stages += _pass(vis, spec, held, n, b, S, kind, grads=j == len(passes) - 1)
+        inputs.update({f"{kind} vision layer {i}": nbytes(n * vis.hidden_size, w) for i in range(vis.depth)})
         end.add(f"projector/forward/{kind}_outputs", nbytes(n // vis.merge_unit * vis.out_hidden_size, c))
         if not train:
             tr = forward.frozen_transient(vis, n, c)
             if tr.total() > frozen.total():
                 frozen = tr
-    return TowerPlan(held, stages, None if train else frozen, batch, end, mrope_rows(lm, spec, S))
+    return TowerPlan(held, stages, None if train else frozen, batch, end, mrope_rows(lm, spec, S), inputs)
 
 
 def mrope_rows(lm: ModelDesc, spec: JobSpec, S: int) -> Breakdown:

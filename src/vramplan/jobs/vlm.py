@@ -169,6 +169,26 @@ class TowerPlan:
     """Held by the model's output until the end of forward (the tower's outputs)."""
     lm_embedding: Breakdown = field(default_factory=Breakdown)
     """Saved in the language model's embedding stage beyond its own (M-RoPE's per-row cos/sin)."""
+    layer_inputs: dict[str, int] = field(default_factory=dict)
+    """Stage label of each tower layer (a GradientCheckpointingLayer) -> bytes of its input."""
+
+
+def checkpointed(tower: TowerPlan) -> list[Breakdown]:
+    """Full gradient checkpointing reaches the tower too: transformers'
+    gradient_checkpointing_enable sets every GradientCheckpointingLayer (CLIPEncoderLayer,
+    Qwen2VLVisionBlock, InternVLVisionLayer) to run under torch.utils.checkpoint, which keeps
+    only the layer's inputs and recomputes what it saves during its backward. Each tower
+    layer's stage then saves its input; what it saved becomes its backward transient.
+    Returns the per-stage transients (forward order)."""
+    out = []
+    for j, (label, saved, grads) in enumerate(tower.stages):
+        if label in tower.layer_inputs:
+            kept = Breakdown().add("vision_tower/activations/layers/checkpoint_input", tower.layer_inputs[label])
+            tower.stages[j] = (label, kept, grads)
+            out.append(Breakdown().merge(saved, prefix="recomputed/"))
+        else:
+            out.append(Breakdown())
+    return out
 
 
 def llava_tokens(vis: VisionDesc, spec: JobSpec) -> int:
@@ -185,9 +205,11 @@ def llava_tower(vis: VisionDesc, spec: JobSpec, S: int) -> TowerPlan:
     train_tower = not spec.vision.freeze_vision_tower
     held = _held(vis, spec, train_tower)
     stages = _extra_stages(vis, spec, held, n, side, b, S)
+    inputs = {f"vision layer {i}": nbytes(n * t * vis.hidden_size, spec.precision.weight_dtype)
+              for i in range(vis.used_layers)}
     batch = Breakdown().add("batch/pixel_values", nbytes(n * vis.num_channels * side * side, spec.precision.weight_dtype))
     frozen = None if train_tower else frozen_tower_transient(vis, n, t, spec.precision.compute_dtype)
-    return TowerPlan(held, stages if train_tower else stages[-1:], frozen, batch)
+    return TowerPlan(held, stages if train_tower else stages[-1:], frozen, batch, layer_inputs=inputs)
 
 
 def vlm_estimate(vis, lm: ModelDesc, spec: JobSpec, gpu=None):
@@ -216,7 +238,9 @@ def vlm_estimate(vis, lm: ModelDesc, spec: JobSpec, gpu=None):
         acts.stages[0].saved = [x for x in acts.stages[0].saved if x[0] != "input_ids"]
     plan = prefixed(rank_step(lm, one, params, acts), "language_model")
     plan.stage_acts[0].merge(tower.lm_embedding)
-    _prepend(plan, tower.stages)
+    full_gc = tower.frozen is None and spec.gradient_checkpointing is Checkpointing.FULL
+    transients = checkpointed(tower) if full_gc else None
+    _prepend(plan, tower.stages, transients)
     plan.forward_end_transient.merge(tower.forward_end)
     tower_w = Breakdown().merge(weight_terms(spec, ParamSet(tuple(p for p in held.params if p.name.startswith("vision_tower.")))),
                                 prefix="vision_tower/")
@@ -232,23 +256,21 @@ def vlm_estimate(vis, lm: ModelDesc, spec: JobSpec, gpu=None):
     notes = [Msg("{images} image(s) and {videos} video(s) per sample -> {visual} visual tokens; "
                  "language model at seq_len {seq_len}", images=spec.vision.num_images,
                  videos=spec.vision.num_videos, visual=S - spec.seq_len, seq_len=S)]
-    if tower.frozen is None and spec.gradient_checkpointing is not Checkpointing.NONE:
-        # transformers' gradient_checkpointing_enable reaches every GradientCheckpointingLayer,
-        # the tower's too; the tower's stages here keep all they save (not measured yet)
+    if tower.frozen is None and spec.gradient_checkpointing is Checkpointing.SELECTIVE:
         notes.append(Msg("gradient checkpointing covers the language model here; the trained vision tower's "
                          "layers are counted with all their activations kept, so its share is an upper bound"))
     return finish(spec, lm, step, num_params=lm.num_params() + sum(p.numel for p in held.params if p.kind == "base"),
                   trainable_params=union.numel(trainable=True), gpu=gpu, notes=notes)
 
 
-def _prepend(plan: StepPlan, extra) -> None:
+def _prepend(plan: StepPlan, extra, transients=None) -> None:
     """Put the tower/projector stages before the language model's (forward order)."""
     labels = [f"{label} backward" for label, _, _ in extra]
     acts = [a for _, a, _ in extra]
     grads = [g for _, _, g in extra]
     plan.stage_acts[:0] = acts
     plan.grads_by_stage[:0] = grads
-    plan.stage_backward_transient[:0] = [Breakdown() for _ in extra]
+    plan.stage_backward_transient[:0] = transients or [Breakdown() for _ in extra]
     plan.labels[:0] = labels
     if plan.stage_acts_at_peak is not None:
         plan.stage_acts_at_peak[:0] = acts

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from . import PHASE_KINDS, MeasureResult
-from .build import _apply_lora, build_optimizer, norm_precision, precision_dtypes
+from .build import _apply_lora, apply_checkpointing, build_optimizer, norm_precision, precision_dtypes
 from .meter import MemoryMeter
 from .result import metered_result
 from .run import unique_bytes
@@ -62,6 +62,8 @@ def build_vlm(job: dict, dtype: torch.dtype):
         tower.requires_grad_(False)
     for p in projector.parameters():  # Qwen's merger sits inside `visual`: after the freeze
         p.requires_grad_(True)
+    # every GradientCheckpointingLayer, the tower's too (measure/build.py: non-reentrant)
+    apply_checkpointing(model, job)
     model.train()
     return model, core
 
