@@ -93,3 +93,15 @@ def test_estimate_matches_the_measured_internvl_step(name):
     measured = row["measured"]["peak_allocated_bytes"]
     e = vramplan.estimate(row["job"])
     assert abs(e.peak_allocated_bytes / measured - 1) < 0.01, (e.peak_allocated_bytes, measured)
+
+
+def test_the_measured_batch_has_the_estimates_sequence_and_tiles():
+    torch = pytest.importorskip("torch")
+    from vramplan.measure.vlm import build_vlm, make_vlm_batch
+    job = {**BASE, "model": INTERNVL, "vision": {"num_images": 2, "image_height": 300, "image_width": 1000,
+                                                 "max_tiles": 6}}
+    model, _ = build_vlm(job, torch.float32)
+    batch = make_vlm_batch(job, model, torch.float32)  # GotOcr2's own tile count, not ours
+    e = vramplan.estimate(job)
+    assert any(f"seq_len {batch['input_ids'].shape[1]}" in n for n in e.notes)
+    assert e.components.terms["batch/pixel_values"] == batch["pixel_values"].numel() * 4

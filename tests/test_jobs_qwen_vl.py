@@ -153,3 +153,21 @@ def test_full_checkpointing_keeps_each_tower_layers_input_and_recomputes_the_res
     layer0 = next(ev for ev in gc.events if ev.label.startswith("image vision layer 0"))
     recomputed = layer0.live.total("recomputed")
     assert 0 < recomputed < end[0].total("vision_tower/activations/layers")
+
+
+@pytest.mark.parametrize("cfg, vision", [
+    (QWEN2_VL, {"num_images": 2, "image_height": 300, "image_width": 500}),
+    (QWEN25_VL, {"num_images": 1, "image_size": 224, "num_videos": 1, "video_frames": 5, "video_min_pixels": 3136}),
+])
+def test_the_measured_batch_has_the_estimates_sequence_and_patches(cfg, vision):
+    torch = pytest.importorskip("torch")
+    from vramplan.measure.vlm import build_vlm, make_vlm_batch
+    job = {**BASE, "model": cfg, "vision": vision}
+    model, _ = build_vlm(job, torch.float32)
+    batch = make_vlm_batch(job, model, torch.float32)  # the processor's smart_resize, not ours
+    e = vramplan.estimate(job)
+    S = batch["input_ids"].shape[1]
+    assert any(f"seq_len {S}" in n for n in e.notes)
+    for kind, key in (("image", "pixel_values"), ("video", "pixel_values_videos")):
+        if key in batch:
+            assert e.components.terms[f"batch/pixel_values_{kind}"] == batch[key].numel() * 4
