@@ -80,7 +80,7 @@ def test_trained_tower_saves_activations_and_holds_optimizer_state():
     assert any(e.label == "vision tower forward (frozen)" for e in frozen.events)
 
 
-@pytest.mark.parametrize("name", ["vlm/fp32/full/tower-frozen", "vlm/fp32/full/tower-trained",
+@pytest.mark.parametrize("name", ["vlm/fp32/full/tower-frozen", "vlm/fp32/full/tower-trained", "vlm/fp32/full/tower-trained/gc",
                                   "vlm/bf16/full/tower-trained", "vlm/bf16/lora/tower-frozen/2img"])
 def test_estimate_matches_the_measured_llava_step(name):
     row = json.loads(RESULTS.read_text())[name]

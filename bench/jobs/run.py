@@ -44,6 +44,30 @@ LLAVA_VISION = {"model_type": "clip_vision_model", "hidden_size": 96, "intermedi
 LLAVA = {"model_type": "llava", "text_config": LLAVA_TEXT, "vision_config": LLAVA_VISION, "image_token_id": 2047,
          "vision_feature_layer": -2, "vision_feature_select_strategy": "default", "projector_hidden_act": "gelu"}
 VLM = {"task": "sft", "model": LLAVA, "seq_len": 64}
+# Tiny Qwen2-VL / Qwen2.5-VL (transformers qwen2_vl, qwen2_5_vl): native-resolution towers on
+# flat patch sequences, a 2x2 patch merger, M-RoPE in a Qwen2 language model (GQA, q/k/v bias).
+# A 224 x 336 image -> smart_resize keeps it -> 16 x 24 patches -> 96 language-model tokens.
+QWEN_TEXT = {"vocab_size": 2048, "hidden_size": 128, "intermediate_size": 344, "num_hidden_layers": 2,
+             "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 4096,
+             "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [4, 6, 6]}}
+QWEN_IDS = {"image_token_id": 2040, "video_token_id": 2041, "vision_start_token_id": 2042, "vision_end_token_id": 2043}
+QWEN2_VL = {"model_type": "qwen2_vl", "text_config": QWEN_TEXT, **QWEN_IDS,
+            "vision_config": {"depth": 2, "embed_dim": 64, "num_heads": 4, "mlp_ratio": 4, "hidden_size": 128}}
+QWEN25_VL = {"model_type": "qwen2_5_vl", "text_config": QWEN_TEXT, **QWEN_IDS,
+             "vision_config": {"depth": 4, "hidden_size": 64, "intermediate_size": 128, "num_heads": 4,
+                               "out_hidden_size": 128, "window_size": 112, "fullatt_block_indexes": [1, 3]}}
+QIMG = {"num_images": 1, "image_height": 224, "image_width": 336}
+QVL = {"task": "sft", "seq_len": 32}
+# Tiny InternVL (transformers internvl): InternViT (class token, layer scale) on 224 px tiles,
+# pixel shuffle 2x2 -> 64 tokens per tile, a Qwen2 language model. A 224 x 448 image -> a 2 x 1
+# tile grid + the thumbnail = 3 tiles = 192 tokens.
+INTERNVL_TEXT = {"model_type": "qwen2", "vocab_size": 2048, "hidden_size": 128, "intermediate_size": 344,
+                 "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                 "max_position_embeddings": 4096}
+INTERNVL = {"model_type": "internvl", "text_config": INTERNVL_TEXT, "image_token_id": 2040, "tie_word_embeddings": False,
+            "vision_config": {"hidden_size": 64, "num_hidden_layers": 3, "num_attention_heads": 4,
+                              "intermediate_size": 256, "image_size": 224, "patch_size": 14, "attention_bias": True}}
+IVL_IMG = {"num_images": 1, "image_height": 224, "image_width": 448}
 # GRPO: micro_batch_size completions (micro_batch_size / num_generations prompts of seq_len
 # tokens), generated to max_new_tokens with the KV cache, then reference and policy log-probs.
 # Diffusion: a tiny CogVideoX-style transformer (2 blocks, h 128, qk LayerNorm, joint text +
@@ -93,6 +117,42 @@ CASES = dict([
     case("vlm/bf16/full/tower-trained", **VLM, precision="bf16", vision={"num_images": 1, "freeze_vision_tower": False}),
     case("vlm/bf16/lora/tower-frozen/2img", **VLM, precision="bf16", **LORA,
          vision={"num_images": 2, "freeze_vision_tower": True}),
+    case("qwen2-vl/fp32/full/tower-trained", **QVL, model=QWEN2_VL, precision="fp32",
+         vision={**QIMG, "freeze_vision_tower": False}),
+    case("qwen2-vl/fp32/full/tower-frozen", **QVL, model=QWEN2_VL, precision="fp32",
+         vision={**QIMG, "freeze_vision_tower": True}),
+    case("qwen2-vl/bf16/lora/tower-frozen/2img", **QVL, model=QWEN2_VL, precision="bf16", **LORA,
+         vision={**QIMG, "num_images": 2, "freeze_vision_tower": True}),
+    case("qwen2-vl/fp32/full/video-8f", **QVL, model=QWEN2_VL, precision="fp32",
+         vision={"num_images": 0, "num_videos": 1, "video_frames": 8, "image_size": 112, "video_min_pixels": 3136,
+                 "freeze_vision_tower": False}),
+    case("qwen2.5-vl/fp32/full/tower-trained", **QVL, model=QWEN25_VL, precision="fp32",
+         vision={**QIMG, "freeze_vision_tower": False}),
+    case("qwen2.5-vl/bf16/full/tower-trained", **QVL, model=QWEN25_VL, precision="bf16",
+         vision={**QIMG, "freeze_vision_tower": False}),
+    case("qwen2.5-vl/bf16/lora/tower-frozen", **QVL, model=QWEN25_VL, precision="bf16", **LORA,
+         vision={**QIMG, "freeze_vision_tower": True}),
+    case("qwen2.5-vl/fp32/full/image+video", **QVL, model=QWEN25_VL, precision="fp32",
+         vision={**QIMG, "num_videos": 1, "video_frames": 4, "video_height": 112, "video_width": 112,
+                 "video_min_pixels": 3136, "freeze_vision_tower": False}),
+    case("internvl/fp32/full/tower-trained", **QVL, model=INTERNVL, precision="fp32",
+         vision={**IVL_IMG, "freeze_vision_tower": False}),
+    case("internvl/bf16/full/tower-trained", **QVL, model=INTERNVL, precision="bf16",
+         vision={**IVL_IMG, "freeze_vision_tower": False}),
+    case("internvl/bf16/lora/tower-frozen", **QVL, model=INTERNVL, precision="bf16", **LORA,
+         vision={**IVL_IMG, "freeze_vision_tower": True}),
+    case("internvl/fp32/full/rms-qknorm/1tile", **QVL, precision="fp32",
+         model={**INTERNVL, "vision_config": {**INTERNVL["vision_config"], "norm_type": "rms_norm", "use_qk_norm": True,
+                                              "attention_bias": False}},
+         vision={"num_images": 2, "image_size": 224, "max_tiles": 1, "freeze_vision_tower": False}),
+    case("qwen2.5-vl/fp32/full/tower-trained/gc", **QVL, model=QWEN25_VL, precision="fp32", gradient_checkpointing="full",
+         vision={"num_images": 1, "image_size": 448, "freeze_vision_tower": False}),
+    case("qwen2-vl/bf16/full/tower-trained/gc", **QVL, model=QWEN2_VL, precision="bf16", gradient_checkpointing="full",
+         vision={**QIMG, "freeze_vision_tower": False}),
+    case("internvl/fp32/full/tower-trained/gc", **QVL, model=INTERNVL, precision="fp32", gradient_checkpointing="full",
+         vision={**IVL_IMG, "freeze_vision_tower": False}),
+    case("vlm/fp32/full/tower-trained/gc", **VLM, precision="fp32", gradient_checkpointing="full",
+         vision={"num_images": 1, "freeze_vision_tower": False}),
     case("ppo/fp32/full/c32", **PPO, precision="fp32"),
     case("generic/bf16/full/judge-frozen-6l", models=[{"role": "judge", "model": TEACHER}], precision="bf16"),
     case("ppo/bf16/full/c64", **dict(PPO, max_new_tokens=64), precision="bf16"),

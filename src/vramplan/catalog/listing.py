@@ -38,14 +38,10 @@ def _llm_rows() -> list[dict]:
 
 
 def _vlm_rows() -> list[dict]:
-    from vramplan.catalog import model_desc
     from vramplan.catalog.pipelines import list_vlms
-    out = []
-    for e in list_vlms():
-        lm = model_desc(e["language_model"]).num_params()
-        out.append({"name": e["name"], "kind": "vlm", "hub_id": e["hub_id"], "type": e["kind"],
-                    "num_params": lm + e["vision"]["num_params"] + e["projector"]["num_params"]})
-    return out
+    from vramplan.jobs.vlm import vlm_num_params
+    return [{"name": e["name"], "kind": "vlm", "hub_id": e["hub_id"], "type": e["kind"],
+             "num_params": vlm_num_params(e)} for e in list_vlms()]
 
 
 def _pipeline_rows() -> list[dict]:

@@ -89,12 +89,23 @@ def _unique(folder: str) -> list[dict]:
 
 
 def image_tokens(vlm: dict, image_size: int) -> int:
-    """Visual tokens one image adds to the language model's sequence: (side / patch)^2
+    """Visual tokens one square image adds to the language model's sequence: (side / patch)^2
     patches, merged spatial_merge^2 to one (Qwen2-VL PatchMerger); LLaVA's 'default'
-    feature strategy drops the CLS token (transformers LlavaModel.get_image_features)."""
-    v = vlm["vision"]
-    side = (v.get("image_size") or image_size) // v["patch_size"]
-    return side * side // (v.get("spatial_merge", 1) ** 2)
+    feature strategy drops the CLS token (transformers LlavaModel.get_image_features).
+    A published-config entry reads its vision_config: Qwen2-VL's side is taken as already a
+    multiple of patch * merge (families/qwen2_vl/vision.py resizes any other); InternVL's is
+    one tile's tokens (families/internvl/vision.py counts the tiles of an image)."""
+    if "vision" in vlm:
+        v = vlm["vision"]
+        side = (v.get("image_size") or image_size) // v["patch_size"]
+        return side * side // (v.get("spatial_merge", 1) ** 2)
+    cfg = vlm["config"]
+    v = cfg["vision_config"]
+    if cfg["model_type"] == "internvl":  # one tile (no tiling): (448 / 14 * 0.5)^2 = 256
+        tile, patch = (x[0] if isinstance(x, list) else x for x in (v["image_size"], v["patch_size"]))
+        return int((tile // patch * cfg.get("downsample_ratio", 0.5)) ** 2)
+    side = image_size // v["patch_size"]
+    return side * side // (v["spatial_merge_size"] ** 2)
 
 
 __all__ = ["denoiser_tokens", "find_pipeline", "find_vlm", "image_tokens", "latent_shape", "list_pipelines",

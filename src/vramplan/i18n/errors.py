@@ -45,6 +45,14 @@ TEMPLATES = (
     N_("{what} are past {model}'s {limit} learned positions (max_position_embeddings); use seq_len <= {use}"),
     N_("PEFT cannot wrap {model}'s {modules} with LoRA (its forward returns a tuple); name the modules to adapt "
        "instead of all-linear, without {without}"),
+    # vision-language jobs (jobs/vlm.py, jobs/qwen_vl.py, spec/tasks.py VisionConfig)
+    N_("{low} is above {high}; make it at most {limit}"),
+    N_("this model's vision tower takes images only; set it to 0"),
+    N_("with LoRA the adapters go on the language model only and the vision tower stays frozen; set it to true, "
+       "or use method full"),
+    N_("{detail} ({height} x {width} pixels); the processor refuses such an image"),
+    N_("{visual} visual tokens + seq_len {seq_len} = {total} tokens, over the language model's {limit} positions; "
+       "lower vision.max_pixels, the image size or the number of images/frames"),
     # vramplan.files: spec and config files
     N_("{path}: file not found"),
     N_("{path}: not valid JSON/YAML ({detail})"),

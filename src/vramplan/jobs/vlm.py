@@ -17,7 +17,8 @@ t tokens per image in the tower, t_v visual tokens per image, e vision hidden.
 """
 from __future__ import annotations
 
-from dataclasses import replace
+import math
+from dataclasses import dataclass, field, replace
 
 from vramplan.breakdown import Breakdown
 from vramplan.components.activations import plan_activations
@@ -26,10 +27,11 @@ from vramplan.components.graph import Param, Recorder
 from vramplan.components.optimizer import optimizer_states, step_temporaries
 from vramplan.components.trainable import HeldParam, ParamSet, param_set
 from vramplan.components.weights import weight_terms
+from vramplan.i18n import Msg
 from vramplan.jobs.compose import Step, finish
 from vramplan.jobs.trained import prefixed, single_spec
 from vramplan.model import ModelDesc
-from vramplan.spec import JobSpec, Method
+from vramplan.spec import Checkpointing, JobSpec, Method, SpecError
 from vramplan.timeline import StepPlan
 from vramplan.units import nbytes
 
@@ -102,7 +104,7 @@ def _vit_ctx(vis: VisionDesc, held: ParamSet) -> VitCtx:
     return VitCtx(vis, params, {m: (ab[0], ab[1]) for m, ab in lora.items()})
 
 
-def _grads(held: ParamSet, pick, key: str = "vision_tower/gradients") -> Breakdown:
+def grads_where(held: ParamSet, pick, key: str = "vision_tower/gradients") -> Breakdown:
     return Breakdown().add(key, sum(nbytes(p.numel, p.dtype) for p in held.params if p.trainable and pick(p)))
 
 
@@ -116,25 +118,25 @@ def _extra_stages(vis, spec, held, n, side, rows, S):
     seen.add(id(pixels.storage))  # the batch's own tensor, counted under batch/
     out, alive = [], [rec]  # recorders kept alive: `seen` holds id()s of their storages
     x = vit_embed(rec, ctx, pixels)
-    out.append(("vision embeddings", _items(rec, "vision_tower/activations/embeddings"),
-                _grads(held, lambda p: p.layer is None and p.name.startswith("vision_tower."))))
+    out.append(("vision embeddings", saved_items(rec, "vision_tower/activations/embeddings"),
+                grads_where(held, lambda p: p.layer is None and p.name.startswith("vision_tower."))))
     for i in range(vis.used_layers):
         rec = Recorder(backend=spec.backend.value, seen=seen)
         alive.append(rec)
         x = vit_layer(rec, ctx, x, i)
-        out.append((f"vision layer {i}", _items(rec, "vision_tower/activations/layers"),
-                    _grads(held, lambda p, i=i: p.layer == i)))
+        out.append((f"vision layer {i}", saved_items(rec, "vision_tower/activations/layers"),
+                    grads_where(held, lambda p, i=i: p.layer == i)))
     rec = Recorder(backend=spec.backend.value, seen=seen)
     alive.append(rec)
     projector(rec, ctx, x, side)
-    saved = _items(rec, "projector/activations")
+    saved = saved_items(rec, "projector/activations")
     # masked_scatter saves its bool mask (b, S, 1) for the backward (derivatives.yaml).
     saved.add("projector/activations/image_token_mask", nbytes(rows * S, "bool"))
-    out.append(("projector", saved, _grads(held, lambda p: p.name.startswith("projector."), "projector/gradients")))
+    out.append(("projector", saved, grads_where(held, lambda p: p.name.startswith("projector."), "projector/gradients")))
     return out
 
 
-def _items(rec: Recorder, group: str) -> Breakdown:
+def saved_items(rec: Recorder, group: str) -> Breakdown:
     out = Breakdown()
     for name, size in rec.saved_items():
         out.add(f"{group}/{name.replace('/', '.')}", size)
@@ -152,17 +154,79 @@ def frozen_tower_transient(vis: VisionDesc, n: int, t: int, c: str) -> Breakdown
             .add("vision_tower/forward/mlp", nbytes(n * t * e, c) + (1 + acts) * nbytes(n * t * f, c)))
 
 
-def vlm_estimate(vis: VisionDesc, lm: ModelDesc, spec: JobSpec, gpu=None):
-    from vramplan.step.build import rank_step
-    cfg = spec.vision
-    b, m = spec.micro_batch_size, cfg.num_images
-    side = vis.image_size or cfg.image_size
+@dataclass(slots=True)
+class TowerPlan:
+    """What a VLM's vision side adds to its language model's step."""
+
+    held: ParamSet
+    """Tower (`vision_tower.`) and projector (`projector.`) parameters."""
+    stages: list[tuple[str, Breakdown, Breakdown]]
+    """(label, saved, gradients) of the tower's and projector's stages, forward order."""
+    frozen: Breakdown | None
+    """A frozen tower's forward working set (an event before the trained forward)."""
+    batch: Breakdown
+    forward_end: Breakdown = field(default_factory=Breakdown)
+    """Held by the model's output until the end of forward (the tower's outputs)."""
+    lm_embedding: Breakdown = field(default_factory=Breakdown)
+    """Saved in the language model's embedding stage beyond its own (M-RoPE's per-row cos/sin)."""
+    layer_inputs: dict[str, int] = field(default_factory=dict)
+    """Stage label of each tower layer (a GradientCheckpointingLayer) -> bytes of its input."""
+
+
+def checkpointed(tower: TowerPlan) -> list[Breakdown]:
+    """Full gradient checkpointing reaches the tower too: transformers'
+    gradient_checkpointing_enable sets every GradientCheckpointingLayer (CLIPEncoderLayer,
+    Qwen2VLVisionBlock, InternVLVisionLayer) to run under torch.utils.checkpoint, which keeps
+    only the layer's inputs and recomputes what it saves during its backward. Each tower
+    layer's stage then saves its input; what it saved becomes its backward transient.
+    Returns the per-stage transients (forward order)."""
+    out = []
+    for j, (label, saved, grads) in enumerate(tower.stages):
+        if label in tower.layer_inputs:
+            kept = Breakdown().add("vision_tower/activations/layers/checkpoint_input", tower.layer_inputs[label])
+            tower.stages[j] = (label, kept, grads)
+            out.append(Breakdown().merge(saved, prefix="recomputed/"))
+        else:
+            out.append(Breakdown())
+    return out
+
+
+def llava_tokens(vis: VisionDesc, spec: JobSpec) -> int:
+    """Visual tokens per sample of a fixed-size tower."""
+    if spec.vision.num_videos:
+        raise SpecError("vision.num_videos", "this model's vision tower takes images only; set it to 0")
+    return spec.vision.num_images * vis.visual_tokens(vis.image_size or spec.vision.image_size)
+
+
+def llava_tower(vis: VisionDesc, spec: JobSpec, S: int) -> TowerPlan:
+    b, m = spec.micro_batch_size, spec.vision.num_images
+    side = vis.image_size or spec.vision.image_size
     n, t = b * m, vis.tokens_per_image(side)
-    S = spec.seq_len + m * vis.visual_tokens(side)
-    train_tower = not cfg.freeze_vision_tower
+    train_tower = not spec.vision.freeze_vision_tower
+    held = _held(vis, spec, train_tower)
+    stages = _extra_stages(vis, spec, held, n, side, b, S)
+    inputs = {f"vision layer {i}": nbytes(n * t * vis.hidden_size, spec.precision.weight_dtype)
+              for i in range(vis.used_layers)}
+    batch = Breakdown().add("batch/pixel_values", nbytes(n * vis.num_channels * side * side, spec.precision.weight_dtype))
+    frozen = None if train_tower else frozen_tower_transient(vis, n, t, spec.precision.compute_dtype)
+    return TowerPlan(held, stages if train_tower else stages[-1:], frozen, batch, layer_inputs=inputs)
+
+
+def vlm_estimate(vis, lm: ModelDesc, spec: JobSpec, gpu=None):
+    """The language model's plan at its longer sequence with the tower's stages before it."""
+    from vramplan.step.build import rank_step
+    if isinstance(vis, VisionDesc):
+        S = spec.seq_len + llava_tokens(vis, spec)
+        tower = llava_tower(vis, spec, S)
+    else:  # a family's own tower: Qwen2-VL / Qwen2.5-VL, InternVL
+        from vramplan.jobs import internvl, qwen_vl
+        module = internvl if type(vis).__name__ == "InternVisionDesc" else qwen_vl
+        S = spec.seq_len + module.visual_tokens(vis, spec, lm)
+        tower = module.tower_plan(vis, spec, S, lm)
+    b = spec.micro_batch_size
     one = single_spec(spec, b, S)
     params = param_set(lm, one)
-    held = _held(vis, spec, train_tower)
+    held = tower.held
     # inputs_embeds requires grad when the projector trains (masked_scatter of its output),
     # even with a frozen embedding (LoRA): replay with the embedding seen as trained, then
     # drop what a trained embedding alone would save (its ids).
@@ -173,34 +237,40 @@ def vlm_estimate(vis: VisionDesc, lm: ModelDesc, spec: JobSpec, gpu=None):
     if embed_frozen:
         acts.stages[0].saved = [x for x in acts.stages[0].saved if x[0] != "input_ids"]
     plan = prefixed(rank_step(lm, one, params, acts), "language_model")
-    extra = _extra_stages(vis, spec, held, n, side, b, S) if train_tower else \
-        [_extra_stages(vis, spec, held, n, side, b, S)[-1]]
-    _prepend(plan, extra)
-    c = spec.precision.compute_dtype
-    tower = Breakdown().merge(weight_terms(spec, ParamSet(tuple(p for p in held.params if p.name.startswith("vision_tower.")))),
-                              prefix="vision_tower/")
+    plan.stage_acts[0].merge(tower.lm_embedding)
+    full_gc = tower.frozen is None and spec.gradient_checkpointing is Checkpointing.FULL
+    transients = checkpointed(tower) if full_gc else None
+    _prepend(plan, tower.stages, transients)
+    plan.forward_end_transient.merge(tower.forward_end)
+    tower_w = Breakdown().merge(weight_terms(spec, ParamSet(tuple(p for p in held.params if p.name.startswith("vision_tower.")))),
+                                prefix="vision_tower/")
     proj = Breakdown().merge(weight_terms(spec, ParamSet(tuple(p for p in held.params if p.name.startswith("projector.")))),
                              prefix="projector/")
-    plan.static.merge(tower).merge(proj).merge(optimizer_states(spec, held), prefix="vision_and_projector/")  # noqa
-    plan.static.add("batch/pixel_values", nbytes(n * vis.num_channels * side * side, spec.precision.weight_dtype))
+    plan.static.merge(tower_w).merge(proj).merge(optimizer_states(spec, held), prefix="vision_and_projector/")  # noqa
+    plan.static.merge(tower.batch)
     union = ParamSet(params.params + held.params)
     plan.optimizer_temporaries = Breakdown().merge(step_temporaries(spec, union), prefix="language_model/")
     step = Step(plan)
-    if not train_tower:
-        step.before.append(("forward", "vision tower forward (frozen)", frozen_tower_transient(vis, n, t, c)))
-    notes = [f"{m} image(s) per sample -> {S - spec.seq_len} visual tokens; language model at seq_len {S}"]
+    if tower.frozen is not None:
+        step.before.append(("forward", "vision tower forward (frozen)", tower.frozen))
+    notes = [Msg("{images} image(s) and {videos} video(s) per sample -> {visual} visual tokens; "
+                 "language model at seq_len {seq_len}", images=spec.vision.num_images,
+                 videos=spec.vision.num_videos, visual=S - spec.seq_len, seq_len=S)]
+    if tower.frozen is None and spec.gradient_checkpointing is Checkpointing.SELECTIVE:
+        notes.append(Msg("gradient checkpointing covers the language model here; the trained vision tower's "
+                         "layers are counted with all their activations kept, so its share is an upper bound"))
     return finish(spec, lm, step, num_params=lm.num_params() + sum(p.numel for p in held.params if p.kind == "base"),
                   trainable_params=union.numel(trainable=True), gpu=gpu, notes=notes)
 
 
-def _prepend(plan: StepPlan, extra) -> None:
+def _prepend(plan: StepPlan, extra, transients=None) -> None:
     """Put the tower/projector stages before the language model's (forward order)."""
     labels = [f"{label} backward" for label, _, _ in extra]
     acts = [a for _, a, _ in extra]
     grads = [g for _, _, g in extra]
     plan.stage_acts[:0] = acts
     plan.grads_by_stage[:0] = grads
-    plan.stage_backward_transient[:0] = [Breakdown() for _ in extra]
+    plan.stage_backward_transient[:0] = transients or [Breakdown() for _ in extra]
     plan.labels[:0] = labels
     if plan.stage_acts_at_peak is not None:
         plan.stage_acts_at_peak[:0] = acts
@@ -208,18 +278,69 @@ def _prepend(plan: StepPlan, extra) -> None:
         plan.stage_grads_at_peak[:0] = grads
 
 
-def resolve_vlm(model) -> tuple[VisionDesc, ModelDesc]:
+QWEN_VL = ("qwen2_vl", "qwen2_5_vl")
+
+
+def resolve_vlm(model):
     """An edge: the VLM's vision description and its language model's ModelDesc."""
     from vramplan.catalog.hf import model_from_hf_config
     if isinstance(model, dict):
+        if model.get("model_type") in QWEN_VL:
+            return _qwen_vl(model)
+        if model.get("model_type") == "internvl":
+            return _internvl(model)
         if model.get("model_type") != "llava":
-            raise ValueError(f"vision: inline configs of model_type llava are modelled, got {model.get('model_type')!r}")
+            raise ValueError(f"vision: inline configs of model_type llava, qwen2_vl or qwen2_5_vl are modelled, "
+                             f"got {model.get('model_type')!r}")
         text = dict(model["text_config"])
         return vision_from_llava_config(model), model_from_hf_config(text, name=text.get("model_type", "llm"))
     from vramplan.catalog.pipelines import find_vlm
     from vramplan.jobs import _desc
     entry = find_vlm(model)
+    if "config" in entry:  # the published config.json fields, read like an inline config
+        cfg = entry["config"]
+        return _internvl(cfg, entry["name"]) if cfg["model_type"] == "internvl" else _qwen_vl(cfg, entry["name"])
     return vision_from_catalog(entry), _desc(entry["language_model"])
 
 
-__all__ = ["frozen_tower_transient", "resolve_vlm", "vision_from_catalog", "vision_from_llava_config", "vlm_estimate"]
+def vlm_num_params(entry: dict) -> int:
+    """A catalog VLM's parameters: language model + tower + projector (a published-config
+    entry counted from its description; an older entry from its recorded part counts)."""
+    if "config" not in entry:
+        from vramplan.catalog import model_desc
+        return model_desc(entry["language_model"]).num_params() + entry["vision"]["num_params"] + \
+            entry["projector"]["num_params"]
+    vis, lm = resolve_vlm(entry["name"])
+    proj = vis.merger_params() if hasattr(vis, "merger_params") else vis.projector_params()
+    return lm.num_params() + sum(math.prod(s) for _, s, _ in vis.params()) + sum(math.prod(s) for _, s in proj)
+
+
+def _internvl(cfg: dict, name: str | None = None):
+    """InternVL: InternViT + projector, and the language model of its text_config (Qwen2
+    by default, InternVLConfig's sub-config default); tie_word_embeddings is the outer
+    config's (InternVLConfig, default true)."""
+    from vramplan.catalog.hf import model_from_hf_config
+    from vramplan.families.internvl.vision import vision_from_config
+    text = {"model_type": "qwen2", **cfg.get("text_config", {}),
+            "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", True))}
+    lm = model_from_hf_config(text, name=name or "internvl")
+    return vision_from_config(cfg, lm.hidden_size), lm
+
+
+def _qwen_vl(cfg: dict, name: str | None = None):
+    """Qwen2-VL / Qwen2.5-VL: the vision tower, and the language model as Qwen2's layout
+    (Qwen2VLTextConfig defaults; M-RoPE changes only cos/sin, not the parameters). The
+    published configs keep the text fields at the top level; transformers moves them into
+    text_config (Qwen2VLConfig.__post_init__), and so does this."""
+    from vramplan.catalog.hf import model_from_hf_config
+    from vramplan.families.qwen2_vl.vision import TEXT_DEFAULTS, vision_from_config
+    text = {k: v for k, v in cfg.items() if k in TEXT_DEFAULTS}
+    text = {**TEXT_DEFAULTS, **text, **cfg.get("text_config", {}), "model_type": "qwen2",
+            "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", False)
+                                        or cfg.get("text_config", {}).get("tie_word_embeddings", False))}
+    text.pop("rope_parameters", None)  # mrope_section: not a Qwen2 rope type; rotary keeps its size
+    return vision_from_config(cfg), model_from_hf_config(text, name=name or cfg["model_type"])
+
+
+__all__ = ["TowerPlan", "frozen_tower_transient", "grads_where", "llava_tokens", "llava_tower", "resolve_vlm", "saved_items",
+           "vision_from_catalog", "vision_from_llava_config", "vlm_estimate", "vlm_num_params"]

@@ -44,7 +44,8 @@ def _hand_written(job: dict, trace: bool, steps: int) -> MeasureResult:
     import importlib
 
     if job.get("vision"):
-        module, fn, note = "vlm", "measure_vlm", "LLaVA-style step written out (no library trainer)"
+        module, fn, note = "vlm", "measure_vlm", ("vision-language step written out around the model's own transformers "
+                                               "class (LLaVA, Qwen2-VL, Qwen2.5-VL, InternVL; no library trainer)")
     elif job.get("models"):
         module, fn, note = "generic", "measure_generic", "generic multi-model step written out"
     else:

@@ -109,21 +109,67 @@ class GenerationConfig:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class VisionConfig:
-    """Images of a vision-language job, per sample."""
+    """Images (and videos) of a vision-language job, per sample."""
 
     num_images: int = 1
     image_size: int = 336
-    """Side of the (square) image in pixels after the processor's resize."""
+    """Side of the (square) image in pixels: for fixed-size towers (CLIP, SigLIP) the
+    processor's resize target; for native-resolution towers (Qwen2-VL) the image's size
+    before the processor's smart_resize, unless image_height / image_width are given."""
+    image_height: int | None = None
+    image_width: int | None = None
+    """A non-square image (native-resolution towers); each defaults to image_size."""
+    min_pixels: int | None = None
+    max_pixels: int | None = None
+    """Qwen2-VL processor bounds on an image's resized area (None: the processor's
+    defaults, 56*56 and 28*28*1280)."""
+    max_tiles: int | None = None
+    """InternVL dynamic tiling: most tiles per image (None: the processor's 12; 1: one
+    resized tile, no thumbnail)."""
+    num_videos: int = 0
+    video_frames: int = 16
+    """Frames sampled from each video (after fps sampling); padded to the temporal patch."""
+    video_height: int | None = None
+    video_width: int | None = None
+    """A video frame's size before smart_resize (None: image_height / image_width)."""
+    video_min_pixels: int | None = None
+    video_max_pixels: int | None = None
+    """Per-frame area bounds of the video processor (None: 128*28*28 and 768*28*28)."""
     freeze_vision_tower: bool = True
 
     def __post_init__(self):
         object.__setattr__(self, "num_images", positive_int("vision.num_images", self.num_images, minimum=0))
-        object.__setattr__(self, "image_size", positive_int("vision.image_size", self.image_size))
+        object.__setattr__(self, "num_videos", positive_int("vision.num_videos", self.num_videos, minimum=0))
+        for name in ("image_size", "video_frames"):
+            object.__setattr__(self, name, positive_int(f"vision.{name}", getattr(self, name)))
+        for name in _OPTIONAL_SIZES:
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, positive_int(f"vision.{name}", getattr(self, name)))
+        for low, high in (("min_pixels", "max_pixels"), ("video_min_pixels", "video_max_pixels")):
+            lo, hi = getattr(self, low), getattr(self, high)
+            if lo is not None and hi is not None and lo > hi:
+                raise SpecError(f"vision.{low}", f"{lo} is above vision.{high} ({hi}); make it at most {hi}")
         object.__setattr__(self, "freeze_vision_tower", boolean("vision.freeze_vision_tower", self.freeze_vision_tower))
 
+    @property
+    def height(self) -> int:
+        return self.image_height or self.image_size
+
+    @property
+    def width(self) -> int:
+        return self.image_width or self.image_size
+
     def to_dict(self) -> dict:
-        return {"num_images": self.num_images, "image_size": self.image_size,
-                "freeze_vision_tower": self.freeze_vision_tower}
+        out = {"num_images": self.num_images, "image_size": self.image_size,
+               "freeze_vision_tower": self.freeze_vision_tower}
+        if self.num_videos:
+            out.update(num_videos=self.num_videos, video_frames=self.video_frames)
+        out.update({k: getattr(self, k) for k in _OPTIONAL_SIZES if getattr(self, k) is not None})
+        return out
+
+
+_OPTIONAL_SIZES = ("image_height", "image_width", "min_pixels", "max_pixels", "max_tiles", "video_height", "video_width",
+                   "video_min_pixels", "video_max_pixels")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
