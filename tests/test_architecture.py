@@ -35,6 +35,9 @@ ORDER = (
     "report",
     # the result, the multi-model jobs, the one dispatcher
     "result", "jobs", "estimation",
+    # the tables of `vramplan models` / `gpus` and the web API's lists (parameter counts of
+    # multi-model entries come from jobs/)
+    "listing",
     # many specs -> estimate() -> rank; the local-GPU check
     "plan", "check",
     # the public API

@@ -239,7 +239,7 @@ def fit_status(fits: bool | None) -> int:
 
 
 def cmd_models(args) -> int:
-    from vramplan.catalog.listing import model_rows
+    from vramplan.listing import model_rows
     rows = model_rows(args.kind, args.name)
     if args.json:
         print(json.dumps(rows, indent=2))
@@ -261,7 +261,7 @@ def cmd_gpus(args) -> int:
     from vramplan.units import GiB
     gpus = list_gpus()
     if args.json:
-        from vramplan.catalog.listing import gpu_rows
+        from vramplan.listing import gpu_rows
         print(json.dumps(gpu_rows(), indent=2))
         return 0
     from rich.console import Console

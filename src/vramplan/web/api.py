@@ -5,7 +5,7 @@ can run Python (a static page under Pyodide) can call them the same way.
 Every answer is what the command line's `--json` prints for the same spec, built by the same
 functions: `Estimate.to_dict()` (estimate), `plan.answers.compare_answer` +
 `compare_to_dict` (compare), `plan.answers.fit_answer` + `FitReport.to_dict()` (fit),
-`catalog.listing` (models, gpus). A request's body is the spec mapping (what `--spec`
+`listing` (models, gpus). A request's body is the spec mapping (what `--spec`
 reads); the planning options (`headroom`, `mfu`, `top_k`) and the language of error lines
 (`lang`) are query parameters. Bad input is HTTP 400 with the CLI's one line
 (`spec.enums.user_error_line`) and the field it names; a bug is 500 with one line.
@@ -103,7 +103,7 @@ def _number(query, name: str, kind):
 
 
 def _models(body, query) -> list[dict]:
-    from vramplan.catalog.listing import KINDS, model_rows
+    from vramplan.listing import KINDS, model_rows
     kind = query.get("kind") or None
     if kind is not None and kind not in KINDS:
         raise SpecError("kind", f"expected one of {', '.join(KINDS)}; got {kind}")
@@ -111,7 +111,7 @@ def _models(body, query) -> list[dict]:
 
 
 def _gpus(body, query) -> list[dict]:
-    from vramplan.catalog.listing import gpu_rows
+    from vramplan.listing import gpu_rows
     return gpu_rows()
 
 
