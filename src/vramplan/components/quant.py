@@ -149,9 +149,18 @@ _MODES = {
     # hqq/core/quantize.py HQQLinear.forward_pytorch_backprop -> HQQMatmulNoCacheMul: dequantize
     # in forward and again in backward, nothing saved.
     (QuantType.HQQ, "hqq"): (TRANSIENT, TRANSIENT),
-    # torchao weight-only tensor subclasses: F.linear dispatches to a dequantize + linear
-    # fallback (or a fused kernel) and autograd keeps the subclass weight itself.
-    (QuantType.TORCHAO_INT8, "torchao"): (TRANSIENT, TRANSIENT),
-    (QuantType.TORCHAO_FP8, "torchao"): (TRANSIENT, TRANSIENT),
-    (QuantType.TORCHAO_INT4, "torchao"): (NONE, TRANSIENT),
+    # torchao 0.18 weight-only tensors implement F.linear at the torch-function level, so
+    # autograd sees their inside: Int8Tensor (int8_tensor.py) `torch.mm(x, qdata.t().to(x.dtype))`
+    # and Float8Tensor (float8_tensor.py) `torch.matmul(x, weight.dequantize())` keep the
+    # full-width weight for backward.
+    (QuantType.TORCHAO_INT8, "torchao"): (SAVED, NONE),
+    (QuantType.TORCHAO_FP8, "torchao"): (SAVED, NONE),
+    # Int4 (tinygemm `_weight_int4pack_mm`) serves inference only (PEFT refuses it).
+    (QuantType.TORCHAO_INT4, "torchao"): (NONE, NONE),
+    # Inference-only kernels: fused, no full weight.
+    (QuantType.GPTQ, "exllama"): (NONE, NONE),
+    (QuantType.GPTQ, "exllamav2"): (NONE, NONE),
+    (QuantType.GPTQ, "marlin"): (NONE, NONE),
+    (QuantType.AWQ, "gemv"): (NONE, NONE),
+    (QuantType.AWQ, "marlin"): (NONE, NONE),
 }

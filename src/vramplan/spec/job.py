@@ -193,6 +193,9 @@ class JobSpec:
             raise SpecError("method", f"{self.method.value} cannot train quantized weights; "
                             "use method qlora with quantization, or drop quantization")
         q = self.quantization
+        if q is not None and self.task is not Task.INFERENCE and not quant_facts(q.type)[3]:
+            raise SpecError("quantization.type", f"PEFT cannot train LoRA on {q.type.value} weights "
+                            "(peft/tuners/lora/torchao.py supports int8 only); use torchao-int8 or torchao-fp8")
         if q is not None and self.task is not Task.INFERENCE and q.kernel not in quant_facts(q.type)[3]:
             raise SpecError("quantization.kernel", f"{q.kernel} has no backward (GPTQModel SUPPORTS_TRAINING); "
                             f"train on {', '.join(quant_facts(q.type)[3])}")

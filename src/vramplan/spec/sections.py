@@ -166,8 +166,9 @@ _QUANT_FACTS = {
     QuantType.HQQ: ((1, 2, 3, 4, 8), 64, ("hqq",), ("hqq",)),
     QuantType.TORCHAO_INT8: ((8,), None, ("torchao",), ("torchao",)),
     QuantType.TORCHAO_FP8: ((8,), None, ("torchao",), ("torchao",)),
-    # torchao Int4WeightOnlyConfig(group_size=128); tinygemm takes 32, 64, 128 or 256.
-    QuantType.TORCHAO_INT4: ((4,), 128, ("torchao",), ("torchao",)),
+    # torchao Int4WeightOnlyConfig(group_size=128); tinygemm takes 32, 64, 128 or 256. PEFT
+    # refuses LoRA on it (peft/tuners/lora/torchao.py: "only supports int8 weights for now").
+    QuantType.TORCHAO_INT4: ((4,), 128, ("torchao",), ()),
 }
 
 
