@@ -25,8 +25,10 @@ def quantize_base(model: torch.nn.Module, job: dict, device: str) -> torch.nn.Mo
         return _bitsandbytes(model, q, device)
     if qtype in ("torchao-int8", "torchao-fp8"):
         return _torchao(model, qtype)
+    if qtype == "gptq" and q.get("kernel", "torch") == "torch":
+        return _gptq(model, q)
     raise ValueError(f"quantization.type: measuring {qtype} is not implemented (measured: nf4, fp4, int8, "
-                     "torchao-int8, torchao-fp8)")
+                     "torchao-int8, torchao-fp8, gptq with the torch kernel)")
 
 
 def _bitsandbytes(model, q: dict, device: str):
@@ -56,6 +58,36 @@ def _torchao(model, qtype: str):
     config = Int8WeightOnlyConfig() if qtype == "torchao-int8" else Float8WeightOnlyConfig()
     quantize_(model, config, filter_fn=lambda m, _: isinstance(m, torch.nn.Linear) and m is not head)
     model.quantization_method = "torchao"  # what peft's prepare_model_for_kbit_training reads
+    return model
+
+
+def _gptq(model, q: dict):
+    """GPTQModel 7.7 TorchLinear in place of every decoder-layer linear, as GPTQModel's
+    `make_quant` builds them when loading a checkpoint (lm_head and embeddings stay), with
+    random codes and scales (memory does not depend on the values). What peft's
+    prepare_model_for_kbit_training and dispatch_gptq read is set as a loaded model has it."""
+    from gptqmodel.nn_modules.qlinear.torch import TorchLinear
+
+    head = model.get_output_embeddings()
+    g = torch.Generator().manual_seed(0)
+    names = [name for name, m in model.named_modules()
+             if isinstance(m, torch.nn.Linear) and m is not head and ".layers." in name]
+    for name in names:
+        lin = model.get_submodule(name)
+        ql = TorchLinear(bits=int(q.get("bits", 4)), group_size=int(q.get("group_size", 128)), sym=True,
+                         desc_act=bool(q.get("desc_act", False)), in_features=lin.in_features,
+                         out_features=lin.out_features, bias=lin.bias is not None, register_buffers=True)
+        ql.qweight.copy_(torch.randint(-2**31, 2**31 - 1, ql.qweight.shape, generator=g, dtype=torch.int64))
+        ql.qzeros.copy_(torch.randint(-2**31, 2**31 - 1, ql.qzeros.shape, generator=g, dtype=torch.int64))
+        ql.scales.copy_(torch.rand(ql.scales.shape, generator=g) * 1e-2)
+        ql.post_init()
+        parent, _, leaf = name.rpartition(".")
+        setattr(model.get_submodule(parent), leaf, ql)
+        del lin  # the float weight goes, as it never exists when loading a checkpoint
+    model.quantization_method = "gptq"
+    model.config.quantization_config = {"quant_method": "gptq", "bits": int(q.get("bits", 4)),
+                                        "group_size": int(q.get("group_size", 128)),
+                                        "desc_act": bool(q.get("desc_act", False))}
     return model
 
 
