@@ -61,13 +61,13 @@ def _groups(q: QuantConfig, n: int) -> int:
 def _gptq(q: QuantConfig, m: int, n: int) -> tuple[int, int]:
     # GPTQModel nn_modules/qlinear/__init__.py `_register_gptq_buffers` (AutoGPTQ's QuantLinear
     # the same): qweight int32 (ceil(n*b/32), m), qzeros int32 (groups, ceil(m*b/32)), scales
-    # fp16 (groups, m), g_idx int32 (n,). TorchLinear.post_init adds the shift tables
-    # wf_unsqueeze_zero / wf_unsqueeze_neg_one (32/b int32 each; 3 x 12 for 3 bits).
+    # fp16 (groups, m), g_idx int32 (n,). TorchLinear.post_init adds the shift table, 32/b
+    # int32 (3 x 12 for 3 bits), as two views (wf_unsqueeze_zero / wf_unsqueeze_neg_one).
     b, groups = q.bits, _groups(q, n)
     codes = 4 * _ceil(n * b, 32) * m
     state = 4 * groups * _ceil(m * b, 32) + 2 * groups * m + 4 * n
     if q.kernel == "torch":
-        state += 2 * 4 * (36 if b == 3 else 32 // b)
+        state += 4 * (36 if b == 3 else 32 // b)
     return codes, state
 
 
