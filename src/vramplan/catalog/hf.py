@@ -113,7 +113,10 @@ def model_from_hf_config(config: dict, name: str | None = None, *,
         raise ValueError(f"config must be a dict, got {type(config).__name__}")
     desc = _model_from_config(config, name, num_labels)
     dtype = checkpoint_dtype(config)
-    return replace(desc, checkpoint_dtype=dtype) if dtype else desc
+    desc = replace(desc, checkpoint_dtype=dtype) if dtype else desc
+    from vramplan.catalog.quant_config import checkpoint_quantization
+    quant = checkpoint_quantization(config)
+    return replace(desc, checkpoint_quantization=quant) if quant else desc
 
 
 _CONFIG_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
