@@ -331,12 +331,18 @@ def _layer_backward(desc: ModelDesc, spec: JobSpec) -> Breakdown:
     q = spec.quantization
     if q is not None and spec.method.value == "qlora" and dequant_modes(q)[1] == TRANSIENT:
         # A kernel that dequantizes in backward (bitsandbytes MatMul4Bit.backward:
-        # `F.dequantize_4bit(B, ctx.state).to(grad_output.dtype)`) holds one full weight in the
-        # compute dtype during each linear's backward: at most the layer's largest.
+        # `torch.matmul(grad_output, F.dequantize_4bit(B, ctx.state).to(grad_output.dtype))`)
+        # holds one full weight in the compute dtype (and, double-quantized, its fp32 absmax)
+        # during each linear's backward. The first of the layer, the MLP output projection,
+        # then holds it with its input gradient (T x f) where the moment modelled above holds
+        # n_mlp such gradients; the weight lifts the layer's peak only by what it exceeds
+        # them by (the layer's largest weight stands for the projection's).
         largest = max((p.shape[0] * p.shape[-1] for p in desc.params if p.layer == 0 and is_quantized(spec, p)),
                       default=0)
-        out.add("backward/dequantized_weight", nbytes(largest, c))
+        dq = nbytes(largest, c)
         if q.type.value in ("nf4", "fp4") and q.double_quant:
-            # gemm_4bit / dequantize_4bit first expand the 8-bit absmax to fp32 (one per block)
-            out.add("backward/dequantized_absmax", 4 * -(-largest // q.block_size))
+            dq += 4 * -(-largest // q.block_size)
+        extra = dq + nbytes(tokens * width, c) - n_mlp * nbytes(tokens * width, c)
+        if extra > 0:
+            out.add("backward/dequantized_weight", extra)
     return out

@@ -31,6 +31,8 @@ class HeldParam:
     kind: str
     """base | lora | saved_copy (a modules_to_save copy)."""
     layer: int | None = None
+    full_shape: tuple[int, ...] = ()
+    """The unsharded shape when `shape` is one rank's flat partition (parallel/shard.py)."""
 
     @property
     def numel(self) -> int:

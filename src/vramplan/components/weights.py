@@ -1,6 +1,8 @@
 """Weights and gradients, grouped by the backward stage that produces each gradient."""
 from __future__ import annotations
 
+import math
+
 from vramplan.breakdown import Breakdown
 from vramplan.components.trainable import HeldParam, ParamSet, grad_dtype
 from vramplan.model import ModelDesc
@@ -30,6 +32,13 @@ def quantized_linear_bytes(spec: JobSpec, p: HeldParam) -> tuple[int, int]:
     layout (components/quant.py). AWQ packs whole groups of in_features and HQQ whole groups
     of the flattened weight, so a group size that does not divide them cannot be stored."""
     q = spec.quantization
+    full = p.full_shape or p.shape
+    if full != p.shape:
+        # one rank's flat partition of the layer's storage (ZeRO-3 / FSDP1 flatten the packed
+        # weight with the rest: bnb_4bit_quant_storage), its share of every tensor
+        codes, state = storage(q, full[0], full[-1])
+        share = p.numel / math.prod(full)
+        return math.ceil(codes * share), math.ceil(state * share)
     m, n = p.shape[0], p.shape[-1]
     if q.type is QuantType.AWQ and n % q.group_size:
         raise SpecError("quantization.group_size", f"{q.group_size} does not divide in_features {n} of "
