@@ -9,6 +9,7 @@
    CPU meter (vramplan.measure; one process per job), next to vramplan.estimate.
 
     PYTHONPATH=src python bench/quant/run.py [storage|steps]   # writes results.json
+    PYTHONPATH=src python bench/quant/run.py --reestimate      # new estimates, same measurements
 """
 from __future__ import annotations
 
@@ -165,6 +166,19 @@ def run_steps() -> list[dict]:
     return rows
 
 
+def reestimate(rows: list[dict]) -> list[dict]:
+    """The committed measurements with the current estimator's figures."""
+    import vramplan
+
+    for row in rows:
+        est = vramplan.estimate(vramplan.load_spec(row["job"]))
+        row["estimated_peak_bytes"] = est.peak_allocated_bytes
+        row["error"] = round(est.peak_allocated_bytes / row["measured_peak_bytes"] - 1, 5)
+        print(f"{row['name']:50s} measured {row['measured_peak_bytes']:>10} estimated "
+              f"{row['estimated_peak_bytes']:>10} {row['error']:+.2%}")
+    return rows
+
+
 def versions() -> dict:
     from importlib.metadata import version
 
@@ -178,9 +192,12 @@ def main(argv: list[str]) -> None:
     path = os.path.join(HERE, "results.json")
     old = json.load(open(path)) if os.path.exists(path) else {}
     what = argv[0] if argv else "all"
-    out = {"versions": versions(),
-           "storage": run_storage() if what in ("all", "storage") else old.get("storage", []),
-           "steps": run_steps() if what in ("all", "steps") else old.get("steps", [])}
+    if what == "--reestimate":
+        out = dict(old, steps=reestimate(old.get("steps", [])))
+    else:
+        out = {"versions": versions(),
+               "storage": run_storage() if what in ("all", "storage") else old.get("storage", []),
+               "steps": run_steps() if what in ("all", "steps") else old.get("steps", [])}
     with open(path, "w") as fh:
         json.dump(out, fh, indent=1)
         fh.write("\n")

@@ -43,6 +43,13 @@ TEMPLATES = (
     N_("{n} is not divisible by tp*pp*cp = {product}"),
     N_("{n} GPUs do not split into tp x pp x cp = {product}; use a multiple of {multiple}"),
     N_("{what} are past {model}'s {limit} learned positions (max_position_embeddings); use seq_len <= {use}"),
+    # vramplan.spec: the quantization section (spec/sections.py QuantConfig, spec/job.py)
+    N_("{qtype} does not go with bits={bits}; {qtype2} stores {widths} bits"),
+    N_("{qtype} has no groups; drop group_size (bitsandbytes blocks are block_size)"),
+    N_("{kernel} has no backward (GPTQModel SUPPORTS_TRAINING); train on {kernels}"),
+    N_("{qtype} runs on {kernels}; got {value}"),
+    N_("is a GPTQ setting; {qtype} has no act-order"),
+    N_("{group} does not divide in_features {n} of {name}; AWQ needs whole groups (use a divisor of {m})"),
     # vramplan.files: spec and config files
     N_("{path}: file not found"),
     N_("{path}: not valid JSON/YAML ({detail})"),
