@@ -185,3 +185,25 @@ def test_unmodelled_quant_method_is_refused():
     with pytest.raises(SpecError) as err:
         _from_config({"quant_method": "fp8"})
     assert err.value.field == "model"
+
+
+# -- a whole QLoRA step on a real quantized base, under the exact CPU meter ------------------
+_STEP_MODEL = {"model_type": "llama", "hidden_size": 128, "intermediate_size": 352, "num_hidden_layers": 1,
+               "num_attention_heads": 4, "vocab_size": 512, "max_position_embeddings": 128}
+
+
+@pytest.mark.parametrize("quant,library", [({"type": "nf4"}, "bitsandbytes"),
+                                           ({"type": "torchao-int8"}, "torchao")])
+def test_qlora_step_peak_within_2_percent(quant, library):
+    pytest.importorskip("torch")
+    pytest.importorskip("peft")
+    pytest.importorskip(library, reason=f"{library} (test extra) is not installed")
+    from vramplan.measure import measure
+
+    job = {"model": _STEP_MODEL, "task": "sft", "method": "qlora", "quantization": quant, "precision": "bf16",
+           "lora": {"r": 4, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                               "down_proj"]},
+           "micro_batch_size": 1, "seq_len": 64, "backend": "cpu"}
+    measured = measure(job, device="cpu").peak_allocated_bytes
+    estimated = vramplan.estimate(vramplan.load_spec(job)).peak_allocated_bytes
+    assert abs(estimated / measured - 1) < 0.02
