@@ -83,8 +83,10 @@ def test_adafactor_is_the_one_trainer_uses():
 
 
 def test_clear_errors_on_cpu():
-    with pytest.raises(Exception, match="qlora|cuda"):
-        build(job(method="qlora", backend="cuda"))
+    # bitsandbytes, GPTQModel and torchao bases are measured on CPU (measure/quantized.py);
+    # AWQ's kernels are CUDA-only
+    with pytest.raises(ValueError, match="awq"):
+        build(job(method="qlora", quantization={"type": "awq"}, backend="cuda"))
     with pytest.raises(ValueError, match="flash"):
         build(job(attention="flash"))
 

@@ -132,6 +132,9 @@ class ModelDesc:
     checkpoint_dtype: str | None = None
     """dtype the checkpoint is stored in (config `dtype` / `torch_dtype`), None if unstated:
     what transformers 5 `from_pretrained` loads by default."""
+    checkpoint_quantization: tuple[tuple[str, object], ...] = ()
+    """The checkpoint's `quantization_config` as quantization spec fields (sorted items;
+    catalog/quant_config.py), empty for an unquantized checkpoint."""
 
     def num_params(self) -> int:
         """Unique parameter elements (tied embeddings counted once, as PyTorch does)."""

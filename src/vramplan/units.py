@@ -26,6 +26,11 @@ DTYPE_BITS: dict[str, int] = {
     "int64": 64,
     "nf4": 4,
     "fp4": 4,
+    # GPTQ/AWQ/HQQ/torchao codes by width (their packed layouts: components/quant.py)
+    "int1": 1,
+    "int2": 2,
+    "int3": 3,
+    "int4": 4,
 }
 
 

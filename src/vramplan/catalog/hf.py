@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from vramplan.catalog.quant_config import checkpoint_quantization
 from vramplan.families import FAMILY_OF, REMOTE_CODE_ONLY, adapter, remote_code_message
 from vramplan.model import MlpKind, ModelDesc, MoEDesc, NormKind, ParamEntry, PositionKind
 
@@ -112,8 +113,8 @@ def model_from_hf_config(config: dict, name: str | None = None, *,
     if not isinstance(config, dict):
         raise ValueError(f"config must be a dict, got {type(config).__name__}")
     desc = _model_from_config(config, name, num_labels)
-    dtype = checkpoint_dtype(config)
-    return replace(desc, checkpoint_dtype=dtype) if dtype else desc
+    return replace(desc, checkpoint_dtype=checkpoint_dtype(config) or desc.checkpoint_dtype,
+                   checkpoint_quantization=checkpoint_quantization(config))
 
 
 _CONFIG_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}

@@ -16,7 +16,8 @@ from vramplan.components.arch import Ctx, local_window, norm
 from vramplan.components.arch_gpt2_bert import OTHER_MODEL_TYPES, layer_fn, layer_prefix, other_embed, other_head
 from vramplan.components.dtypes import dtypes_of
 from vramplan.components.graph import Param, Recorder, Storage, Sym
-from vramplan.components.trainable import ParamSet
+from vramplan.components.quant import SAVED, TRANSIENT, dequant_modes
+from vramplan.components.trainable import ParamSet, is_quantized
 from vramplan.model import MlpKind, ModelDesc
 from vramplan.spec import Checkpointing, JobSpec, LossImpl, Task
 from vramplan.units import nbytes
@@ -105,7 +106,9 @@ def _autocast(spec: JobSpec) -> str | None:
 
 
 def _recorder(spec: JobSpec, seen: set[int]) -> Recorder:
-    return Recorder(autocast=_autocast(spec), backend=spec.backend.value, seen=seen)
+    q = spec.quantization
+    saved = q.compute_dtype if q is not None and dequant_modes(q)[0] == SAVED else None
+    return Recorder(autocast=_autocast(spec), backend=spec.backend.value, seen=seen, dequant_saved=saved)
 
 
 def plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> ActivationPlan:
@@ -327,5 +330,23 @@ def _layer_backward(desc: ModelDesc, spec: JobSpec) -> Breakdown:
     res = dtypes_of(spec).weights if spec.method.value != "qlora" else c
     width = desc.moe.expert_intermediate_size * desc.moe.top_k if desc.moe else desc.intermediate_size
     n_mlp = 3 if desc.mlp is MlpKind.GATED else 2
-    return (Breakdown().add("backward/grad_hidden", nbytes(tokens * desc.hidden_size, res))
-            .add("backward/grad_mlp", n_mlp * nbytes(tokens * width, c)))
+    out = (Breakdown().add("backward/grad_hidden", nbytes(tokens * desc.hidden_size, res))
+           .add("backward/grad_mlp", n_mlp * nbytes(tokens * width, c)))
+    q = spec.quantization
+    if q is not None and spec.method.value == "qlora" and dequant_modes(q)[1] == TRANSIENT:
+        # A kernel that dequantizes in backward (bitsandbytes MatMul4Bit.backward:
+        # `torch.matmul(grad_output, F.dequantize_4bit(B, ctx.state).to(grad_output.dtype))`)
+        # holds one full weight in the compute dtype (and, double-quantized, its fp32 absmax)
+        # during each linear's backward. The first of the layer, the MLP output projection,
+        # then holds it with its input gradient (T x f) where the moment modelled above holds
+        # n_mlp such gradients; the weight lifts the layer's peak only by what it exceeds
+        # them by (the layer's largest weight stands for the projection's).
+        largest = max((p.shape[0] * p.shape[-1] for p in desc.params if p.layer == 0 and is_quantized(spec, p)),
+                      default=0)
+        dq = nbytes(largest, c)
+        if q.type.value in ("nf4", "fp4") and q.double_quant:
+            dq += 4 * -(-largest // q.block_size)
+        extra = dq + nbytes(tokens * width, c) - n_mlp * nbytes(tokens * width, c)
+        if extra > 0:
+            out.add("backward/dequantized_weight", extra)
+    return out

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from vramplan.components.quant import QUANT_DTYPES
 from vramplan.units import nbytes
 
 
@@ -58,6 +59,10 @@ class Recorder:
     cast_cache: dict[int, Sym] = field(default_factory=dict)
     """autocast caches the casts of leaf tensors that require grad (weights) for the region
     (aten/src/ATen/autocast_mode.cpp `cached_cast`); frozen weights are cast at each use."""
+    dequant_saved: str | None = None
+    """Compute dtype of quantized weights a kernel dequantizes outside an autograd.Function
+    (GPTQModel TorchLinear: `torch.matmul(x, self.dequantize_weight())`), so MmBackward keeps
+    the dequantized copy; None for kernels that keep only the packed weight."""
     last_linear_input: Sym | None = None
     seen: set[int] = field(default_factory=set)
     """Storages already saved by an earlier stage (shared tensors are counted once)."""
@@ -118,6 +123,8 @@ class Recorder:
             self.save(xin)
         if xin.requires_grad and wc.name.startswith("autocast_weight/"):
             self.save(wc)
+        if xin.requires_grad and self.dequant_saved and w.dtype in QUANT_DTYPES:
+            self.save(self.new(f"dequantized_weight/{w.name}", w.shape, self.dequant_saved, False))
         rg = x.requires_grad or w.trainable or bool(bias and bias.trainable)
         out_features = w.shape[0] if not name.startswith("conv1d") else w.shape[1]
         return self.new(name, x.shape[:-1] + (out_features,), xin.dtype, rg)

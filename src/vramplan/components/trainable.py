@@ -11,8 +11,9 @@ import math
 from dataclasses import dataclass
 
 from vramplan.components.dtypes import dtypes_of
+from vramplan.components.quant import code_dtype
 from vramplan.model import ModelDesc, ParamEntry
-from vramplan.spec import JobSpec, Method
+from vramplan.spec import JobSpec, Method, QuantType
 from vramplan.spec.sections import ALL_LINEAR
 
 # Output heads that PEFT's "all-linear" leaves out (peft/tuners/tuners_utils.py,
@@ -30,6 +31,8 @@ class HeldParam:
     kind: str
     """base | lora | saved_copy (a modules_to_save copy)."""
     layer: int | None = None
+    full_shape: tuple[int, ...] = ()
+    """The unsharded shape when `shape` is one rank's flat partition (parallel/shard.py)."""
 
     @property
     def numel(self) -> int:
@@ -116,9 +119,9 @@ def param_set(desc: ModelDesc, spec: JobSpec) -> ParamSet:
 def _param_set(desc: ModelDesc, spec: JobSpec) -> ParamSet:
     wdtype = dtypes_of(spec).weights
     if spec.task.value == "inference":
-        quant = spec.quantization.type.value if spec.quantization else None
+        q = spec.quantization
         return ParamSet(tuple(
-            HeldParam(p.name, p.shape, quant if quant and is_linear(p) and not _is_head(p) else wdtype,
+            HeldParam(p.name, p.shape, code_dtype(q) if is_quantized(spec, p) else wdtype,
                       False, "base", p.layer) for p in desc.params))
     if spec.method in (Method.FULL, Method.FREEZE):
         full = spec.method is Method.FULL
@@ -133,9 +136,9 @@ def _lora_set(desc: ModelDesc, spec: JobSpec, wdtype: str) -> ParamSet:
     target_names = {p.name for p in targets}
     held: list[HeldParam] = []
     for p in desc.params:
-        quantized = spec.method is Method.QLORA and is_linear(p) and not _is_head(p)
-        dtype = spec.quantization.type.value if quantized else wdtype
-        if spec.method is Method.QLORA and not quantized:
+        quantized = spec.method is Method.QLORA and is_quantized(spec, p)
+        dtype = code_dtype(spec.quantization) if quantized else wdtype
+        if spec.method is Method.QLORA and not quantized and upcasts_to_fp32(spec):
             # prepare_model_for_kbit_training casts every non-quantized parameter to fp32
             # (peft/utils/other.py: `param.data = param.data.to(torch.float32)`).
             dtype = "fp32"
@@ -153,7 +156,31 @@ def _adapter_dtype(spec: JobSpec) -> str:
     # PEFT upcasts adapter weights of a 16-bit base to fp32 (LoraModel with the default
     # autocast_adapter_dtype=True: peft/tuners/tuners_utils.py `_cast_adapter_dtype`);
     # frameworks that cast the whole module (DeepSpeed, torchtune) do not (dtypes.py).
-    return "fp32" if spec.method is Method.QLORA else dtypes_of(spec).adapters
+    # On a quantized base PEFT keeps them fp32 too, unless the engine casts the module
+    # (DeepSpeed's fp16/bf16 engine: `module.half()`), which the master policy says.
+    dt = dtypes_of(spec)
+    return "fp32" if spec.method is Method.QLORA and not dt.master_weights else dt.adapters
+
+
+def is_quantized(spec: JobSpec, p: ParamEntry) -> bool:
+    """Whether the quantizer replaced this weight's linear. bitsandbytes, HQQ and torchao
+    (transformers' quantizers) convert every linear but the output head
+    (`modules_to_not_convert`, get_keys_to_not_convert); GPTQ and AWQ quantize the decoder
+    blocks' linears only (optimum/gptq/quantizer.py `block_name_to_quantize`; AutoAWQ
+    quantizes each block's linears)."""
+    q = spec.quantization
+    if q is None or not is_linear(p) or _is_head(p):
+        return False
+    if q.type in (QuantType.GPTQ, QuantType.AWQ) and p.layer is None:
+        return False
+    return not any(_matches(p.module, name) for name in q.modules_to_not_convert)
+
+
+def upcasts_to_fp32(spec: JobSpec) -> bool:
+    """peft/utils/other.py prepare_model_for_kbit_training casts the other parameters to fp32
+    except for GPTQ, AQLM, EETQ, HQQ and torchao models (`is_gptq_quantized` ... checks)."""
+    return spec.quantization.type not in (QuantType.GPTQ, QuantType.HQQ, QuantType.TORCHAO_INT8,
+                                          QuantType.TORCHAO_INT4, QuantType.TORCHAO_FP8)
 
 
 def _is_head(p: ParamEntry) -> bool:
@@ -168,7 +195,7 @@ def _modules_to_save(desc: ModelDesc, spec: JobSpec, wdtype: str):
         hit = [p for p in desc.params if _matches(p.module, name)]
         if not hit:
             unmatched.append(name)
-        dtype = "fp32" if spec.method is Method.QLORA else wdtype
+        dtype = "fp32" if spec.method is Method.QLORA and upcasts_to_fp32(spec) else wdtype
         copies += [HeldParam(p.name + "#copy", p.shape, dtype, True, "saved_copy", p.layer) for p in hit]
     return tuple(copies), tuple(unmatched)
 

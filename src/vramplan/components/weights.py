@@ -1,21 +1,23 @@
 """Weights and gradients, grouped by the backward stage that produces each gradient."""
 from __future__ import annotations
 
+import math
+
 from vramplan.breakdown import Breakdown
 from vramplan.components.trainable import HeldParam, ParamSet, grad_dtype
 from vramplan.model import ModelDesc
-from vramplan.spec import JobSpec, QuantType
+from vramplan.components.quant import QUANT_DTYPES, storage
+from vramplan.spec import JobSpec, SpecError, QuantType
 from vramplan.units import nbytes
-
-_QUANT = {q.value for q in QuantType}
 
 
 def weight_terms(spec: JobSpec, params: ParamSet) -> Breakdown:
     out = Breakdown()
     for p in params.params:
-        if p.dtype in _QUANT:
-            out.add("weights/quantized", nbytes(p.numel, p.dtype))
-            out.add("weights/quant_state", quant_state_bytes(spec, p.numel))
+        if p.kind == "base" and p.dtype in QUANT_DTYPES and spec.quantization is not None:
+            codes, state = quantized_linear_bytes(spec, p)
+            out.add("weights/quantized", codes)
+            out.add("weights/quant_state", state)
         elif p.kind == "lora":
             out.add("weights/lora_adapters", nbytes(p.numel, p.dtype))
         elif p.kind == "saved_copy":
@@ -25,16 +27,26 @@ def weight_terms(spec: JobSpec, params: ParamSet) -> Breakdown:
     return out
 
 
-def quant_state_bytes(spec: JobSpec, numel: int) -> int:
-    """bitsandbytes 4-bit: one fp32 absmax per 64-element block; with double quantization
-    the absmax values are stored as 8-bit codes with one fp32 absmax per 256 of them
-    (Dettmers et al. 2023, QLoRA, section 3 "Double Quantization": 0.127 bits/param).
-    8-bit LLM.int8 weights keep one fp32 scale per output row; approximated per block."""
+def quantized_linear_bytes(spec: JobSpec, p: HeldParam) -> tuple[int, int]:
+    """(codes, scales/zeros/indices) of one quantized linear weight (m, n), per its library's
+    layout (components/quant.py). AWQ packs whole groups of in_features and HQQ whole groups
+    of the flattened weight, so a group size that does not divide them cannot be stored."""
     q = spec.quantization
-    blocks = -(-numel // q.block_size)
-    if q.double_quant:
-        return blocks + 4 * -(-blocks // 256)
-    return 4 * blocks
+    full = p.full_shape or p.shape
+    if full != p.shape:
+        # one rank's flat partition of the layer's storage (ZeRO-3 / FSDP1 flatten the packed
+        # weight with the rest: bnb_4bit_quant_storage), its share of every tensor
+        codes, state = storage(q, full[0], full[-1])
+        share = p.numel / math.prod(full)
+        return math.ceil(codes * share), math.ceil(state * share)
+    m, n = p.shape[0], p.shape[-1]
+    if q.type is QuantType.AWQ and n % q.group_size:
+        raise SpecError("quantization.group_size", f"{q.group_size} does not divide in_features {n} of "
+                        f"{p.name}; AWQ needs whole groups (use a divisor of {n})")
+    if q.type is QuantType.HQQ and (m * n) % q.group_size:
+        raise SpecError("quantization.group_size", f"{q.group_size} does not divide the {m * n} weights of "
+                        f"{p.name}; HQQ needs whole groups")
+    return storage(q, m, n)
 
 
 # Token embedding tables (Llama/Qwen embed_tokens, GPT-2/Qwen-1 wte, BERT/BLOOM

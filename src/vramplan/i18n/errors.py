@@ -53,6 +53,13 @@ TEMPLATES = (
     N_("{detail} ({height} x {width} pixels); the processor refuses such an image"),
     N_("{visual} visual tokens + seq_len {seq_len} = {total} tokens, over the language model's {limit} positions; "
        "lower vision.max_pixels, the image size or the number of images/frames"),
+    # vramplan.spec: the quantization section (spec/sections.py QuantConfig, spec/job.py)
+    N_("{qtype} does not go with bits={bits}; {qtype2} stores {widths} bits"),
+    N_("{qtype} has no groups; drop group_size (bitsandbytes blocks are block_size)"),
+    N_("{kernel} has no backward (GPTQModel SUPPORTS_TRAINING); train on {kernels}"),
+    N_("{qtype} runs on {kernels}; got {value}"),
+    N_("is a GPTQ setting; {qtype} has no act-order"),
+    N_("{group} does not divide in_features {n} of {name}; AWQ needs whole groups (use a divisor of {m})"),
     # vramplan.files: spec and config files
     N_("{path}: file not found"),
     N_("{path}: not valid JSON/YAML ({detail})"),

@@ -149,9 +149,10 @@ def apply_method(model: torch.nn.Module, job: dict, device: str) -> torch.nn.Mod
     if method == "freeze":
         return _apply_freeze(model, job.get("freeze") or {})
     if method == "qlora":
-        if device != "cuda":
-            raise ValueError("method: qlora needs bitsandbytes on device='cuda'")
-        raise NotImplementedError("method: qlora is not measured yet (bitsandbytes 4-bit)")
+        from .quantized import prepare, quantize_base
+
+        model = prepare(quantize_base(model, job, device))
+        return _apply_lora(model, job.get("lora") or {}, job.get("task", "sft"))
     raise ValueError(f"method: unknown value {method!r}")
 
 

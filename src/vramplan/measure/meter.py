@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 import torch
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
@@ -204,6 +205,15 @@ class MemoryMeter(TorchDispatchMode):
 
     # -------------------------------------------------------------- counting
     def _track(self, t: torch.Tensor, op: str) -> None:
+        if is_traceable_wrapper_subclass(t) and type(t).__name__ != "DTensor":
+            # A wrapper subclass (torchao's Int8Tensor / Float8Tensor weights) owns no memory:
+            # its untyped_storage() is a stand-in sized by the outer dtype. What it holds are
+            # its inner tensors (`__tensor_flatten__`), counted instead.
+            for name in t.__tensor_flatten__()[0]:
+                inner = getattr(t, name)
+                if isinstance(inner, torch.Tensor):
+                    self._track(inner, op)
+            return
         try:
             st = t.untyped_storage()
         except (RuntimeError, NotImplementedError):

@@ -159,7 +159,7 @@ def dp_shard(params: ParamSet, n: int, *, per_param_dim0: bool, persist_below: i
                 shard *= d
         else:
             shard = -(-numel // k)
-        held.append(replace(p, shape=(shard,)))
+        held.append(replace(p, shape=(shard,), full_shape=p.full_shape or p.shape))
     return ParamSet(tuple(held), params.unmatched_targets)
 
 

@@ -227,9 +227,31 @@ class LossImpl(_Choice):
 
 
 class QuantType(_Choice):
+    """How the frozen base's linear weights are stored (components/quant.py has each layout)."""
+
     NF4 = "nf4"
+    """bitsandbytes 4-bit NormalFloat (Params4bit, Linear4bit)."""
     FP4 = "fp4"
+    """bitsandbytes 4-bit float (Params4bit, Linear4bit)."""
     INT8 = "int8"
+    """bitsandbytes LLM.int8 (Int8Params: int8 CB and one fp32 SCB per output row)."""
+    GPTQ = "gptq"
+    """GPTQ checkpoints (AutoGPTQ / GPTQModel / transformers+optimum): packed int32 qweight,
+    qzeros, fp16 scales, int32 g_idx."""
+    AWQ = "awq"
+    """AutoAWQ GEMM layout: int32 qweight (in, out/8), qzeros, fp16 scales."""
+    HQQ = "hqq"
+    """Half-Quadratic Quantization (hqq HQQLinear): uint8 packed W_q, per-group scale and zero."""
+    TORCHAO_INT8 = "torchao-int8"
+    """torchao Int8WeightOnlyConfig: int8 weight, one scale per output row."""
+    TORCHAO_INT4 = "torchao-int4"
+    """torchao Int4WeightOnlyConfig: 4-bit tinygemm-packed weight, bf16 scales_and_zeros."""
+    TORCHAO_FP8 = "torchao-fp8"
+    """torchao Float8WeightOnlyConfig: float8_e4m3 weight, one scale per output row."""
+
+    @property
+    def is_bitsandbytes(self) -> bool:
+        return self in (QuantType.NF4, QuantType.FP4, QuantType.INT8)
 
 
 class LogprobHead(_Choice):

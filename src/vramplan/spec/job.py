@@ -9,11 +9,11 @@ from typing import Any, Mapping
 
 from vramplan.spec.enums import (
     Attention, Backend, Checkpointing, LogprobHead, LossImpl, Method, Optimizer, OptimizerImpl,
-    Precision, SpecError, Task,
+    Precision, QuantType, SpecError, Task,
 )
 from vramplan.spec.enums import USER_ERRORS, as_spec_error
 from vramplan.spec.sections import (
-    FreezeConfig, LoraConfig, ParallelConfig, QuantConfig, boolean, fraction, positive_int,
+    FreezeConfig, LoraConfig, ParallelConfig, QuantConfig, boolean, fraction, positive_int, quant_facts,
 )
 from vramplan.spec import tasks as _tasks
 from vramplan.spec.stack import StackConfig, parse_dtype, parse_stack
@@ -23,6 +23,10 @@ _ENUMS = {
     "optimizer_impl": OptimizerImpl, "gradient_checkpointing": Checkpointing,
     "attention": Attention, "backend": Backend, "loss_impl": LossImpl, "logprob_head": LogprobHead,
 }
+# Quantized bases whose training step runs on CPU (bitsandbytes >= 0.49's CPU backend,
+# GPTQModel's TorchLinear, torchao's int8/fp8 weight-only tensors), so can be measured there.
+_CPU_QUANT = (QuantType.NF4, QuantType.FP4, QuantType.INT8, QuantType.GPTQ,
+              QuantType.TORCHAO_INT8, QuantType.TORCHAO_FP8)
 _SECTIONS = {"lora": LoraConfig, "quantization": QuantConfig, "freeze": FreezeConfig,
              "parallel": ParallelConfig}
 _SECTION_ALIASES = {"lora": {"lora_alpha": "alpha", "lora_dropout": "dropout", "rank": "r"}}
@@ -188,8 +192,16 @@ class JobSpec:
         if self.quantization is not None and self.method is not Method.QLORA and self.task is not Task.INFERENCE:
             raise SpecError("method", f"{self.method.value} cannot train quantized weights; "
                             "use method qlora with quantization, or drop quantization")
-        if self.quantization is not None and self.backend is Backend.CPU:
-            raise SpecError("backend", "qlora's bitsandbytes kernels are modelled on cuda only")
+        q = self.quantization
+        if q is not None and self.task is not Task.INFERENCE and not quant_facts(q.type)[3]:
+            raise SpecError("quantization.type", f"PEFT cannot train LoRA on {q.type.value} weights "
+                            "(peft/tuners/lora/torchao.py supports int8 only); use torchao-int8 or torchao-fp8")
+        if q is not None and self.task is not Task.INFERENCE and q.kernel not in quant_facts(q.type)[3]:
+            raise SpecError("quantization.kernel", f"{q.kernel} has no backward (GPTQModel SUPPORTS_TRAINING); "
+                            f"train on {', '.join(quant_facts(q.type)[3])}")
+        if q is not None and self.backend is Backend.CPU and q.type not in _CPU_QUANT:
+            raise SpecError("backend", f"{q.type.value} kernels are modelled on cuda only; "
+                            f"on cpu: {', '.join(t.value for t in _CPU_QUANT)}")
 
     def to_dict(self) -> dict:
         out: dict[str, Any] = {}

@@ -150,34 +150,112 @@ class LoraConfig:
                 "modules_to_save": list(self.modules_to_save)}
 
 
+# Per quantization type: the bit widths its library stores, its default group size (None:
+# the type has no groups), its kernels (the first is the default) and those with a backward.
+_QUANT_FACTS = {
+    # bitsandbytes Linear4bit / Linear8bitLt: one kernel family, blocks of `block_size`.
+    QuantType.NF4: ((4,), None, ("bitsandbytes",), ("bitsandbytes",)),
+    QuantType.FP4: ((4,), None, ("bitsandbytes",), ("bitsandbytes",)),
+    QuantType.INT8: ((8,), None, ("bitsandbytes",), ("bitsandbytes",)),
+    # transformers GPTQConfig (group_size=128); GPTQModel's kernels, of which TorchLinear and
+    # the Triton kernel train (SUPPORTS_TRAINING), exllama/exllamav2/marlin do not.
+    QuantType.GPTQ: ((2, 3, 4, 8), 128, ("torch", "triton", "exllama", "exllamav2", "marlin"), ("torch", "triton")),
+    # transformers AwqConfig (bits 4, group_size 128); GPTQModel AwqGEMMLinear trains.
+    QuantType.AWQ: ((4,), 128, ("gemm", "gemv", "marlin"), ("gemm",)),
+    # transformers HqqConfig (nbits 4, group_size 64); hqq's nbits 8, 4, 3, 2, 1.
+    QuantType.HQQ: ((1, 2, 3, 4, 8), 64, ("hqq",), ("hqq",)),
+    QuantType.TORCHAO_INT8: ((8,), None, ("torchao",), ("torchao",)),
+    QuantType.TORCHAO_FP8: ((8,), None, ("torchao",), ("torchao",)),
+    # torchao Int4WeightOnlyConfig(group_size=128); tinygemm takes 32, 64, 128 or 256. PEFT
+    # refuses LoRA on it (peft/tuners/lora/torchao.py: "only supports int8 weights for now").
+    QuantType.TORCHAO_INT4: ((4,), 128, ("torchao",), ()),
+}
+
+
+def quant_facts(qtype: QuantType) -> tuple[tuple[int, ...], int | None, tuple[str, ...], tuple[str, ...]]:
+    """(bit widths, default group size, kernels, kernels that train) of a quantization type."""
+    return _QUANT_FACTS[qtype]
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class QuantConfig:
-    """bitsandbytes quantization of the frozen base weights (QLoRA)."""
+    """How the frozen base weights are quantized (QLoRA and quantized inference)."""
 
-    bits: int = 4
     type: QuantType = QuantType.NF4
+    bits: int | None = None
+    """Bits per weight; the type's only width when it has one (nf4 4, int8 8)."""
     double_quant: bool = True
-    """Quantize the fp32 absmax constants to 8 bits (Dettmers et al. 2023, section 3)."""
+    """bitsandbytes 4-bit: quantize the fp32 absmax constants to 8 bits (Dettmers et al. 2023, section 3)."""
     compute_dtype: str = "bf16"
     block_size: int = 64
-    """Elements per absmax block; bitsandbytes' default for 4-bit weights is 64."""
+    """bitsandbytes: elements per absmax block; its default for 4-bit weights is 64."""
+    group_size: int | None = None
+    """GPTQ/AWQ/HQQ/torchao-int4: input features per scale (-1: one group per row, GPTQ only);
+    default the library's (128, 128, 64, 128)."""
+    desc_act: bool = False
+    """GPTQ act-order: g_idx permutes the groups (storage is the same)."""
+    kernel: str | None = None
+    """GPTQ: torch (default, GPTQModel TorchLinear), triton, exllama, exllamav2, marlin; AWQ:
+    gemm (default), gemv, marlin. Decides the dequantization transients (components/quant.py)."""
+    modules_to_not_convert: tuple[str, ...] = ()
+    """Linear modules kept unquantized besides the library's own (lm_head; GPTQ/AWQ quantize
+    only the decoder layers), as in a quantization_config's `modules_to_not_convert`."""
 
     def __post_init__(self):
-        if isinstance(self.bits, bool) or self.bits not in (4, 8):
-            raise SpecError("quantization.bits", f"must be 4 or 8, got {_show(self.bits)}")
-        object.__setattr__(self, "double_quant", boolean("quantization.double_quant", self.double_quant))
         qtype = QuantType.parse(self.type, "quantization.type")
-        if (self.bits == 8) != (qtype is QuantType.INT8):
-            raise SpecError("quantization.type", f"{qtype.value} does not go with bits={self.bits}; "
-                            "use nf4/fp4 with 4 bits and int8 with 8 bits")
         object.__setattr__(self, "type", qtype)
+        widths, group, kernels, _ = _QUANT_FACTS[qtype]
+        bits = widths[0] if self.bits is None and len(widths) == 1 else self.bits
+        if bits is None and qtype in (QuantType.GPTQ, QuantType.HQQ):
+            bits = 4
+        if isinstance(bits, bool) or bits not in widths:
+            fix = ("use nf4/fp4 with 4 bits and int8 with 8 bits" if qtype.is_bitsandbytes
+                   else f"{qtype.value} stores {', '.join(map(str, widths))} bits")
+            raise SpecError("quantization.type" if qtype.is_bitsandbytes else "quantization.bits",
+                            f"{qtype.value} does not go with bits={_show(bits)}; {fix}")
+        object.__setattr__(self, "bits", bits)
+        object.__setattr__(self, "double_quant", boolean("quantization.double_quant", self.double_quant))
+        object.__setattr__(self, "desc_act", boolean("quantization.desc_act", self.desc_act))
+        if self.desc_act and qtype is not QuantType.GPTQ:
+            raise SpecError("quantization.desc_act", f"is a GPTQ setting; {qtype.value} has no act-order")
         if not isinstance(self.compute_dtype, str) or self.compute_dtype not in ("bf16", "fp16", "fp32"):
             raise SpecError("quantization.compute_dtype", "choose bf16, fp16 or fp32")
         object.__setattr__(self, "block_size", positive_int("quantization.block_size", self.block_size))
+        object.__setattr__(self, "group_size", self._group(qtype, group))
+        kernel = kernels[0] if self.kernel is None else str(self.kernel).strip().lower()
+        if kernel not in kernels:
+            raise SpecError("quantization.kernel", f"{qtype.value} runs on {', '.join(kernels)}; got {_show(self.kernel)}")
+        object.__setattr__(self, "kernel", kernel)
+        object.__setattr__(self, "modules_to_not_convert",
+                           string_list("quantization.modules_to_not_convert", self.modules_to_not_convert))
+
+    def _group(self, qtype: QuantType, default: int | None) -> int | None:
+        if default is None:
+            if self.group_size is not None:
+                raise SpecError("quantization.group_size", f"{qtype.value} has no groups; drop group_size "
+                                "(bitsandbytes blocks are block_size)")
+            return None
+        if self.group_size is None:
+            return default
+        if self.group_size == -1 and qtype is QuantType.GPTQ:
+            return -1
+        group = positive_int("quantization.group_size", self.group_size)
+        if qtype is QuantType.TORCHAO_INT4 and group not in (32, 64, 128, 256):
+            raise SpecError("quantization.group_size", f"torchao int4 (tinygemm) takes 32, 64, 128 or 256, got {group}")
+        return group
 
     def to_dict(self) -> dict:
-        return {"bits": self.bits, "type": self.type.value, "double_quant": self.double_quant,
-                "compute_dtype": self.compute_dtype, "block_size": self.block_size}
+        out = {"type": self.type.value, "bits": self.bits, "compute_dtype": self.compute_dtype}
+        if self.type in (QuantType.NF4, QuantType.FP4):
+            out.update(double_quant=self.double_quant, block_size=self.block_size)
+        if self.group_size is not None:
+            out["group_size"] = self.group_size
+        if self.type is QuantType.GPTQ:
+            out["desc_act"] = self.desc_act
+        out["kernel"] = self.kernel
+        if self.modules_to_not_convert:
+            out["modules_to_not_convert"] = list(self.modules_to_not_convert)
+        return out
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

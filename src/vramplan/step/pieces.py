@@ -8,13 +8,13 @@ So persistent terms and gradients are split in proportion to the parameter sizes
 """
 from __future__ import annotations
 
+from vramplan.components.quant import QUANT_DTYPES
 from vramplan.components.trainable import ParamSet
 from vramplan.components.weights import num_stages, stage_of
 from vramplan.model import ModelDesc
 from vramplan.step.events import Pieces
 from vramplan.timeline import StepPlan
 
-_QUANT_DTYPES = ("nf4", "fp4", "int8")
 _MEMO: dict[int, tuple[ParamSet, dict, list]] = {}
 
 
@@ -23,7 +23,7 @@ def _groups(params: ParamSet) -> dict[str, tuple[int, ...]]:
     g: dict[str, list[int]] = {"trainable": [], "frozen": [], "lora": [], "saved_copy": [], "quantized": [],
                                "all_trainable": []}
     for p in params.params:
-        if p.dtype in _QUANT_DTYPES:
+        if p.kind == "base" and p.dtype in QUANT_DTYPES:
             g["quantized"].append(p.numel)
         elif p.kind in ("lora", "saved_copy"):
             g[p.kind].append(p.numel)

@@ -1,0 +1,207 @@
+#!/usr/bin/env python3
+"""Quantized bases against the real libraries on CPU.
+
+1. storage: one quantized linear layer built by its library (bitsandbytes Linear4bit /
+   Linear8bitLt, GPTQModel TorchLinear, GPTQModel AwqTorchLinear, torchao Int8Tensor /
+   Float8Tensor weights); the bytes of its unique storages (bias left out: vramplan lists
+   it as its own parameter) next to vramplan.components.quant.storage.
+2. steps: two QLoRA training steps of a tiny Llama on a real quantized base under the exact
+   CPU meter (vramplan.measure; one process per job), next to vramplan.estimate.
+
+    PYTHONPATH=src python bench/quant/run.py [storage|steps]   # writes results.json
+    PYTHONPATH=src python bench/quant/run.py --reestimate      # new estimates, same measurements
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SHAPES = ((384, 512), (688, 256), (256, 1024))
+"""(out_features, in_features) of the layers checked."""
+
+TINY = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 688, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 2048, "max_position_embeddings": 512}
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+STEPS = [  # (name, quantization, precision, gradient_checkpointing)
+    ("nf4 double-quant", {"type": "nf4"}, "bf16", "none"),
+    ("nf4 double-quant, checkpointing", {"type": "nf4"}, "bf16", "full"),
+    ("fp4", {"type": "fp4", "double_quant": False}, "bf16", "none"),
+    ("bitsandbytes int8", {"type": "int8"}, "bf16", "none"),
+    ("gptq 4-bit g128, torch kernel", {"type": "gptq", "compute_dtype": "fp16"}, "fp16", "none"),
+    ("gptq 4-bit g128, torch kernel, checkpointing", {"type": "gptq", "compute_dtype": "fp16"}, "fp16", "full"),
+    ("gptq 8-bit g-1, torch kernel", {"type": "gptq", "bits": 8, "group_size": -1, "compute_dtype": "fp16"},
+     "fp16", "none"),
+    ("torchao int8 weight-only", {"type": "torchao-int8"}, "bf16", "none"),
+    ("torchao int8 weight-only, checkpointing", {"type": "torchao-int8"}, "bf16", "full"),
+    ("torchao fp8 weight-only", {"type": "torchao-fp8"}, "bf16", "none"),
+]
+
+
+def _job(quant: dict, precision: str, gc: str) -> dict:
+    return {"model": TINY, "task": "sft", "method": "qlora", "lora": {"r": 8, "target_modules": TARGETS},
+            "quantization": quant, "precision": precision, "micro_batch_size": 2, "seq_len": 128,
+            "backend": "cpu", "gradient_checkpointing": gc}
+
+
+# ------------------------------------------------------------------ storage
+def _unique(tensors) -> int:
+    import torch
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    seen: dict[int, int] = {}
+
+    def add(t):
+        if is_traceable_wrapper_subclass(t):
+            for name in t.__tensor_flatten__()[0]:
+                add(getattr(t, name))
+        elif isinstance(t, torch.Tensor):
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    for t in tensors:
+        add(t)
+    return sum(seen.values())
+
+
+def _bnb(kind: str, m: int, n: int, double_quant: bool = True) -> int:
+    import bitsandbytes as bnb
+    import torch
+
+    w = torch.randn(m, n, dtype=torch.bfloat16)
+    if kind == "int8":
+        p = bnb.nn.Int8Params(w.to(torch.float16), requires_grad=False, has_fp16_weights=False)
+        p = p.to("cpu")  # Int8Params._quantize on .to(device): CB int8 (m, n), SCB fp32 (m,)
+        return _unique([p.data, p.SCB])
+    p = bnb.nn.Params4bit(w, requires_grad=False, compress_statistics=double_quant, quant_type=kind)._quantize("cpu")
+    qs = p.quant_state
+    state = [qs.absmax, qs.code] + ([qs.offset, qs.state2.absmax, qs.state2.code] if qs.nested else [])
+    return _unique([p.data] + state)
+
+
+def _gptq(m: int, n: int, bits: int, group: int, desc_act: bool) -> int:
+    from gptqmodel.nn_modules.qlinear.torch import TorchLinear
+
+    ql = TorchLinear(bits=bits, group_size=group, sym=True, desc_act=desc_act, in_features=n, out_features=m,
+                     bias=False, register_buffers=True)
+    ql.post_init()
+    return _unique(ql.buffers())
+
+
+def _awq(m: int, n: int, group: int) -> int:
+    from gptqmodel.nn_modules.qlinear.torch_awq import AwqTorchLinear
+
+    ql = AwqTorchLinear(bits=4, group_size=group, sym=False, desc_act=False, in_features=n, out_features=m,
+                        bias=False, register_buffers=True)
+    return _unique(ql.buffers())
+
+
+def _torchao(kind: str, m: int, n: int) -> int:
+    import torch
+    from torchao.quantization import Float8WeightOnlyConfig, Int8WeightOnlyConfig, quantize_
+
+    lin = torch.nn.Sequential(torch.nn.Linear(n, m, bias=False)).to(torch.bfloat16)
+    quantize_(lin, Int8WeightOnlyConfig() if kind == "torchao-int8" else Float8WeightOnlyConfig())
+    return _unique([lin[0].weight])
+
+
+def storage_cases():
+    for m, n in SHAPES:
+        for kind in ("nf4", "fp4"):
+            for dq in (True, False):
+                yield {"type": kind, "double_quant": dq}, (m, n), lambda k=kind, d=dq, m=m, n=n: _bnb(k, m, n, d)
+        yield {"type": "int8"}, (m, n), lambda m=m, n=n: _bnb("int8", m, n)
+        for bits, group, act in ((4, 128, False), (4, 128, True), (4, -1, False), (8, 32, False),
+                                 (3, 64, False), (2, 128, False)):
+            if bits == 3 and m % 32:
+                continue  # GPTQModel packs 3 bits in whole 32-column words
+            q = {"type": "gptq", "bits": bits, "group_size": group, "desc_act": act}
+            yield q, (m, n), lambda b=bits, g=group, a=act, m=m, n=n: _gptq(m, n, b, g, a)
+        for group in (64, 128):
+            yield {"type": "awq", "group_size": group}, (m, n), lambda g=group, m=m, n=n: _awq(m, n, g)
+        for kind in ("torchao-int8", "torchao-fp8"):
+            yield {"type": kind}, (m, n), lambda k=kind, m=m, n=n: _torchao(k, m, n)
+
+
+def run_storage() -> list[dict]:
+    from vramplan.components.quant import storage
+    from vramplan.spec import QuantConfig
+
+    rows = []
+    for quant, (m, n), real in storage_cases():
+        codes, state = storage(QuantConfig(**quant), m, n)
+        measured = real()
+        rows.append({"quantization": quant, "out_features": m, "in_features": n, "measured_bytes": measured,
+                     "estimated_bytes": codes + state, "exact": measured == codes + state})
+        print(f"{json.dumps(quant):70s} ({m}, {n}) measured {measured:>8} estimated {codes + state:>8}")
+    return rows
+
+
+# -------------------------------------------------------------------- steps
+def run_step(index: int) -> dict:
+    import vramplan
+    from vramplan.measure import measure
+
+    name, quant, precision, gc = STEPS[index]
+    job = _job(quant, precision, gc)
+    est = vramplan.estimate(vramplan.load_spec(job))
+    res = measure(job, device="cpu")
+    return {"name": name, "job": job, "measured_peak_bytes": res.peak_allocated_bytes,
+            "measured_peak_phase": res.peak_phase, "estimated_peak_bytes": est.peak_allocated_bytes,
+            "error": round(est.peak_allocated_bytes / res.peak_allocated_bytes - 1, 5)}
+
+
+def run_steps() -> list[dict]:
+    rows = []
+    for i in range(len(STEPS)):
+        out = subprocess.run([sys.executable, __file__, "--step", str(i)], capture_output=True, text=True,
+                             env=dict(os.environ, TQDM_DISABLE="1"))
+        line = [x for x in out.stdout.splitlines() if x.startswith("{")]
+        if out.returncode or not line:
+            raise SystemExit(f"step {STEPS[i][0]} failed:\n{out.stderr[-3000:]}")
+        row = json.loads(line[-1])
+        rows.append(row)
+        print(f"{row['name']:50s} measured {row['measured_peak_bytes']:>10} estimated "
+              f"{row['estimated_peak_bytes']:>10} {row['error']:+.2%}")
+    return rows
+
+
+def reestimate(rows: list[dict]) -> list[dict]:
+    """The committed measurements with the current estimator's figures."""
+    import vramplan
+
+    for row in rows:
+        est = vramplan.estimate(vramplan.load_spec(row["job"]))
+        row["estimated_peak_bytes"] = est.peak_allocated_bytes
+        row["error"] = round(est.peak_allocated_bytes / row["measured_peak_bytes"] - 1, 5)
+        print(f"{row['name']:50s} measured {row['measured_peak_bytes']:>10} estimated "
+              f"{row['estimated_peak_bytes']:>10} {row['error']:+.2%}")
+    return rows
+
+
+def versions() -> dict:
+    from importlib.metadata import version
+
+    return {p: version(p) for p in ("torch", "transformers", "peft", "bitsandbytes", "gptqmodel", "torchao")}
+
+
+def main(argv: list[str]) -> None:
+    if argv[:1] == ["--step"]:
+        print(json.dumps(run_step(int(argv[1]))))
+        return
+    path = os.path.join(HERE, "results.json")
+    old = json.load(open(path)) if os.path.exists(path) else {}
+    what = argv[0] if argv else "all"
+    if what == "--reestimate":
+        out = dict(old, steps=reestimate(old.get("steps", [])))
+    else:
+        out = {"versions": versions(),
+               "storage": run_storage() if what in ("all", "storage") else old.get("storage", []),
+               "steps": run_steps() if what in ("all", "steps") else old.get("steps", [])}
+    with open(path, "w") as fh:
+        json.dump(out, fh, indent=1)
+        fh.write("\n")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,209 @@
+"""Quantized bases: each layout's bytes against the real library's layer, the spec's
+validation, and a checkpoint's quantization_config read through the library's own config."""
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+
+import vramplan
+from vramplan.components.quant import storage
+from vramplan.spec import QuantConfig, SpecError
+
+SHAPES = ((384, 512), (688, 256))
+
+
+def _unique(tensors) -> int:
+    import torch
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    seen = {}
+
+    def add(t):
+        if is_traceable_wrapper_subclass(t):
+            for name in t.__tensor_flatten__()[0]:
+                add(getattr(t, name))
+        elif isinstance(t, torch.Tensor):
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    for t in tensors:
+        add(t)
+    return sum(seen.values())
+
+
+def _bytes(quant: dict, m: int, n: int) -> int:
+    return sum(storage(QuantConfig(**quant), m, n))
+
+
+@pytest.mark.parametrize("m,n", SHAPES)
+@pytest.mark.parametrize("kind", ["nf4", "fp4"])
+@pytest.mark.parametrize("double_quant", [True, False])
+def test_bitsandbytes_4bit_bytes(m, n, kind, double_quant):
+    torch = pytest.importorskip("torch")
+    bnb = pytest.importorskip("bitsandbytes", reason="bitsandbytes (test extra) is not installed")
+    p = bnb.nn.Params4bit(torch.randn(m, n, dtype=torch.bfloat16), requires_grad=False,
+                          compress_statistics=double_quant, quant_type=kind)._quantize("cpu")
+    qs = p.quant_state
+    state = [qs.absmax, qs.code] + ([qs.offset, qs.state2.absmax, qs.state2.code] if qs.nested else [])
+    assert _unique([p.data] + state) == _bytes({"type": kind, "double_quant": double_quant}, m, n)
+
+
+@pytest.mark.parametrize("m,n", SHAPES)
+def test_bitsandbytes_int8_bytes(m, n):
+    torch = pytest.importorskip("torch")
+    bnb = pytest.importorskip("bitsandbytes", reason="bitsandbytes (test extra) is not installed")
+    p = bnb.nn.Int8Params(torch.randn(m, n, dtype=torch.float16), requires_grad=False, has_fp16_weights=False)
+    p = p.to("cpu")
+    assert _unique([p.data, p.SCB]) == _bytes({"type": "int8"}, m, n)
+
+
+@pytest.mark.parametrize("m,n", SHAPES)
+@pytest.mark.parametrize("kind", ["torchao-int8", "torchao-fp8"])
+def test_torchao_weight_only_bytes(m, n, kind):
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("torchao", reason="torchao (test extra) is not installed")
+    from torchao.quantization import Float8WeightOnlyConfig, Int8WeightOnlyConfig, quantize_
+
+    lin = torch.nn.Sequential(torch.nn.Linear(n, m, bias=False)).to(torch.bfloat16)
+    quantize_(lin, Int8WeightOnlyConfig() if kind == "torchao-int8" else Float8WeightOnlyConfig())
+    assert _unique([lin[0].weight]) == _bytes({"type": kind}, m, n)
+
+
+_GPTQMODEL = importlib.util.find_spec("gptqmodel") is not None
+_NO_GPTQMODEL = ("gptqmodel is not installed: it asks for torch>=2.14.1, so it is not in the test extra; "
+                 "`pip install --no-deps gptqmodel==7.7.0` plus its small imports (bench/quant/README.md)")
+
+
+@pytest.mark.skipif(not _GPTQMODEL, reason=_NO_GPTQMODEL)
+@pytest.mark.parametrize("m,n", SHAPES)
+@pytest.mark.parametrize("bits,group,desc_act", [(4, 128, False), (4, 128, True), (4, -1, False), (8, 32, False),
+                                                 (2, 64, False)])
+def test_gptq_torch_linear_bytes(m, n, bits, group, desc_act):
+    from gptqmodel.nn_modules.qlinear.torch import TorchLinear
+
+    ql = TorchLinear(bits=bits, group_size=group, sym=True, desc_act=desc_act, in_features=n, out_features=m,
+                     bias=False, register_buffers=True)
+    ql.post_init()
+    quant = {"type": "gptq", "bits": bits, "group_size": group, "desc_act": desc_act}
+    assert _unique(ql.buffers()) == _bytes(quant, m, n)
+
+
+@pytest.mark.skipif(not _GPTQMODEL, reason=_NO_GPTQMODEL)
+@pytest.mark.parametrize("m,n", SHAPES)
+def test_awq_bytes(m, n):
+    from gptqmodel.nn_modules.qlinear.torch_awq import AwqTorchLinear
+
+    ql = AwqTorchLinear(bits=4, group_size=128, sym=False, desc_act=False, in_features=n, out_features=m,
+                        bias=False, register_buffers=True)
+    assert _unique(ql.buffers()) == _bytes({"type": "awq", "group_size": 128}, m, n)
+
+
+# -- spec validation --------------------------------------------------------------------
+_TINY = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 688, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "vocab_size": 2048}
+
+
+@pytest.mark.parametrize("quant,field", [
+    ({"type": "gptq", "bits": 5}, "quantization.bits"),
+    ({"type": "awq", "bits": 8}, "quantization.bits"),
+    ({"type": "nf4", "bits": 8}, "quantization.type"),
+    ({"type": "int8", "group_size": 64}, "quantization.group_size"),
+    ({"type": "gptq", "group_size": 0}, "quantization.group_size"),
+    ({"type": "torchao-int4", "group_size": 100}, "quantization.group_size"),
+    ({"type": "awq", "desc_act": True}, "quantization.desc_act"),
+    ({"type": "gptq", "kernel": "gemm"}, "quantization.kernel"),
+    ({"type": "gptq", "kernel": "marlin"}, "quantization.kernel"),
+    ({"type": "torchao-int4"}, "quantization.type"),
+    ({"type": "gptq", "modules_to_not_convert": 3}, "quantization.modules_to_not_convert"),
+])
+def test_bad_quantization_names_the_field(quant, field):
+    with pytest.raises(SpecError) as err:
+        vramplan.load_spec({"model": _TINY, "method": "qlora", "quantization": quant})
+    assert err.value.field == field
+
+
+def test_group_size_must_divide_awq_in_features():
+    spec = vramplan.load_spec({"model": _TINY, "method": "qlora", "quantization": {"type": "awq", "group_size": 96},
+                               "seq_len": 64})
+    with pytest.raises(SpecError) as err:
+        vramplan.estimate(spec)
+    assert err.value.field == "quantization.group_size"
+
+
+def test_inference_takes_inference_only_kernels():
+    spec = vramplan.load_spec({"model": _TINY, "task": "inference",
+                               "quantization": {"type": "gptq", "kernel": "marlin"}})
+    assert spec.quantization.kernel == "marlin"
+
+
+def test_gptq_keeps_head_and_other_params_unquantized_and_unupcast():
+    """GPTQ quantizes the decoder blocks' linears only; peft does not upcast a GPTQ model."""
+    from vramplan.components.trainable import param_set
+    from vramplan.sources import resolve_model
+
+    spec = vramplan.load_spec({"model": _TINY, "method": "qlora", "precision": "fp16",
+                               "quantization": {"type": "gptq", "modules_to_not_convert": ["down_proj"]}})
+    held = {p.name: p.dtype for p in param_set(resolve_model(spec), spec).params if p.kind == "base"}
+    assert held["lm_head.weight"] == held["model.norm.weight"] == "fp16"
+    assert held["model.layers.0.mlp.down_proj.weight"] == "fp16"
+    assert held["model.layers.0.mlp.up_proj.weight"] == "int4"
+
+
+# -- a checkpoint's quantization_config ----------------------------------------------------
+def _from_config(qc: dict):
+    qc = json.loads(json.dumps(qc))  # as config.json stores it
+    model = dict(_TINY, torch_dtype="float16", quantization_config=qc)
+    return vramplan.estimate(vramplan.load_spec({"model": model, "method": "lora", "seq_len": 64})).spec
+
+
+def test_bitsandbytes_config_as_transformers_writes_it():
+    pytest.importorskip("transformers")
+    import torch
+    from transformers import BitsAndBytesConfig
+
+    qc = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="fp4", bnb_4bit_use_double_quant=False,
+                            bnb_4bit_compute_dtype=torch.float16).to_dict()
+    spec = _from_config(qc)
+    assert spec.method.value == "qlora"
+    q = spec.quantization
+    assert (q.type.value, q.double_quant, q.compute_dtype) == ("fp4", False, "fp16")
+
+
+def test_gptq_config_as_transformers_writes_it():
+    pytest.importorskip("transformers")
+    from transformers import GPTQConfig
+
+    try:
+        qc = GPTQConfig(bits=3, group_size=64, desc_act=True).to_dict()
+    except (ImportError, ValueError) as exc:  # GPTQConfig.post_init asks for optimum / gptqmodel
+        pytest.skip(f"GPTQConfig cannot be built here: {exc}")
+    q = _from_config(qc).quantization
+    assert (q.type.value, q.bits, q.group_size, q.desc_act, q.compute_dtype) == ("gptq", 3, 64, True, "fp16")
+
+
+def test_unmodelled_quant_method_is_refused():
+    with pytest.raises(SpecError) as err:
+        _from_config({"quant_method": "fp8"})
+    assert err.value.field == "model"
+
+
+# -- a whole QLoRA step on a real quantized base, under the exact CPU meter ------------------
+_STEP_MODEL = {"model_type": "llama", "hidden_size": 128, "intermediate_size": 352, "num_hidden_layers": 1,
+               "num_attention_heads": 4, "vocab_size": 512, "max_position_embeddings": 128}
+
+
+@pytest.mark.parametrize("quant,library", [({"type": "nf4"}, "bitsandbytes"),
+                                           ({"type": "torchao-int8"}, "torchao")])
+def test_qlora_step_peak_within_2_percent(quant, library):
+    pytest.importorskip("torch")
+    pytest.importorskip("peft")
+    pytest.importorskip(library, reason=f"{library} (test extra) is not installed")
+    from vramplan.measure import measure
+
+    job = {"model": _STEP_MODEL, "task": "sft", "method": "qlora", "quantization": quant, "precision": "bf16",
+           "lora": {"r": 4, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                               "down_proj"]},
+           "micro_batch_size": 1, "seq_len": 64, "backend": "cpu"}
+    measured = measure(job, device="cpu").peak_allocated_bytes
+    estimated = vramplan.estimate(vramplan.load_spec(job)).peak_allocated_bytes
+    assert abs(estimated / measured - 1) < 0.02
