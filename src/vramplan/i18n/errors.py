@@ -43,6 +43,8 @@ TEMPLATES = (
     N_("{n} is not divisible by tp*pp*cp = {product}"),
     N_("{n} GPUs do not split into tp x pp x cp = {product}; use a multiple of {multiple}"),
     N_("{what} are past {model}'s {limit} learned positions (max_position_embeddings); use seq_len <= {use}"),
+    N_("{value} is not a multiple of {step} (VAE factor {vae} x patch {patch}); use e.g. {near}"),
+    N_("{frames} frames do not fit {model}'s VAE: use {rule} frames, e.g. {near}"),
     # vramplan.files: spec and config files
     N_("{path}: file not found"),
     N_("{path}: not valid JSON/YAML ({detail})"),

@@ -20,13 +20,14 @@ m text tokens, h hidden, c compute dtype.
 from __future__ import annotations
 
 from vramplan.breakdown import Breakdown
-from vramplan.catalog.pipelines import denoiser_tokens, latent_shape
+from vramplan.catalog.pipelines import check_shape, denoiser_tokens, latent_shape
 from vramplan.components.arch_dit import DitCtx, joint_block, unet_level_saved
 from vramplan.components.graph import Recorder
 from vramplan.components.optimizer import optimizer_states, step_temporaries
 from vramplan.components.trainable import HeldParam, ParamSet
 from vramplan.i18n import Msg
 from vramplan.jobs.compose import Step, finish
+from vramplan.jobs.diffusion_blocks import BLOCK_CLASSES, block_stages
 from vramplan.spec import Checkpointing, JobSpec, Method
 from vramplan.spec.tasks import PRECOMPUTED
 from vramplan.timeline import StepPlan
@@ -175,6 +176,7 @@ def vae_encode_forward(pipe: dict, b: int, frames: int, height: int, width: int,
 
 def diffusion_estimate(pipe: dict, spec: JobSpec, gpu=None):
     cfg = spec.diffusion
+    check_shape(pipe, cfg.height, cfg.width, cfg.num_frames)
     b, c, w = spec.micro_batch_size, spec.precision.compute_dtype, spec.precision.weight_dtype
     shape = latent_shape(pipe, b, cfg.height, cfg.width, cfg.num_frames)
     tokens = denoiser_tokens(pipe, cfg.height, cfg.width, cfg.num_frames)
@@ -183,6 +185,8 @@ def diffusion_estimate(pipe: dict, spec: JobSpec, gpu=None):
     if pipe["kind"] == "unet":
         ctx_tokens = sum(e["max_tokens"] for e in pipe["text_encoders"])
         stages = unet_stages(pipe, spec, b, shape[3], shape[4], ctx_tokens)
+    elif pipe["denoiser"].get("class") in BLOCK_CLASSES:
+        stages = block_stages(pipe, spec, b, n, m or tokens["context"])
     else:
         stages = transformer_stages(pipe, spec, b, n, m)
     latent_elems = 1
@@ -246,7 +250,7 @@ def _block_backward_transient(pipe: dict, spec: JobSpec, b: int, tokens: int, c:
     h = _hidden(pipe["denoiser"])
     out = Breakdown().add("denoiser/backward/grad_hidden", 2 * nbytes(b * tokens * h, c))
     if spec.method is not Method.FULL:
-        f = pipe["denoiser"].get("ff_mult", 4) * h
+        f = pipe["denoiser"].get("ffn_dim") or pipe["denoiser"].get("ff_mult", 4) * h
         ff = 2 * nbytes(b * tokens * f, c)
         if ff > out.total():
             return Breakdown().add("denoiser/backward/grad_ff", ff)
