@@ -31,13 +31,15 @@ def lin(rec: Recorder, ctx: DitCtx, x: Sym, fan_out: int, name: str, lora: bool 
     return _lin(rec, ctx, x, fan_out, name, lora)
 
 
-def rms_norm(rec: Recorder, ctx: DitCtx, x: Sym, name: str) -> Sym:
-    """diffusers RMSNorm: `x.to(fp32).pow(2).mean(-1)`, `x * rsqrt(var + eps)` (a 16-bit x
-    times the fp32 rsqrt is fp32), cast back to the weight's dtype, `* weight`."""
+def rms_norm(rec: Recorder, ctx: DitCtx, x: Sym, name: str, torch_rms: bool = False) -> Sym:
+    """diffusers RMSNorm (SD3's qk norm): `x.to(fp32).pow(2).mean(-1)`, `x * rsqrt(var + eps)`
+    (a 16-bit x times the fp32 rsqrt is fp32, so the product keeps x itself), cast back to
+    the weight's dtype, `* weight`. `torch_rms`: torch.nn.RMSNorm (Flux's and Wan's q/k norm;
+    aten rms_norm in layer_norm.cpp) multiplies the fp32 upcast instead, so x is not kept."""
     x32 = rec.to(x, "fp32", name=f"{name}.fp32")
     var = rec.reduce(rec.unary_saving_input(x32, f"{name}.pow"), x.shape[:-1] + (1,), f"{name}.var")
     rstd = rec.unary_saving_output(var, f"{name}.rstd")
-    y = rec.to(rec.mul(x, rstd, name=f"{name}.xhat"), ctx.dtype, name=f"{name}.xhat_cast")
+    y = rec.to(rec.mul(x32 if torch_rms else x, rstd, name=f"{name}.xhat"), ctx.dtype, name=f"{name}.xhat_cast")
     return rec.mul(y, _w(ctx, f"{name}.weight", (x.shape[-1],)), name=name)
 
 
@@ -82,11 +84,11 @@ def joint_attention(rec: Recorder, ctx: DitCtx, hx: Sym, ht: Sym | None, prefix:
     a, d = ctx.heads, h // ctx.heads
     q, k, v = (rec.view(lin(rec, ctx, hx, h, f"{prefix}.{p}", True), (b, a, n, d)) for p in ("to_q", "to_k", "to_v"))
     if qk_norm:
-        q, k = rms_norm(rec, ctx, q, f"{prefix}.norm_q"), rms_norm(rec, ctx, k, f"{prefix}.norm_k")
+        q, k = (rms_norm(rec, ctx, t, f"{prefix}.norm_{p}", rotary) for t, p in ((q, "q"), (k, "k")))
     if ht is not None:
         tq, tk, _tv = (lin(rec, ctx, ht, h, f"{prefix}.add_{p}_proj") for p in "qkv")
         if qk_norm:
-            rms_norm(rec, ctx, tq, f"{prefix}.norm_added_q"), rms_norm(rec, ctx, tk, f"{prefix}.norm_added_k")
+            rms_norm(rec, ctx, tq, f"{prefix}.norm_added_q", rotary), rms_norm(rec, ctx, tk, f"{prefix}.norm_added_k", rotary)
         q, k, v = (rec.new(f"{prefix}.cat_{p}", (b, a, m + n, d), hx.dtype, True) for p in "qkv")
     if rotary:
         q, k = rope(rec, q, f"{prefix}.rope_q"), rope(rec, k, f"{prefix}.rope_k")
@@ -149,7 +151,7 @@ def wan_block(rec: Recorder, ctx: DitCtx, x: Sym, txt: Sym, temb: Sym) -> Sym:
     a, d = ctx.heads, h // ctx.heads
     e = rec.new("scale_shift", (b, 6, h), "fp32", ctx.trainable)
     hx = rec.to(modulate(rec, ctx, x, e, "norm1", fp32=True), x.dtype)
-    q, k = (rms_norm(rec, ctx, lin(rec, ctx, hx, h, f"attn1.to_{p}", True), f"attn1.norm_{p}") for p in "qk")
+    q, k = (rms_norm(rec, ctx, lin(rec, ctx, hx, h, f"attn1.to_{p}", True), f"attn1.norm_{p}", True) for p in "qk")
     v = lin(rec, ctx, hx, h, "attn1.to_v", True)
     q, k, v = (rec.view(t, (b, a, n, d)) for t in (rope(rec, q, "attn1.rope_q"), rope(rec, k, "attn1.rope_k"), v))
     o = rec.view(rec.sdpa(q, k, v, (b, n, a, d), "attn1/core"), (b, n, h))
@@ -157,8 +159,8 @@ def wan_block(rec: Recorder, ctx: DitCtx, x: Sym, txt: Sym, temb: Sym) -> Sym:
     x = rec.to(gated(rec, rec.to(x, "fp32"), ao, gate(rec, e), "attn1"), x.dtype)
     # norm2: FP32LayerNorm with affine weights (cross_attn_norm)
     n2 = rec.to(rec.layer_norm(rec.to(x, "fp32"), Param("norm2", (h,), ctx.dtype, ctx.trainable), "norm2"), x.dtype)
-    q = rms_norm(rec, ctx, lin(rec, ctx, n2, h, "attn2.to_q", True), "attn2.norm_q")
-    k = rms_norm(rec, ctx, lin(rec, ctx, txt, h, "attn2.to_k", True), "attn2.norm_k")
+    q = rms_norm(rec, ctx, lin(rec, ctx, n2, h, "attn2.to_q", True), "attn2.norm_q", True)
+    k = rms_norm(rec, ctx, lin(rec, ctx, txt, h, "attn2.to_k", True), "attn2.norm_k", True)
     v = lin(rec, ctx, txt, h, "attn2.to_v", True)
     m = txt.shape[1]
     q, k, v = rec.view(q, (b, a, n, d)), rec.view(k, (b, a, m, d)), rec.view(v, (b, a, m, d))

@@ -27,7 +27,8 @@ from vramplan.components.optimizer import optimizer_states, step_temporaries
 from vramplan.components.trainable import HeldParam, ParamSet
 from vramplan.i18n import Msg
 from vramplan.jobs.compose import Step, finish
-from vramplan.jobs.diffusion_blocks import BLOCK_CLASSES, block_stages
+from vramplan.jobs.diffusion_blocks import BLOCK_CLASSES, block_stages, block_transients, lora_targets
+from vramplan.jobs.diffusion_blocks import buffers as block_buffers
 from vramplan.spec import Checkpointing, JobSpec, Method
 from vramplan.spec.tasks import PRECOMPUTED
 from vramplan.timeline import StepPlan
@@ -65,7 +66,7 @@ def denoiser_params(pipe: dict, spec: JobSpec) -> ParamSet:
         h, r = _hidden(den), spec.lora.r
         for i in range(layers):
             out += [HeldParam(f"blocks.{i}.{m}.lora", (2 * r * h,), "fp32", True, "lora", i)
-                    for m in ("to_q", "to_k", "to_v", "to_out.0")]
+                    for m in lora_targets(den, i)]
     return ParamSet(tuple(out))
 
 
@@ -165,12 +166,23 @@ def frozen_block_forward(pipe: dict, b: int, tokens: int, c: str) -> Breakdown:
     return (Breakdown().add("forward/hidden", 4 * nbytes(t * h, c)).add("forward/ff", 2 * nbytes(t * f, c)))
 
 
-def vae_encode_forward(pipe: dict, b: int, frames: int, height: int, width: int, c: str) -> Breakdown:
-    """A frozen VAE encode at full resolution under no_grad: the first level's ResnetBlock
-    holds its input, the GroupNorm output, the SiLU output and the conv output at once
-    (diffusers models/resnet.py ResnetBlock2D.forward), 128 channels (block_out_channels[0]
-    of the SD/CogVideoX VAEs)."""
-    ch = pipe["vae"].get("first_channels", 128)
+def vae_encode_forward(pipe: dict, b: int, frames: int, height: int, width: int, c: str, cfg=None) -> Breakdown:
+    """A frozen VAE encode under no_grad: the first level's ResnetBlock holds its input, the
+    GroupNorm output, the SiLU output and the conv output at once (diffusers
+    models/resnet.py ResnetBlock2D.forward), `first_channels` wide (block_out_channels[0]:
+    128 for the SD/CogVideoX VAEs, 96 for Wan's). What is in flight: a causal video VAE
+    that encodes in frame chunks (`encode_chunk_frames`: AutoencoderKLWan._encode runs the
+    first frame, then 4 at a time, with a cache of past frames) holds one chunk; slicing
+    (`enable_slicing`) one sample; tiling (`enable_tiling`) one tile of `tile_size` pixels a
+    side (AutoencoderKL.tiled_encode: tile_sample_min_size, 512 unless the entry says)."""
+    vae = pipe["vae"]
+    ch = vae.get("first_channels", 128)
+    frames = min(frames, vae.get("encode_chunk_frames", frames))
+    if cfg is not None and cfg.vae_slicing:
+        b = 1
+    if cfg is not None and cfg.vae_tiling:
+        tile = vae.get("tile_size", 512)
+        height, width = min(height, tile), min(width, tile)
     return Breakdown().add("forward/level0", 4 * nbytes(b * ch * frames * height * width, c))
 
 
@@ -178,6 +190,8 @@ def diffusion_estimate(pipe: dict, spec: JobSpec, gpu=None):
     cfg = spec.diffusion
     check_shape(pipe, cfg.height, cfg.width, cfg.num_frames)
     b, c, w = spec.micro_batch_size, spec.precision.compute_dtype, spec.precision.weight_dtype
+    if cfg.prior_preservation:  # train_dreambooth*.py: torch.cat([instance, class]) in every batch
+        b *= 2
     shape = latent_shape(pipe, b, cfg.height, cfg.width, cfg.num_frames)
     tokens = denoiser_tokens(pipe, cfg.height, cfg.width, cfg.num_frames)
     n, m = tokens["image"], tokens["text"]
@@ -204,6 +218,8 @@ def diffusion_estimate(pipe: dict, spec: JobSpec, gpu=None):
         # CogVideoXPatchEmbed (diffusers models/embeddings.py): without rotary embeddings
         # (CogVideoX-2b) a sinusoidal `pos_embedding` buffer over text + video tokens.
         static.add("denoiser/buffers/pos_embedding", nbytes((n + m) * _hidden(den), w))
+    if den.get("class") in BLOCK_CLASSES:
+        static.merge(block_buffers(den, spec))
     grads = _grads_by_stage(params, len(stages), spec)
     # loss: F.mse_loss(pred.float(), target.float()) (diffusers train_dreambooth_lora_sd3.py):
     # mse_loss saves both inputs (tools/autograd/derivatives.yaml); in fp32 .float() is a
@@ -219,6 +235,8 @@ def diffusion_estimate(pipe: dict, spec: JobSpec, gpu=None):
         fwd_end = Breakdown().add("loss/pred", nbytes(latent_elems, c))
     bwd0 = Breakdown().add("loss/grad_pred_fp32", nbytes(latent_elems, "fp32"))
     transient = [_block_backward_transient(pipe, spec, b, n + m, c) for _ in stages]
+    if pipe["denoiser"].get("class") in BLOCK_CLASSES and spec.method is not Method.FULL:
+        transient = block_transients(pipe, spec, b, n, m) + transient[-1:]
     if pipe["kind"] != "unet":  # the output stage (norm_out, proj_out) has no feed-forward
         transient[-1] = Breakdown().add("denoiser/backward/grad_hidden",
                                         2 * nbytes(b * (n + m) * _hidden(pipe["denoiser"]), c))
@@ -278,7 +296,7 @@ def _frozen_modules(pipe, spec, step: Step, b, c, w, notes, tokens: int) -> int:
         step.plan.static.add("batch/text_embeddings", nbytes(b * m, w))
     if cfg.vae != PRECOMPUTED:
         modules.append(("vae", pipe["vae"]["num_params"],
-                        vae_encode_forward(pipe, b, cfg.num_frames, cfg.height, cfg.width, c), "before"))
+                        vae_encode_forward(pipe, b, cfg.num_frames, cfg.height, cfg.width, c, cfg), "before"))
         step.plan.static.add("batch/pixels", nbytes(b * 3 * cfg.num_frames * cfg.height * cfg.width, w))
     if cfg.frozen_copy:
         copy = frozen_block_forward(pipe, b, tokens, c)

@@ -15,6 +15,7 @@ from vramplan.components.arch_dit import DitCtx
 from vramplan.components.arch_mmdit import double_block, modulate, single_block, wan_block
 from vramplan.components.graph import Recorder
 from vramplan.spec import JobSpec, Method
+from vramplan.units import nbytes
 
 BLOCK_CLASSES = ("FluxTransformer2DModel", "SD3Transformer2DModel", "WanTransformer3DModel")
 
@@ -60,8 +61,72 @@ def block_stages(pipe: dict, spec: JobSpec, b: int, n: int, m: int) -> list[Brea
         else:
             single_block(rec, ctx, x, txt, temb)
         stages.append(_stage(rec, f"blocks.{i}"))
+    stages[0].merge(rotary_tables(den, spec, n, m))
     stages.append(output_stage(den, ctx, spec, b, n, m + n if singles else n))
     return stages
+
+
+def rotary_tables(den: dict, spec: JobSpec, n: int, m: int) -> Breakdown:
+    """cos and sin made once per forward and saved by every block's rotary products (freed
+    after the first block's backward): FluxPosEmbed over the (m + n) text and image ids,
+    fp32 (get_1d_rotary_pos_embed(..., use_real=True) returns `.float()`); Wan's
+    WanRotaryPosEmbed slices its buffers to (1, n, 1, d), in the buffers' dtype."""
+    d = den["attention_head_dim"]
+    if den["class"] == "FluxTransformer2DModel":
+        return Breakdown().add("denoiser/activations/rope/cos_sin", 2 * nbytes((m + n) * d, "fp32"))
+    if den["class"] == "WanTransformer3DModel":
+        return Breakdown().add("denoiser/activations/rope/cos_sin", 2 * nbytes(n * d, spec.precision.weight_dtype))
+    return Breakdown()
+
+
+def buffers(den: dict, spec: JobSpec) -> Breakdown:
+    """Wan's rotary tables, `freqs_cos` and `freqs_sin` buffers of rope_max_seq_len x d
+    (WanRotaryPosEmbed.__init__), cast with the model."""
+    if den["class"] != "WanTransformer3DModel":
+        return Breakdown()
+    size = den.get("rope_max_seq_len", 1024) * den["attention_head_dim"]
+    return Breakdown().add("denoiser/buffers/rope_freqs", 2 * nbytes(size, spec.precision.weight_dtype))
+
+
+def lora_targets(den: dict, i: int) -> tuple[str, ...]:
+    """The modules of block i that PEFT adapts with diffusers' training scripts' default
+    targets (`to_q`, `to_k`, `to_v`, `to_out.0`, matched by name suffix): Wan's self- and
+    cross-attention both have them; Flux's single blocks have no `to_out`."""
+    four = ("to_q", "to_k", "to_v", "to_out.0")
+    if den.get("class") == "WanTransformer3DModel":
+        return tuple(f"attn{j}.{t}" for j in (1, 2) for t in four)
+    if den.get("class") == "FluxTransformer2DModel" and i >= den["num_layers"]:
+        return four[:3]
+    return four
+
+
+def block_transients(pipe: dict, spec: JobSpec, b: int, n: int, m: int) -> list[Breakdown]:
+    """Above a block's saved tensors during its backward with LoRA (the feed-forward
+    frozen, so its GELU output was not saved): at GeluBackward the incoming gradient and its
+    result (b x n x f each) beside the residual stream's gradient (b x n x h), measured
+    with the exact CPU meter (Wan: mm, gelu_backward, native_layer_norm_backward alive at
+    the peak). Flux's single blocks: below."""
+    den = pipe["denoiser"]
+    ctx = _ctx(den, spec)
+    f = ctx.ff_dim or ctx.ff_mult * ctx.hidden
+    doubles = den["num_layers"]
+    singles = den.get("num_single_layers", 0) if den["class"] == "FluxTransformer2DModel" else 0
+    out = []
+    for i in range(doubles + singles):
+        if i < doubles:
+            out.append(Breakdown().add("denoiser/backward/grad_ff", 2 * nbytes(b * n * f, ctx.dtype))
+                       .add("denoiser/backward/grad_hidden", nbytes(b * n * ctx.hidden, ctx.dtype)))
+            continue
+        # A single block's peak is later, at its q/k torch.nn.RMSNorm backward (aten rms_norm's
+        # composite backward works in fp32: five (b, T, h) fp32 temporaries), with alive: the
+        # gradient of proj_out's input cat(attention, mlp) (its mlp part standing where the
+        # GELU's saved input was, already released by GeluBackward, so only the attention
+        # part is new), the residual stream's and slice_backward's gradients and SDPA's.
+        unit = b * (n + m) * ctx.hidden
+        out.append(Breakdown().add("denoiser/backward/grad_cat_attention", nbytes(unit, ctx.dtype))
+                   .add("denoiser/backward/rms_norm_fp32", 5 * nbytes(unit, "fp32"))
+                   .add("denoiser/backward/grad_hidden", 3 * nbytes(unit, ctx.dtype)))
+    return out
 
 
 def output_stage(den: dict, ctx: DitCtx, spec: JobSpec, b: int, n: int, last_tokens: int) -> Breakdown:
@@ -85,4 +150,4 @@ def output_stage(den: dict, ctx: DitCtx, spec: JobSpec, b: int, n: int, last_tok
     return _stage(rec, "output")
 
 
-__all__ = ["BLOCK_CLASSES", "block_stages", "output_stage"]
+__all__ = ["BLOCK_CLASSES", "block_stages", "buffers", "rotary_tables", "block_transients", "lora_targets", "output_stage"]
