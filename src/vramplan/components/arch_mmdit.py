@@ -35,12 +35,16 @@ def rms_norm(rec: Recorder, ctx: DitCtx, x: Sym, name: str, torch_rms: bool = Fa
     """diffusers RMSNorm (SD3's qk norm): `x.to(fp32).pow(2).mean(-1)`, `x * rsqrt(var + eps)`
     (a 16-bit x times the fp32 rsqrt is fp32, so the product keeps x itself), cast back to
     the weight's dtype, `* weight`. `torch_rms`: torch.nn.RMSNorm (Flux's and Wan's q/k norm;
-    aten rms_norm in layer_norm.cpp) multiplies the fp32 upcast instead, so x is not kept."""
+    aten rms_norm_symint in layer_norm.cpp) multiplies the fp32 upcast instead, so x is not
+    kept, applies the weight in fp32 and casts back last."""
     x32 = rec.to(x, "fp32", name=f"{name}.fp32")
     var = rec.reduce(rec.unary_saving_input(x32, f"{name}.pow"), x.shape[:-1] + (1,), f"{name}.var")
     rstd = rec.unary_saving_output(var, f"{name}.rstd")
-    y = rec.to(rec.mul(x32 if torch_rms else x, rstd, name=f"{name}.xhat"), ctx.dtype, name=f"{name}.xhat_cast")
-    return rec.mul(y, _w(ctx, f"{name}.weight", (x.shape[-1],)), name=name)
+    w = _w(ctx, f"{name}.weight", (x.shape[-1],))
+    if torch_rms:  # `upcast * rsqrt`, `* weight` in fp32, then `.type_as(x)`
+        return rec.to(rec.mul(rec.mul(x32, rstd, name=f"{name}.xhat"), w, name=name), x.dtype, name=f"{name}.out")
+    y = rec.to(rec.mul(x, rstd, name=f"{name}.xhat"), ctx.dtype, name=f"{name}.xhat_cast")
+    return rec.mul(y, w, name=name)
 
 
 def ada_emb(rec: Recorder, ctx: DitCtx, temb: Sym, chunks: int, name: str) -> Sym:

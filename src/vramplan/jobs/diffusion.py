@@ -27,7 +27,8 @@ from vramplan.components.optimizer import optimizer_states, step_temporaries
 from vramplan.components.trainable import HeldParam, ParamSet
 from vramplan.i18n import Msg
 from vramplan.jobs.compose import Step, finish
-from vramplan.jobs.diffusion_blocks import BLOCK_CLASSES, block_stages, block_transients, lora_targets
+from vramplan.jobs.diffusion_blocks import (BLOCK_CLASSES, block_stages, block_transients, feed_forward_params,
+                                            lora_targets, output_backward_transient)
 from vramplan.jobs.diffusion_blocks import buffers as block_buffers
 from vramplan.spec import Checkpointing, JobSpec, Method
 from vramplan.spec.tasks import PRECOMPUTED
@@ -60,7 +61,15 @@ def denoiser_params(pipe: dict, spec: JobSpec) -> ParamSet:
         return ParamSet((HeldParam("denoiser", (den["num_params"],), w, full, "base"),))
     layers = den["num_layers"] + den.get("num_single_layers", 0)
     per = den["num_params"] // layers
-    out = [HeldParam(f"blocks.{i}", (per,), w, full, "base", i) for i in range(layers)]
+    out = []
+    for i in range(layers):
+        ff = feed_forward_params(den, i) if full and den.get("class") in BLOCK_CLASSES else 0
+        # A trained block's backward peaks in its feed-forward, its first op in backward: only
+        # the feed-forward's weight gradients exist then; the rest come after (counted with
+        # the next stage in backward order).
+        if ff:
+            out.append(HeldParam(f"blocks.{i}.ff", (ff,), w, full, "base", i))
+        out.append(HeldParam(f"blocks.{i}", (per - ff,), w, full, "base", max(i - 1, 0) if ff else i))
     out.append(HeldParam("embeddings_and_head", (den["num_params"] - per * layers,), w, full, "base"))
     if spec.method in (Method.LORA, Method.QLORA):
         h, r = _hidden(den), spec.lora.r
@@ -240,6 +249,8 @@ def diffusion_estimate(pipe: dict, spec: JobSpec, gpu=None):
     if pipe["kind"] != "unet":  # the output stage (norm_out, proj_out) has no feed-forward
         transient[-1] = Breakdown().add("denoiser/backward/grad_hidden",
                                         2 * nbytes(b * (n + m) * _hidden(pipe["denoiser"]), c))
+        if pipe["denoiser"].get("class") in BLOCK_CLASSES:
+            transient[-1] = output_backward_transient(pipe["denoiser"], spec, b, n)
     if spec.gradient_checkpointing is Checkpointing.FULL and pipe["kind"] != "unet":
         # diffusers' gradient checkpointing (torch.utils.checkpoint per block): each block
         # keeps its inputs; its saved tensors come back only during its own backward.

@@ -80,12 +80,33 @@ def rotary_tables(den: dict, spec: JobSpec, n: int, m: int) -> Breakdown:
 
 
 def buffers(den: dict, spec: JobSpec) -> Breakdown:
-    """Wan's rotary tables, `freqs_cos` and `freqs_sin` buffers of rope_max_seq_len x d
-    (WanRotaryPosEmbed.__init__), cast with the model."""
-    if den["class"] != "WanTransformer3DModel":
-        return Breakdown()
-    size = den.get("rope_max_seq_len", 1024) * den["attention_head_dim"]
-    return Breakdown().add("denoiser/buffers/rope_freqs", 2 * nbytes(size, spec.precision.weight_dtype))
+    """Buffers cast with the model: Wan's rotary tables (`freqs_cos`, `freqs_sin`, each
+    rope_max_seq_len x d: WanRotaryPosEmbed.__init__); SD3's sinusoidal `pos_embed`
+    (PatchEmbed: pos_embed_max_size^2 x h, or the sample's patch grid without a maximum)."""
+    w = spec.precision.weight_dtype
+    if den["class"] == "WanTransformer3DModel":
+        size = den.get("rope_max_seq_len", 1024) * den["attention_head_dim"]
+        return Breakdown().add("denoiser/buffers/rope_freqs", 2 * nbytes(size, w))
+    if den["class"] == "SD3Transformer2DModel":
+        side = den.get("pos_embed_max_size") or den.get("sample_size", 128) // den.get("patch_size", 2)
+        h = den["num_attention_heads"] * den["attention_head_dim"]
+        return Breakdown().add("denoiser/buffers/pos_embed", nbytes(side * side * h, w))
+    return Breakdown()
+
+
+def feed_forward_params(den: dict, i: int) -> int:
+    """Weights and biases of block i's feed-forwards (h -> f -> h each): the image stream's
+    and, in a joint block that keeps its text stream, the text's (ff_context); none counted
+    for Flux's single blocks, whose MLP runs beside the attention."""
+    h = den["num_attention_heads"] * den["attention_head_dim"]
+    f = den.get("ffn_dim") or den.get("ff_mult", 4) * h
+    one = 2 * h * f + f + h
+    if den["class"] == "WanTransformer3DModel":
+        return one
+    if i >= den["num_layers"]:
+        return 0
+    last_pre_only = den["class"] == "SD3Transformer2DModel" and i == den["num_layers"] - 1
+    return one if last_pre_only else 2 * one
 
 
 def lora_targets(den: dict, i: int) -> tuple[str, ...]:
@@ -129,6 +150,18 @@ def block_transients(pipe: dict, spec: JobSpec, b: int, n: int, m: int) -> list[
     return out
 
 
+def output_backward_transient(den: dict, spec: JobSpec, b: int, n: int) -> Breakdown:
+    """The start of backward, at norm_out: the incoming gradient and the output gradient
+    (b x n x h each, c). Wan's norm_out works in fp32 (`(norm_out(x.float()) * (1 + scale)
+    + shift).type_as(x)`): ToCopyBackward's fp32 gradient, then MulBackward's two fp32
+    results (for the normed tensor and for `scale` before its sum), measured alive together
+    with the exact CPU meter."""
+    h = den["num_attention_heads"] * den["attention_head_dim"]
+    if den["class"] == "WanTransformer3DModel":
+        return Breakdown().add("denoiser/backward/norm_out_fp32", 3 * nbytes(b * n * h, "fp32"))
+    return Breakdown().add("denoiser/backward/grad_hidden", 2 * nbytes(b * n * h, spec.precision.compute_dtype))
+
+
 def output_stage(den: dict, ctx: DitCtx, spec: JobSpec, b: int, n: int, last_tokens: int) -> Breakdown:
     """norm_out (AdaLayerNormContinuous, Wan's FP32LayerNorm with its table) then proj_out:
     the LayerNorm saves the last block's output (for Flux a slice of the single stream's
@@ -150,4 +183,4 @@ def output_stage(den: dict, ctx: DitCtx, spec: JobSpec, b: int, n: int, last_tok
     return _stage(rec, "output")
 
 
-__all__ = ["BLOCK_CLASSES", "block_stages", "buffers", "rotary_tables", "block_transients", "lora_targets", "output_stage"]
+__all__ = ["BLOCK_CLASSES", "block_stages", "buffers", "feed_forward_params", "output_backward_transient", "rotary_tables", "block_transients", "lora_targets", "output_stage"]
