@@ -1,7 +1,7 @@
 """Measured vs estimated peaks of multi-model jobs (DPO, distillation, reward model,
 vision-language: a tiny LLaVA through vramplan.measure.vlm; GRPO with generation through
-vramplan.measure.rl; a tiny CogVideoX-style diffusion transformer through
-vramplan.measure.diffusion).
+vramplan.measure.rl; tiny CogVideoX, Flux, SD3 and Wan 2.1 denoisers, the diffusers 0.42.1
+classes, through vramplan.measure.diffusion).
 
     python bench/jobs/run.py [--only SUBSTRING] [--estimate-only]
 
@@ -145,6 +145,9 @@ CASES = dict([
     case("diffusion/fp32/lora/wan-tiny", **WAN, precision="fp32", method="lora", lora={"r": 8}),
     case("diffusion/bf16/lora/flux-tiny/b1-384px", **dict(IMG, diffusion=dict(IMG["diffusion"], height=384, width=384)),
          model=TINY_FLUX, precision="bf16", method="lora", lora={"r": 8}, micro_batch_size=1),
+    case("diffusion/bf16/lora/flux-tiny/gc", **IMG, model=TINY_FLUX, precision="bf16", method="lora", lora={"r": 8},
+         gradient_checkpointing="full"),
+    case("diffusion/fp32/full/wan-tiny/gc", **WAN, precision="fp32", gradient_checkpointing="full"),
     case("diffusion/bf16/lora/sd3-tiny", **IMG, model=TINY_SD3, precision="bf16", method="lora", lora={"r": 8}),
     case("diffusion/bf16/full/wan-tiny", **WAN, precision="bf16"),
     case("diffusion/fp32/full/flux-tiny/prior-preservation", **dict(IMG, diffusion=dict(IMG["diffusion"], prior_preservation=True)),

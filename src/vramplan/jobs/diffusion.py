@@ -255,6 +255,10 @@ def diffusion_estimate(pipe: dict, spec: JobSpec, gpu=None):
         # diffusers' gradient checkpointing (torch.utils.checkpoint per block): each block
         # keeps its inputs; its saved tensors come back only during its own backward.
         kept = nbytes(b * (n + m) * _hidden(pipe["denoiser"]), c)
+        if pipe["denoiser"].get("class") in BLOCK_CLASSES:
+            # the recomputed block saves its inputs again, but they are the kept ones
+            stages = [Breakdown(terms={k: v for k, v in s.terms.items() if not k.endswith(("/hidden", "/text"))})
+                      for s in stages]
         transient = [t.merge(s, prefix="recomputed/") for t, s in zip(transient, stages)]
         stages = [Breakdown().add("denoiser/activations/checkpoint/block_input", kept) for _ in stages]
     plan = StepPlan(static=static, grads_by_stage=grads, stage_acts=stages, loss_saved=loss_saved,
