@@ -86,6 +86,19 @@ TINY_WAN = {"name": "tiny-wan", "kind": "cross-dit",
                          "text_dim": 64, "freq_dim": 32, "ffn_dim": 256, "num_params": 548240},
             "vae": {"latent_channels": 4, "spatial_compression": 8, "temporal_compression": 4, "num_params": 0},
             "text_encoders": _TE}
+# SDXL's UNet layout at tiny size: a plain down level, a cross-attention level with 2
+# transformer layers, the mid block, the up path; CLIP states of 16 tokens and the pooled
+# text + size ids (addition_embed_type text_time).
+TINY_SDXL = {"name": "tiny-sdxl", "kind": "unet",
+             "denoiser": {"class": "UNet2DConditionModel", "in_channels": 4, "out_channels": 4,
+                          "block_out_channels": [32, 64], "down_block_types": ["DownBlock2D", "CrossAttnDownBlock2D"],
+                          "up_block_types": ["CrossAttnUpBlock2D", "UpBlock2D"], "layers_per_block": 2,
+                          "transformer_layers_per_block": [1, 2], "attention_head_dim": [2, 4],
+                          "cross_attention_dim": 64, "norm_num_groups": 8, "addition_embed_type": "text_time",
+                          "addition_time_embed_dim": 8, "projection_class_embeddings_input_dim": 80,
+                          "use_linear_projection": True, "num_params": 1976516},
+             "vae": {"latent_channels": 4, "spatial_compression": 8, "temporal_compression": 1, "num_params": 0},
+             "text_encoders": [dict(_CLIP, max_tokens=16), dict(_CLIP, role="clip_g", max_tokens=16)]}
 IMG = {"task": "diffusion", "diffusion": {"height": 256, "width": 256, "num_frames": 1, "text_encoders": "precomputed",
                                           "vae": "precomputed"}}
 WAN = {"task": "diffusion", "model": TINY_WAN, "diffusion": dict(IMG["diffusion"], num_frames=9)}
@@ -148,6 +161,7 @@ CASES = dict([
     case("diffusion/bf16/lora/flux-tiny/gc", **IMG, model=TINY_FLUX, precision="bf16", method="lora", lora={"r": 8},
          gradient_checkpointing="full"),
     case("diffusion/fp32/full/wan-tiny/gc", **WAN, precision="fp32", gradient_checkpointing="full"),
+    case("diffusion/fp32/full/sdxl-unet-tiny", **IMG, model=TINY_SDXL, precision="fp32"),
     case("diffusion/bf16/lora/sd3-tiny", **IMG, model=TINY_SD3, precision="bf16", method="lora", lora={"r": 8}),
     case("diffusion/bf16/full/wan-tiny", **WAN, precision="bf16"),
     case("diffusion/fp32/full/flux-tiny/prior-preservation", **dict(IMG, diffusion=dict(IMG["diffusion"], prior_preservation=True)),

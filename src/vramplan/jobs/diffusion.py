@@ -125,26 +125,48 @@ def output_stage(pipe: dict, spec: JobSpec, b: int, n: int) -> Breakdown:
 
 
 def unet_stages(pipe: dict, spec: JobSpec, b: int, lat_h: int, lat_w: int, m: int) -> list[Breakdown]:
-    """One stage per resolution level (down path then up path, mid block with the last down
-    level): down levels hold layers_per_block resnets, up levels one more
-    (diffusers UNet2DConditionModel: up blocks have layers_per_block + 1)."""
+    """One stage per resolution level: the down path, the mid block, the up path, the output
+    convolution (diffusers UNet2DConditionModel). A ResnetBlock2D saves 3 tensors of its input
+    width (norm1's input, SiLU's, conv1's) and 3 of its output width; a down level's
+    Downsample2D conv saves its input; an up level's resnets read cat(hidden, skip) (the
+    lower level's or this level's channels plus the skip's: `res_skip_channels` of the next
+    level for the last resnet), and its Upsample2D conv saves the 2x-interpolated tensor;
+    up levels run layers_per_block + 1 resnets and use reversed block_out_channels and
+    transformer_layers_per_block; UNetMidBlock2DCrossAttn is resnet, attention, resnet."""
     den = pipe["denoiser"]
     c = spec.precision.compute_dtype
-    lpb, width = den["layers_per_block"], den.get("transformer_layers_per_block", 1)
-    width = width if isinstance(width, int) else max(width)
-    out, hw = [], lat_h * lat_w
-    levels = list(zip(den["block_out_channels"], den["down_block_types"]))
-    for up, blocks in ((False, levels), (True, list(reversed(list(zip(den["block_out_channels"], den["up_block_types"])))))):
-        for j, (ch, kind) in enumerate(blocks):
-            level = j if not up else len(blocks) - 1 - j
-            n_res = lpb + (1 if up else 0)
-            n_attn = n_res if kind.startswith("CrossAttn") else 0
-            terms = unet_level_saved(ch, hw // (4 ** level), b, n_res, n_attn, m, den["cross_attention_dim"],
-                                     den.get("attention_head_dim", 8), width)
-            st = Breakdown()
-            for k, v in terms.items():
-                st.add(f"denoiser/activations/{'up' if up else 'down'}_{level}/{k}", nbytes(v, c))
-            out.append(st)
+    lpb, boc = den["layers_per_block"], den["block_out_channels"]
+    tl = den.get("transformer_layers_per_block", 1)
+    tl = [tl] * len(boc) if isinstance(tl, int) else list(tl)
+    heads, ctx_dim, last = den.get("attention_head_dim", 8), den["cross_attention_dim"], len(boc) - 1
+    hw0, out = lat_h * lat_w, []
+
+    def level(name, ch, hw, res_in, n_attn, width, extra=0):
+        attn = unet_level_saved(ch, hw, b, 0, n_attn, m, ctx_dim, heads, width)["attentions"] if n_attn else 0
+        resn = sum(3 * b * hw * (cin + ch) for cin in res_in)
+        return (Breakdown().add(f"denoiser/activations/{name}/resnets", nbytes(resn, c))
+                .add(f"denoiser/activations/{name}/attentions", nbytes(attn, c))
+                .add(f"denoiser/activations/{name}/resample", nbytes(extra, c)))
+    for i, (ch, kind) in enumerate(zip(boc, den["down_block_types"])):
+        hw = hw0 // 4 ** i
+        res_in = [boc[max(i - 1, 0)]] + [ch] * (lpb - 1)
+        down = b * ch * hw if i < last else 0  # Downsample2D's conv input
+        out.append(level(f"down_{i}", ch, hw, res_in, lpb if kind.startswith("CrossAttn") else 0, tl[i], down))
+    mid_attn = 0 if den.get("mid_block_type") == "UNetMidBlock2D" else 1
+    out.append(level("mid", boc[-1], hw0 // 4 ** last, [boc[-1]] * 2, mid_attn, tl[-1]))
+    rev, rtl = boc[::-1], tl[::-1]
+    for j, kind in enumerate(den["up_block_types"]):
+        ch, hw = rev[j], hw0 // 4 ** (last - j)
+        res_in = []
+        for r in range(lpb + 1):
+            prev = (rev[max(j - 1, 0)] if r == 0 else ch)
+            skip = ch if r < lpb else rev[min(j + 1, last)]
+            res_in.append(prev + skip)
+        up = 4 * b * ch * hw if j < last else 0  # Upsample2D: the interpolated tensor
+        out.append(level(f"up_{last - j}", ch, hw, res_in, (lpb + 1) if kind.startswith("CrossAttn") else 0,
+                         rtl[j], up))
+    # conv_norm_out (GroupNorm input), conv_act (its output), conv_out (SiLU's output)
+    out[-1].add("denoiser/activations/output/conv_out", 3 * nbytes(b * boc[0] * hw0, c))
     return out
 
 
@@ -206,7 +228,8 @@ def diffusion_estimate(pipe: dict, spec: JobSpec, gpu=None):
     n, m = tokens["image"], tokens["text"]
     params = denoiser_params(pipe, spec)
     if pipe["kind"] == "unet":
-        ctx_tokens = sum(e["max_tokens"] for e in pipe["text_encoders"])
+        # SDXL concatenates CLIP-L's and CLIP-G's 77 states on the feature axis
+        ctx_tokens = max(e["max_tokens"] for e in pipe["text_encoders"])
         stages = unet_stages(pipe, spec, b, shape[3], shape[4], ctx_tokens)
     elif pipe["denoiser"].get("class") in BLOCK_CLASSES:
         stages = block_stages(pipe, spec, b, n, m or tokens["context"])
