@@ -46,6 +46,12 @@ def resolve_pipeline(model) -> dict:
     return find_pipeline(model)
 
 
+def check_spec_shape(spec: JobSpec) -> None:
+    """The spec's height, width and frames against its pipeline (catalog/pipelines.check_shape)."""
+    cfg = spec.diffusion
+    check_shape(resolve_pipeline(spec.model), cfg.height, cfg.width, cfg.num_frames)
+
+
 def _hidden(den: dict) -> int:
     return den["num_attention_heads"] * den["attention_head_dim"]
 
@@ -365,4 +371,4 @@ def _desc_stub(pipe: dict):
     return SimpleNamespace(name=pipe.get("name", "pipeline"))
 
 
-__all__ = ["denoiser_params", "diffusion_estimate", "resolve_pipeline", "transformer_stages", "unet_stages"]
+__all__ = ["check_spec_shape", "denoiser_params", "diffusion_estimate", "resolve_pipeline", "transformer_stages", "unet_stages"]
