@@ -145,10 +145,10 @@ def test_pipeline_catalog_token_counts_from_frames_resolution_vae_and_patches():
     cog = find_pipeline("THUDM/CogVideoX-5b")
     # 49 frames -> 13 latent frames (causal VAE), 480x720 / 8 / patch 2 -> 30 x 45 patches
     assert latent_shape(cog, 2, 480, 720, 49) == (2, 16, 13, 60, 90)
-    assert denoiser_tokens(cog, 480, 720, 49) == {"image": 13 * 30 * 45, "text": 226}
-    assert denoiser_tokens(find_pipeline("flux.1-dev"), 1024, 1024, 1) == {"image": 4096, "text": 512}
+    assert denoiser_tokens(cog, 480, 720, 49) == {"image": 13 * 30 * 45, "text": 226, "context": 0}
+    assert denoiser_tokens(find_pipeline("flux.1-dev"), 1024, 1024, 1) == {"image": 4096, "text": 512, "context": 0}
     assert denoiser_tokens(find_pipeline("stable-diffusion-3-medium"), 1024, 1024, 1)["text"] == 77 + 256
-    assert denoiser_tokens(find_pipeline("stable-diffusion-v1-5"), 512, 512, 1) == {"image": 4096, "text": 0}
+    assert denoiser_tokens(find_pipeline("stable-diffusion-v1-5"), 512, 512, 1) == {"image": 4096, "text": 0, "context": 0}
     assert image_tokens(find_vlm("llava-1.5-7b"), 336) == 576
     assert image_tokens(find_vlm("qwen2-vl-7b"), 448) == 256
 

@@ -1,7 +1,7 @@
 """Measured vs estimated peaks of multi-model jobs (DPO, distillation, reward model,
 vision-language: a tiny LLaVA through vramplan.measure.vlm; GRPO with generation through
-vramplan.measure.rl; a tiny CogVideoX-style diffusion transformer through
-vramplan.measure.diffusion).
+vramplan.measure.rl; tiny CogVideoX, Flux, SD3 and Wan 2.1 denoisers, the diffusers 0.42.1
+classes, through vramplan.measure.diffusion).
 
     python bench/jobs/run.py [--only SUBSTRING] [--estimate-only]
 
@@ -84,6 +84,48 @@ TINY_COG = {"name": "tiny-cogvideox", "kind": "video-dit",
 DIT = {"task": "diffusion", "model": TINY_COG,
        "diffusion": {"height": 256, "width": 256, "num_frames": 9, "text_encoders": "precomputed",
                      "vae": "precomputed"}}
+# Flux, SD3 and Wan 2.1: the diffusers classes at tiny sizes (2 blocks each kind, h 128), 256 px
+# (Flux: 2x2-packed 32x32 latents -> 256 image + 16 T5 tokens; SD3: patch 2 -> 256 + 24 joint
+# tokens; Wan: 9 frames -> 3 latent frames x 16 x 16 = 768 tokens, 16 umT5 tokens by cross-attention).
+# num_params: the class built from these fields (checked by measure_diffusion).
+_TE = [{"role": "t5", "joins_sequence": True, "d_model": 64, "max_tokens": 16, "num_heads": 1, "d_ff": 64, "num_params": 0}]
+_CLIP = {"role": "clip_l", "d_model": 32, "max_tokens": 8, "num_heads": 1, "d_ff": 32, "num_params": 0}
+TINY_FLUX = {"name": "tiny-flux", "kind": "mmdit",
+             "denoiser": {"class": "FluxTransformer2DModel", "num_layers": 2, "num_single_layers": 2,
+                          "num_attention_heads": 4, "attention_head_dim": 32, "in_channels": 16, "patch_size": 1,
+                          "latent_packing": 2, "joint_attention_dim": 64, "pooled_projection_dim": 32,
+                          "guidance_embeds": True, "axes_dims_rope": [8, 12, 12], "num_params": 1847184},
+             "vae": {"latent_channels": 4, "spatial_compression": 8, "temporal_compression": 1, "num_params": 0},
+             "text_encoders": [_CLIP] + _TE}
+TINY_SD3 = {"name": "tiny-sd3", "kind": "mmdit",
+            "denoiser": {"class": "SD3Transformer2DModel", "num_layers": 2, "num_attention_heads": 4,
+                         "attention_head_dim": 32, "in_channels": 4, "out_channels": 4, "patch_size": 2,
+                         "joint_attention_dim": 64, "caption_projection_dim": 128, "pooled_projection_dim": 32,
+                         "sample_size": 32, "pos_embed_max_size": 32, "num_params": 1088784},
+            "vae": {"latent_channels": 4, "spatial_compression": 8, "temporal_compression": 1, "num_params": 0},
+            "text_encoders": [dict(_CLIP, joins_sequence=True, d_model=64)] + _TE}
+TINY_WAN = {"name": "tiny-wan", "kind": "cross-dit",
+            "denoiser": {"class": "WanTransformer3DModel", "num_layers": 2, "num_attention_heads": 4,
+                         "attention_head_dim": 32, "in_channels": 4, "out_channels": 4, "patch_size": [1, 2, 2],
+                         "text_dim": 64, "freq_dim": 32, "ffn_dim": 256, "num_params": 548240},
+            "vae": {"latent_channels": 4, "spatial_compression": 8, "temporal_compression": 4, "num_params": 0},
+            "text_encoders": _TE}
+# SDXL's UNet layout at tiny size: a plain down level, a cross-attention level with 2
+# transformer layers, the mid block, the up path; CLIP states of 16 tokens and the pooled
+# text + size ids (addition_embed_type text_time).
+TINY_SDXL = {"name": "tiny-sdxl", "kind": "unet",
+             "denoiser": {"class": "UNet2DConditionModel", "in_channels": 4, "out_channels": 4,
+                          "block_out_channels": [32, 64], "down_block_types": ["DownBlock2D", "CrossAttnDownBlock2D"],
+                          "up_block_types": ["CrossAttnUpBlock2D", "UpBlock2D"], "layers_per_block": 2,
+                          "transformer_layers_per_block": [1, 2], "attention_head_dim": [2, 4],
+                          "cross_attention_dim": 64, "norm_num_groups": 8, "addition_embed_type": "text_time",
+                          "addition_time_embed_dim": 8, "projection_class_embeddings_input_dim": 80,
+                          "use_linear_projection": True, "num_params": 1976516},
+             "vae": {"latent_channels": 4, "spatial_compression": 8, "temporal_compression": 1, "num_params": 0},
+             "text_encoders": [dict(_CLIP, max_tokens=16), dict(_CLIP, role="clip_g", max_tokens=16)]}
+IMG = {"task": "diffusion", "diffusion": {"height": 256, "width": 256, "num_frames": 1, "text_encoders": "precomputed",
+                                          "vae": "precomputed"}}
+WAN = {"task": "diffusion", "model": TINY_WAN, "diffusion": dict(IMG["diffusion"], num_frames=9)}
 # PPO (TRL PPOTrainer, measure/ppo.py): actor + critic trained, reference + reward frozen.
 PPO = {"task": "ppo", "micro_batch_size": 4, "seq_len": 64, "max_new_tokens": 32, "reward_model": LLAMA}
 GRPO = {"task": "grpo", "micro_batch_size": 8, "seq_len": 64, "num_generations": 4, "max_new_tokens": 32,
@@ -169,6 +211,21 @@ CASES = dict([
          precision="fp32"),
     case("diffusion/fp32/full/cogvideox-tiny/128px", **dict(DIT, diffusion=dict(DIT["diffusion"], height=128, width=128)),
          precision="fp32"),
+    case("diffusion/fp32/full/flux-tiny", **IMG, model=TINY_FLUX, precision="fp32"),
+    case("diffusion/bf16/lora/flux-tiny", **IMG, model=TINY_FLUX, precision="bf16", method="lora", lora={"r": 8}),
+    case("diffusion/fp32/full/sd3-tiny", **IMG, model=TINY_SD3, precision="fp32"),
+    case("diffusion/fp32/full/wan-tiny", **WAN, precision="fp32"),
+    case("diffusion/fp32/lora/wan-tiny", **WAN, precision="fp32", method="lora", lora={"r": 8}),
+    case("diffusion/bf16/lora/flux-tiny/b1-384px", **dict(IMG, diffusion=dict(IMG["diffusion"], height=384, width=384)),
+         model=TINY_FLUX, precision="bf16", method="lora", lora={"r": 8}, micro_batch_size=1),
+    case("diffusion/bf16/lora/flux-tiny/gc", **IMG, model=TINY_FLUX, precision="bf16", method="lora", lora={"r": 8},
+         gradient_checkpointing="full"),
+    case("diffusion/fp32/full/wan-tiny/gc", **WAN, precision="fp32", gradient_checkpointing="full"),
+    case("diffusion/fp32/full/sdxl-unet-tiny", **IMG, model=TINY_SDXL, precision="fp32"),
+    case("diffusion/bf16/lora/sd3-tiny", **IMG, model=TINY_SD3, precision="bf16", method="lora", lora={"r": 8}),
+    case("diffusion/bf16/full/wan-tiny", **WAN, precision="bf16"),
+    case("diffusion/fp32/full/flux-tiny/prior-preservation", **dict(IMG, diffusion=dict(IMG["diffusion"], prior_preservation=True)),
+         model=TINY_FLUX, precision="fp32", micro_batch_size=1),
     case("grpo/bf16/full/gc/b4", **dict(GRPO, micro_batch_size=4), precision="bf16", gradient_checkpointing="full"),
 ])
 

@@ -55,23 +55,59 @@ def latent_shape(pipe: dict, batch: int, height: int, width: int, frames: int) -
     return (batch, vae["latent_channels"], f, height // s, width // s)
 
 
+def patch_dims(den: dict) -> tuple[int, int, int]:
+    """(frames, height, width) of one token in latents: Wan's `patch_size` is a (t, h, w)
+    triple; CogVideoX 1.5 and others give `patch_size_t` beside a square `patch_size`;
+    Flux packs 2x2 latents into one token (diffusers FluxPipeline._pack_latents)."""
+    p = den.get("patch_size", 1)
+    if isinstance(p, (list, tuple)):
+        return int(p[0]), int(p[1]), int(p[2])
+    p = (p or 1) * den.get("latent_packing", 1)
+    return int(den.get("patch_size_t") or 1), p, p
+
+
 def denoiser_tokens(pipe: dict, height: int, width: int, frames: int) -> dict[str, int]:
-    """Tokens per sample the denoiser attends over: latent patches (frames x (h/p) x (w/p);
-    Flux packs 2x2 latents into one token, diffusers FluxPipeline._pack_latents) plus,
-    where text joins the sequence (CogVideoX, SD3/Flux joint attention), text tokens.
+    """Tokens per sample the denoiser attends over: latent patches (frames x (h/p) x (w/p))
+    plus, where text joins the sequence (CogVideoX, SD3/Flux joint attention), text tokens;
+    `context`: the text states a cross-attention denoiser (Wan) reads beside them.
     A UNet has no token sequence: its attention runs per resolution level."""
     den = pipe["denoiser"]
     _, _, f, h, w = latent_shape(pipe, 1, height, width, frames)
     if pipe["kind"] == "unet":
-        return {"image": h * w, "text": 0}
-    p = den.get("patch_size", 1) * den.get("latent_packing", 1)
-    image = f * (h // p) * (w // p)
-    text = 0
+        return {"image": h * w, "text": 0, "context": 0}
+    pt, ph, pw = patch_dims(den)
+    image = -(-f // pt) * (h // ph) * (w // pw)
+    text = context = 0
     if pipe["kind"] == "video-dit":  # CogVideoX: T5 states concatenated before the video tokens
         text = den["max_text_seq_length"]
     elif pipe["kind"] == "mmdit":  # joint attention over text states and image tokens
         text = sum(e["max_tokens"] for e in pipe["text_encoders"] if e.get("joins_sequence"))
-    return {"image": image, "text": text}
+    elif pipe["text_encoders"]:  # cross-attention: the last encoder's states
+        context = pipe["text_encoders"][-1]["max_tokens"]
+    return {"image": image, "text": text, "context": context}
+
+
+def check_shape(pipe: dict, height: int, width: int, frames: int) -> None:
+    """Sizes the pipeline can take, else a SpecError naming the field: height and width
+    multiples of the VAE's spatial factor times the token's side (the patch embedding's
+    stride; diffusers pipelines' check_inputs), frames of a causal video VAE t * k + 1
+    (its first frame is kept, every t later ones become one latent frame: CogVideoX, Wan,
+    HunyuanVideo at t = 4)."""
+    from vramplan.spec import SpecError
+    vae, den = pipe["vae"], pipe["denoiser"]
+    s = vae["spatial_compression"]
+    patch = 1 if pipe["kind"] == "unet" else patch_dims(den)[1]
+    step = s * patch
+    for name, value in (("height", height), ("width", width)):
+        if value % step:
+            near = max(step, round(value / step) * step)
+            raise SpecError(f"diffusion.{name}", f"{value} is not a multiple of {step} (VAE factor {s} x patch "
+                            f"{patch}); use e.g. {near}")
+    t = vae.get("temporal_compression", 1)
+    if t > 1 and frames > 1 and (frames - 1) % t:
+        near = round((frames - 1) / t) * t + 1
+        raise SpecError("diffusion.num_frames", f"{frames} frames do not fit {pipe.get('name', 'the pipeline')}'s "
+                        f"VAE: use {t}k+1 frames, e.g. {near}")
 
 
 def list_pipelines() -> list[dict]:
@@ -108,5 +144,5 @@ def image_tokens(vlm: dict, image_size: int) -> int:
     return side * side // (v["spatial_merge_size"] ** 2)
 
 
-__all__ = ["denoiser_tokens", "find_pipeline", "find_vlm", "image_tokens", "latent_shape", "list_pipelines",
+__all__ = ["check_shape", "denoiser_tokens", "patch_dims", "find_pipeline", "find_vlm", "image_tokens", "latent_shape", "list_pipelines",
            "list_vlms"]

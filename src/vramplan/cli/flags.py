@@ -58,7 +58,11 @@ _DIFFUSION_FLAGS = (("num_frames", int, N_("diffusion: video frames in pixel spa
                     ("text_encoders", str, N_("diffusion: frozen | precomputed (embeddings from disk)")),
                     ("vae", str, N_("diffusion: frozen | precomputed (latents from disk)")),
                     ("frozen_copy", _flag_bool, N_("diffusion: a frozen copy of the denoiser beside it")),
-                    ("offload_frozen", _flag_bool, N_("diffusion: frozen modules on the CPU between forwards")))
+                    ("offload_frozen", _flag_bool, N_("diffusion: frozen modules on the CPU between forwards")),
+                    ("prior_preservation", _flag_bool,
+                     N_("diffusion: DreamBooth prior preservation (class images double the batch)")),
+                    ("vae_slicing", _flag_bool, N_("diffusion: VAE encodes one sample at a time")),
+                    ("vae_tiling", _flag_bool, N_("diffusion: VAE encodes in tiles")))
 
 
 def _flag_names(name: str) -> list[str]:

@@ -161,6 +161,9 @@ def spec_from_args(args) -> "object":
     if spec.lengths is not None:  # the lengths file is read here, relative to the spec file
         from vramplan.importers.lengths import resolve_lengths
         spec = resolve_lengths(spec, os.path.dirname(os.path.abspath(args.spec)) if args.spec else None)
+    if spec.diffusion is not None:  # a size the pipeline cannot take stays one line
+        from vramplan.jobs.diffusion import check_spec_shape
+        check_spec_shape(spec)
     for note in vars(args).pop("pending_notes", []):
         print(tr(note), file=sys.stderr)
     if args.save_spec:

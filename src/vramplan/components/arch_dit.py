@@ -28,6 +28,8 @@ class DitCtx:
     lora_rank: int = 0
     """LoRA on to_q, to_k, to_v, to_out.0 (diffusers' training scripts' default targets)."""
     qk_norm: bool = True
+    ff_dim: int = 0
+    """Feed-forward width where the config gives it (Wan's ffn_dim); 0: ff_mult x hidden."""
 
 
 def _w(ctx: DitCtx, name: str, shape) -> Param:

@@ -60,6 +60,8 @@ TEMPLATES = (
     N_("{qtype} runs on {kernels}; got {value}"),
     N_("is a GPTQ setting; {qtype} has no act-order"),
     N_("{group} does not divide in_features {n} of {name}; AWQ needs whole groups (use a divisor of {m})"),
+    N_("{value} is not a multiple of {step} (VAE factor {vae} x patch {patch}); use e.g. {near}"),
+    N_("{frames} frames do not fit {model}'s VAE: use {rule} frames, e.g. {near}"),
     # vramplan.files: spec and config files
     N_("{path}: file not found"),
     N_("{path}: not valid JSON/YAML ({detail})"),

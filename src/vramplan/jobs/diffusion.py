@@ -20,13 +20,16 @@ m text tokens, h hidden, c compute dtype.
 from __future__ import annotations
 
 from vramplan.breakdown import Breakdown
-from vramplan.catalog.pipelines import denoiser_tokens, latent_shape
+from vramplan.catalog.pipelines import check_shape, denoiser_tokens, latent_shape
 from vramplan.components.arch_dit import DitCtx, joint_block, unet_level_saved
 from vramplan.components.graph import Recorder
 from vramplan.components.optimizer import optimizer_states, step_temporaries
 from vramplan.components.trainable import HeldParam, ParamSet
 from vramplan.i18n import Msg
 from vramplan.jobs.compose import Step, finish
+from vramplan.jobs.diffusion_blocks import (BLOCK_CLASSES, block_stages, block_transients, feed_forward_params,
+                                            lora_targets, output_backward_transient)
+from vramplan.jobs.diffusion_blocks import buffers as block_buffers
 from vramplan.spec import Checkpointing, JobSpec, Method
 from vramplan.spec.tasks import PRECOMPUTED
 from vramplan.timeline import StepPlan
@@ -41,6 +44,12 @@ def resolve_pipeline(model) -> dict:
         return model
     from vramplan.catalog.pipelines import find_pipeline
     return find_pipeline(model)
+
+
+def check_spec_shape(spec: JobSpec) -> None:
+    """The spec's height, width and frames against its pipeline (catalog/pipelines.check_shape)."""
+    cfg = spec.diffusion
+    check_shape(resolve_pipeline(spec.model), cfg.height, cfg.width, cfg.num_frames)
 
 
 def _hidden(den: dict) -> int:
@@ -58,13 +67,21 @@ def denoiser_params(pipe: dict, spec: JobSpec) -> ParamSet:
         return ParamSet((HeldParam("denoiser", (den["num_params"],), w, full, "base"),))
     layers = den["num_layers"] + den.get("num_single_layers", 0)
     per = den["num_params"] // layers
-    out = [HeldParam(f"blocks.{i}", (per,), w, full, "base", i) for i in range(layers)]
+    out = []
+    for i in range(layers):
+        ff = feed_forward_params(den, i) if full and den.get("class") in BLOCK_CLASSES else 0
+        # A trained block's backward peaks in its feed-forward, its first op in backward: only
+        # the feed-forward's weight gradients exist then; the rest come after (counted with
+        # the next stage in backward order).
+        if ff:
+            out.append(HeldParam(f"blocks.{i}.ff", (ff,), w, full, "base", i))
+        out.append(HeldParam(f"blocks.{i}", (per - ff,), w, full, "base", max(i - 1, 0) if ff else i))
     out.append(HeldParam("embeddings_and_head", (den["num_params"] - per * layers,), w, full, "base"))
     if spec.method in (Method.LORA, Method.QLORA):
         h, r = _hidden(den), spec.lora.r
         for i in range(layers):
             out += [HeldParam(f"blocks.{i}.{m}.lora", (2 * r * h,), "fp32", True, "lora", i)
-                    for m in ("to_q", "to_k", "to_v", "to_out.0")]
+                    for m in lora_targets(den, i)]
     return ParamSet(tuple(out))
 
 
@@ -114,26 +131,48 @@ def output_stage(pipe: dict, spec: JobSpec, b: int, n: int) -> Breakdown:
 
 
 def unet_stages(pipe: dict, spec: JobSpec, b: int, lat_h: int, lat_w: int, m: int) -> list[Breakdown]:
-    """One stage per resolution level (down path then up path, mid block with the last down
-    level): down levels hold layers_per_block resnets, up levels one more
-    (diffusers UNet2DConditionModel: up blocks have layers_per_block + 1)."""
+    """One stage per resolution level: the down path, the mid block, the up path, the output
+    convolution (diffusers UNet2DConditionModel). A ResnetBlock2D saves 3 tensors of its input
+    width (norm1's input, SiLU's, conv1's) and 3 of its output width; a down level's
+    Downsample2D conv saves its input; an up level's resnets read cat(hidden, skip) (the
+    lower level's or this level's channels plus the skip's: `res_skip_channels` of the next
+    level for the last resnet), and its Upsample2D conv saves the 2x-interpolated tensor;
+    up levels run layers_per_block + 1 resnets and use reversed block_out_channels and
+    transformer_layers_per_block; UNetMidBlock2DCrossAttn is resnet, attention, resnet."""
     den = pipe["denoiser"]
     c = spec.precision.compute_dtype
-    lpb, width = den["layers_per_block"], den.get("transformer_layers_per_block", 1)
-    width = width if isinstance(width, int) else max(width)
-    out, hw = [], lat_h * lat_w
-    levels = list(zip(den["block_out_channels"], den["down_block_types"]))
-    for up, blocks in ((False, levels), (True, list(reversed(list(zip(den["block_out_channels"], den["up_block_types"])))))):
-        for j, (ch, kind) in enumerate(blocks):
-            level = j if not up else len(blocks) - 1 - j
-            n_res = lpb + (1 if up else 0)
-            n_attn = n_res if kind.startswith("CrossAttn") else 0
-            terms = unet_level_saved(ch, hw // (4 ** level), b, n_res, n_attn, m, den["cross_attention_dim"],
-                                     den.get("attention_head_dim", 8), width)
-            st = Breakdown()
-            for k, v in terms.items():
-                st.add(f"denoiser/activations/{'up' if up else 'down'}_{level}/{k}", nbytes(v, c))
-            out.append(st)
+    lpb, boc = den["layers_per_block"], den["block_out_channels"]
+    tl = den.get("transformer_layers_per_block", 1)
+    tl = [tl] * len(boc) if isinstance(tl, int) else list(tl)
+    heads, ctx_dim, last = den.get("attention_head_dim", 8), den["cross_attention_dim"], len(boc) - 1
+    hw0, out = lat_h * lat_w, []
+
+    def level(name, ch, hw, res_in, n_attn, width, extra=0):
+        attn = unet_level_saved(ch, hw, b, 0, n_attn, m, ctx_dim, heads, width)["attentions"] if n_attn else 0
+        resn = sum(3 * b * hw * (cin + ch) for cin in res_in)
+        return (Breakdown().add(f"denoiser/activations/{name}/resnets", nbytes(resn, c))
+                .add(f"denoiser/activations/{name}/attentions", nbytes(attn, c))
+                .add(f"denoiser/activations/{name}/resample", nbytes(extra, c)))
+    for i, (ch, kind) in enumerate(zip(boc, den["down_block_types"])):
+        hw = hw0 // 4 ** i
+        res_in = [boc[max(i - 1, 0)]] + [ch] * (lpb - 1)
+        down = b * ch * hw if i < last else 0  # Downsample2D's conv input
+        out.append(level(f"down_{i}", ch, hw, res_in, lpb if kind.startswith("CrossAttn") else 0, tl[i], down))
+    mid_attn = 0 if den.get("mid_block_type") == "UNetMidBlock2D" else 1
+    out.append(level("mid", boc[-1], hw0 // 4 ** last, [boc[-1]] * 2, mid_attn, tl[-1]))
+    rev, rtl = boc[::-1], tl[::-1]
+    for j, kind in enumerate(den["up_block_types"]):
+        ch, hw = rev[j], hw0 // 4 ** (last - j)
+        res_in = []
+        for r in range(lpb + 1):
+            prev = (rev[max(j - 1, 0)] if r == 0 else ch)
+            skip = ch if r < lpb else rev[min(j + 1, last)]
+            res_in.append(prev + skip)
+        up = 4 * b * ch * hw if j < last else 0  # Upsample2D: the interpolated tensor
+        out.append(level(f"up_{last - j}", ch, hw, res_in, (lpb + 1) if kind.startswith("CrossAttn") else 0,
+                         rtl[j], up))
+    # conv_norm_out (GroupNorm input), conv_act (its output), conv_out (SiLU's output)
+    out[-1].add("denoiser/activations/output/conv_out", 3 * nbytes(b * boc[0] * hw0, c))
     return out
 
 
@@ -164,25 +203,42 @@ def frozen_block_forward(pipe: dict, b: int, tokens: int, c: str) -> Breakdown:
     return (Breakdown().add("forward/hidden", 4 * nbytes(t * h, c)).add("forward/ff", 2 * nbytes(t * f, c)))
 
 
-def vae_encode_forward(pipe: dict, b: int, frames: int, height: int, width: int, c: str) -> Breakdown:
-    """A frozen VAE encode at full resolution under no_grad: the first level's ResnetBlock
-    holds its input, the GroupNorm output, the SiLU output and the conv output at once
-    (diffusers models/resnet.py ResnetBlock2D.forward), 128 channels (block_out_channels[0]
-    of the SD/CogVideoX VAEs)."""
-    ch = pipe["vae"].get("first_channels", 128)
+def vae_encode_forward(pipe: dict, b: int, frames: int, height: int, width: int, c: str, cfg=None) -> Breakdown:
+    """A frozen VAE encode under no_grad: the first level's ResnetBlock holds its input, the
+    GroupNorm output, the SiLU output and the conv output at once (diffusers
+    models/resnet.py ResnetBlock2D.forward), `first_channels` wide (block_out_channels[0]:
+    128 for the SD/CogVideoX VAEs, 96 for Wan's). What is in flight: a causal video VAE
+    that encodes in frame chunks (`encode_chunk_frames`: AutoencoderKLWan._encode runs the
+    first frame, then 4 at a time, with a cache of past frames) holds one chunk; slicing
+    (`enable_slicing`) one sample; tiling (`enable_tiling`) one tile of `tile_size` pixels a
+    side (AutoencoderKL.tiled_encode: tile_sample_min_size, 512 unless the entry says)."""
+    vae = pipe["vae"]
+    ch = vae.get("first_channels", 128)
+    frames = min(frames, vae.get("encode_chunk_frames", frames))
+    if cfg is not None and cfg.vae_slicing:
+        b = 1
+    if cfg is not None and cfg.vae_tiling:
+        tile = vae.get("tile_size", 512)
+        height, width = min(height, tile), min(width, tile)
     return Breakdown().add("forward/level0", 4 * nbytes(b * ch * frames * height * width, c))
 
 
 def diffusion_estimate(pipe: dict, spec: JobSpec, gpu=None):
     cfg = spec.diffusion
+    check_shape(pipe, cfg.height, cfg.width, cfg.num_frames)
     b, c, w = spec.micro_batch_size, spec.precision.compute_dtype, spec.precision.weight_dtype
+    if cfg.prior_preservation:  # train_dreambooth*.py: torch.cat([instance, class]) in every batch
+        b *= 2
     shape = latent_shape(pipe, b, cfg.height, cfg.width, cfg.num_frames)
     tokens = denoiser_tokens(pipe, cfg.height, cfg.width, cfg.num_frames)
     n, m = tokens["image"], tokens["text"]
     params = denoiser_params(pipe, spec)
     if pipe["kind"] == "unet":
-        ctx_tokens = sum(e["max_tokens"] for e in pipe["text_encoders"])
+        # SDXL concatenates CLIP-L's and CLIP-G's 77 states on the feature axis
+        ctx_tokens = max(e["max_tokens"] for e in pipe["text_encoders"])
         stages = unet_stages(pipe, spec, b, shape[3], shape[4], ctx_tokens)
+    elif pipe["denoiser"].get("class") in BLOCK_CLASSES:
+        stages = block_stages(pipe, spec, b, n, m or tokens["context"])
     else:
         stages = transformer_stages(pipe, spec, b, n, m)
     latent_elems = 1
@@ -200,6 +256,8 @@ def diffusion_estimate(pipe: dict, spec: JobSpec, gpu=None):
         # CogVideoXPatchEmbed (diffusers models/embeddings.py): without rotary embeddings
         # (CogVideoX-2b) a sinusoidal `pos_embedding` buffer over text + video tokens.
         static.add("denoiser/buffers/pos_embedding", nbytes((n + m) * _hidden(den), w))
+    if den.get("class") in BLOCK_CLASSES:
+        static.merge(block_buffers(den, spec))
     grads = _grads_by_stage(params, len(stages), spec)
     # loss: F.mse_loss(pred.float(), target.float()) (diffusers train_dreambooth_lora_sd3.py):
     # mse_loss saves both inputs (tools/autograd/derivatives.yaml); in fp32 .float() is a
@@ -215,13 +273,21 @@ def diffusion_estimate(pipe: dict, spec: JobSpec, gpu=None):
         fwd_end = Breakdown().add("loss/pred", nbytes(latent_elems, c))
     bwd0 = Breakdown().add("loss/grad_pred_fp32", nbytes(latent_elems, "fp32"))
     transient = [_block_backward_transient(pipe, spec, b, n + m, c) for _ in stages]
+    if pipe["denoiser"].get("class") in BLOCK_CLASSES and spec.method is not Method.FULL:
+        transient = block_transients(pipe, spec, b, n, m) + transient[-1:]
     if pipe["kind"] != "unet":  # the output stage (norm_out, proj_out) has no feed-forward
         transient[-1] = Breakdown().add("denoiser/backward/grad_hidden",
                                         2 * nbytes(b * (n + m) * _hidden(pipe["denoiser"]), c))
+        if pipe["denoiser"].get("class") in BLOCK_CLASSES:
+            transient[-1] = output_backward_transient(pipe["denoiser"], spec, b, n)
     if spec.gradient_checkpointing is Checkpointing.FULL and pipe["kind"] != "unet":
         # diffusers' gradient checkpointing (torch.utils.checkpoint per block): each block
         # keeps its inputs; its saved tensors come back only during its own backward.
         kept = nbytes(b * (n + m) * _hidden(pipe["denoiser"]), c)
+        if pipe["denoiser"].get("class") in BLOCK_CLASSES:
+            # the recomputed block saves its inputs again, but they are the kept ones
+            stages = [Breakdown(terms={k: v for k, v in s.terms.items() if not k.endswith(("/hidden", "/text"))})
+                      for s in stages]
         transient = [t.merge(s, prefix="recomputed/") for t, s in zip(transient, stages)]
         stages = [Breakdown().add("denoiser/activations/checkpoint/block_input", kept) for _ in stages]
     plan = StepPlan(static=static, grads_by_stage=grads, stage_acts=stages, loss_saved=loss_saved,
@@ -246,7 +312,7 @@ def _block_backward_transient(pipe: dict, spec: JobSpec, b: int, tokens: int, c:
     h = _hidden(pipe["denoiser"])
     out = Breakdown().add("denoiser/backward/grad_hidden", 2 * nbytes(b * tokens * h, c))
     if spec.method is not Method.FULL:
-        f = pipe["denoiser"].get("ff_mult", 4) * h
+        f = pipe["denoiser"].get("ffn_dim") or pipe["denoiser"].get("ff_mult", 4) * h
         ff = 2 * nbytes(b * tokens * f, c)
         if ff > out.total():
             return Breakdown().add("denoiser/backward/grad_ff", ff)
@@ -274,7 +340,7 @@ def _frozen_modules(pipe, spec, step: Step, b, c, w, notes, tokens: int) -> int:
         step.plan.static.add("batch/text_embeddings", nbytes(b * m, w))
     if cfg.vae != PRECOMPUTED:
         modules.append(("vae", pipe["vae"]["num_params"],
-                        vae_encode_forward(pipe, b, cfg.num_frames, cfg.height, cfg.width, c), "before"))
+                        vae_encode_forward(pipe, b, cfg.num_frames, cfg.height, cfg.width, c, cfg), "before"))
         step.plan.static.add("batch/pixels", nbytes(b * 3 * cfg.num_frames * cfg.height * cfg.width, w))
     if cfg.frozen_copy:
         copy = frozen_block_forward(pipe, b, tokens, c)
@@ -305,4 +371,4 @@ def _desc_stub(pipe: dict):
     return SimpleNamespace(name=pipe.get("name", "pipeline"))
 
 
-__all__ = ["denoiser_params", "diffusion_estimate", "resolve_pipeline", "transformer_stages", "unet_stages"]
+__all__ = ["check_spec_shape", "denoiser_params", "diffusion_estimate", "resolve_pipeline", "transformer_stages", "unet_stages"]

@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from . import MeasureResult
+from .diffusion_inputs import FLOW_MATCHING, call_denoiser, denoiser_inputs
 from .build import build_optimizer, norm_precision, precision_dtypes
 from .jobs import PHASES, _live_tensors
 from .meter import MemoryMeter
@@ -50,15 +51,20 @@ def build_denoiser(pipe: dict, diffusion: dict, dtype: torch.dtype) -> torch.nn.
     cls = getattr(diffusers, den["class"])
     accepted = inspect.signature(cls.__init__).parameters
     f, _, h, w = latent_dims(pipe, diffusion)
-    den.update(sample_height=h, sample_width=w,
-               sample_frames=(f - 1) * pipe["vae"]["temporal_compression"] + 1)
+    if den["class"] == "CogVideoXTransformer3DModel":
+        den.update(sample_height=h, sample_width=w,
+                   sample_frames=(f - 1) * pipe["vae"]["temporal_compression"] + 1)
+    elif den["class"] == "DiTTransformer2DModel":  # fixed sinusoidal positions for one latent side
+        den["sample_size"] = h
     cfg = {k: v for k, v in den.items() if k in accepted}
     return cls(**cfg).to(dtype)
 
 
 def count_params(pipe: dict, diffusion: dict | None = None) -> int:
-    """The denoiser's parameter count (for an inline pipeline's `num_params`)."""
-    return sum(p.numel() for p in build_denoiser(pipe, diffusion or {}, torch.float32).parameters())
+    """The denoiser's parameter count, built on the meta device (no memory, no weights)."""
+    with torch.device("meta"):
+        model = build_denoiser(pipe, diffusion or {}, torch.float32)
+    return sum(p.numel() for p in model.parameters())
 
 
 def measure_diffusion(job: dict, steps: int = 2, trace: bool = False) -> MeasureResult:
@@ -92,11 +98,11 @@ def measure_diffusion(job: dict, steps: int = 2, trace: bool = False) -> Measure
         model.enable_gradient_checkpointing()
     model.train()
     opt = build_optimizer([p for p in model.parameters() if p.requires_grad], job)
-    b = int(job.get("micro_batch_size", 1))
-    f, c, h, w = latent_dims(pipe, diffusion)
-    m = sum(e["max_tokens"] for e in pipe["text_encoders"])
-    text_dim = pipe["denoiser"].get("text_embed_dim") or pipe["text_encoders"][0]["d_model"]
+    b = int(job.get("micro_batch_size", 1)) * (2 if diffusion.get("prior_preservation") else 1)
+    flow = pipe["denoiser"]["class"] in FLOW_MATCHING
     meter = MemoryMeter(trace=trace)
+    if trace:
+        meter.track_modules(model)
     meter.register(model.parameters(), "parameter")
     meter.register(model.buffers(), "buffer")
     if frozen is not None:
@@ -106,21 +112,22 @@ def measure_diffusion(job: dict, steps: int = 2, trace: bool = False) -> Measure
     g = torch.Generator().manual_seed(0)
     grads = 0
     with meter:
-        latents = torch.randn(b, f, c, h, w, generator=g).to(dtype)
-        embeds = torch.randn(b, m, text_dim, generator=g).to(dtype)
-        meter.register([latents, embeds], "batch")
+        latents, kw, t = denoiser_inputs(pipe, b, latent_dims(pipe, diffusion), dtype, g)
+        meter.register([latents, t] + [v for v in _leaves(kw)], "batch")
         for step in range(1, steps + 1):
             with meter.phase(f"s{step}.fwd"):
                 noise = torch.randn(latents.shape, generator=g).to(dtype)
-                t = torch.randint(0, 1000, (b,), generator=g)
-                alpha = torch.rand(b, generator=g).to(dtype).view(b, 1, 1, 1, 1)
-                noisy = alpha.sqrt() * latents + (1 - alpha).sqrt() * noise
-                pred = model(hidden_states=noisy, encoder_hidden_states=embeds, timestep=t, return_dict=False)[0]
-                target = noise
+                shape = (b,) + (1,) * (latents.dim() - 1)
+                alpha = torch.rand(b, generator=g).to(dtype).view(shape)
+                if flow:  # rectified flow (train_dreambooth_lora_flux.py / _sd3.py): x_s = (1 - s) x + s n
+                    noisy = (1 - alpha) * latents + alpha * noise
+                else:  # DDPMScheduler.add_noise
+                    noisy = alpha.sqrt() * latents + (1 - alpha).sqrt() * noise
+                pred = call_denoiser(model, pipe, noisy, kw, t)
+                target = noise - latents if flow else noise  # flow matching predicts n - x
                 if frozen is not None:  # the frozen copy's prediction is the target
                     with meter.phase(f"s{step}.ref"), torch.no_grad():
-                        target = frozen(hidden_states=noisy, encoder_hidden_states=embeds, timestep=t,
-                                        return_dict=False)[0]
+                        target = call_denoiser(frozen, pipe, noisy, kw, t)
                 loss = F.mse_loss(pred.float(), target.float())
                 del pred, target
             if step == steps:
@@ -131,8 +138,15 @@ def measure_diffusion(job: dict, steps: int = 2, trace: bool = False) -> Measure
             with meter.phase(f"s{step}.opt"):
                 opt.step()
                 opt.zero_grad(set_to_none=True)
-            del loss, noise, noisy, t, alpha
+            del loss, noise, noisy, alpha
     return metered_result(meter, model, opt, grads, PHASES, trace=trace)
+
+
+def _leaves(kw: dict) -> list:
+    out = []
+    for v in kw.values():
+        out += _leaves(v) if isinstance(v, dict) else ([v] if isinstance(v, torch.Tensor) else [])
+    return out
 
 
 __all__ = ["build_denoiser", "count_params", "measure_diffusion"]

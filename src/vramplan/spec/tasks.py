@@ -189,11 +189,18 @@ class DiffusionConfig:
     offload_frozen: bool = False
     """Frozen modules live on the CPU and visit the GPU one at a time for their forward
     (diffusers `enable_model_cpu_offload`)."""
+    prior_preservation: bool = False
+    """DreamBooth with prior preservation: the class images join the instance images in
+    every batch, so the denoiser (and the encoders) see twice micro_batch_size samples."""
+    vae_slicing: bool = False
+    """Encode one sample at a time (diffusers `vae.enable_slicing()`)."""
+    vae_tiling: bool = False
+    """Encode in overlapping tiles of the VAE's tile size (diffusers `vae.enable_tiling()`)."""
 
     def __post_init__(self):
         for name in ("height", "width", "num_frames"):
             object.__setattr__(self, name, positive_int(f"diffusion.{name}", getattr(self, name)))
-        for name in ("frozen_copy", "offload_frozen"):
+        for name in ("frozen_copy", "offload_frozen", "prior_preservation", "vae_slicing", "vae_tiling"):
             object.__setattr__(self, name, boolean(f"diffusion.{name}", getattr(self, name)))
         for name in ("text_encoders", "vae"):
             if not isinstance(getattr(self, name), str) or getattr(self, name) not in ("frozen", PRECOMPUTED):
