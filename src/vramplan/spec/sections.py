@@ -211,7 +211,10 @@ class QuantConfig:
         if isinstance(bits, bool) or bits not in widths:
             fix = ("use nf4/fp4 with 4 bits and int8 with 8 bits" if qtype.is_bitsandbytes
                    else f"{qtype.value} stores {', '.join(map(str, widths))} bits")
-            raise SpecError("quantization.type" if qtype.is_bitsandbytes else "quantization.bits",
+            # A width no bitsandbytes type stores (3, true) is the bits' fault; 4 or 8 with the
+            # other bitsandbytes type is the type's.
+            blame_type = qtype.is_bitsandbytes and not isinstance(bits, bool) and bits in (4, 8)
+            raise SpecError("quantization.type" if blame_type else "quantization.bits",
                             f"{qtype.value} does not go with bits={_show(bits)}; {fix}")
         object.__setattr__(self, "bits", bits)
         object.__setattr__(self, "double_quant", boolean("quantization.double_quant", self.double_quant))
