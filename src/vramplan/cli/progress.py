@@ -38,6 +38,9 @@ class SearchProgress:
         if self._task is None:
             self._task = self._bar.add_task(_("fit: layouts"), total=total)
         self._bar.update(self._task, completed=done, description=_("fit: {found} fitting so far (Ctrl-C: best so far)").format(found=found))
+        # Draw now rather than at the next tick of rich's refresh thread: a search that
+        # settles its layouts between two ticks would otherwise never show its count.
+        self._bar.refresh()
 
 
 @contextlib.contextmanager
