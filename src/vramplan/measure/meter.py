@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_leaves
 
 
@@ -204,6 +204,10 @@ class MemoryMeter(TorchDispatchMode):
 
     # -------------------------------------------------------------- counting
     def _track(self, t: torch.Tensor, op: str) -> None:
+        if is_traceable_wrapper_subclass(t):
+            # a wrapper (torchao's quantized optimizer states): its storage is a placeholder
+            # of the logical shape; its memory is its inner tensors, metered as they are made
+            return
         try:
             st = t.untyped_storage()
         except (RuntimeError, NotImplementedError):
