@@ -204,7 +204,9 @@ def _recent_temporaries(spec: JobSpec, train: tuple[HeldParam, ...]) -> Breakdow
     opt, impl = spec.optimizer, spec.optimizer_impl
     out = Breakdown()
     widths = [(p, _state_dtype(spec, p)) for p in train]
-    if opt in (Optimizer.GALORE_ADAMW, Optimizer.APOLLO_ADAMW):
+    if opt is Optimizer.GALORE_ADAMW:
+        out.add("temporaries/optimizer/low_rank_step", projected.galore_step_peak(spec, widths))
+    elif opt is Optimizer.APOLLO_ADAMW:
         # one parameter at a time: the largest step sets the peak
         out.add("temporaries/optimizer/low_rank_step", max(projected.step_temporary(spec, p, w) for p, w in widths))
     elif opt is Optimizer.MUON:

@@ -86,4 +86,54 @@ def step_temporary(spec: JobSpec, p: HeldParam, dtype: str) -> int:
         return 2 * nbytes(p.numel, dtype)
     m, n, r, right = _sides(spec, p)
     low = m * r if right else r * n
-    return 2 * nbytes(m * n, dtype) + 3 * nbytes(low, dtype)
+    usual = 2 * nbytes(m * n, dtype) + 3 * nbytes(low, dtype)
+    if spec.optimizer is Optimizer.GALORE_ADAMW:
+        return max(usual, _galore_refresh(m, n, r, right, dtype))
+    return usual
+
+
+def galore_step_peak(spec: JobSpec, widths: list[tuple[HeldParam, str]]) -> int:
+    """The largest bytes beyond states and gradients during GaLoreAdamW.step, walking the
+    parameters in its order (transformers' groups: the plain parameters, then the
+    targets). galore_torch/adamw.py keeps `denom` and `norm_grad` as loop locals, so the
+    previous parameter's pair (low-rank `denom`, full-size projected-back `norm_grad` for
+    a target; both full-size for a plain one) is alive while the next one is projected
+    (an SVD on refresh steps) and until its own are assigned. The larger of a steady step
+    and a refresh step (every target's projection recomputed)."""
+    order = [x for x in widths if not is_target(spec, x[0])] + [x for x in widths if is_target(spec, x[0])]
+    return max(_galore_walk(spec, order, refresh) for refresh in (False, True))
+
+
+def _galore_walk(spec: JobSpec, order: list[tuple[HeldParam, str]], refresh: bool) -> int:
+    peak, prev_denom, prev_norm = 0, 0, 0
+    for p, w in order:
+        if is_target(spec, p):
+            m, n, r, right = _sides(spec, p)
+            low, full = nbytes(m * r if right else r * n, w), nbytes(m * n, w)
+            project = _galore_refresh(m, n, r, right, w) if refresh else 0
+            steps = (prev_denom + prev_norm + max(project, low),  # projected grad made
+                     prev_denom + prev_norm + 2 * low,             # + denom = exp_avg_sq.sqrt()
+                     prev_norm + 3 * low,                          # + exp_avg / denom
+                     3 * low + 2 * full)                           # project_back and * scale
+            prev_denom, prev_norm = low, full
+        else:
+            full = nbytes(p.numel, w)
+            steps = (prev_denom + prev_norm + full, prev_norm + 2 * full)
+            prev_denom, prev_norm = full, full
+        peak = max(peak, *steps)
+    return peak
+
+
+def _galore_refresh(m: int, n: int, r: int, right: bool, dtype: str) -> int:
+    """The step that recomputes the projection (the first, then every update_proj_gap):
+    galore_projector.py `get_orthogonal_matrix` runs `torch.linalg.svd(matrix,
+    full_matrices=False)` on the fp32 gradient (a `.float()` copy of a 16-bit one): U (m, k),
+    s (k) and Vh (k, n) in fp32, then for `right` A = U[:, :r] @ diag(s[:r]) (m, r) and
+    diag (r, r), for `left` B = diag(s[:r]) @ Vh[:r] (r, n); a 16-bit gradient's projector
+    is then a copy in its dtype."""
+    k = min(m, n)
+    out = nbytes(m * k + k + k * n + r * r, "fp32")
+    out += nbytes(m * r if right else r * n, "fp32")
+    if dtype != "fp32":
+        out += nbytes(m * n, "fp32") + nbytes(r * n if right else m * r, dtype)
+    return out
