@@ -114,6 +114,12 @@ def method_label(job: dict) -> str:
 
 def optimizer_label(job: dict) -> str:
     opt = job.get("optimizer", "adamw")
+    if job.get("optimizer_in_backward"):
+        return optimizer_label({k: v for k, v in job.items() if k != "optimizer_in_backward"}) + "-in-backward"
+    if opt in ("galore-adamw", "apollo-adamw"):
+        low = job.get("low_rank") or {}
+        targets = low.get("target_modules", "all-linear")
+        return f"{opt}-r{low.get('rank')}-{_short_targets(targets)}"
     if opt == "adamw":
         return f"adamw-{job.get('optimizer_impl') or 'default'}"
     if opt == "sgd":

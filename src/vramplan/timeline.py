@@ -76,6 +76,11 @@ class StepPlan:
     ("",) for a whole plan, ("policy/",) once that plan is a job's policy section."""
     parallel: object | None = None
     """The parallel.ParallelReport of the rank this plan describes (None when trivial)."""
+    in_backward: list[Breakdown] | None = None
+    """Per stage, when the optimizer steps inside backward (components/optimizer_in_backward.py):
+    what is alive beyond weights, states and earlier stages' activations while the stage's
+    largest parameter steps (its gradient and the step's temporaries). Gradients are freed
+    as they are made; the optimizer phase holds no gradients and no temporaries."""
 
 
 def _sum(parts) -> Breakdown:
@@ -106,16 +111,24 @@ def walk(plan: StepPlan) -> list[Event]:
     static_tot, accum = plan.static.total(), plan.grads_alive_in_forward
     done: list[Breakdown] = [fwd_grads]
     done_tot = fwd_grads.total()
+    fused = plan.in_backward
     for i in range(n - 1, -1, -1):
         mine = [] if accum else [own_grads[i]]
         parts = [plan.static, *done, *mine, *plan.stage_acts[:i], own_acts[i], plan.stage_backward_transient[i]]
         total = (static_tot + done_tot + sum(b.total() for b in mine) + prefix[i] + own_acts[i].total()
                  + plan.stage_backward_transient[i].total())
         events.append(Event("backward", plan.labels[i] if plan.labels else f"stage {i} backward", parts, total))
-        if not accum:
+        if fused is not None and fused[i].terms:
+            # the stage's activations are gone; its largest parameter steps in the hook
+            events.append(Event("backward", f"stage {i} step in backward",
+                                [plan.static, *plan.stage_acts[:i], fused[i]]))
+        if not accum and fused is None:
             done.append(stage_grads[i])
             done_tot += stage_grads[i].total()
-    events.append(Event("optimizer", "optimizer step", [plan.static, all_grads, plan.optimizer_temporaries]))
+    if fused is not None:  # stepped in backward: optimizer.step() has nothing left to do
+        events.append(Event("optimizer", "optimizer step (done in backward)", [plan.static]))
+    else:
+        events.append(Event("optimizer", "optimizer step", [plan.static, all_grads, plan.optimizer_temporaries]))
     return events
 
 

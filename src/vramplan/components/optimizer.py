@@ -6,9 +6,11 @@ Each rule names the torch / transformers / bitsandbytes code whose allocations i
 from __future__ import annotations
 
 from vramplan.breakdown import Breakdown
+from vramplan.components import optimizer_projected as projected
+from vramplan.components import optimizer_quantized as quantized
 from vramplan.components.dtypes import dtypes_of
 from vramplan.components.trainable import HeldParam, ParamSet, grad_dtype
-from vramplan.spec import Backend, JobSpec, Optimizer, OptimizerImpl
+from vramplan.spec import Backend, JobSpec, Optimizer, OptimizerImpl, SpecError
 from vramplan.units import nbytes
 
 # bitsandbytes Optimizer8bit: parameters with fewer than `min_8bit_size` elements keep
@@ -36,8 +38,9 @@ def _state_dtype(spec: JobSpec, p: HeldParam) -> str:
     return dtypes_of(spec).optimizer_states if dtypes_of(spec).master_weights else grad_dtype(spec, p)
 
 
-def state_tensors(spec: JobSpec, p: HeldParam) -> dict[str, int]:
-    """Persistent optimizer state bytes for one trainable parameter, by state name."""
+def state_tensors(spec: JobSpec, p: HeldParam, heads: tuple[int, int] | None = None) -> dict[str, int]:
+    """Persistent optimizer state bytes for one trainable parameter, by state name.
+    `heads`: (hidden_size, num_attention_heads) of the model, for Adam-mini's head blocks."""
     n = p.numel
     sdtype = _state_dtype(spec, p)
     opt = spec.optimizer
@@ -57,7 +60,69 @@ def state_tensors(spec: JobSpec, p: HeldParam) -> dict[str, int]:
         return {"state1": n, "state2": n, "absmax": 2 * blocks * 4}
     if opt is Optimizer.PAGED_ADAMW_32BIT:
         return {"state1": nbytes(n, "fp32"), "state2": nbytes(n, "fp32")}
+    return _recent_state(spec, p, sdtype, heads)
+
+
+def _recent_state(spec: JobSpec, p: HeldParam, sdtype: str, heads: tuple[int, int] | None) -> dict[str, int]:
+    n, opt = p.numel, spec.optimizer
+    if opt in (Optimizer.GALORE_ADAMW, Optimizer.APOLLO_ADAMW):
+        return projected.state_tensors(spec, p, sdtype)
+    if opt is Optimizer.MUON:
+        if is_muon_matrix(p):
+            # torch/optim/_muon.py `_init_group`: momentum_buffer = zeros_like(grad)
+            return {"momentum_buffer": nbytes(n, sdtype)}
+        return {"exp_avg": nbytes(n, sdtype), "exp_avg_sq": nbytes(n, sdtype), "step": _step_scalar_bytes(spec)}
+    if opt is Optimizer.ADAM_MINI:
+        return _adam_mini_state(p, sdtype, heads)
+    if opt is Optimizer.SCHEDULE_FREE_ADAMW:
+        # schedulefree/adamw_schedulefree.py `step`: z = clone(p), exp_avg_sq = zeros_like(p)
+        return {"z": nbytes(n, sdtype), "exp_avg_sq": nbytes(n, sdtype)}
+    if opt in (Optimizer.TORCHAO_ADAMW_8BIT, Optimizer.TORCHAO_ADAMW_4BIT):
+        return quantized.torchao_state(opt, p, sdtype)
+    if opt is Optimizer.LOMO:
+        return {}  # lomo_optim/lomo.py: plain SGD inside the gradient hook, no state
+    if opt is Optimizer.ADALOMO:
+        # lomo_optim/adalomo.py __init__: fp32 exp_avg_sq_row (m) and _col (n) for matrices,
+        # an fp32 exp_avg_sq (shape[0]) for vectors
+        if len(p.shape) >= 2:
+            return {"exp_avg_sq_row": 4 * p.shape[0], "exp_avg_sq_col": 4 * p.shape[1]}
+        return {"exp_avg_sq": 4 * p.shape[0]}
     raise AssertionError(opt)
+
+
+def is_muon_matrix(p: HeldParam) -> bool:
+    """The usual Muon recipe (Keller Jordan's muon.py; torch.optim.Muon takes only 2-D
+    parameters): the hidden layers' matrices go to Muon; embeddings, the head and 1-D
+    parameters to AdamW."""
+    return len(p.shape) == 2 and p.layer is not None
+
+
+_ADAM_MINI_QK = ("k_proj", "q_proj", "wq", "wk", "query", "key")
+_ADAM_MINI_ROWS = ("embed", "embd", "wte", "lm_head", "output", "final_layer", "v_proj", "wv", "value", "o_proj",
+                   "wo", "attn.proj", "feed_forward", "linear", "mlp")
+
+
+def _adam_mini_state(p: HeldParam, sdtype: str, heads: tuple[int, int] | None) -> dict[str, int]:
+    """adam_mini/adam_mini.py (1.1.1) `step`, partition by lower-cased name: `bias` -> Adam
+    (m, v full); q/k (`q_proj`, `k_proj`, `query`, `key`, ...) -> m full and one v per
+    head block of dim*dim/n_heads elements (`m.view(-1, head_numel)`); embeddings, output,
+    v, attention output and MLP -> m full and one v per output row; anything else (norms)
+    -> m full and one 0-d v. Without `heads` q/k get one v per row (an upper bound)."""
+    n, name = p.numel, p.name.lower()
+    full = nbytes(n, sdtype)
+    if "bias" in name:
+        return {"m": full, "v": full}
+    if any(word in name for word in _ADAM_MINI_QK) and heads is not None:
+        dim, n_heads = heads
+        head_numel = dim * dim // n_heads
+        if n % head_numel:
+            raise SpecError("optimizer", f"adam-mini views {p.name} as blocks of hidden_size**2 / "
+                            f"num_attention_heads = {head_numel} elements, which do not divide its {n}; "
+                            "the library would fail (use adamw)")
+        return {"m": full, "vmean": nbytes(n // head_numel, sdtype)}
+    if any(word in name for word in _ADAM_MINI_QK + _ADAM_MINI_ROWS):
+        return {"m": full, "vmean": nbytes(p.shape[0], sdtype)}
+    return {"m": full, "vmean": nbytes(1, sdtype)}
 
 
 def _adafactor_state(p: HeldParam) -> dict[str, int]:
@@ -70,17 +135,29 @@ def _adafactor_state(p: HeldParam) -> dict[str, int]:
     return {"exp_avg_sq": 4 * p.numel}
 
 
+def heads_of(desc) -> tuple[int, int] | None:
+    """(hidden_size, num_attention_heads) of a transformer description, for Adam-mini."""
+    hidden, heads = getattr(desc, "hidden_size", 0), getattr(desc, "num_heads", 0)
+    return (hidden, heads) if hidden and heads else None
+
+
+def state_key(spec: JobSpec) -> tuple:
+    """Everything of the spec the optimizer's states and temporaries depend on (memo key)."""
+    return (spec.optimizer, spec.optimizer_impl, dtypes_of(spec), spec.backend, spec.momentum,
+            spec.weight_decay, spec.low_rank)
+
+
 def is_paged(spec: JobSpec) -> bool:
     """Paged optimizers keep state in CUDA managed memory, which the caching allocator (and
     so max_memory_allocated) does not count (bitsandbytes/optim/optimizer.py, paged=True)."""
     return spec.optimizer in (Optimizer.PAGED_ADAMW_8BIT, Optimizer.PAGED_ADAMW_32BIT)
 
 
-def optimizer_states(spec: JobSpec, params: ParamSet) -> Breakdown:
+def optimizer_states(spec: JobSpec, params: ParamSet, heads: tuple[int, int] | None = None) -> Breakdown:
     out = Breakdown()
     group = "optimizer_paged" if is_paged(spec) else "optimizer"
     for p in params.trainable():
-        for name, size in state_tensors(spec, p).items():
+        for name, size in state_tensors(spec, p, heads).items():
             out.add(f"{group}/{name}", size)
     if dtypes_of(spec).master_weights:
         out.add("master_weights/fp32", sum(nbytes(p.numel, "fp32") for p in params.trainable()))
@@ -114,11 +191,65 @@ def step_temporaries(spec: JobSpec, params: ParamSet) -> Breakdown:
         out.add("temporaries/optimizer/lion_update", 2 * max(sizes))
     elif opt is Optimizer.ADAFACTOR:
         out.merge(_adafactor_temporaries(spec, train))
+    else:
+        out.merge(_recent_temporaries(spec, train))
     if dtypes_of(spec).master_weights:
         # The 16-bit gradient is copied to fp32 for the master update (DeepSpeed
         # runtime/bf16_optimizer.py keeps fp32_groups_gradients for every parameter).
         out.add("temporaries/optimizer/fp32_grads", sum(nbytes(p.numel, "fp32") for p in train))
     return out
+
+
+def _recent_temporaries(spec: JobSpec, train: tuple[HeldParam, ...]) -> Breakdown:
+    opt, impl = spec.optimizer, spec.optimizer_impl
+    out = Breakdown()
+    widths = [(p, _state_dtype(spec, p)) for p in train]
+    if opt is Optimizer.GALORE_ADAMW:
+        out.add("temporaries/optimizer/low_rank_step", projected.galore_step_peak(spec, widths))
+    elif opt is Optimizer.APOLLO_ADAMW:
+        # one parameter at a time: the largest step sets the peak
+        out.add("temporaries/optimizer/low_rank_step", max(projected.step_temporary(spec, p, w) for p, w in widths))
+    elif opt is Optimizer.MUON:
+        muon = [muon_step_temporary(p, w) for p, w in widths if is_muon_matrix(p)]
+        rest = [(p, w) for p, w in widths if not is_muon_matrix(p)]
+        adamw = _adamw_temporary(impl, [nbytes(p.numel, w) for p, w in rest]) if rest else 0
+        # Muon steps its matrices first, then AdamW the rest: the larger of the two
+        out.add("temporaries/optimizer/muon_newton_schulz" if max(muon, default=0) >= adamw
+                else "temporaries/optimizer/adamw_rest", max(max(muon, default=0), adamw))
+    elif opt is Optimizer.ADAM_MINI:
+        # adam_mini.py: `update = m * stepsize` and `p.add_(-update)`: two full tensors
+        out.add("temporaries/optimizer/adam_mini_update", 2 * max(nbytes(p.numel, w) for p, w in widths))
+    elif opt is Optimizer.SCHEDULE_FREE_ADAMW:
+        # adamw_schedulefree.py: denom = _foreach_div(exp_avg_sq, bias_correction2) (one per
+        # parameter) or exp_avg_sq.div(...) per parameter in the for-loop form
+        sizes = [nbytes(p.numel, w) for p, w in widths]
+        out.add("temporaries/optimizer/denom", sum(sizes) if impl is OptimizerImpl.FOREACH else max(sizes))
+    elif opt in (Optimizer.TORCHAO_ADAMW_8BIT, Optimizer.TORCHAO_ADAMW_4BIT):
+        out.add("temporaries/optimizer/dequantized_step", max(quantized.torchao_step_temporary(opt, p, w)
+                                                               for p, w in widths))
+    elif opt in (Optimizer.LOMO, Optimizer.ADALOMO):
+        from vramplan.components.optimizer_in_backward import lomo_step_temporary
+        out.add("temporaries/optimizer/lomo_update", max(lomo_step_temporary(spec, p) for p in train))
+    return out
+
+
+def _adamw_temporary(impl: OptimizerImpl, sizes: list[int]) -> int:
+    """torch AdamW's step temporaries over parameters of `sizes` bytes (see step_temporaries)."""
+    if impl is OptimizerImpl.FOREACH:
+        return sum(sizes)
+    return 2 * max(sizes) if impl is OptimizerImpl.FORLOOP else 0
+
+
+def muon_step_temporary(p: HeldParam, dtype: str) -> int:
+    """torch/optim/_muon.py `_single_tensor_muon` for an (m, n) matrix, k = min(m, n):
+    `update = grad.lerp(buf, momentum)` (m*n in the gradient's dtype) stays alive through
+    `_zeropower_via_newtonschulz`, which works in bf16: at each iteration's
+    `addmm(ortho, gram_update, ortho)` the previous and the new ortho (m*n each) and the
+    (k, k) gram matrix and its update are alive (for a bf16 gradient the first ortho is
+    `update` itself, and the count is the same from the second iteration on)."""
+    m, n = p.shape
+    k = min(m, n)
+    return nbytes(m * n, dtype) + 2 * nbytes(m * n, "bf16") + 2 * nbytes(k * k, "bf16")
 
 
 def _adafactor_temporaries(spec: JobSpec, train: tuple[HeldParam, ...]) -> Breakdown:

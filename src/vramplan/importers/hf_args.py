@@ -13,7 +13,16 @@ OPTIM = {
     "paged_adamw_8bit": ("paged-adamw-8bit", None), "paged_adamw_32bit": ("paged-adamw-32bit", None),
     "paged_adamw": ("paged-adamw-32bit", None), "sgd": ("sgd", None), "lion_32bit": ("lion", None),
     "adam": ("adam", None),
+    "galore_adamw": ("galore-adamw", None), "galore_adamw_layerwise": ("galore-adamw", "in-backward"),
+    "apollo_adamw": ("apollo-adamw", None), "apollo_adamw_layerwise": ("apollo-adamw", "in-backward"),
+    "lomo": ("lomo", None), "adalomo": ("adalomo", None),
+    "schedule_free_adamw": ("schedule-free-adamw", None),
+    "adamw_torch_8bit": ("torchao-adamw-8bit", None), "adamw_torch_4bit": ("torchao-adamw-4bit", None),
 }
+# transformers/trainer_optimizer.py `_get_galore_optimizer` / `_get_apollo_optimizer`:
+# rank 128 and update_proj_gap 200 unless `optim_args` says otherwise.
+_LOW_RANK_DEFAULT_RANK = 128
+_LOW_RANK_ARGS = {"rank": int, "update_proj_gap": int, "scale": float, "proj_type": str}
 _NO_MEMORY = {"output_dir", "learning_rate", "lr_scheduler_type", "warmup_ratio", "warmup_steps",
               "num_train_epochs", "max_steps", "logging_steps", "save_steps", "save_strategy",
               "eval_strategy", "evaluation_strategy", "report_to", "run_name", "seed", "logging_dir",
@@ -39,6 +48,9 @@ def from_training_args(cfg: dict, source: str = "training-args") -> tuple[dict, 
             rep.ignored.append(name)
         else:
             rep.ignored.append(name)
+    if "low_rank" in out and out.get("optimizer") not in ("galore-adamw", "apollo-adamw"):
+        out.pop("low_rank")  # optim_args / optim_target_modules of another optimizer
+        rep.ignored += [k for k in ("optim_target_modules", "optim_args") if k in cfg]
     if cfg.get("bf16") is True and cfg.get("fp16") is True:
         # transformers TrainingArguments.__post_init__: at most one of fp16 and bf16.
         raise ImportError_(source, "bf16", "bf16 and fp16 cannot both be true; keep one")
@@ -99,9 +111,42 @@ def _optim(v, out, rep, name):
                            f"{', '.join(sorted(OPTIM))} (or pass --optimizer)")
     opt, impl = OPTIM[key]
     out["optimizer"] = opt
-    if impl:
+    if impl == "in-backward":
+        # *_layerwise: one optimizer per parameter stepped in a post-accumulate-grad hook
+        # (transformers' _setup_low_rank_optimizer, LayerWiseDummyOptimizer)
+        out["optimizer_in_backward"] = True
+    elif impl:
         out["optimizer_impl"] = impl
+    if opt in ("galore-adamw", "apollo-adamw"):
+        out.setdefault("low_rank", {}).setdefault("rank", _LOW_RANK_DEFAULT_RANK)
     rep.use(name, f"optimizer = {opt}")
+
+
+def _optim_target_modules(v, out, rep, name):
+    if v is None:
+        return
+    if not (isinstance(v, str) or (isinstance(v, list) and all(isinstance(t, str) for t in v))):
+        raise ImportError_(rep.source, name, f"expected a module name, a list of names or 'all-linear', got {v!r}")
+    out.setdefault("low_rank", {})["target_modules"] = v
+    rep.use(name, "low_rank.target_modules")
+
+
+def _optim_args(v, out, rep, name):
+    """TrainingArguments.optim_args: "rank=64,update_proj_gap=100,scale=0.25"."""
+    if v in (None, ""):
+        return
+    if not isinstance(v, str):
+        raise ImportError_(rep.source, name, f'expected "key=value,key=value", got {v!r}')
+    for item in filter(None, (x.strip() for x in v.replace(" ", ",").split(","))):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ImportError_(rep.source, name, f'expected "key=value,key=value", got {item!r}')
+        if key in _LOW_RANK_ARGS:
+            try:
+                out.setdefault("low_rank", {})[key] = _LOW_RANK_ARGS[key](value)
+            except ValueError:
+                raise ImportError_(rep.source, name, f"{key}={value!r} is not a number") from None
+            rep.use(f"{name}.{key}", f"low_rank.{key}")
 
 
 def _fsdp(v, out, rep, name):
@@ -162,7 +207,8 @@ _FIELDS = {
     "gradient_checkpointing": _gc, "bf16": _bf16, "fp16": _bf16, "optim": _optim,
     "fsdp": _fsdp, "fsdp_config": _fsdp_config, "deepspeed": _deepspeed,
     "max_seq_length": _seq, "max_length": _seq, "use_peft": _lora,
-    "model_init_kwargs": _model_init_kwargs,
+    "model_init_kwargs": _model_init_kwargs, "optim_target_modules": _optim_target_modules,
+    "optim_args": _optim_args,
 }
 
 # Fields only TRL's configs have (trl/trainer/*_config.py): the file is a TRL config.

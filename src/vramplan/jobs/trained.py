@@ -194,4 +194,5 @@ def prefixed(plan: StepPlan, prefix: str) -> StepPlan:
                     stage_grads_at_peak=each(plan.stage_grads_at_peak),
                     grads_alive_in_forward=plan.grads_alive_in_forward,
                     labels=[f"{prefix} {label}" for label in plan.labels],
-                    sharded_prefixes=tuple(p + x for x in plan.sharded_prefixes), parallel=plan.parallel)
+                    sharded_prefixes=tuple(p + x for x in plan.sharded_prefixes), parallel=plan.parallel,
+                    in_backward=each(plan.in_backward))

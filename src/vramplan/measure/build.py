@@ -206,8 +206,22 @@ def apply_checkpointing(model, job: dict) -> None:
 # reproduced only with a non-zero decay.
 WEIGHT_DECAY_DEFAULT = 0.01
 
-def build_optimizer(params: list[torch.Tensor], job: dict) -> torch.optim.Optimizer:
+def build_optimizer(params: list[torch.Tensor], job: dict, model=None) -> torch.optim.Optimizer:
+    """The job's optimizer over `params`; with `optimizer_in_backward`, one per parameter
+    stepped in a post-accumulate-grad hook (measure/optimizers.py)."""
     name = str(job.get("optimizer", "adamw")).lower()
+    if job.get("optimizer_in_backward") and name not in ("lomo", "adalomo"):
+        from .optimizers import in_backward
+
+        if name in ("galore-adamw", "apollo-adamw", "muon", "adam-mini"):
+            raise ValueError(f"optimizer_in_backward: measured for per-parameter optimizers, not {name}")
+
+        plain = {k: v for k, v in job.items() if k != "optimizer_in_backward"}
+        return in_backward(lambda ps: build_optimizer(ps, plain, model), params)
+    return _build_one(name, params, job, model)
+
+
+def _build_one(name: str, params: list[torch.Tensor], job: dict, model) -> torch.optim.Optimizer:
     impl = str(job.get("optimizer_impl", "foreach") or "foreach").lower()
     lr = float(job.get("learning_rate", 1e-4))
     wd = float(job.get("weight_decay", WEIGHT_DECAY_DEFAULT))
@@ -228,6 +242,13 @@ def build_optimizer(params: list[torch.Tensor], job: dict) -> torch.optim.Optimi
         if not hasattr(torch.optim, "Lion"):
             raise ValueError("optimizer: lion is not in torch.optim of this torch; install lion-pytorch")
         return torch.optim.Lion(params, lr=lr, weight_decay=wd)
+    from .optimizers import build_named
+
+    if name in ("galore-adamw", "apollo-adamw", "muon", "adam-mini", "lomo", "adalomo") and model is None:
+        raise ValueError(f"optimizer: {name} is measured on single-model jobs only (it needs the model)")
+    built = build_named(name, model, params, job, lr, wd)
+    if built is not None:
+        return built
     raise ValueError(f"optimizer: unknown value {name!r}")
 
 
@@ -265,5 +286,5 @@ def build(job: Any, device: str = "cpu") -> Built:
         # DeepSpeed-style: the optimizer steps fp32 masters; 16-bit copies run.
         pairs = [(p.detach().float().requires_grad_(False), p) for p in trainable]
         trainable = [m for m, _ in pairs]
-    optimizer = build_optimizer(trainable, job)
+    optimizer = build_optimizer(trainable, job, None if pairs else model)
     return Built(model, optimizer, precision, autocast_dtype, pairs)

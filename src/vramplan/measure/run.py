@@ -63,10 +63,30 @@ def grad_tensors(built: Built):
     return [p.grad for p in built.model.parameters() if p.grad is not None]
 
 
+def _inner(v) -> list:
+    """The plain tensors behind an optimizer state value: a tensor, a tensor subclass's
+    inner tensors (torchao's quantized states: codes, scale, qmap), a projector object's
+    matrix (GaLore/APOLLO `ortho_matrix`)."""
+    if isinstance(v, torch.Tensor):
+        if hasattr(v, "__tensor_flatten__") and type(v) is not torch.Tensor and not isinstance(v, torch.nn.Parameter):
+            names, _ = v.__tensor_flatten__()
+            return [t for n in names for t in _inner(getattr(v, n))]
+        return [v]
+    matrix = getattr(v, "ortho_matrix", None)
+    if matrix is not None:
+        return [m for m in (matrix if isinstance(matrix, (list, tuple)) else [matrix])]
+    return []
+
+
 def state_tensors(built: Built):
     out = [m for m, _ in built.master_pairs]
     for state in built.optimizer.state.values():
-        out += [v for v in state.values() if isinstance(v, torch.Tensor)]
+        for v in state.values():
+            out += _inner(v)
+    for name in ("exp_avg_sq", "exp_avg_sq_row", "exp_avg_sq_col"):  # AdaLomo keeps them by name
+        table = getattr(built.optimizer, name, None)
+        if isinstance(table, dict):
+            out += [v for v in table.values() if isinstance(v, torch.Tensor)]
     return out
 
 
@@ -119,11 +139,22 @@ def _optimizer_step(built: Built) -> None:
         for master, p in built.master_pairs:
             master.grad = None if p.grad is None else p.grad.float()
             p.grad = None
-    built.optimizer.step()
-    built.optimizer.zero_grad(set_to_none=True)
+    if not hasattr(built.optimizer, "fused_backward"):  # LOMO stepped inside backward
+        built.optimizer.step()
+        built.optimizer.zero_grad(set_to_none=True)
     with torch.no_grad():
         for master, p in built.master_pairs:
             p.copy_(master)
+
+
+def _backward(built: Built, loss: torch.Tensor) -> None:
+    """loss.backward(); LOMO/AdaLomo run it through `fused_backward`, which then updates the
+    last parameter (lomo_optim/lomo.py), as HF Trainer's training_step does for them."""
+    fused = getattr(built.optimizer, "fused_backward", None)
+    if fused is None:
+        loss.backward()
+    else:
+        fused(loss, built.optimizer.lr)
 
 
 def train_steps(built: Built, job: dict, meter, device: str, steps: int = 2) -> StepStats:
@@ -139,7 +170,7 @@ def train_steps(built: Built, job: dict, meter, device: str, steps: int = 2) -> 
             if step == steps and micro == accum - 1:
                 _record_end_of_forward(built, meter, stats, batch)
             with meter.phase(f"s{step}.bwd"):
-                loss.backward()
+                _backward(built, loss)
         stats.grad_bytes = unique_bytes(grad_tensors(built))
         with meter.phase(f"s{step}.opt"):
             _optimizer_step(built)

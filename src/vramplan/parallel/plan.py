@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from vramplan.breakdown import Breakdown
 from vramplan.components.dtypes import dtypes_of
-from vramplan.components.optimizer import optimizer_states, step_temporaries
+from vramplan.components.optimizer import heads_of, optimizer_states, state_key, step_temporaries
 from vramplan.components.trainable import HeldParam, ParamSet, grad_dtype
 from vramplan.components.memo import cached
 from vramplan.components.weights import gradient_stages, weight_terms
@@ -134,7 +134,7 @@ def _select(items: list, stage: int, pp: int, layers: range) -> list:
 def _stage_plan(desc, spec, params, plan: StepPlan, lay: Layout, stage: int, layers: range):
     sets = _sets(desc, spec, params, lay, stage, layers)
     last = stage == lay.pp - 1
-    static = _model_states(spec, lay, sets)
+    static = _model_states(spec, lay, sets, heads_of(desc))
     static.add("batch/input_ids", -(-plan.static.total("batch/") // lay.seq_shards))
     if plan.static.terms.get("weights/buffers"):  # non-parameter buffers stay whole on every rank
         static.add("weights/buffers", plan.static.terms["weights/buffers"])
@@ -173,7 +173,9 @@ def _stage_plan(desc, spec, params, plan: StepPlan, lay: Layout, stage: int, lay
                                        _select(plan.stage_acts_at_peak or plan.stage_acts, stage, lay.pp, layers)],
                    optimizer_temporaries=Breakdown() if lay.offload_optimizer != "none"
                    else step_temporaries(spec, sets.states),
-                   grads_alive_in_forward=plan.grads_alive_in_forward, labels=labels)
+                   grads_alive_in_forward=plan.grads_alive_in_forward, labels=labels,
+                   in_backward=None if plan.in_backward is None
+                   else _select(plan.in_backward, stage, lay.pp, layers))
     _engine_buffers(desc, spec, lay, sets, out, stage, layers)
     return out, sets
 
@@ -184,15 +186,15 @@ def _grads_offloaded(lay: Layout) -> bool:
     return lay.offload_optimizer != "none"
 
 
-def _model_states(spec: JobSpec, lay: Layout, sets: _Sets) -> Breakdown:
+def _model_states(spec: JobSpec, lay: Layout, sets: _Sets, heads: tuple[int, int] | None = None) -> Breakdown:
     """Weights, optimizer states and master weights one GPU keeps. Offloaded ones live in
     host memory instead (DeepSpeed offload_optimizer / offload_param, FSDP CPUOffload)."""
     out = Breakdown()
     if lay.offload_params == "none":
         out.merge(cached(sets.weights, ("weights", spec.quantization), lambda: weight_terms(spec, sets.weights)))
     if lay.offload_optimizer == "none":
-        key = ("states", spec.optimizer, spec.optimizer_impl, dtypes_of(spec), spec.backend, spec.momentum)
-        states = cached(sets.states, key, lambda: optimizer_states(spec, sets.states))
+        key = ("states",) + state_key(spec)
+        states = cached(sets.states, key, lambda: optimizer_states(spec, sets.states, heads))
         for name, value in states:  # paged state is managed memory, outside the allocator
             if not name.startswith("optimizer_paged"):
                 out.add(name, value)

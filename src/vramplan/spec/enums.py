@@ -181,6 +181,29 @@ class Optimizer(_Choice):
     """bitsandbytes PagedAdamW8bit: the 8-bit states in CUDA managed (paged) memory."""
     PAGED_ADAMW_32BIT = "paged-adamw-32bit"
     """bitsandbytes PagedAdamW32bit: fp32 states in CUDA managed (paged) memory."""
+    GALORE_ADAMW = "galore-adamw"
+    """galore-torch GaLoreAdamW (Zhao et al. 2024): Adam states of the `low_rank` target
+    matrices in a rank-r projected space, plus each one's projection matrix."""
+    APOLLO_ADAMW = "apollo-adamw"
+    """apollo-torch APOLLOAdamW (Zhu et al. 2024): Adam states of a random rank-r projection
+    of the `low_rank` target matrices, used only to scale the raw gradient per channel."""
+    MUON = "muon"
+    """torch.optim.Muon (Jordan et al. 2024) for the hidden layers' matrices: one momentum
+    buffer and bf16 Newton-Schulz temporaries; AdamW for embeddings, head and vectors."""
+    ADAM_MINI = "adam-mini"
+    """adam-mini Adam_mini (Zhang et al. 2024): a full first moment and one second-moment
+    value per block (head of q/k, output row of the other matrices, one per norm)."""
+    SCHEDULE_FREE_ADAMW = "schedule-free-adamw"
+    """schedulefree AdamWScheduleFree (Defazio et al. 2024): z and exp_avg_sq per parameter."""
+    TORCHAO_ADAMW_8BIT = "torchao-adamw-8bit"
+    """torchao.optim AdamW8bit: two 8-bit block-quantized states with one fp32 scale per block."""
+    TORCHAO_ADAMW_4BIT = "torchao-adamw-4bit"
+    """torchao.optim AdamW4bit: two 4-bit block-quantized states with one fp32 scale per block."""
+    LOMO = "lomo"
+    """lomo-optim Lomo (Lv et al. 2023): SGD fused into backward, no state, gradients freed as
+    they are made."""
+    ADALOMO = "adalomo"
+    """lomo-optim AdaLomo (Lv et al. 2023): LOMO with a factored fp32 second moment."""
 
 
 class OptimizerImpl(_Choice):

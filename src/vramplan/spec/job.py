@@ -13,7 +13,8 @@ from vramplan.spec.enums import (
 )
 from vramplan.spec.enums import USER_ERRORS, as_spec_error
 from vramplan.spec.sections import (
-    FreezeConfig, LoraConfig, ParallelConfig, QuantConfig, boolean, fraction, positive_int, quant_facts,
+    FreezeConfig, LoraConfig, LowRankConfig, ParallelConfig, QuantConfig, boolean, fraction, positive_int,
+    quant_facts,
 )
 from vramplan.spec import tasks as _tasks
 from vramplan.spec.stack import StackConfig, parse_dtype, parse_stack
@@ -28,10 +29,10 @@ _ENUMS = {
 _CPU_QUANT = (QuantType.NF4, QuantType.FP4, QuantType.INT8, QuantType.GPTQ,
               QuantType.TORCHAO_INT8, QuantType.TORCHAO_FP8)
 _SECTIONS = {"lora": LoraConfig, "quantization": QuantConfig, "freeze": FreezeConfig,
-             "parallel": ParallelConfig}
+             "parallel": ParallelConfig, "low_rank": LowRankConfig}
 _SECTION_ALIASES = {"lora": {"lora_alpha": "alpha", "lora_dropout": "dropout", "rank": "r"}}
 _INTS = ("micro_batch_size", "seq_len", "grad_accum_steps", "num_gpus", "num_labels")
-_BOOLS = ("packing", "trust_remote_code", "online")
+_BOOLS = ("packing", "trust_remote_code", "online", "optimizer_in_backward")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -60,6 +61,12 @@ class JobSpec:
     optimizer: Optimizer = Optimizer.ADAMW
     optimizer_impl: OptimizerImpl | None = None
     """None: what PyTorch picks for the backend (foreach on CUDA, forloop on CPU)."""
+    low_rank: LowRankConfig | None = None
+    """galore-adamw / apollo-adamw: rank, target modules and projection (spec/sections.py)."""
+    optimizer_in_backward: bool = False
+    """Step each parameter in a post-accumulate-grad hook during backward (torchtune's
+    optimizer_in_bwd, torch's register_post_accumulate_grad_hook): no full set of gradients
+    is ever alive (components/optimizer_in_backward.py). LOMO and AdaLomo always do."""
     momentum: float = 0.0
     """SGD momentum; > 0 adds a momentum buffer per parameter."""
     weight_decay: float = 0.01
@@ -152,6 +159,8 @@ class JobSpec:
             raise SpecError("parallel", "tensor, pipeline, context and expert parallelism of a diffusion "
                             "denoiser are not modelled yet; use zero_stage or fsdp")
         self._fill_method_defaults()
+        from vramplan.spec.optimizers import check_optimizer_fields
+        check_optimizer_fields(self)
         if self.optimizer_impl is None:
             # torch.optim._default_to_fused_or_foreach: foreach when every tensor is on a
             # CUDA device, the per-parameter loop otherwise (CPU).
@@ -208,7 +217,7 @@ class JobSpec:
         for f in fields(self):
             value = getattr(self, f.name)
             if (value is None or (f.name == "parallel" and value.is_trivial) or (f.name == "models" and not value)
-                    or (f.name == "online" and not value)):
+                    or (f.name in ("online", "optimizer_in_backward") and not value)):
                 continue
             if f.name == "models":
                 value = [m.to_dict() for m in value]

@@ -12,10 +12,11 @@ from vramplan.breakdown import Breakdown
 from vramplan.components.activations import ActivationPlan
 from vramplan.components.dtypes import dtypes_of
 from vramplan.components.memo import cached
-from vramplan.components.optimizer import optimizer_states, step_temporaries
+from vramplan.components.optimizer import heads_of, optimizer_states, state_key, step_temporaries
+from vramplan.components.optimizer_in_backward import stage_step_terms, steps_in_backward
 from vramplan.components.trainable import ParamSet
 from vramplan.components.weights import (
-    gradient_stages, gradient_stages_at_peak, tied_embedding_grad_temp, weight_terms,
+    gradient_stages, gradient_stages_at_peak, num_stages, stage_of, tied_embedding_grad_temp, weight_terms,
 )
 from vramplan.model import ModelDesc
 from vramplan.spec import JobSpec
@@ -36,8 +37,7 @@ def rank_step(desc: ModelDesc, spec: JobSpec, params: ParamSet, acts: Activation
 
 
 def _optimizer_extras(spec: JobSpec, params: ParamSet, acts: ActivationPlan) -> Breakdown:
-    out = cached(params, ("temporaries", spec.optimizer, spec.optimizer_impl, dtypes_of(spec), spec.weight_decay),
-                 lambda: step_temporaries(spec, params))
+    out = cached(params, ("temporaries",) + state_key(spec), lambda: step_temporaries(spec, params))
     if acts.input_leaf_bytes:
         # the loss (and so its graph, holding the input leaf and its gradient) is kept until
         # after optimizer.step() in a plain training loop; HF Trainer detaches it earlier.
@@ -56,9 +56,9 @@ def build_step(desc: ModelDesc, spec: JobSpec, params: ParamSet, acts: Activatio
                managed: Breakdown | None = None) -> StepPlan:
     """`managed` receives paged optimizer state (outside the allocator); without it, that
     state stays with the rest (multi-model jobs)."""
-    opt_key = ("states", spec.optimizer, spec.optimizer_impl, dtypes_of(spec), spec.backend, spec.momentum)
+    opt_key = ("states",) + state_key(spec)
     static = cached(params, ("weights", spec.quantization), lambda: weight_terms(spec, params))
-    for key, value in cached(params, opt_key, lambda: optimizer_states(spec, params)):
+    for key, value in cached(params, opt_key, lambda: optimizer_states(spec, params, heads_of(desc))):
         # paged optimizer state is CUDA managed memory, outside the caching allocator
         (managed if managed is not None and key.startswith("optimizer_paged") else static).add(key, value)
     static.add("batch/input_ids", nbytes(spec.micro_batch_size * spec.seq_len, "int64"))
@@ -103,4 +103,15 @@ def build_step(desc: ModelDesc, spec: JobSpec, params: ParamSet, acts: Activatio
                     stage_backward_transient=transients, stage_acts_at_peak=at_peak,
                     stage_grads_at_peak=grads_at_peak,
                     optimizer_temporaries=_optimizer_extras(spec, params, acts),
-                    grads_alive_in_forward=spec.grad_accum_steps > 1, labels=labels)
+                    grads_alive_in_forward=spec.grad_accum_steps > 1, labels=labels,
+                    in_backward=_in_backward(desc, spec, params))
+
+
+def _in_backward(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> list[Breakdown] | None:
+    """Per stage, the fused step's terms at its backward peak (None: the step runs after)."""
+    if not steps_in_backward(spec):
+        return None
+    by_stage: list[list] = [[] for _ in range(num_stages(desc))]
+    for p in params.trainable():
+        by_stage[stage_of(desc, p)].append(p)
+    return [stage_step_terms(spec, tuple(ps)) for ps in by_stage]

@@ -185,13 +185,20 @@ def build_events(plan: StepPlan, pieces: Pieces | None = None) -> StepEvents:
             early = [x for x in saved[i] if kept is not None and x[1] not in kept]
             b.free(early, "backward")
             trans = b.alloc(b.items(plan.stage_backward_transient[i]), "backward")
+            if plan.in_backward is not None:  # stepped and freed by the hook as it is made
+                made = b.alloc(_stage_grads(b, i, grad_cache)[0], "backward")
+                _release_with_grads([x for x in saved[i] if kept is None or x[1] in kept] + trans, b)
+                b.free(made, "backward")
+                b.free(b.alloc(b.items(plan.in_backward[i]), "backward"), "backward")
+                continue
             if not have_grads:
                 cached = _stage_grads(b, i, grad_cache)
                 grads_made += b.alloc(cached[0], "backward")
             _release_with_grads([x for x in saved[i] if kept is None or x[1] in kept] + trans, b)
             if not have_grads:
                 grads_made += b.alloc(cached[1], "backward")
-    temps = b.alloc(b.items(plan.optimizer_temporaries, b.pieces.static), "optimizer")
-    b.free(temps, "optimizer")
-    b.free(grads_made, "optimizer")
+    if plan.in_backward is None:
+        temps = b.alloc(b.items(plan.optimizer_temporaries, b.pieces.static), "optimizer")
+        b.free(temps, "optimizer")
+        b.free(grads_made, "optimizer")
     return StepEvents(setup=setup, step=b.out)

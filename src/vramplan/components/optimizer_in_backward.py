@@ -1,0 +1,64 @@
+"""The optimizer step fused into backward: `optimizer_in_backward`, LOMO and AdaLomo.
+
+torchtune (training/memory.py `register_optim_in_bwd_hooks`) and the PyTorch tutorial "How
+to save memory by fusing the optimizer step into the backward pass" build one optimizer
+per parameter and step it from `Tensor.register_post_accumulate_grad_hook`, then set the
+gradient to None: the full set of gradients never exists, and `optimizer.step()` after
+backward has nothing to do. lomo_optim's Lomo/AdaLomo (lomo.py, adalomo.py) register
+`p.register_hook` on every parameter: when a parameter's gradient arrives, the hook updates
+every parameter whose `.grad` is set (the one accumulated just before) and frees that
+`.grad`; `fused_backward` updates the last one after `loss.backward()`.
+
+So at a stage's backward peak one parameter's gradient is alive (LOMO: also the incoming
+gradient of the next one) with that parameter's step temporaries; the optimizer phase
+holds weights and states only.
+"""
+from __future__ import annotations
+
+from vramplan.breakdown import Breakdown
+from vramplan.components.trainable import HeldParam, ParamSet, grad_dtype
+from vramplan.spec import JobSpec, Optimizer
+from vramplan.spec.optimizers import FUSED_IN_BACKWARD, steps_in_backward
+from vramplan.units import nbytes
+
+__all__ = ["steps_in_backward", "stage_step_terms", "lomo_step_terms", "lomo_step_temporary"]
+
+
+def lomo_step_terms(spec: JobSpec, p: HeldParam) -> dict[str, int]:
+    """lomo.py `fuse_update`, one parameter: `grad_fp32 = p.grad.to(float32)`, then
+    `p.grad = None`, then `p_fp32 = p.data.to(float32)`. For an fp32 parameter both are the
+    tensors themselves (the gradient stays alive as `grad_fp32`); for a 16-bit one they are
+    fp32 copies and the 16-bit gradient is gone. AdaLomo adds `update = grad_fp32**2 + eps`
+    and its factored estimate (adalomo.py), fp32 (m, n) each."""
+    n, w = p.numel, grad_dtype(spec, p)
+    out = {"gradients/stepping_in_backward": nbytes(n, "fp32")}
+    if w != "fp32":
+        out["temporaries/optimizer/lomo_fp32_param"] = nbytes(n, "fp32")
+    if spec.optimizer is Optimizer.ADALOMO:
+        out["temporaries/optimizer/adalomo_update"] = 2 * nbytes(n, "fp32")
+    return out
+
+
+def lomo_step_temporary(spec: JobSpec, p: HeldParam) -> int:
+    """LOMO's step temporaries beyond the gradient (for the summary of step_temporaries)."""
+    return sum(v for k, v in lomo_step_terms(spec, p).items() if k.startswith("temporaries/"))
+
+
+def stage_step_terms(spec: JobSpec, params: tuple[HeldParam, ...]) -> Breakdown:
+    """While the largest parameter of a stage owning `params` steps in its hook: its
+    gradient and the step's temporaries (its own optimizer stepping it alone). The hook
+    runs between autograd nodes, after the node that made the gradient has released its
+    inputs' gradients and this stage's saved tensors."""
+    from vramplan.components.optimizer import step_temporaries
+
+    train = [p for p in params if p.trainable]
+    out = Breakdown()
+    if not train:
+        return out
+    largest = max(train, key=lambda p: p.numel)
+    if spec.optimizer in FUSED_IN_BACKWARD:
+        for key, value in lomo_step_terms(spec, largest).items():
+            out.add(key, value)
+        return out
+    out.add("gradients/stepping_in_backward", nbytes(largest.numel, grad_dtype(spec, largest)))
+    return out.merge(step_temporaries(spec, ParamSet((largest,))))

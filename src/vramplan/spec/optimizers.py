@@ -1,0 +1,39 @@
+"""Which optimizer settings go together (checked once, in JobSpec.__post_init__)."""
+from __future__ import annotations
+
+from vramplan.spec.enums import Backend, Method, Optimizer, SpecError
+
+LOW_RANK = (Optimizer.GALORE_ADAMW, Optimizer.APOLLO_ADAMW)
+FUSED_IN_BACKWARD = (Optimizer.LOMO, Optimizer.ADALOMO)
+"""Optimizers whose update is a gradient hook: they always step inside backward."""
+
+
+def steps_in_backward(spec) -> bool:
+    """The update runs per parameter inside backward (optimizer_in_backward, LOMO, AdaLomo)."""
+    return spec.optimizer_in_backward or spec.optimizer in FUSED_IN_BACKWARD
+
+
+def check_optimizer_fields(spec) -> None:
+    opt = spec.optimizer
+    if opt in LOW_RANK and spec.low_rank is None:
+        # transformers/trainer_optimizer.py _setup_low_rank_optimizer refuses the same
+        # ("You need to define `optim_target_modules`"); GaLore has no rank by default.
+        raise SpecError("low_rank", f"{opt.value} needs a low_rank section, e.g. "
+                        "low_rank: {rank: 128, target_modules: all-linear}")
+    if spec.low_rank is not None and opt not in LOW_RANK:
+        raise SpecError("low_rank", f"only galore-adamw and apollo-adamw project gradients; "
+                        f"drop low_rank or change optimizer {opt.value}")
+    if steps_in_backward(spec) and spec.grad_accum_steps > 1:
+        # torchtune recipes: "Gradient accumulation is not supported with optimizer in bwd";
+        # transformers' layer-wise GaLore: "does not support gradient accumulation".
+        field = "optimizer_in_backward" if spec.optimizer_in_backward else "grad_accum_steps"
+        raise SpecError(field, "the optimizer steps each parameter as its gradient is made, so "
+                        "gradients cannot accumulate; use grad_accum_steps 1")
+    if opt is Optimizer.ADAM_MINI and spec.method in (Method.LORA, Method.QLORA):
+        # adam_mini.py views q/k weights as (-1, dim*dim/n_heads) blocks; a LoRA A/B matrix
+        # named ...q_proj.lora_A does not split into heads.
+        raise SpecError("optimizer", "adam-mini partitions the model's own weights by head and "
+                        "neuron; it does not take LoRA adapters (use adamw with lora)")
+    if opt is Optimizer.ADALOMO and spec.backend is Backend.CPU:
+        # lomo_optim/adalomo.py creates its states with `.cuda()`
+        raise SpecError("backend", "AdaLomo creates its states on cuda (lomo_optim); use backend cuda")
