@@ -27,7 +27,7 @@ _SECTIONS = {"lora": LoraConfig, "quantization": QuantConfig, "freeze": FreezeCo
              "parallel": ParallelConfig}
 _SECTION_ALIASES = {"lora": {"lora_alpha": "alpha", "lora_dropout": "dropout", "rank": "r"}}
 _INTS = ("micro_batch_size", "seq_len", "grad_accum_steps", "num_gpus", "num_labels")
-_BOOLS = ("packing", "trust_remote_code", "online")
+_BOOLS = ("packing", "trust_remote_code", "online", "activation_offloading", "optimizer_in_backward", "compile")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -68,6 +68,17 @@ class JobSpec:
     packing: bool = False
     """Rows packed to `seq_len` tokens with a per-document mask."""
     loss_impl: LossImpl = LossImpl.STANDARD
+    """standard | chunked (torchtune CEWithChunkedOutputLoss, components/chunked_loss.py) |
+    fused-linear-cross-entropy (Liger)."""
+    activation_offloading: bool = False
+    """torchtune `enable_activation_offloading`: saved tensors of >= 1 KiB move to pinned CPU
+    memory in forward and come back for their backward (components/offloading.py)."""
+    optimizer_in_backward: bool = False
+    """The optimizer steps each parameter in a post-accumulate-grad hook and frees its
+    gradient at once (torchtune `optimizer_in_bwd`; components/optimizer_in_backward.py)."""
+    compile: bool = False
+    """torch.compile of model and loss. Accepted, not modelled: fusion saves fewer
+    activations, so the estimate stays on the high side (the answer says so)."""
     logprob_head: LogprobHead = LogprobHead.AUTO
     """Preference/RL log-prob head: auto (what TRL 1.16 does), full, selective or chunked."""
     gradient_checkpointing: Checkpointing = Checkpointing.NONE
@@ -153,6 +164,10 @@ class JobSpec:
             # CUDA device, the per-parameter loop otherwise (CPU).
             set_("optimizer_impl", OptimizerImpl.FOREACH if self.backend is Backend.CUDA
                  else OptimizerImpl.FORLOOP)
+        if self.optimizer_in_backward and self.grad_accum_steps > 1:
+            # torchtune recipes refuse it: each gradient is stepped and freed as it is made.
+            raise SpecError("optimizer_in_backward", "cannot accumulate gradients over micro-batches "
+                            "(each gradient is stepped and freed at once); set grad_accum_steps 1")
         if self.attention is Attention.FLASH and self.backend is Backend.CPU:
             raise SpecError("attention", "flash attention needs backend cuda; use sdpa or eager on cpu")
 

@@ -12,7 +12,9 @@ from vramplan.breakdown import Breakdown
 from vramplan.components.activations import ActivationPlan
 from vramplan.components.dtypes import dtypes_of
 from vramplan.components.memo import cached
+from vramplan.components.offloading import device_resident, forward_stash
 from vramplan.components.optimizer import optimizer_states, step_temporaries
+from vramplan.components.optimizer_in_backward import in_backward_stages
 from vramplan.components.trainable import ParamSet
 from vramplan.components.weights import (
     gradient_stages, gradient_stages_at_peak, tied_embedding_grad_temp, weight_terms,
@@ -64,9 +66,13 @@ def build_step(desc: ModelDesc, spec: JobSpec, params: ParamSet, acts: Activatio
     static.add("batch/input_ids", nbytes(spec.micro_batch_size * spec.seq_len, "int64"))
     # registered buffers that are no parameters (GPTBigCode's causal-mask table)
     static.add("weights/buffers", getattr(desc, "buffer_bytes", 0))
-    grads = cached(params, ("grads", dtypes_of(spec)), lambda: gradient_stages(desc, spec, params))
-    grads_at_peak = cached(params, ("grads_at_peak", dtypes_of(spec)),
-                           lambda: gradient_stages_at_peak(desc, spec, params))
+    tied_grad = Breakdown()
+    if spec.optimizer_in_backward:
+        grads, grads_at_peak, tied_grad = in_backward_stages(desc, spec, params)
+    else:
+        grads = cached(params, ("grads", dtypes_of(spec)), lambda: gradient_stages(desc, spec, params))
+        grads_at_peak = cached(params, ("grads_at_peak", dtypes_of(spec)),
+                               lambda: gradient_stages_at_peak(desc, spec, params))
     stage_acts, at_peak, transients, labels = [], [], [], []
     n = len(acts.stages)
     # Layers with one signature share their saved list; build each list's breakdowns once
@@ -80,6 +86,11 @@ def build_step(desc: ModelDesc, spec: JobSpec, params: ParamSet, acts: Activatio
                           _stage_breakdown([x for x in st.saved if x[0] not in st.freed_before_peak], group))
         stage_acts.append(built[key][0])
         at_peak.append(built[key][1])
+        if spec.activation_offloading:
+            # between its forward and its backward a stage keeps on the device only what
+            # OffloadActivations leaves there (components/offloading.py)
+            keep = acts.head_linear_saved if i == n - 1 else ()
+            stage_acts[-1] = _stage_breakdown(device_resident(st.saved, keep), group)
         t = Breakdown()
         if st.recompute:
             rkey = (id(st.recompute), "recompute", st.freed_before_peak)
@@ -97,10 +108,20 @@ def build_step(desc: ModelDesc, spec: JobSpec, params: ParamSet, acts: Activatio
                 t.add("activations/input_leaf", acts.input_leaf_bytes).add("gradients/input_leaf", acts.input_leaf_bytes)
         transients.append(t)
         labels.append(f"{st.label} backward")
+    fwd_end, loss_bwd = acts.forward_end_transient, acts.loss_backward_transient
+    if spec.activation_offloading:
+        stash = forward_stash([st.saved for st in acts.stages], acts.head_linear_saved)
+        fwd_end = Breakdown().merge(fwd_end).add("activations/offload_stash", stash)
+        loss_bwd = Breakdown().merge(loss_bwd).add("activations/offload_stash", stash)
+    if spec.optimizer_in_backward:
+        # a tied embedding's gradient lives from the head's backward to the embedding's
+        for t in transients:
+            t.merge(tied_grad)
     return StepPlan(static=static, grads_by_stage=grads, stage_acts=stage_acts,
-                    loss_saved=acts.loss_saved, forward_end_transient=acts.forward_end_transient,
-                    loss_backward_transient=acts.loss_backward_transient,
+                    loss_saved=acts.loss_saved, forward_end_transient=fwd_end,
+                    loss_backward_transient=loss_bwd,
                     stage_backward_transient=transients, stage_acts_at_peak=at_peak,
                     stage_grads_at_peak=grads_at_peak,
-                    optimizer_temporaries=_optimizer_extras(spec, params, acts),
+                    optimizer_temporaries=Breakdown() if spec.optimizer_in_backward
+                    else _optimizer_extras(spec, params, acts),
                     grads_alive_in_forward=spec.grad_accum_steps > 1, labels=labels)
