@@ -14,6 +14,7 @@ from vramplan.components.dtypes import dtypes_of
 from vramplan.model import ModelDesc, ParamEntry
 from vramplan.spec import JobSpec, Method
 from vramplan.spec.sections import ALL_LINEAR
+from vramplan.spec.stack import Framework
 
 # Output heads that PEFT's "all-linear" leaves out (peft/tuners/tuners_utils.py,
 # `_maybe_include_all_linear_layers` excludes the model's output embedding).
@@ -132,10 +133,14 @@ def _lora_set(desc: ModelDesc, spec: JobSpec, wdtype: str) -> ParamSet:
     targets, unmatched = lora_targets(desc, spec)
     target_names = {p.name for p in targets}
     held: list[HeldParam] = []
+    # torchtune's QLoRA builders (torchtune/models/*/_component_builders.py, quantize_base=True)
+    # turn the base linears into torchao NF4Tensors and leave the rest in the model's dtype;
+    # PEFT's kbit preparation is not part of that path.
+    kbit_prep = spec.stack.framework is not Framework.TORCHTUNE
     for p in desc.params:
         quantized = spec.method is Method.QLORA and is_linear(p) and not _is_head(p)
         dtype = spec.quantization.type.value if quantized else wdtype
-        if spec.method is Method.QLORA and not quantized:
+        if spec.method is Method.QLORA and not quantized and kbit_prep:
             # prepare_model_for_kbit_training casts every non-quantized parameter to fp32
             # (peft/utils/other.py: `param.data = param.data.to(torch.float32)`).
             dtype = "fp32"
@@ -153,7 +158,9 @@ def _adapter_dtype(spec: JobSpec) -> str:
     # PEFT upcasts adapter weights of a 16-bit base to fp32 (LoraModel with the default
     # autocast_adapter_dtype=True: peft/tuners/tuners_utils.py `_cast_adapter_dtype`);
     # frameworks that cast the whole module (DeepSpeed, torchtune) do not (dtypes.py).
-    return "fp32" if spec.method is Method.QLORA else dtypes_of(spec).adapters
+    if spec.method is Method.QLORA and spec.stack.framework is not Framework.TORCHTUNE:
+        return "fp32"
+    return dtypes_of(spec).adapters
 
 
 def _is_head(p: ParamEntry) -> bool:

@@ -4,7 +4,9 @@ from __future__ import annotations
 from vramplan.breakdown import Breakdown
 from vramplan.components.trainable import HeldParam, ParamSet, grad_dtype
 from vramplan.model import ModelDesc
+from vramplan.components.dtypes import dtypes_of
 from vramplan.spec import JobSpec, QuantType
+from vramplan.spec.stack import Framework
 from vramplan.units import nbytes
 
 _QUANT = {q.value for q in QuantType}
@@ -32,6 +34,12 @@ def quant_state_bytes(spec: JobSpec, numel: int) -> int:
     8-bit LLM.int8 weights keep one fp32 scale per output row; approximated per block."""
     q = spec.quantization
     blocks = -(-numel // q.block_size)
+    if spec.stack.framework is Framework.TORCHTUNE and q.type.value == "nf4":
+        # torchao NF4Tensor (torchao/dtypes/nf4tensor.py NF4Tensor.from_tensor and
+        # double_quantize_scalers, block 64, scaler block 256): int8 scalers per block, and in
+        # the weight's dtype one quantization factor per 256 scalers, the scalers' mean and
+        # the 16-entry NF4 table, per tensor.
+        return blocks + nbytes(-(-blocks // 256) + 1 + 16, dtypes_of(spec).weights)
     if q.double_quant:
         return blocks + 4 * -(-blocks // 256)
     return 4 * blocks
