@@ -130,3 +130,11 @@ def test_installed_torchtune_configs_import(tmp_path):
     assert full["optimizer_in_backward"] is True and full["activation_offloading"] is False
     qlora, _ = import_config_files(recipe=str(configs / "3B_qlora_single_device.yaml"))
     assert qlora["method"] == "qlora" and qlora["loss_impl"] == "chunked"
+
+
+def test_torchtune_qlora_is_estimated_on_cpu_but_bitsandbytes_is_not():
+    """torchao's NF4 runs on CPU (bench/torchtune measures it there); bitsandbytes' kernels do not."""
+    tune = _spec(method="qlora", loss_impl="chunked")
+    assert tune.quantization.type.value == "nf4"
+    with pytest.raises(SpecError, match="backend"):
+        vramplan.load_spec({**tune.to_dict(), "stack": "hf-trainer"})

@@ -4,7 +4,8 @@
 
 Each case runs bench/torchtune/tune_step.py in a fresh process: torchtune 0.6.1's recipe
 `_loss_step`, CEWithChunkedOutputLoss, OffloadActivations and register_optim_in_bwd_hooks
-on a tiny random-init Llama (transformers' modeling, pure bf16 as torchtune trains), two
+on a tiny random-init Llama (transformers' modeling, pure bf16 as torchtune trains; LoRA and
+QLoRA through torchtune's LoRALinear / FrozenNF4Linear on torchao's NF4Tensor), two
 optimizer steps under vramplan's exact meter; the estimate is vramplan's for the same spec
 (`stack: torchtune`, `loss_impl`, `activation_offloading`, `optimizer_in_backward`).
 Results go to bench/torchtune/results.json (peak and per-phase error; target 2% at the peak).
@@ -27,6 +28,11 @@ LLAMA = {"model_type": "llama", "vocab_size": 8192, "hidden_size": 128, "interme
 BASE = {"model": LLAMA, "stack": "torchtune", "precision": "bf16", "micro_batch_size": 2, "seq_len": 128,
         "optimizer": "adamw", "optimizer_impl": "foreach", "attention": "sdpa", "backend": "cpu"}
 AC = {"gradient_checkpointing": "full"}
+# NF4 needs every quantized weight's size to be a multiple of 64 x 256 (torchao's block and
+# scaler block): q/k/v/o 256 x 256, MLP 256 x 512.
+LLAMA_NF4 = dict(LLAMA, hidden_size=256, intermediate_size=512, num_key_value_heads=4)
+LORA = {"method": "lora", "lora": {"r": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"]}}
+QLORA = {"method": "qlora", "model": LLAMA_NF4, "lora": {"r": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"]}}
 CHUNKED = {"loss_impl": "chunked"}
 OFFLOAD = {"activation_offloading": True}
 IN_BWD = {"optimizer_in_backward": True}
@@ -40,6 +46,10 @@ CASES = {
     "full/chunked/in-bwd": {**CHUNKED, **IN_BWD},
     "full/chunked/ac/offload/in-bwd": {**CHUNKED, **AC, **OFFLOAD, **IN_BWD},
     "full/ce/ac/in-bwd/untied": {**AC, **IN_BWD, "model": dict(LLAMA, tie_word_embeddings=False)},
+    "lora/chunked": {**CHUNKED, **LORA},
+    "lora/chunked/ac/offload": {**CHUNKED, **AC, **OFFLOAD, **LORA},
+    "qlora-nf4/chunked": {**CHUNKED, **QLORA},
+    "qlora-nf4/chunked/ac/offload": {**CHUNKED, **AC, **OFFLOAD, **QLORA},
 }
 
 

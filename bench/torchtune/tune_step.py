@@ -41,36 +41,40 @@ class _FakeStream:
     def record_event(self, event=None): return object()
 
 
+class _HostTensor(torch.Tensor):
+    """A pinned host copy: `.to("cuda")` brings it back as a (counted) device tensor."""
+
+    def to(self, *args, **kwargs):
+        if (args and str(args[0]) == "cuda") or str(kwargs.get("device")) == "cuda":
+            return self.as_subclass(torch.Tensor).clone()
+        return super().to(*args, **kwargs)
+
+
 @contextlib.contextmanager
 def cpu_as_device(meter):
     """torch.cuda streams as no-ops; pinned host copies uncounted; `.to("cuda")` a device copy."""
     from torch.utils._python_dispatch import _disable_current_modes
-    real_empty_like, real_to = torch.empty_like, torch.Tensor.to
+    real_empty_like = torch.empty_like
 
     def empty_like(*args, **kwargs):
         if not kwargs.pop("pin_memory", False):
             return real_empty_like(*args, **kwargs)
         with _disable_current_modes():
-            out = real_empty_like(*args, **kwargs)
+            out = real_empty_like(*args, **kwargs).as_subclass(_HostTensor)
         meter.mark_host(out)
         return out
-
-    def to(self, *args, **kwargs):
-        if (args and str(args[0]) == "cuda") or str(kwargs.get("device")) == "cuda":
-            return self.clone()
-        return real_to(self, *args, **kwargs)
 
     saved = (torch.cuda.default_stream, torch.cuda.Stream, torch.cuda.stream, torch.Tensor.record_stream)
     torch.cuda.default_stream = lambda *a, **k: _FakeStream()
     torch.cuda.Stream = lambda *a, **k: _FakeStream()
     torch.cuda.stream = lambda s: contextlib.nullcontext()
     torch.Tensor.record_stream = lambda self, stream: None
-    torch.empty_like, torch.Tensor.to = empty_like, to
+    torch.empty_like = empty_like
     try:
         yield
     finally:
         torch.cuda.default_stream, torch.cuda.Stream, torch.cuda.stream, torch.Tensor.record_stream = saved
-        torch.empty_like, torch.Tensor.to = real_empty_like, real_to
+        torch.empty_like = real_empty_like
 
 
 class TuneShaped(torch.nn.Module):
@@ -104,6 +108,31 @@ def _recipe_class():
     return module.FullFinetuneRecipeSingleDevice
 
 
+def _tune_lora(model, lora: dict, quantize_base: bool) -> None:
+    """torchtune's LoRALinear (torchtune/modules/peft/lora.py) in place of each targeted
+    projection, built in the model's dtype as torchtune's builders do (set_default_dtype),
+    with an NF4 base when quantize_base; then torchtune's set_trainable_params(adapters)."""
+    from torchtune import training
+    from torchtune.modules.low_precision import FrozenNF4Linear
+    from torchtune.modules.peft import LoRALinear, get_adapter_params, set_trainable_params
+    for layer in model.decoder.layers:
+        for parent in (layer.self_attn, layer.mlp):
+            for name, old in list(parent.named_children()):
+                if not isinstance(old, torch.nn.Linear):
+                    continue
+                with training.set_default_dtype(old.weight.dtype), torch.no_grad():
+                    if name in lora["target_modules"]:
+                        new = LoRALinear(old.in_features, old.out_features, rank=lora["r"], alpha=lora["alpha"],
+                                         dropout=lora.get("dropout", 0.0), quantize_base=quantize_base)
+                    elif quantize_base:  # the qlora builders' other linears (llama3/_component_builders.py)
+                        new = FrozenNF4Linear(old.in_features, old.out_features, bias=False,
+                                              dtype=old.weight.dtype)
+                    else:
+                        continue
+                setattr(parent, name, new)
+    set_trainable_params(model, get_adapter_params(model))
+
+
 def measure(job: dict, tune: dict, steps: int = 2) -> dict:
     import torchtune
     FullFinetuneRecipeSingleDevice = _recipe_class()
@@ -114,9 +143,14 @@ def measure(job: dict, tune: dict, steps: int = 2) -> dict:
     from vramplan.measure.run import grad_tensors, make_inputs, param_tensors, state_tensors, unique_bytes
 
     torch.manual_seed(0)
-    built = build(job, "cpu")
+    lora = job.get("lora") if job.get("method") in ("lora", "qlora") else None
+    built = build({k: v for k, v in job.items() if k not in ("method", "lora", "quantization")}
+                  if lora else job, "cpu")
     chunked = tune.get("chunked", False)
     model = TuneShaped(built.model, 8 if chunked else 0)
+    if lora:
+        _tune_lora(model, lora, job.get("method") == "qlora")
+        built.optimizer = build_optimizer([p for p in model.parameters() if p.requires_grad], job)
     loss_fn = CEWithChunkedOutputLoss() if chunked else torch.nn.CrossEntropyLoss(ignore_index=-100)
     trainable = [p for p in model.parameters() if p.requires_grad]
     if tune.get("optimizer_in_bwd"):

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_leaves
 
 
@@ -215,6 +215,12 @@ class MemoryMeter(TorchDispatchMode):
 
     # -------------------------------------------------------------- counting
     def _track(self, t: torch.Tensor, op: str) -> None:
+        if is_traceable_wrapper_subclass(t):
+            # a wrapper subclass (torchao's NF4Tensor) holds its bytes in inner tensors; its
+            # own storage is only a placeholder of the logical shape and dtype
+            for attr in t.__tensor_flatten__()[0]:
+                self._track(getattr(t, attr), op)
+            return
         try:
             st = t.untyped_storage()
         except (RuntimeError, NotImplementedError):

@@ -16,7 +16,7 @@ from vramplan.spec.sections import (
     FreezeConfig, LoraConfig, ParallelConfig, QuantConfig, boolean, fraction, positive_int,
 )
 from vramplan.spec import tasks as _tasks
-from vramplan.spec.stack import StackConfig, parse_dtype, parse_stack
+from vramplan.spec.stack import Framework, StackConfig, parse_dtype, parse_stack
 
 _ENUMS = {
     "task": Task, "method": Method, "precision": Precision, "optimizer": Optimizer,
@@ -203,7 +203,8 @@ class JobSpec:
         if self.quantization is not None and self.method is not Method.QLORA and self.task is not Task.INFERENCE:
             raise SpecError("method", f"{self.method.value} cannot train quantized weights; "
                             "use method qlora with quantization, or drop quantization")
-        if self.quantization is not None and self.backend is Backend.CPU:
+        if (self.quantization is not None and self.backend is Backend.CPU
+                and self.stack.framework is not Framework.TORCHTUNE):  # torchao's NF4 runs on CPU
             raise SpecError("backend", "qlora's bitsandbytes kernels are modelled on cuda only")
 
     def to_dict(self) -> dict:
