@@ -121,3 +121,24 @@ def test_matches_memtracker_on_cpu():
     theirs = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"]
     ours = run_linear(lambda p: torch.optim.AdamW(p, foreach=True), steps=1).peak
     assert ours == theirs == P + X + LOSS + P + 2 * P + 2 * STEP + P
+
+
+def test_wrapper_subclass_counted_by_its_inner_tensors():
+    """torchao's NF4Tensor keeps its bytes in inner tensors; the meter counts those, not the
+    placeholder storage of the logical (bf16) shape."""
+    import torch
+    nf4 = None
+    for path in ("torchao.dtypes.nf4tensor", "torchao.quantization.quantize_.workflows.nf4.nf4_tensor"):
+        try:
+            nf4 = __import__(path, fromlist=["to_nf4"])
+            break
+        except ImportError:
+            continue
+    if nf4 is None:
+        pytest.skip("torchao with NF4Tensor is not installed")
+    from vramplan.measure.meter import MemoryMeter
+    t = nf4.to_nf4(torch.randn(512, 256, dtype=torch.bfloat16))
+    meter = MemoryMeter()
+    meter.register([t], "parameter")
+    inner = sum(getattr(t, a).untyped_storage().nbytes() for a in t.__tensor_flatten__()[0])
+    assert meter.current == inner < 512 * 256 * 2

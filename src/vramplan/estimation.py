@@ -83,6 +83,9 @@ def estimate_model(desc: ModelDesc, spec: JobSpec, gpu=None) -> Estimate:
     if spec.lengths is not None:
         from vramplan.step.lengths import lengths_notes
         notes += lengths_notes(spec, lengths)
+    if spec.compile:
+        notes.append(Msg("compile: torch.compile's fusion is not modelled; it saves fewer activations and "
+                         "temporaries, so this estimate is likely high for a compiled run"))
     if spec.alloc_conf and "cudaMallocAsync" in spec.alloc_conf:
         notes.append(Msg("alloc_conf backend:cudaMallocAsync: the driver's memory pool is not modelled; "
                          "reserved memory is estimated as for PyTorch's caching allocator"))

@@ -120,6 +120,12 @@ def _add_spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lora-dropout", type=float)
     p.add_argument("--lora-target-modules", help=_("comma-separated names or all-linear"))
     p.add_argument("--packing", action="store_true", default=None, help=_("packed rows with a document mask"))
+    p.add_argument("--activation-offloading", action="store_true", default=None,
+                   help=_("saved activations offloaded to CPU (torchtune enable_activation_offloading)"))
+    p.add_argument("--optimizer-in-backward", action="store_true", default=None,
+                   help=_("optimizer step per parameter inside backward (torchtune optimizer_in_bwd)"))
+    p.add_argument("--compile", action="store_true", default=None,
+                   help=_("torch.compile (accepted; its fusion is not modelled)"))
     for name, typ, help_ in _PARALLEL_FLAGS:
         p.add_argument("--" + name.replace("_", "-"), dest="parallel_" + name, type=typ, help=_(help_))
     for name, help_ in (("deepspeed", N_("DeepSpeed config JSON")), ("training_args", N_("HF TrainingArguments / TRL config")),
@@ -188,7 +194,8 @@ def flags_to_data(args, data: dict, *, imply: bool = True) -> dict:
     if getattr(args, "model", None):
         data["model"] = args.model
         data.pop("num_params", None)
-    for name in list(_SPEC_FLAGS) + ["packing", "trust_remote_code", "online"]:
+    for name in list(_SPEC_FLAGS) + ["packing", "trust_remote_code", "online", "activation_offloading",
+                                      "optimizer_in_backward", "compile"]:
         value = getattr(args, name, None)
         if value is not None:
             data[name] = value

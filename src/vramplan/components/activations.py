@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from vramplan.breakdown import Breakdown
 from vramplan.components.arch import Ctx, local_window, norm
+from vramplan.components.chunked_loss import chunked_loss_terms
 from vramplan.components.arch_gpt2_bert import OTHER_MODEL_TYPES, layer_fn, layer_prefix, other_embed, other_head
 from vramplan.components.dtypes import dtypes_of
 from vramplan.components.graph import Param, Recorder, Storage, Sym
@@ -20,6 +21,7 @@ from vramplan.components.quant import SAVED, TRANSIENT, dequant_modes
 from vramplan.components.trainable import ParamSet, is_quantized
 from vramplan.model import MlpKind, ModelDesc
 from vramplan.spec import Checkpointing, JobSpec, LossImpl, Task
+from vramplan.spec.stack import Framework
 from vramplan.units import nbytes
 
 
@@ -150,7 +152,8 @@ def plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Activa
     head_rec = _recorder(spec, seen)
     logits = _head(head_rec, ctx, x)
     stages.append(Stage("head", head_rec.saved_items(), []))
-    plan = _with_loss(desc, spec, stages, logits, x)
+    head_w = ctx.params.get("lm_head.weight") or ctx.params.get("model.embed_tokens.weight")
+    plan = _with_loss(desc, spec, stages, logits, x, bool(head_w and head_w.trainable))
     plan.input_leaf_bytes = input_leaf
     if _autocast(spec) and spec.gradient_checkpointing is not Checkpointing.NONE:
         # autocast caches the low-precision copy of a weight only when it is a leaf that
@@ -270,7 +273,8 @@ def _head(rec: Recorder, ctx: Ctx, x: Sym) -> Sym:
     return logits
 
 
-def _with_loss(desc: ModelDesc, spec: JobSpec, stages: list[Stage], logits: Sym, hidden: Sym) -> ActivationPlan:
+def _with_loss(desc: ModelDesc, spec: JobSpec, stages: list[Stage], logits: Sym, hidden: Sym,
+               head_trains: bool = False) -> ActivationPlan:
     """Logits, cross-entropy and their gradients (transformers loss/loss_utils.py
     ForCausalLMLoss: `logits.float()`, then F.cross_entropy = log_softmax + nll_loss; the
     log-softmax output is saved in fp32, and nll_loss saves the shifted labels)."""
@@ -289,6 +293,10 @@ def _with_loss(desc: ModelDesc, spec: JobSpec, stages: list[Stage], logits: Sym,
         fwd.add("logits/flce_chunk_logits", 2 * nbytes(chunk * v, "fp32"))
         return ActivationPlan(stages, saved, fwd, Breakdown(), Breakdown().add("logits/grad_hidden", grad_hidden),
                               _layer_backward(desc, spec))
+    if spec.loss_impl is LossImpl.CHUNKED and not desc.final_logit_softcapping:
+        # torchtune CEWithChunkedOutputLoss (components/chunked_loss.py)
+        saved, fwd, bwd0, head = chunked_loss_terms(tokens, v, desc.hidden_size, c, hidden.dtype, head_trains)
+        return ActivationPlan(stages, saved, fwd, bwd0, head, _layer_backward(desc, spec))
     saved.add("logits/log_softmax", full32).add("logits/labels", nbytes(tokens, "int64"))
     if desc.final_logit_softcapping:
         # Gemma 2 (modeling_gemma2.py Gemma2ForCausalLM.forward): logits / cap, tanh, * cap;
@@ -296,8 +304,12 @@ def _with_loss(desc: ModelDesc, spec: JobSpec, stages: list[Stage], logits: Sym,
         saved.add("logits/softcap_tanh", full_c)
         head.add("logits/grad_softcap", full_c)
     if spec.loss_impl is LossImpl.CHUNKED:
-        # torchtune CEWithChunkedOutputLoss: 8 chunks, each upcast to fp32 on its own.
+        # chunks with Gemma 2's softcap in front: 8 chunks, each upcast to fp32 on its own.
         fwd.add("logits/logits", full_c).add("logits/fp32_chunk", nbytes(-(-tokens // 8) * v, "fp32"))
+    elif c != "fp32" and spec.stack.framework is Framework.TORCHTUNE:
+        # torchtune TransformerDecoder.forward: `output = self.output(h).float()`; the 16-bit
+        # logits are dropped as soon as the fp32 copy exists.
+        fwd.add("logits/logits_fp32", full32)
     else:
         fwd.add("logits/logits", full_c)
         if c != "fp32":

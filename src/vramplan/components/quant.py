@@ -8,6 +8,7 @@ checked byte for byte against the real classes on CPU (bench/quant, tests/test_q
 from __future__ import annotations
 
 from vramplan.spec import QuantConfig, QuantType
+from vramplan.units import nbytes
 
 QUANT_DTYPES = frozenset({"nf4", "fp4", "int8", "int1", "int2", "int3", "int4", "fp8"})
 """HeldParam dtypes of quantized weights (the code width; components/trainable.py)."""
@@ -107,6 +108,15 @@ def _torchao_int4(q: QuantConfig, m: int, n: int) -> tuple[int, int]:
     # (n/g, m, 2) (utils.py pack_tinygemm_scales_and_zeros). Needs CUDA; not measured on CPU.
     n_pad, m_pad = _ceil(n, 1024) * 1024, _ceil(m, 8) * 8
     return n_pad * m_pad // 2, 2 * 2 * m_pad * (n_pad // q.group_size)
+
+
+def torchao_nf4(numel: int, wdtype: str) -> tuple[int, int]:
+    """torchao NF4Tensor (torchao/dtypes/nf4tensor.py NF4Tensor.from_tensor and
+    double_quantize_scalers; block 64, scaler block 256), as torchtune's QLoRA builders make it:
+    two 4-bit codes per byte, int8 scalers per block, and in the weight's dtype one
+    quantization factor per 256 scalers, the scalers' mean and the 16-entry NF4 table."""
+    blocks = -(-numel // 64)
+    return -(-numel // 2), blocks + nbytes(-(-blocks // 256) + 1 + 16, wdtype)
 
 
 _LAYOUTS = {QuantType.NF4: _bnb_4bit, QuantType.FP4: _bnb_4bit, QuantType.INT8: _bnb_int8,

@@ -15,6 +15,7 @@ from vramplan.components.quant import code_dtype
 from vramplan.model import ModelDesc, ParamEntry
 from vramplan.spec import JobSpec, Method, QuantType
 from vramplan.spec.sections import ALL_LINEAR
+from vramplan.spec.stack import Framework
 
 # Output heads that PEFT's "all-linear" leaves out (peft/tuners/tuners_utils.py,
 # `_maybe_include_all_linear_layers` excludes the model's output embedding).
@@ -135,10 +136,14 @@ def _lora_set(desc: ModelDesc, spec: JobSpec, wdtype: str) -> ParamSet:
     targets, unmatched = lora_targets(desc, spec)
     target_names = {p.name for p in targets}
     held: list[HeldParam] = []
+    # torchtune's QLoRA builders (torchtune/models/*/_component_builders.py, quantize_base=True)
+    # turn the base linears into torchao NF4Tensors and leave the rest in the model's dtype;
+    # PEFT's kbit preparation is not part of that path.
+    kbit_prep = spec.stack.framework is not Framework.TORCHTUNE
     for p in desc.params:
         quantized = spec.method is Method.QLORA and is_quantized(spec, p)
         dtype = code_dtype(spec.quantization) if quantized else wdtype
-        if spec.method is Method.QLORA and not quantized and upcasts_to_fp32(spec):
+        if spec.method is Method.QLORA and not quantized and kbit_prep and upcasts_to_fp32(spec):
             # prepare_model_for_kbit_training casts every non-quantized parameter to fp32
             # (peft/utils/other.py: `param.data = param.data.to(torch.float32)`).
             dtype = "fp32"
@@ -158,8 +163,11 @@ def _adapter_dtype(spec: JobSpec) -> str:
     # frameworks that cast the whole module (DeepSpeed, torchtune) do not (dtypes.py).
     # On a quantized base PEFT keeps them fp32 too, unless the engine casts the module
     # (DeepSpeed's fp16/bf16 engine: `module.half()`), which the master policy says.
+    # torchtune's LoRALinear adapters stay in the model's dtype (no PEFT upcast).
     dt = dtypes_of(spec)
-    return "fp32" if spec.method is Method.QLORA and not dt.master_weights else dt.adapters
+    if spec.method is Method.QLORA and spec.stack.framework is not Framework.TORCHTUNE and not dt.master_weights:
+        return "fp32"
+    return dt.adapters
 
 
 def is_quantized(spec: JobSpec, p: ParamEntry) -> bool:

@@ -6,8 +6,10 @@ import math
 from vramplan.breakdown import Breakdown
 from vramplan.components.trainable import HeldParam, ParamSet, grad_dtype
 from vramplan.model import ModelDesc
-from vramplan.components.quant import QUANT_DTYPES, storage
+from vramplan.components.dtypes import dtypes_of
+from vramplan.components.quant import QUANT_DTYPES, storage, torchao_nf4
 from vramplan.spec import JobSpec, SpecError, QuantType
+from vramplan.spec.stack import Framework
 from vramplan.units import nbytes
 
 
@@ -40,6 +42,9 @@ def quantized_linear_bytes(spec: JobSpec, p: HeldParam) -> tuple[int, int]:
         share = p.numel / math.prod(full)
         return math.ceil(codes * share), math.ceil(state * share)
     m, n = p.shape[0], p.shape[-1]
+    if spec.stack.framework is Framework.TORCHTUNE and q.type is QuantType.NF4:
+        # torchtune's QLoRA builders quantize with torchao, not bitsandbytes
+        return torchao_nf4(m * n, dtypes_of(spec).weights)
     if q.type is QuantType.AWQ and n % q.group_size:
         raise SpecError("quantization.group_size", f"{q.group_size} does not divide in_features {n} of "
                         f"{p.name}; AWQ needs whole groups (use a divisor of {n})")

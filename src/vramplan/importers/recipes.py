@@ -187,8 +187,34 @@ def _torchtune(cfg: dict, source: str) -> tuple[dict, ImportReport]:
     if "Chunked" in loss:
         out["loss_impl"] = "chunked"
         rep.use("loss._component_", "loss_impl = chunked")
+    _torchtune_switches(cfg, out, rep)
     _rest(cfg, rep)
     return out, rep
+
+
+# torchtune recipe switches (recipes/full_finetune_single_device.py, lora_finetune_*.py) and
+# the spec fields they set.
+_TORCHTUNE_SWITCHES = {"enable_activation_offloading": "activation_offloading",
+                       "optimizer_in_bwd": "optimizer_in_backward", "compile": "compile"}
+
+
+def _torchtune_switches(cfg: dict, out: dict, rep: ImportReport) -> None:
+    for key, field in _TORCHTUNE_SWITCHES.items():
+        if key in cfg:
+            out[field] = _switch(rep, key, cfg[key])
+            rep.use(key, field)
+    dataset = cfg.get("dataset")
+    if isinstance(dataset, dict) and "packed" in dataset:
+        out["packing"] = _switch(rep, "dataset.packed", dataset["packed"])
+        rep.use("dataset.packed", "packing")
+    model = cfg.get("model")
+    if isinstance(model, dict) and "quantize_base" in model:
+        # the lora_* builders take quantize_base=True for an NF4 base (torchao NF4Tensor)
+        if _switch(rep, "model.quantize_base", model["quantize_base"]):
+            out["method"] = "qlora"
+        rep.use("model.quantize_base", "method = qlora")
+    if out.get("method") == "qlora":
+        out.setdefault("quantization", {"bits": 4, "type": "nf4", "double_quant": True, "block_size": 64})
 
 
 def _switch(rep: ImportReport, name: str, value) -> bool:

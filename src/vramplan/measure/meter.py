@@ -109,6 +109,7 @@ class MemoryMeter(TorchDispatchMode):
         self._hook_handles: list = []
         self._category_fn: Callable[[], dict[int, str]] = dict
         self._self_ref = weakref.ref(self)
+        self._host: set[int] = set()
 
     # ---------------------------------------------------------- registration
     def register(self, tensors: Iterable[torch.Tensor], kind: str) -> None:
@@ -121,6 +122,16 @@ class MemoryMeter(TorchDispatchMode):
     def set_category_fn(self, fn: Callable[[], dict[int, str]]) -> None:
         """``fn()`` -> {storage key: category}; evaluated at each snapshot."""
         self._category_fn = fn
+
+    def mark_host(self, t: torch.Tensor) -> None:
+        """``t``'s storage is host memory (an activation offloaded to pinned CPU memory while
+        the CPU stands in for the device): it is not counted, for as long as it lives."""
+        st = t.untyped_storage()
+        key = id(st)
+        self._release(key)
+        self._host.add(key)
+        weakref.finalize(st, self._host.discard, key)
+        self._after_op()
 
     @staticmethod
     def key_of(t: torch.Tensor) -> int:
@@ -219,6 +230,8 @@ class MemoryMeter(TorchDispatchMode):
         except (RuntimeError, NotImplementedError):
             return  # sparse / nested / storage-less subclasses
         key = id(st)
+        if key in self._host:
+            return
         nbytes = st.nbytes()
         info = self.live.get(key)
         if info is not None:

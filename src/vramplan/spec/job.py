@@ -17,7 +17,7 @@ from vramplan.spec.sections import (
     quant_facts,
 )
 from vramplan.spec import tasks as _tasks
-from vramplan.spec.stack import StackConfig, parse_dtype, parse_stack
+from vramplan.spec.stack import Framework, StackConfig, parse_dtype, parse_stack
 
 _ENUMS = {
     "task": Task, "method": Method, "precision": Precision, "optimizer": Optimizer,
@@ -32,7 +32,7 @@ _SECTIONS = {"lora": LoraConfig, "quantization": QuantConfig, "freeze": FreezeCo
              "parallel": ParallelConfig, "low_rank": LowRankConfig}
 _SECTION_ALIASES = {"lora": {"lora_alpha": "alpha", "lora_dropout": "dropout", "rank": "r"}}
 _INTS = ("micro_batch_size", "seq_len", "grad_accum_steps", "num_gpus", "num_labels")
-_BOOLS = ("packing", "trust_remote_code", "online", "optimizer_in_backward")
+_BOOLS = ("packing", "trust_remote_code", "online", "activation_offloading", "optimizer_in_backward", "compile")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -79,6 +79,14 @@ class JobSpec:
     packing: bool = False
     """Rows packed to `seq_len` tokens with a per-document mask."""
     loss_impl: LossImpl = LossImpl.STANDARD
+    """standard | chunked (torchtune CEWithChunkedOutputLoss, components/chunked_loss.py) |
+    fused-linear-cross-entropy (Liger)."""
+    activation_offloading: bool = False
+    """torchtune `enable_activation_offloading`: saved tensors of >= 1 KiB move to pinned CPU
+    memory in forward and come back for their backward (components/offloading.py)."""
+    compile: bool = False
+    """torch.compile of model and loss. Accepted, not modelled: fusion saves fewer
+    activations, so the estimate stays on the high side (the answer says so)."""
     logprob_head: LogprobHead = LogprobHead.AUTO
     """Preference/RL log-prob head: auto (what TRL 1.16 does), full, selective or chunked."""
     gradient_checkpointing: Checkpointing = Checkpointing.NONE
@@ -217,7 +225,8 @@ class JobSpec:
         for f in fields(self):
             value = getattr(self, f.name)
             if (value is None or (f.name == "parallel" and value.is_trivial) or (f.name == "models" and not value)
-                    or (f.name in ("online", "optimizer_in_backward") and not value)):
+                    or (f.name in ("online", "optimizer_in_backward", "activation_offloading", "compile")
+                        and not value)):
                 continue
             if f.name == "models":
                 value = [m.to_dict() for m in value]

@@ -12,6 +12,7 @@ from vramplan.breakdown import Breakdown
 from vramplan.components.activations import ActivationPlan
 from vramplan.components.dtypes import dtypes_of
 from vramplan.components.memo import cached
+from vramplan.components.offloading import device_resident, forward_stash
 from vramplan.components.optimizer import heads_of, optimizer_states, state_key, step_temporaries
 from vramplan.components.optimizer_in_backward import stage_step_terms, steps_in_backward
 from vramplan.components.trainable import ParamSet
@@ -80,6 +81,11 @@ def build_step(desc: ModelDesc, spec: JobSpec, params: ParamSet, acts: Activatio
                           _stage_breakdown([x for x in st.saved if x[0] not in st.freed_before_peak], group))
         stage_acts.append(built[key][0])
         at_peak.append(built[key][1])
+        if spec.activation_offloading:
+            # between its forward and its backward a stage keeps on the device only what
+            # OffloadActivations leaves there (components/offloading.py)
+            keep = acts.head_linear_saved if i == n - 1 else ()
+            stage_acts[-1] = _stage_breakdown(device_resident(st.saved, keep), group)
         t = Breakdown()
         if st.recompute:
             rkey = (id(st.recompute), "recompute", st.freed_before_peak)
@@ -97,9 +103,14 @@ def build_step(desc: ModelDesc, spec: JobSpec, params: ParamSet, acts: Activatio
                 t.add("activations/input_leaf", acts.input_leaf_bytes).add("gradients/input_leaf", acts.input_leaf_bytes)
         transients.append(t)
         labels.append(f"{st.label} backward")
+    fwd_end, loss_bwd = acts.forward_end_transient, acts.loss_backward_transient
+    if spec.activation_offloading:
+        stash = forward_stash([st.saved for st in acts.stages], acts.head_linear_saved)
+        fwd_end = Breakdown().merge(fwd_end).add("activations/offload_stash", stash)
+        loss_bwd = Breakdown().merge(loss_bwd).add("activations/offload_stash", stash)
     return StepPlan(static=static, grads_by_stage=grads, stage_acts=stage_acts,
-                    loss_saved=acts.loss_saved, forward_end_transient=acts.forward_end_transient,
-                    loss_backward_transient=acts.loss_backward_transient,
+                    loss_saved=acts.loss_saved, forward_end_transient=fwd_end,
+                    loss_backward_transient=loss_bwd,
                     stage_backward_transient=transients, stage_acts_at_peak=at_peak,
                     stage_grads_at_peak=grads_at_peak,
                     optimizer_temporaries=_optimizer_extras(spec, params, acts),
