@@ -71,13 +71,12 @@ def _to_nf4():
 def test_torchao_nf4_bytes_match_the_real_tensor():
     torch = pytest.importorskip("torch")
     to_nf4 = _to_nf4()
-    from vramplan.components.weights import quant_state_bytes
-    spec = vramplan.load_spec({"model": "llama-3.2-1b", "method": "qlora", "stack": "torchtune"})
+    from vramplan.components.quant import torchao_nf4
     for shape in ((512, 256), (1024, 2048)):
         t = to_nf4(torch.randn(*shape, dtype=torch.bfloat16))
         inner = (t.quantized_data, t.quantized_scalers, t.quantization_factor, t.scaler_mean, t.nf4)
         n = shape[0] * shape[1]
-        assert n // 2 + quant_state_bytes(spec, n) == sum(x.untyped_storage().nbytes() for x in inner)
+        assert sum(torchao_nf4(n, "bf16")) == sum(x.untyped_storage().nbytes() for x in inner)
 
 
 def test_torchtune_qlora_keeps_the_rest_bf16():
@@ -132,9 +131,9 @@ def test_installed_torchtune_configs_import(tmp_path):
     assert qlora["method"] == "qlora" and qlora["loss_impl"] == "chunked"
 
 
-def test_torchtune_qlora_is_estimated_on_cpu_but_bitsandbytes_is_not():
-    """torchao's NF4 runs on CPU (bench/torchtune measures it there); bitsandbytes' kernels do not."""
+def test_torchtune_qlora_is_estimated_on_cpu_but_awq_is_not():
+    """torchao's NF4 runs on CPU (bench/torchtune measures it there); AWQ's kernels do not."""
     tune = _spec(method="qlora", loss_impl="chunked")
     assert tune.quantization.type.value == "nf4"
     with pytest.raises(SpecError, match="backend"):
-        vramplan.load_spec({**tune.to_dict(), "stack": "hf-trainer"})
+        vramplan.load_spec({**tune.to_dict(), "stack": "hf-trainer", "quantization": {"type": "awq"}})

@@ -91,10 +91,9 @@ def build_model(job: dict, device: str = "cpu", dtype: torch.dtype = torch.float
     )
 
     task = job.get("task", "sft")
-    for name in ("activation_offloading", "optimizer_in_backward"):
-        if job.get(name):
-            raise ValueError(f"{name}: measured with torchtune's own code by bench/torchtune/run.py, "
-                             "not by `vramplan measure` yet")
+    if job.get("activation_offloading"):
+        raise ValueError("activation_offloading: measured with torchtune's own code by "
+                         "bench/torchtune/run.py, not by `vramplan measure` yet")
     if job.get("loss_impl", "standard") != "standard":
         raise ValueError(f"loss_impl: only 'standard' is measured, got {job['loss_impl']!r}")
     if task not in MEASURED_TASKS:

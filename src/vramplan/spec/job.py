@@ -13,9 +13,9 @@ from vramplan.spec.enums import (
 )
 from vramplan.spec.enums import USER_ERRORS, as_spec_error
 from vramplan.spec.sections import (
-    FreezeConfig, LoraConfig, LowRankConfig, ParallelConfig, QuantConfig, boolean, fraction, positive_int,
-    quant_facts,
+    FreezeConfig, LoraConfig, ParallelConfig, QuantConfig, boolean, fraction, positive_int, quant_facts,
 )
+from vramplan.spec.low_rank import LowRankConfig
 from vramplan.spec import tasks as _tasks
 from vramplan.spec.stack import Framework, StackConfig, parse_dtype, parse_stack
 
