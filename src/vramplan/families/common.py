@@ -5,10 +5,12 @@ Shapes: nn.Linear(in, out).weight is (out, in).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from vramplan.catalog.hf_extended import ExtendedDesc
+from vramplan.components.arch import rms_norm
+from vramplan.components.graph import Param, Recorder, Sym
 from vramplan.model import ModelDesc, ParamEntry
 
 
@@ -77,3 +79,30 @@ def with_params(desc: ModelDesc, params: list[ParamEntry]) -> ModelDesc:
 def extend(base: ModelDesc, cls: type, **extra: Any) -> ModelDesc:
     """`base` as the ModelDesc subclass `cls`, with its extra fields set."""
     return cls(**{f.name: getattr(base, f.name) for f in fields(ModelDesc)}, **extra)
+
+
+@dataclass(slots=True)
+class TowerCtx:
+    """A vision tower's recording context: its description (`vis`: `rms` says which norm),
+    its parameters by name under the tower's prefix, LoRA targets, and per-forward shared
+    tensors (rotary cos/sin)."""
+
+    vis: Any
+    params: dict[str, Param]
+    lora: dict = field(default_factory=dict)
+    shared: dict[str, Sym] = field(default_factory=dict)
+
+    @property
+    def desc(self) -> Any:  # rms_norm reads ctx.desc.model_type
+        return self.vis
+
+    def p(self, name: str) -> Param:
+        return self.params[name]
+
+
+def tower_norm(rec: Recorder, ctx: TowerCtx, x: Sym, module: str, name: str) -> Sym:
+    """nn.LayerNorm, or the Llama RMSNorm where the tower uses it (Qwen2.5-VL's
+    Qwen2_5_VLRMSNorm, InternVL's norm_type rms_norm)."""
+    if ctx.vis.rms:
+        return rms_norm(rec, ctx, x, module, name)
+    return rec.layer_norm(x, ctx.p(module + ".weight"), name)

@@ -6,35 +6,13 @@ Legend: n tiles, t tokens per tile, e width, a heads, d = e / a, f MLP width, s 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from vramplan.breakdown import Breakdown
 from vramplan.components.arch import rms_norm
 from vramplan.components.arch_vit import vit_activation, vit_linear
-from vramplan.components.graph import Param, Recorder, Sym
+from vramplan.components.graph import Recorder, Sym
+from vramplan.families.common import TowerCtx, tower_norm
 from vramplan.families.internvl.vision import InternVisionDesc
 from vramplan.units import nbytes
-
-
-@dataclass(slots=True)
-class TowerCtx:
-    vis: InternVisionDesc
-    params: dict[str, Param]
-    lora: dict = field(default_factory=dict)
-
-    @property
-    def desc(self) -> InternVisionDesc:  # rms_norm reads ctx.desc.model_type
-        return self.vis
-
-    def p(self, name: str) -> Param:
-        return self.params[name]
-
-
-def _norm(rec: Recorder, ctx: TowerCtx, x: Sym, module: str, name: str) -> Sym:
-    """nn.LayerNorm, or InternVLVisionRMSNorm (the Llama RMSNorm) under norm_type rms_norm."""
-    if ctx.vis.rms:
-        return rms_norm(rec, ctx, x, module, name)
-    return rec.layer_norm(x, ctx.p(module + ".weight"), name)
 
 
 def embed(rec: Recorder, ctx: TowerCtx, pixels: Sym) -> Sym:
@@ -62,7 +40,7 @@ def layer(rec: Recorder, ctx: TowerCtx, x: Sym, i: int) -> Sym:
     vis = ctx.vis
     n, t, e = x.shape
     a, pre = vis.num_heads, f"encoder.layer.{i}"
-    h = _norm(rec, ctx, x, f"{pre}.layernorm_before", "vision/norm_before")
+    h = tower_norm(rec, ctx, x, f"{pre}.layernorm_before", "vision/norm_before")
     qkv = []
     for c in "qkv":
         y = vit_linear(rec, ctx, h, f"{pre}.attention.{c}_proj", f"vision/{c}")
@@ -73,7 +51,7 @@ def layer(rec: Recorder, ctx: TowerCtx, x: Sym, i: int) -> Sym:
     o = rec.view(o, (n, t, e))  # the fused kernel's output is laid out (n, t, a, d): .contiguous() is a no-op
     o = vit_linear(rec, ctx, o, f"{pre}.attention.projection_layer", "vision/proj")
     x = rec.add(rec.mul(o, ctx.p(f"{pre}.lambda_1"), name="vision/ls1"), x, name="vision/attn_residual")
-    h = _norm(rec, ctx, x, f"{pre}.layernorm_after", "vision/norm_after")
+    h = tower_norm(rec, ctx, x, f"{pre}.layernorm_after", "vision/norm_after")
     h = vit_activation(rec, vit_linear(rec, ctx, h, f"{pre}.mlp.fc1", "vision/fc1"), vis.hidden_act, "vision/act")
     h = vit_linear(rec, ctx, h, f"{pre}.mlp.fc2", "vision/fc2")
     return rec.add(rec.mul(h, ctx.p(f"{pre}.lambda_2"), name="vision/ls2"), x, name="vision/mlp_residual")

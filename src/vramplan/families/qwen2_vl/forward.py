@@ -11,38 +11,12 @@ H language-model width.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from vramplan.breakdown import Breakdown
-from vramplan.components.arch import rms_norm
 from vramplan.components.arch_vit import vit_activation, vit_linear
-from vramplan.components.graph import Param, Recorder, Sym
+from vramplan.components.graph import Recorder, Sym
+from vramplan.families.common import TowerCtx, tower_norm
 from vramplan.families.qwen2_vl.vision import QwenVisionDesc
 from vramplan.units import nbytes
-
-
-@dataclass(slots=True)
-class TowerCtx:
-    """Parameters by name under `visual.` and the per-forward shared tensors (cos, sin)."""
-
-    vis: QwenVisionDesc
-    params: dict[str, Param]
-    lora: dict = field(default_factory=dict)
-    shared: dict[str, Sym] = field(default_factory=dict)
-
-    @property
-    def desc(self) -> QwenVisionDesc:  # rms_norm reads ctx.desc.model_type
-        return self.vis
-
-    def p(self, name: str) -> Param:
-        return self.params[name]
-
-
-def _norm(rec: Recorder, ctx: TowerCtx, x: Sym, module: str, name: str) -> Sym:
-    """Qwen2-VL nn.LayerNorm (eps 1e-6); Qwen2.5-VL Qwen2_5_VLRMSNorm, the Llama RMSNorm."""
-    if ctx.vis.rms:
-        return rms_norm(rec, ctx, x, module, name)
-    return rec.layer_norm(x, ctx.p(module + ".weight"), name)
 
 
 def embed(rec: Recorder, ctx: TowerCtx, pixels: Sym) -> Sym:
@@ -89,7 +63,7 @@ def block(rec: Recorder, ctx: TowerCtx, x: Sym, i: int) -> Sym:
     n, e = x.shape
     a, d = vis.num_heads, e // vis.num_heads
     pre = f"blocks.{i}"
-    h = _norm(rec, ctx, x, f"{pre}.norm1", "vision/norm1")
+    h = tower_norm(rec, ctx, x, f"{pre}.norm1", "vision/norm1")
     qkv = vit_linear(rec, ctx, h, f"{pre}.attn.qkv", "vision/qkv")
     q, k, v = (rec.view(qkv, (n, a, d), f"vision/{c}") for c in "qkv")
     q, k = _rope(rec, q, ctx, "vision/q_rot"), _rope(rec, k, ctx, "vision/k_rot")
@@ -97,7 +71,7 @@ def block(rec: Recorder, ctx: TowerCtx, x: Sym, i: int) -> Sym:
     o = rec.sdpa(q4, k4, v4, (1, a, n, d), "vision/attn")
     o = rec.new("vision/attn_cat", (n, e), o.dtype, o.requires_grad)
     x = rec.add(x, vit_linear(rec, ctx, o, f"{pre}.attn.proj", "vision/proj"), name="vision/attn_residual")
-    h = _norm(rec, ctx, x, f"{pre}.norm2", "vision/norm2")
+    h = tower_norm(rec, ctx, x, f"{pre}.norm2", "vision/norm2")
     if vis.rms:  # Qwen2_5_VLMLP: down(act(gate(x)) * up(x)), SiLU saves its input
         g = rec.unary_saving_input(vit_linear(rec, ctx, h, f"{pre}.mlp.gate_proj", "vision/gate"), "vision/act")
         h = rec.mul(g, vit_linear(rec, ctx, h, f"{pre}.mlp.up_proj", "vision/up"), name="vision/gated")
@@ -115,7 +89,7 @@ def merger(rec: Recorder, ctx: TowerCtx, x: Sym) -> Sym:
     saves the (N / u) int64 indices)."""
     vis = ctx.vis
     n, e = x.shape
-    h = _norm(rec, ctx, x, "merger.ln_q", "merger/ln_q")
+    h = tower_norm(rec, ctx, x, "merger.ln_q", "merger/ln_q")
     h = rec.view(h, (n // vis.merge_unit, e * vis.merge_unit))
     h = rec.unary_saving_input(vit_linear(rec, ctx, h, "merger.mlp.0", "merger/mlp0"), "merger/gelu")
     out = vit_linear(rec, ctx, h, "merger.mlp.2", "merger/mlp2")
