@@ -18,9 +18,11 @@ from vramplan.components.graph import Param, Recorder
 from vramplan.components.trainable import HeldParam, ParamSet
 from vramplan.families.internvl import forward
 from vramplan.families.internvl.vision import MAX_TILES, InternVisionDesc, num_tiles
-from vramplan.jobs.vlm import TowerPlan, grads_where, saved_items
+from vramplan.jobs.vlm import (
+    TowerPlan, grads_where, refuse_trained_tower_with_lora, saved_items, within_positions,
+)
 from vramplan.model import ModelDesc
-from vramplan.spec import JobSpec, Method, SpecError
+from vramplan.spec import JobSpec, SpecError
 from vramplan.units import nbytes
 
 
@@ -33,18 +35,11 @@ def tiles_per_image(vis: InternVisionDesc, spec: JobSpec) -> int:
 
 def visual_tokens(vis: InternVisionDesc, spec: JobSpec, lm: ModelDesc) -> int:
     total = spec.vision.num_images * tiles_per_image(vis, spec) * vis.tokens_per_tile
-    limit = lm.max_position_embeddings
-    if limit and spec.seq_len + total > limit:
-        raise SpecError("vision", f"{total} visual tokens + seq_len {spec.seq_len} = {spec.seq_len + total} tokens, "
-                        f"over the language model's {limit} positions; lower vision.max_pixels, the image "
-                        "size or the number of images/frames")
-    return total
+    return within_positions(total, spec, lm)
 
 
 def _held(vis: InternVisionDesc, spec: JobSpec, train_tower: bool) -> ParamSet:
-    if train_tower and spec.method in (Method.LORA, Method.QLORA):
-        raise SpecError("vision.freeze_vision_tower", "with LoRA the adapters go on the language model only and "
-                        "the vision tower stays frozen; set it to true, or use method full")
+    refuse_trained_tower_with_lora(spec, train_tower)
     w = spec.precision.weight_dtype
     out = [HeldParam("vision_tower." + n, s, w, train_tower, "base", layer) for n, s, layer in vis.params()]
     out += [HeldParam("projector." + n, s, w, True, "base", None) for n, s in vis.projector_params()]

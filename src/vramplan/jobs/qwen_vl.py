@@ -20,9 +20,11 @@ from vramplan.components.trainable import HeldParam, ParamSet
 from vramplan.families.qwen2_vl import forward
 from vramplan.families.qwen2_vl.vision import (IMAGE_MAX_PIXELS, IMAGE_MIN_PIXELS, VIDEO_MAX_PIXELS,
                                                VIDEO_MIN_PIXELS, QwenVisionDesc, grid_thw, lm_tokens)
-from vramplan.jobs.vlm import TowerPlan, grads_where, saved_items
+from vramplan.jobs.vlm import (
+    TowerPlan, grads_where, refuse_trained_tower_with_lora, saved_items, within_positions,
+)
 from vramplan.model import ModelDesc
-from vramplan.spec import JobSpec, Method, SpecError
+from vramplan.spec import JobSpec, SpecError
 from vramplan.units import nbytes
 
 
@@ -51,21 +53,14 @@ def visual_tokens(vis: QwenVisionDesc, spec: JobSpec, lm: ModelDesc) -> int:
     """Language-model tokens per sample from the images and videos; more than the language
     model's positions (max_position_embeddings) is refused."""
     total = sum(count * lm_tokens(vis, grid) for count, grid in grids(vis, spec).values())
-    limit = lm.max_position_embeddings
-    if limit and spec.seq_len + total > limit:
-        raise SpecError("vision", f"{total} visual tokens + seq_len {spec.seq_len} = {spec.seq_len + total} tokens, "
-                        f"over the language model's {limit} positions; lower vision.max_pixels, the image "
-                        "size or the number of images/frames")
-    return total
+    return within_positions(total, spec, lm)
 
 
 def _held(vis: QwenVisionDesc, spec: JobSpec, train_tower: bool) -> ParamSet:
     """The tower's parameters (`vision_tower.` + name under `visual.`), trained only in full
     fine-tuning, and the merger's (`projector.`), always trained (the projector of every
     VLM recipe here)."""
-    if train_tower and spec.method in (Method.LORA, Method.QLORA):
-        raise SpecError("vision.freeze_vision_tower", "with LoRA the adapters go on the language model only and "
-                        "the vision tower stays frozen; set it to true, or use method full")
+    refuse_trained_tower_with_lora(spec, train_tower)
     w = spec.precision.weight_dtype
     out = [HeldParam("vision_tower." + n, s, w, train_tower, "base", layer) for n, s, layer in vis.params()]
     out += [HeldParam("projector." + n, s, w, True, "base", None) for n, s in vis.merger_params()]

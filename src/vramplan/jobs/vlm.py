@@ -344,3 +344,21 @@ def _qwen_vl(cfg: dict, name: str | None = None):
 
 __all__ = ["TowerPlan", "frozen_tower_transient", "grads_where", "llava_tokens", "llava_tower", "resolve_vlm", "saved_items",
            "vision_from_catalog", "vision_from_llava_config", "vlm_estimate", "vlm_num_params"]
+
+
+def within_positions(total: int, spec: JobSpec, lm: ModelDesc) -> int:
+    """`total` visual tokens per sample, refused when with seq_len they pass the language
+    model's positions (max_position_embeddings)."""
+    limit = lm.max_position_embeddings
+    if limit and spec.seq_len + total > limit:
+        raise SpecError("vision", f"{total} visual tokens + seq_len {spec.seq_len} = {spec.seq_len + total} tokens, "
+                        f"over the language model's {limit} positions; lower vision.max_pixels, the image "
+                        "size or the number of images/frames")
+    return total
+
+
+def refuse_trained_tower_with_lora(spec: JobSpec, train_tower: bool) -> None:
+    """LoRA adapts the language model only; a trained tower beside it is not modelled."""
+    if train_tower and spec.method in (Method.LORA, Method.QLORA):
+        raise SpecError("vision.freeze_vision_tower", "with LoRA the adapters go on the language model only and "
+                        "the vision tower stays frozen; set it to true, or use method full")
