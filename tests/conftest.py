@@ -12,3 +12,17 @@ def _english_answers(monkeypatch):
     i18n.set_language("en")
     yield
     i18n.set_language("en")
+
+
+def measure_fresh(job: dict, **kwargs) -> dict:
+    """`vramplan.measure.measure(job, **kwargs).to_dict()` in a fresh Python process. The meter
+    counts every tensor alive when it starts (the reference meter's rule), so a measurement
+    inside the test process would also count what earlier tests left alive."""
+    import json
+    import subprocess
+    import sys
+    code = ("import json, sys; from vramplan.measure import measure; "
+            "print(json.dumps(measure(json.loads(sys.argv[1]), **json.loads(sys.argv[2])).to_dict()))")
+    out = subprocess.run([sys.executable, "-c", code, json.dumps(job), json.dumps(kwargs)],
+                         capture_output=True, text=True, timeout=900, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])

@@ -31,9 +31,8 @@ class _TTY:
 
 
 def test_fit_progress_on_a_terminal_only(capsys, monkeypatch):
-    import importlib
-    fit_mod = importlib.import_module("vramplan.plan.fit")
-    monkeypatch.setattr(fit_mod, "fit", _with_small_steps(fit_mod.fit))
+    import vramplan.plan.answers as answers  # where the CLI's fit command calls plan.fit
+    monkeypatch.setattr(answers, "fit", _with_small_steps(answers.fit))
     code = main([*JOB, "--format", "csv"])
     out_plain = capsys.readouterr().out
     tty = _TTY()

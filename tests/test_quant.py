@@ -5,11 +5,8 @@ from __future__ import annotations
 import importlib.util
 import json
 
-import json
-import subprocess
-import sys
-
 import pytest
+from conftest import measure_fresh
 
 import vramplan
 from vramplan.components.quant import storage
@@ -206,12 +203,6 @@ def test_qlora_step_peak_within_2_percent(quant, library):
            "lora": {"r": 4, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
                                                "down_proj"]},
            "micro_batch_size": 1, "seq_len": 64, "backend": "cpu"}
-    # A fresh process: the meter counts every tensor alive when it starts (the reference
-    # meter's rule), and the layer tests above leave quantized tensors behind.
-    code = ("import json, sys; from vramplan.measure import measure; "
-            "print(measure(json.loads(sys.argv[1]), device='cpu').peak_allocated_bytes)")
-    out = subprocess.run([sys.executable, "-c", code, json.dumps(job)], capture_output=True, text=True,
-                         timeout=600, check=True)
-    measured = int(out.stdout.strip().splitlines()[-1])
+    measured = measure_fresh(job, device="cpu")["peak_allocated_bytes"]  # the layer tests leave tensors
     estimated = vramplan.estimate(vramplan.load_spec(job)).peak_allocated_bytes
     assert abs(estimated / measured - 1) < 0.02
