@@ -8,7 +8,7 @@ against module names the way PEFT matches them (peft/tuners/tuners_utils.py,
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from vramplan.components.dtypes import dtypes_of
 from vramplan.components.quant import code_dtype
@@ -34,10 +34,11 @@ class HeldParam:
     layer: int | None = None
     full_shape: tuple[int, ...] = ()
     """The unsharded shape when `shape` is one rank's flat partition (parallel/shard.py)."""
+    numel: int = field(init=False, repr=False, compare=False)
+    """Elements of `shape`, computed once: a 70B layout reads it ~7,000 times per estimate."""
 
-    @property
-    def numel(self) -> int:
-        return math.prod(self.shape)
+    def __post_init__(self):
+        object.__setattr__(self, "numel", math.prod(self.shape))
 
 
 @dataclass(frozen=True, slots=True)
