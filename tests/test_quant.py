@@ -16,20 +16,8 @@ SHAPES = ((384, 512), (688, 256))
 
 
 def _unique(tensors) -> int:
-    import torch
-    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
-
-    seen = {}
-
-    def add(t):
-        if is_traceable_wrapper_subclass(t):
-            for name in t.__tensor_flatten__()[0]:
-                add(getattr(t, name))
-        elif isinstance(t, torch.Tensor):
-            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-    for t in tensors:
-        add(t)
-    return sum(seen.values())
+    from vramplan.measure.quantized import storage_bytes
+    return storage_bytes(tensors)
 
 
 def _bytes(quant: dict, m: int, n: int) -> int:

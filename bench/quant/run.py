@@ -48,20 +48,8 @@ def _job(quant: dict, precision: str, gc: str) -> dict:
 
 # ------------------------------------------------------------------ storage
 def _unique(tensors) -> int:
-    import torch
-    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
-
-    seen: dict[int, int] = {}
-
-    def add(t):
-        if is_traceable_wrapper_subclass(t):
-            for name in t.__tensor_flatten__()[0]:
-                add(getattr(t, name))
-        elif isinstance(t, torch.Tensor):
-            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-    for t in tensors:
-        add(t)
-    return sum(seen.values())
+    from vramplan.measure.quantized import storage_bytes
+    return storage_bytes(tensors)
 
 
 def _bnb(kind: str, m: int, n: int, double_quant: bool = True) -> int:

@@ -97,3 +97,21 @@ def prepare(model: torch.nn.Module) -> torch.nn.Module:
     from peft import prepare_model_for_kbit_training
 
     return prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+
+
+def storage_bytes(tensors) -> int:
+    """Bytes of the unique storages behind `tensors`, a wrapper subclass (torchao's quantized
+    tensors) counted by its inner tensors (`__tensor_flatten__`), as the meter counts them."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    seen: dict[int, int] = {}
+
+    def add(t):
+        if is_traceable_wrapper_subclass(t):
+            for name in t.__tensor_flatten__()[0]:
+                add(getattr(t, name))
+        elif isinstance(t, torch.Tensor):
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    for t in tensors:
+        add(t)
+    return sum(seen.values())
