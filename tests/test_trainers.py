@@ -56,6 +56,31 @@ def test_trl_dpo_trainer_measured_live_within_tolerance():
         assert abs(e.phases[phase] / m["phases"][phase] - 1) < 0.05, (phase, e.phases, m["phases"])
 
 
+def test_sft_head_follows_the_stack_and_trl_release():
+    spec = lambda **kw: vramplan.load_spec({**BASE, "task": "sft", **kw})  # noqa: E731
+    assert resolve_head(spec(stack="trl")) is LogprobHead.CHUNKED  # SFTTrainer's fused_lm_head
+    assert resolve_head(spec(stack="hf-trainer")) is LogprobHead.FULL  # the model's own loss
+    assert resolve_head(spec()) is LogprobHead.FULL
+    assert resolve_head(spec(stack={"framework": "trl", "trl": "1.9"})) is LogprobHead.FULL
+
+
+@pytest.mark.parametrize("method", ["full", "lora"])
+def test_trl_sft_trainer_measured_live_within_tolerance(method):
+    pytest.importorskip("trl")
+    job = {**BASE, "task": "sft", "stack": "trl", "precision": "bf16", "method": method}
+    if method == "lora":
+        job["lora"] = {"r": 8, "target_modules": ["q_proj", "v_proj"]}
+    m = measure_fresh(job)
+    assert m["runner"]["library"] == "trl" and m["runner"]["entry"] == "SFTTrainer"
+    e = vramplan.estimate(job)
+    assert abs(e.peak_allocated_bytes / m["peak_allocated_bytes"] - 1) < 0.02, (e.peak_allocated_bytes, m)
+    for phase in ("forward", "backward", "optimizer"):
+        assert abs(e.phases[phase] / m["phases"][phase] - 1) < 0.05, (phase, e.phases, m["phases"])
+    # the model's own cross-entropy (the HF Trainer's SFT) is not what SFTTrainer runs
+    full = vramplan.estimate({**job, "logprob_head": "full"})
+    assert abs(full.peak_allocated_bytes / m["peak_allocated_bytes"] - 1) > 0.2
+
+
 def test_selective_head_saves_each_rows_16bit_log_softmax():
     # selective_log_softmax on bf16 logits: a row loop of log_softmax, each output saved in bf16
     e = vramplan.estimate({**BASE, "task": "dpo", "precision": "bf16", "logprob_head": "selective"})

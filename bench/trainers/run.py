@@ -5,7 +5,7 @@
 Each case runs in a fresh process through vramplan.measure.trainers.measure_trainer: TRL
 1.16's DPOTrainer (a separate reference; a LoRA policy with its adapter disabled as the
 reference), KTOTrainer, RewardTrainer, GRPOTrainer (HF generate) and the transformers
-Trainer (SFT), two optimizer steps on tiny random-init Llama models, tiny in-memory datasets.
+Trainer (SFT) and TRL's SFTTrainer (SFT under stack trl), two optimizer steps on tiny random-init Llama models, tiny in-memory datasets.
 The estimate takes the spec as it is (logprob_head auto = TRL 1.16's chunked head for
 DPO/IPO/KTO). Results go to bench/trainers/results-cpu.json with the library versions, and
 are printed with the error of the peak and of each phase (targets: 2% peak, 5% phase).
@@ -48,7 +48,13 @@ CASES = dict([
     case("kto/bf16/full/ref-separate", task="kto", precision="bf16"),
     case("reward-model/bf16/full", task="reward-model", precision="bf16"),
     case("grpo/bf16/full/g4-c32", **GRPO, precision="bf16"),
-    case("sft/bf16/full/hf-trainer", task="sft", precision="bf16"),
+    case("sft/bf16/full/hf-trainer", task="sft", precision="bf16", stack="hf-trainer"),
+    # TRL's SFTTrainer (stack trl): the chunked head in place of the model's cross-entropy
+    case("sft/bf16/full/sft-trainer", task="sft", precision="bf16"),
+    case("sft/fp32/full/sft-trainer", task="sft", precision="fp32"),
+    case("sft/bf16/lora/sft-trainer", task="sft", precision="bf16", **LORA),
+    case("sft/amp-bf16/full/sft-trainer/gc/vocab40k", task="sft", precision="amp-bf16", model=LLAMA_WIDE,
+         gradient_checkpointing="full"),
 ])
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from vramplan.breakdown import Breakdown
 from vramplan.i18n import Msg
 from vramplan.spec import Backend, JobSpec, LogprobHead, Task
+from vramplan.spec.stack import Framework
 from vramplan.units import nbytes
 
 TOKEN_CHUNK = 4096
@@ -38,11 +39,29 @@ _CHUNKED_TASKS = (Task.DPO, Task.IPO, Task.KTO, Task.GRPO)
 
 def resolve_head(spec: JobSpec) -> LogprobHead:
     """The head the spec asks for; `auto` is TRL 1.16's for the task (any backend: the
-    chunked head has a Triton path on CUDA and a torch fallback elsewhere)."""
+    chunked head has a Triton path on CUDA and a torch fallback elsewhere). SFT runs it only
+    under TRL's SFTTrainer (`stack: trl`); the HF Trainer's SFT is the model's own loss."""
     head = spec.logprob_head
     if head is not LogprobHead.AUTO:
         return head
+    if spec.task is Task.SFT:
+        # TRL 1.9's SFTTrainer still called the model's own loss (super().compute_loss);
+        # 1.16 is the release measured with the fused head (bench/trainers)
+        trl = spec.stack.minor("trl")
+        fused = spec.stack.framework is Framework.TRL and (trl is None or trl >= (1, 16))
+        return LogprobHead.CHUNKED if fused else LogprobHead.FULL
     return LogprobHead.CHUNKED if spec.task in _CHUNKED_TASKS else LogprobHead.FULL
+
+
+def sft_head(spec: JobSpec, hidden: int, vocab: int, softcap: bool) -> "Chunked | None":
+    """TRL 1.16 SFTTrainer's head, or None for the model's own cross-entropy: the trainer
+    calls `add_fused_lm_head(model, outputs=("log_probs", "entropy", "is_top1"))`
+    (trl/trainer/sft_trainer.py __init__) and `compute_loss` takes `-log_probs` summed over
+    the label mask; `full` (or `selective`, which SFT has no use for) is the model's loss."""
+    if spec.task is not Task.SFT or resolve_head(spec) is not LogprobHead.CHUNKED:
+        return None
+    return chunked_head(spec, spec.micro_batch_size, spec.seq_len, hidden, vocab, top1=True, entropy=True,
+                        softcap=softcap)
 
 
 def head_note(spec: JobSpec) -> str:

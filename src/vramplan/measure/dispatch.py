@@ -56,13 +56,13 @@ def _hand_written(job: dict, trace: bool, steps: int) -> MeasureResult:
 
 
 def _library_ok(job: dict) -> bool:
-    from .trainers import TRL_TASKS, runs_library
+    from .trainers import TRL_TASKS, runs_library, trl_sft
 
-    if job["task"] not in TRL_TASKS or job.get("vision") or job.get("models"):
+    if (job["task"] not in TRL_TASKS and not trl_sft(job)) or job.get("vision") or job.get("models"):
         return False
     if job.get("reference_model") == "precomputed":
         return False  # TRL precomputes reference log-probs before train(); not metered here
-    return runs_library(job["task"])
+    return runs_library("dpo" if trl_sft(job) else job["task"])  # SFTTrainer: whether trl is there
 
 
 def measure_cpu(job: Any, trace: bool = False, steps: int = 2) -> MeasureResult:

@@ -202,7 +202,38 @@ def _sft(job: dict, dtype, flags: dict):
     return trainer, {"policy": policy}, {}
 
 
+def _sft_trl(job: dict, dtype, flags: dict):
+    """TRL's SFTTrainer (stack trl): its own collator (input_ids, labels, attention_mask) and
+    `compute_loss` with `fused_lm_head=True` (trl/trainer/sft_trainer.py), the chunked head."""
+    from trl import SFTConfig, SFTTrainer
+
+    policy = _policy(job, dtype)
+    vocab = policy.config.vocab_size
+    args = SFTConfig(**_common(job, flags), max_length=int(job["seq_len"]), dataset_num_proc=None)
+    rows = data.lm_rows(_rows(job), job["seq_len"], vocab)
+    trainer = SFTTrainer(model=policy, args=args, train_dataset=data.dataset({"input_ids": rows["input_ids"]}),
+                         processing_class=data.tokenizer(vocab), optimizers=_optimizers(policy, job))
+    return trainer, {"policy": policy}, {}
+
+
 BUILDERS = {"dpo": _dpo, "ipo": _dpo, "kto": _kto, "reward-model": _reward, "grpo": _grpo, "sft": _sft}
+
+
+def _framework(job: dict) -> str:
+    stack = job.get("stack") or {}
+    return stack if isinstance(stack, str) else stack.get("framework", "plain")
+
+
+def trl_sft(job: dict) -> bool:
+    """SFT under `stack: trl`: TRL's SFTTrainer, whose loss is not the model's own."""
+    return job["task"] == "sft" and _framework(job) == "trl"
+
+
+def _builder(job: dict):
+    """SFT under `stack: trl` runs TRL's SFTTrainer; every other SFT the HF Trainer."""
+    if trl_sft(job):
+        return _sft_trl, {"library": "trl", "entry": "SFTTrainer"}
+    return BUILDERS[job["task"]], None
 
 
 def _runner(task: str) -> dict:
@@ -223,8 +254,13 @@ def measure_trainer(job, trace: bool = False) -> MeasureResult:
         raise ValueError(f"task: no library trainer is measured for {task!r}")
     torch.manual_seed(0)
     dtype, flags = _precision(job)
-    trainer, models, options = BUILDERS[task](job, dtype, flags)
-    return metered_train(trainer, models, _runner(task), trace=trace, **options)
+    build, runner = _builder(job)
+    trainer, models, options = build(job, dtype, flags)
+    if runner is not None:
+        import trl
+
+        runner = dict(runner, version=trl.__version__)
+    return metered_train(trainer, models, runner or _runner(task), trace=trace, **options)
 
 
-__all__ = ["measure_trainer", "runs_library", "TRL_TASKS", "HF_TASKS"]
+__all__ = ["measure_trainer", "runs_library", "trl_sft", "TRL_TASKS", "HF_TASKS"]
