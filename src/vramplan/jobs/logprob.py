@@ -44,6 +44,10 @@ def resolve_head(spec: JobSpec) -> LogprobHead:
     head = spec.logprob_head
     if head is not LogprobHead.AUTO:
         return head
+    if spec.stack.framework is Framework.LLAMA_FACTORY:
+        # its DPO/KTO trainers' own concatenated_forward: logits.to(float32) + get_batch_logps
+        # (src/llamafactory/train/dpo/trainer.py, train/trainer_utils.py)
+        return LogprobHead.FULL
     if spec.task is Task.SFT:
         # TRL 1.9's SFTTrainer still called the model's own loss (super().compute_loss);
         # 1.16 is the release measured with the fused head (bench/trainers)
