@@ -10,6 +10,7 @@ Trainer (SFT); from trl.experimental GKDTrainer (distillation), ORPOTrainer and 
 The estimate takes the spec as it is (logprob_head auto = TRL 1.16's chunked head for
 DPO/IPO/KTO). Results go to bench/trainers/results-cpu.json with the library versions, and
 are printed with the error of the peak and of each phase (targets: 2% peak, 5% phase).
+README.md in this folder says which trainer runs each task and gives the before/after table.
 """
 from __future__ import annotations
 

@@ -64,6 +64,8 @@ def _library_ok(job: dict) -> bool:
         return False
     if job.get("reference_model") == "precomputed":
         return False  # TRL precomputes reference log-probs before train(); not metered here
+    if job.get("logprob_head") == "full" and job["task"] in ("dpo", "ipo", "distill"):
+        return False  # TRL 0.x's full-logits step: TRL 1.16 runs none; the written-out step does
     return runs_library(job["task"])
 
 
