@@ -33,3 +33,14 @@ def test_trainer_measured_live_within_tolerance(task, entry):
     assert abs(e.peak_allocated_bytes / m["peak_allocated_bytes"] - 1) < 0.02, (e.peak_allocated_bytes, m)
     for phase in ("forward", "backward", "optimizer"):
         assert abs(e.phases[phase] / m["phases"][phase] - 1) < 0.05, (phase, e.phases, m["phases"])
+
+
+def test_cuda_selective_head_is_tritons_one_gradient():
+    # trl/kernels/logprob_entropy.py on CUDA: the logits and four per-token fp32 vectors are
+    # saved, backward writes one gradient of the shifted logits (no per-row temporaries)
+    e = vramplan.estimate({**BASE, "task": "simpo", "precision": "fp32", "backend": "cuda", "gpu": "h100-80gb"})
+    rows, s, v = 2 * BASE["micro_batch_size"], BASE["seq_len"], TINY["vocab_size"]
+    live = {k: max(ev.live.total(f"policy/{k}") for ev in e.events)
+            for k in ("logprob/per_token_fp32", "logits/grad_logits_shifted", "logits/grad_rows_stacked")}
+    assert live == {"logprob/per_token_fp32": 4 * rows * (s - 1) * 4,
+                    "logits/grad_logits_shifted": rows * (s - 1) * v * 4, "logits/grad_rows_stacked": 0}
