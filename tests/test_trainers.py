@@ -19,7 +19,9 @@ def test_auto_head_is_trl_1_16s_per_task():
     spec = lambda **kw: vramplan.load_spec({**BASE, **kw})  # noqa: E731
     assert resolve_head(spec(task="dpo")) is LogprobHead.CHUNKED
     assert resolve_head(spec(task="kto")) is LogprobHead.CHUNKED
-    assert resolve_head(spec(task="orpo")) is LogprobHead.FULL  # trl/experimental/orpo: full logits
+    # trl/experimental/orpo, cpo: full logits scored by selective_log_softmax (get_batch_logps)
+    assert resolve_head(spec(task="orpo")) is LogprobHead.SELECTIVE
+    assert resolve_head(spec(task="simpo")) is LogprobHead.SELECTIVE
     assert resolve_head(spec(task="dpo", logprob_head="full")) is LogprobHead.FULL
 
 

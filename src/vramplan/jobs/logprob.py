@@ -33,8 +33,10 @@ VOCAB_CHUNK = 32768
 
 # Trainers that call the model with fused_lm_head=True in TRL 1.16 (dpo_trainer.py, kto_trainer.py,
 # grpo_trainer.py, rloo_trainer.py, sft_trainer.py `add_fused_lm_head`). ORPO and CPO/SimPO
-# (trl/experimental/orpo, cpo) still build the full logits; PPO is no longer in TRL 1.x.
+# (trl/experimental/orpo, cpo) still build the full logits and score them with
+# `selective_log_softmax` (their `get_batch_logps`); PPO is no longer in TRL 1.x.
 _CHUNKED_TASKS = (Task.DPO, Task.IPO, Task.KTO, Task.GRPO)
+_SELECTIVE_TASKS = (Task.ORPO, Task.SIMPO)
 
 
 def resolve_head(spec: JobSpec) -> LogprobHead:
@@ -54,6 +56,8 @@ def resolve_head(spec: JobSpec) -> LogprobHead:
         trl = spec.stack.minor("trl")
         fused = spec.stack.framework is Framework.TRL and (trl is None or trl >= (1, 16))
         return LogprobHead.CHUNKED if fused else LogprobHead.FULL
+    if spec.task in _SELECTIVE_TASKS:
+        return LogprobHead.SELECTIVE
     return LogprobHead.CHUNKED if spec.task in _CHUNKED_TASKS else LogprobHead.FULL
 
 
@@ -78,6 +82,9 @@ def head_note(spec: JobSpec) -> str:
         return Msg("log-prob head: chunked (TRL 1.16 fused_lm_head, {tokens} x {vocab} tiles, {path}); "
                    "TRL's configs default to gradient_checkpointing=True and bf16=True, the spec's values are used",
                    tokens=TOKEN_CHUNK, vocab=VOCAB_CHUNK, path=path)
+    if head is LogprobHead.SELECTIVE and spec.task in _SELECTIVE_TASKS:
+        return Msg("log-prob head: selective_log_softmax over the full logits "
+                   "(TRL 1.16 trl.experimental ORPO/CPO get_batch_logps)")
     if head is LogprobHead.SELECTIVE:
         return Msg("log-prob head: selective_log_softmax (TRL 0.13-0.2x)")
     return Msg("log-prob head: full fp32 log_softmax over the logits (TRL 0.x get_batch_logps)")

@@ -44,6 +44,15 @@ def compute_dtype(spec: JobSpec) -> str:
     return dtypes_of(spec).compute if spec.method.value != "qlora" else spec.quantization.compute_dtype
 
 
+def trainer_logits_dtype(spec: JobSpec) -> str:
+    """The dtype of the logits a trainer's own loss receives from `model(...)`. When the
+    trainer autocasts, accelerate wraps each prepared model's forward in
+    `convert_outputs_to_fp32` (accelerate/accelerator.py `prepare_model`, native_amp; the
+    frozen models prepared with `evaluation_mode=True` too), so the loss gets fp32 copies;
+    otherwise the head's dtype (transformers 5 does not upcast the logits)."""
+    return "fp32" if dtypes_of(spec).autocast else compute_dtype(spec)
+
+
 def logps_loss(rows: int, s: int, v: int, h: int, c: str) -> LossTerms:
     """Per-sequence log-probs of the labels, as trl DPOTrainer.get_batch_logps computes them:
     `logits[:, :-1].float().log_softmax(-1)` then `torch.gather(..., labels[:, 1:])`.
