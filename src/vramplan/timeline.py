@@ -84,9 +84,21 @@ class StepPlan:
 
 
 def _sum(parts) -> Breakdown:
-    out = Breakdown()
+    """The parts merged in order. Identical layers share one Breakdown object, so each
+    distinct part is merged once, times its count, at its first place (the same terms in
+    the same key order as merging every part)."""
+    counts: dict[int, int] = {}
+    distinct = []
     for p in parts:
-        out.merge(p)
+        key = id(p)
+        if key in counts:
+            counts[key] += 1
+        else:
+            counts[key] = 1
+            distinct.append(p)
+    out = Breakdown()
+    for p in distinct:
+        out.merge(p, times=counts[id(p)])
     return out
 
 

@@ -46,9 +46,14 @@ class ParamSet:
     params: tuple[HeldParam, ...]
     unmatched_targets: tuple[str, ...] = ()
     """LoRA targets or modules_to_save names that match no module (PEFT would ignore them)."""
+    trained: tuple[HeldParam, ...] = field(init=False, repr=False, compare=False)
+    """The trainable params, selected once (an estimate asks for them many times)."""
+
+    def __post_init__(self):
+        object.__setattr__(self, "trained", tuple(p for p in self.params if p.trainable))
 
     def trainable(self) -> tuple[HeldParam, ...]:
-        return tuple(p for p in self.params if p.trainable)
+        return self.trained
 
     def numel(self, trainable: bool | None = None) -> int:
         return sum(p.numel for p in self.params if trainable is None or p.trainable == trainable)

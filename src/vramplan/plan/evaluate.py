@@ -169,9 +169,12 @@ class Evaluator:
 
 def reported_communication(est: Estimate) -> dict | None:
     """The estimator's own `communication` section (parallel layouts), if it has one."""
+    # read the section to_dict() would write (result.py _parallel_dict) without to_dict():
+    # that also replays the allocator model, some 20 ms, for a figure step time never reads
     comm = getattr(est, "communication", None)
     if comm is None:
-        comm = est.to_dict().get("communication")
+        par = getattr(est, "parallel", None)
+        comm = None if par is None else dict(par.communication)
     if hasattr(comm, "to_dict"):
         comm = comm.to_dict()
     return comm if isinstance(comm, dict) and comm else None
