@@ -49,8 +49,10 @@ _ULYSSES_OUT = "attn/core"
 
 
 def scale(bd: Breakdown, lay: Layout, kv_heads: int = 0) -> Breakdown:
-    out = Breakdown()
     shards = lay.seq_shards
+    if lay.tp == 1 and shards == 1:
+        return Breakdown().merge(bd)  # nothing divides: the same terms, as add() takes them
+    out = Breakdown()
     kv_wide = lay.ulysses > 1 and 0 < kv_heads < lay.ulysses
     for name, value in bd:
         if lay.tp > 1 and tp_divides(name, lay.sp):

@@ -19,7 +19,7 @@ from vramplan.parallel.layout import Layout
 from vramplan.parallel.sets import RankSets, grad_bytes, memo, numel, rank_sets, units
 from vramplan.parallel.shard import pp_layers
 from vramplan.spec import JobSpec
-from vramplan.timeline import StepPlan, peak_event, walk
+from vramplan.timeline import StepPlan, peak_total
 from vramplan.units import nbytes
 
 
@@ -47,7 +47,7 @@ def rank_plan(desc: ModelDesc, spec: JobSpec, params: ParamSet, plan: StepPlan) 
     lay = Layout.of(spec, desc.hidden_size)
     ranges = pp_layers(desc.num_layers, lay.pp, lay.extras.get("pp_layers"))
     plans = [_stage_plan(desc, spec, params, plan, lay, r, ranges[r]) for r in range(lay.pp)]
-    peaks = [peak_event(walk(p)).total for p, _ in plans]
+    peaks = [peak_total(p) for p, _ in plans]
     worst = max(range(lay.pp), key=lambda r: peaks[r])
     best_plan, sets = plans[worst]
     w = memo(sets, "weight_bytes", lambda: sum(nbytes(p.numel, p.dtype) for p in sets.full.params))
