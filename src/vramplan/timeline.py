@@ -36,6 +36,19 @@ class Event:
             self._live = _sum(self._parts)
         return self._live
 
+    def subtotal(self, prefixes: tuple[str, ...], memo: dict | None = None) -> int:
+        """Bytes of the terms under `prefixes` alive at this moment: `live.total(prefix)`
+        summed from the parts, without merging them (`memo`: per part, shared by events
+        that share parts)."""
+        memo = {} if memo is None else memo
+        total = 0
+        for p in self._parts:
+            v = memo.get(id(p))
+            if v is None:
+                v = memo[id(p)] = sum(int(x) for k, x in p.terms.items() if k.startswith(prefixes))
+            total += v
+        return total
+
     @live.setter
     def live(self, value: Breakdown) -> None:
         self._live, self._parts = value, [value]

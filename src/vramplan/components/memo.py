@@ -73,3 +73,9 @@ def cached_plan(desc: object, params: object, key: tuple, compute: Callable[[], 
         hit = (desc, params, compute())
         _PLANS[full] = hit
     return hit[2]
+
+
+def clear() -> None:
+    """Forget every value memoized here (a test's cold estimate, the benchmark's cold figure)."""
+    _CACHE.clear()
+    _PLANS.clear()

@@ -35,7 +35,21 @@ def _div(value: int, k: int) -> int:
     return -(-value // k)
 
 
+_DIVIDES: dict[tuple[str, bool], bool] = {}
+
+
 def tp_divides(name: str, sp: bool) -> bool:
+    """Whether tensor parallelism splits the term `name` (memoized: a pure function of the
+    name, asked for every term of every layer of every layout a search tries)."""
+    hit = _DIVIDES.get((name, sp))
+    if hit is None:
+        if len(_DIVIDES) >= 4096:
+            _DIVIDES.clear()
+        hit = _DIVIDES[(name, sp)] = _tp_divides(name, sp)
+    return hit
+
+
+def _tp_divides(name: str, sp: bool) -> bool:
     if any(k in name for k in _TP_KEEP) or "rotary/" in name:
         return False
     if sp:

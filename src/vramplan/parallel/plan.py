@@ -151,7 +151,8 @@ def _host(spec: JobSpec, lay: Layout, sets: RankSets) -> Breakdown:
     keeping swap buffers (aio buffer_count x buffer_size) in pinned host memory."""
     out = Breakdown()
     if lay.offload_optimizer == "cpu":
-        out.merge(optimizer_states(spec, sets.states), prefix="host/")
+        out.merge(cached(sets.states, ("states", None) + state_key(spec), lambda: optimizer_states(spec, sets.states)),
+                  prefix="host/")
         out.add("host/fp32_grad_partition", nbytes(memo(sets, "states_numel", lambda: numel(sets.states.trainable())),
                                                    "fp32"))
     elif lay.offload_optimizer == "nvme":
