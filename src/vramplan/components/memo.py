@@ -41,6 +41,11 @@ def _frozen(value):
         return tuple(sorted((k, _frozen(v)) for k, v in value.items()))
     if isinstance(value, list):
         return tuple(_frozen(v) for v in value)
+    if hasattr(value, "to_dict"):  # a spec section holding a mapping (parallel.extras)
+        try:
+            hash(value)
+        except TypeError:
+            return (type(value).__name__, _frozen(value.to_dict()))
     return value
 
 

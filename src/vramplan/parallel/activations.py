@@ -62,10 +62,26 @@ _ULYSSES_KV = ("attn/k_rope", "attn/v")
 _ULYSSES_OUT = "attn/core"
 
 
+_SCALED: dict[tuple, dict[str, int]] = {}
+
+
 def scale(bd: Breakdown, lay: Layout, kv_heads: int = 0) -> Breakdown:
+    """One rank's share of each term of `bd` (a fresh Breakdown: callers add to it)."""
     shards = lay.seq_shards
     if lay.tp == 1 and shards == 1:
         return Breakdown().merge(bd)  # nothing divides: the same terms, as add() takes them
+    # Memoized on the terms themselves: every layer's transients are equal but distinct
+    # objects, and a search scales them again for each layout.
+    key = (tuple(bd.terms.items()), lay.tp, lay.sp, shards, lay.ulysses, kv_heads)
+    hit = _SCALED.get(key)
+    if hit is None:
+        if len(_SCALED) >= 4096:
+            _SCALED.clear()
+        hit = _SCALED[key] = _scale(bd, lay, shards, kv_heads).terms
+    return Breakdown(dict(hit))
+
+
+def _scale(bd: Breakdown, lay: Layout, shards: int, kv_heads: int) -> Breakdown:
     out = Breakdown()
     kv_wide = lay.ulysses > 1 and 0 < kv_heads < lay.ulysses
     for name, value in bd:

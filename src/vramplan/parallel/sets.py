@@ -60,18 +60,40 @@ def rank_sets(desc, spec, params, lay: Layout, stage: int, layers: range) -> Ran
     return value
 
 
+_SHARDS: dict[tuple, tuple[object, object, ParamSet]] = {}
+
+
+def _shared(desc, params: ParamSet, key: tuple, compute) -> ParamSet:
+    """A sharded set, memoized on its source set (and the model) by identity and the sharding
+    that makes it: layouts that differ in ZeRO stage or offload but not in TP/PP/EP share the
+    model-parallel set, and those with one shard group its flat shards (and so every term
+    memoized on them)."""
+    full = (id(desc), id(params)) + key
+    hit = _SHARDS.get(full)
+    if hit is None or hit[0] is not desc or hit[1] is not params:
+        if len(_SHARDS) >= 512:
+            _SHARDS.pop(next(iter(_SHARDS)))
+        hit = _SHARDS[full] = (desc, params, compute())
+    return hit[2]
+
+
 def _compute_sets(desc, spec, params, lay: Layout, stage: int, layers: range) -> RankSets:
-    mp = model_parallel_set(desc, params, tp=lay.tp, ep=lay.ep, pp=lay.pp, stage=stage, layers=layers,
-                            expert_tp=lay.extras.get("expert_tp"))
+    etp = lay.extras.get("expert_tp")
+    mp = _shared(desc, params, ("tp", lay.tp, lay.ep, lay.pp, stage, layers.start, layers.stop, etp),
+                 lambda: model_parallel_set(desc, params, tp=lay.tp, ep=lay.ep, pp=lay.pp, stage=stage,
+                                            layers=layers, expert_tp=etp))
     n = lay.shard_group
     dim0 = lay.engine == "fsdp" and lay.fsdp_version == 2
     zero3 = lay.engine == "zero" and lay.zero_stage == 3
     persist = int(lay.knob("stage3_param_persistence_threshold", DS_PARAM_PERSISTENCE_THRESHOLD)) if zero3 else 0
     expert_n = max(1, n // lay.ep) if lay.ep > 1 else None
-    flat = dp_shard(mp, n, per_param_dim0=dim0, expert_n=expert_n)
+    flat = _shared(None, mp, ("dp", n, dim0, 0, expert_n),
+                   lambda: dp_shard(mp, n, per_param_dim0=dim0, expert_n=expert_n))
     # Persistent (small) ZeRO-3 parameters stay gathered; their gradients and optimizer
     # states are still partitioned (stage3.py treats ds_persist params like any other there).
-    flat_w = dp_shard(mp, n, per_param_dim0=dim0, persist_below=persist, expert_n=expert_n) if persist else flat
+    flat_w = _shared(None, mp, ("dp", n, dim0, persist, expert_n),
+                     lambda: dp_shard(mp, n, per_param_dim0=dim0, persist_below=persist, expert_n=expert_n)
+                     ) if persist else flat
     # Every sharding strategy but no-shard keeps only the shard at rest: SHARD_GRAD_OP
     # (FSDP2 reshard_after_forward=False) keeps the unsharded parameters from forward into
     # backward only, and frees them in the post-backward (FSDP1 torch/distributed/fsdp/
