@@ -46,12 +46,23 @@ class ParamSet:
     params: tuple[HeldParam, ...]
     unmatched_targets: tuple[str, ...] = ()
     """LoRA targets or modules_to_save names that match no module (PEFT would ignore them)."""
+    trained: tuple[HeldParam, ...] = field(init=False, repr=False, compare=False)
+    """The trainable params, selected once (an estimate asks for them many times)."""
+    _counts: dict = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "trained", tuple(p for p in self.params if p.trainable))
+        object.__setattr__(self, "_counts", {})
 
     def trainable(self) -> tuple[HeldParam, ...]:
-        return tuple(p for p in self.params if p.trainable)
+        return self.trained
 
     def numel(self, trainable: bool | None = None) -> int:
-        return sum(p.numel for p in self.params if trainable is None or p.trainable == trainable)
+        n = self._counts.get(trainable)
+        if n is None:
+            n = self._counts[trainable] = sum(p.numel for p in self.params
+                                              if trainable is None or p.trainable == trainable)
+        return n
 
 
 def is_linear(p: ParamEntry) -> bool:
