@@ -126,7 +126,7 @@ def _dpo(job: dict, dtype, flags: dict):
     args = DPOConfig(**common_args(job, flags), max_length=int(job["seq_len"]),
                      loss_type=[DPO_LOSS[job["task"]]], dataset_num_proc=None)
     trainer = DPOTrainer(model=policy, ref_model=ref_model, args=args,
-                         train_dataset=data.dataset(data.preferencenum_rows(num_rows(job), job["seq_len"], vocab)),
+                         train_dataset=data.dataset(data.preference_rows(num_rows(job), job["seq_len"], vocab)),
                          processing_class=data.tokenizer(vocab), optimizers=optimizers_for(policy, job))
     models = {"policy": policy} | ({"reference": ref_model} if ref_model is not None else {})
     return trainer, models, {}
@@ -142,7 +142,7 @@ def _kto(job: dict, dtype, flags: dict):
     ref_model = None if lora_ref else frozen_model(job, ref or job["model"], dtype)
     args = KTOConfig(**common_args(job, flags), max_length=int(job["seq_len"]), dataset_num_proc=None)
     trainer = KTOTrainer(model=policy, ref_model=ref_model, args=args,
-                         train_dataset=data.dataset(data.unpairednum_rows(num_rows(job), job["seq_len"], vocab)),
+                         train_dataset=data.dataset(data.unpaired_rows(num_rows(job), job["seq_len"], vocab)),
                          processing_class=data.tokenizer(vocab), optimizers=optimizers_for(policy, job))
     models = {"policy": policy} | ({"reference": ref_model} if ref_model is not None else {})
     return trainer, models, {}
@@ -155,7 +155,7 @@ def _reward(job: dict, dtype, flags: dict):
     vocab = policy.config.vocab_size
     args = RewardConfig(**common_args(job, flags), max_length=int(job["seq_len"]), dataset_num_proc=None)
     trainer = RewardTrainer(model=policy, args=args,
-                            train_dataset=data.dataset(data.rewardnum_rows(num_rows(job), job["seq_len"], vocab)),
+                            train_dataset=data.dataset(data.reward_rows(num_rows(job), job["seq_len"], vocab)),
                             processing_class=data.tokenizer(vocab), optimizers=optimizers_for(policy, job))
     return trainer, {"policy": policy}, {}
 
@@ -188,7 +188,7 @@ def _grpo(job: dict, dtype, flags: dict):
                       use_vllm=False, generation_kwargs={"min_new_tokens": new})
     with mock.patch.object(grpo_trainer, "create_model_from_path", lambda *a, **k: frozen):
         trainer = GRPOTrainer(model=policy, reward_funcs=_length_reward, args=args,
-                              train_dataset=data.dataset(data.promptnum_rows(num_rows(job), job["seq_len"], vocab)),
+                              train_dataset=data.dataset(data.prompt_rows(num_rows(job), job["seq_len"], vocab)),
                               processing_class=data.tokenizer(vocab), optimizers=optimizers_for(policy, job))
     models = {"policy": policy} | ({"reference": frozen} if frozen is not None else {})
     return trainer, models, {"generation": True}
@@ -201,7 +201,7 @@ def _sft(job: dict, dtype, flags: dict):
     vocab = policy.config.vocab_size
     args = TrainingArguments(**common_args(job, flags))
     trainer = Trainer(model=policy, args=args, data_collator=default_data_collator,
-                      train_dataset=data.dataset(data.lmnum_rows(num_rows(job), job["seq_len"], vocab)),
+                      train_dataset=data.dataset(data.lm_rows(num_rows(job), job["seq_len"], vocab)),
                       optimizers=optimizers_for(policy, job))
     return trainer, {"policy": policy}, {}
 
