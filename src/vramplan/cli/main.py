@@ -15,7 +15,8 @@ from vramplan.i18n import LANGUAGES, N_, _, language_for, set_language, tr
 from vramplan.i18n.errors import error_line
 from vramplan.cli.flags import (  # noqa: F401 (dashed, strategy_from_flags: public from here too)
     _ATTN_IMPL, _DIFFUSION_FLAGS, _TRAINER_FLAGS, _bool_word, _diffusion, _flag_bool, _flag_names,
-    _trainer_flags, add_format_args, answer_format, cmd_completion, dashed, strategy_from_flags,
+    _trainer_flags, add_format_args, add_section_flags, answer_format, cmd_completion, dashed, section_flags,
+    strategy_from_flags,
 )
 from vramplan.report.header import BATCH_HELP
 from vramplan.spec import SpecError
@@ -119,6 +120,7 @@ def _add_spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lora-alpha", type=float)
     p.add_argument("--lora-dropout", type=float)
     p.add_argument("--lora-target-modules", help=_("comma-separated names or all-linear"))
+    add_section_flags(p)
     p.add_argument("--packing", action="store_true", default=None, help=_("packed rows with a document mask"))
     p.add_argument("--activation-offloading", action="store_true", default=None,
                    help=_("saved activations offloaded to CPU (torchtune enable_activation_offloading)"))
@@ -214,7 +216,7 @@ def flags_to_data(args, data: dict, *, imply: bool = True) -> dict:
             lora = {**lora, key: value.split(",") if key == "target_modules" and value != "all-linear" else value}
     if lora:
         data["lora"] = lora
-    return data
+    return section_flags(args, data, imply)
 
 
 def cmd_estimate(args) -> int:
