@@ -63,6 +63,8 @@ def build_vlm(job: dict, dtype: torch.dtype):
         tower.requires_grad_(False)
     for p in projector.parameters():  # Qwen's merger sits inside `visual`: after the freeze
         p.requires_grad_(True)
+    if getattr(core, "image_newline", None) is not None:  # LLaVA-OneVision: trained with the projector
+        core.image_newline.requires_grad_(True)
     # every GradientCheckpointingLayer, the tower's too (measure/build.py: non-reentrant)
     apply_checkpointing(model, job)
     model.train()

@@ -19,12 +19,7 @@ import math
 from dataclasses import dataclass
 
 from vramplan.components.arch_vit import VisionDesc
-
-# SiglipVisionConfig defaults (configuration_siglip.py): what an inline config leaves out.
-SIGLIP_DEFAULTS = {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 12,
-                   "num_channels": 3, "image_size": 224, "patch_size": 16, "hidden_act": "gelu_pytorch_tanh",
-                   "vision_use_head": True}
-
+from vramplan.families.common import SIGLIP_DEFAULTS, siglip_tower
 
 @dataclass(frozen=True, slots=True)
 class Gemma3VisionDesc:
@@ -60,22 +55,6 @@ class Gemma3VisionDesc:
         return [("mm_input_projection_weight", (e, self.text_hidden)), ("mm_soft_emb_norm.weight", (e,))]
 
 
-def siglip_tower(v: dict, feature_layer: int = -1, select_strategy: str = "full") -> VisionDesc:
-    """A SiglipVisionModel's VisionDesc from its config (class defaults filled in)."""
-    v = {**SIGLIP_DEFAULTS, **v}
-    for key in ("image_size", "patch_size"):
-        if isinstance(v[key], (list, tuple)):
-            if v[key][0] != v[key][1]:
-                raise ValueError(f"vision_config.{key}: non-square SigLIP inputs are not modelled")
-            v[key] = v[key][0]
-    return VisionDesc(hidden_size=v["hidden_size"], num_layers=v["num_hidden_layers"],
-                      num_heads=v["num_attention_heads"], intermediate_size=v["intermediate_size"],
-                      image_size=v["image_size"], patch_size=v["patch_size"], num_channels=v["num_channels"],
-                      hidden_act=v["hidden_act"], class_token=False, pre_norm=False, patch_bias=True,
-                      feature_layer=feature_layer,
-                      select_strategy=select_strategy)
-
-
 def vision_from_config(cfg: dict, text_hidden: int) -> Gemma3VisionDesc:
     """Gemma3VisionDesc of a `gemma3` config with a vision_config."""
     v = {**SIGLIP_DEFAULTS, **cfg.get("vision_config", {})}
@@ -92,4 +71,4 @@ def vision_from_config(cfg: dict, text_hidden: int) -> Gemma3VisionDesc:
     return Gemma3VisionDesc(tower=tower, text_hidden=text_hidden, mm_tokens_per_image=tokens)
 
 
-__all__ = ["Gemma3VisionDesc", "SIGLIP_DEFAULTS", "siglip_tower", "vision_from_config"]
+__all__ = ["Gemma3VisionDesc", "vision_from_config"]
