@@ -325,7 +325,15 @@ def resolve_vlm(model):
         return vision_from_llava_config(model), model_from_hf_config(text, name=text.get("model_type", "llm"))
     from vramplan.catalog.pipelines import find_vlm
     from vramplan.jobs import _desc
-    entry = find_vlm(model)
+    try:
+        entry = find_vlm(model)
+    except KeyError as exc:  # a config.json path, hub id or language-model catalog entry of a VLM
+        from vramplan.sources import resolve_hf_config
+        name, cfg = resolve_hf_config(model)
+        own = _from_config(cfg, name)
+        if own is None:
+            raise exc from None
+        return own
     if "config" in entry:  # the published config.json fields, read like an inline config
         return _from_config(entry["config"], entry["name"])
     return vision_from_catalog(entry), _desc(entry["language_model"])

@@ -112,7 +112,7 @@ def vision_from_config(cfg: dict, text_hidden: int) -> OnevisionDesc:
     top = {**_TOP, **{k: cfg[k] for k in _TOP if k in cfg}}
     if v["vision_use_head"]:
         raise ValueError("vision_config.vision_use_head: SigLIP's attention-pooling head (unused by LLaVA-OneVision) "
-                         "is not modelled; set it to false, as the published configs do")
+                         "is not modelled; set it to false, as the published LLaVA-OneVision configs do")
     if top["vision_feature_layer"] != -1 or top["vision_feature_select_strategy"] != "full":
         raise ValueError("vision_feature_layer: LLaVA-OneVision with features other than the last layer's, all "
                          "patches kept (-1, full), is not modelled")
