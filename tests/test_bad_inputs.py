@@ -98,6 +98,10 @@ def _api(case: dict, tmp: pathlib.Path):
 
 
 def _cli(case: dict, tmp: pathlib.Path, capsys) -> tuple[int, str, str]:
+    if "flags" in case:  # a command line (tests/bad_inputs/flags.yaml)
+        code = main(["estimate", *map(str, case["flags"])])
+        out, err = capsys.readouterr()
+        return code, out, err
     source, files, spec_path = _materialize(case, tmp)
     if spec_path is None:
         spec_path = _write(tmp / "cli-spec.yaml", source)
@@ -148,6 +152,18 @@ def test_cli(case, tmp_path, capsys, monkeypatch):
         assert "note:" in out and _squash(case["says"]) in _squash(out), out
     elif "allow_note" not in case:
         assert "note:" not in out, out
+
+
+FLAG_CASES = [c for c in CASES if "flags" in c]
+
+
+@pytest.mark.parametrize("case", FLAG_CASES, ids=[c["id"] for c in FLAG_CASES])
+def test_flags_make_the_spec_of_their_case(case, monkeypatch):
+    """A flags case's command line makes exactly its `spec` (so the API and the CLI see one job)."""
+    from vramplan.cli.main import build_parser, dashed, flags_to_data
+    monkeypatch.delenv("VRAMPLAN_ONLINE", raising=False)
+    args = build_parser().parse_args(dashed(["estimate", *map(str, case["flags"])]))
+    assert flags_to_data(args, {}) == case["spec"]
 
 
 def test_corpus_is_large_and_covers_every_outcome():

@@ -121,6 +121,9 @@ class ModelDesc:
     sliding_window_layers: tuple[int, ...] = ()
     """Layers that attend within `sliding_window` (all for Mistral; alternate for Gemma 2;
     5 of every 6 for Gemma 3); the others attend to the full sequence."""
+    mask_every_layer: bool = False
+    """Every layer's SDPA gets an explicit (b, 1, s, s) mask, the global ones too (Gemma 3
+    with image tokens: token_type_ids make them attend both ways, so is_causal cannot stand in)."""
     attention_dropout: float = 0.0
     hidden_dropout: float = 0.0
     """Residual dropout (GPT-2 resid_pdrop, BERT hidden_dropout_prob)."""

@@ -68,6 +68,96 @@ _DIFFUSION_FLAGS = (("num_frames", int, N_("diffusion: video frames in pixel spa
                     ("vae_tiling", _flag_bool, N_("diffusion: VAE encodes in tiles")))
 
 
+def _int_word(value: str):
+    """An integer flag's value as an int when it is one; anything else is handed on for the
+    spec to refuse, naming its field (`--quant-bits three` -> quantization.bits)."""
+    try:
+        return int(value)
+    except ValueError:
+        return value
+
+
+def _bool_value(value: str):
+    """A boolean flag's value as True/False for the usual words; anything else is handed on
+    for the spec to refuse, naming its field (`--double-quant maybe` -> quantization.double_quant)."""
+    word = _bool_word(value, "true", "false")
+    return {"true": True, "false": False}.get(word, word)
+
+
+def _list_word(value: str):
+    """A comma-separated list (`q_proj,v_proj`), or one word (`all-linear`)."""
+    items = [v.strip() for v in str(value).split(",")]
+    return items if len(items) > 1 else value
+
+
+# Spec sections from flags: (section, key, flag names, type, help). The names are the spec's
+# keys with dashes, beside the words users already type: `--quant` (bitsandbytes / GPTQ / AWQ
+# checkpoints), transformers TrainingArguments `optim_target_modules` for GaLore / APOLLO
+# (spec/low_rank.py; `--optim-args` is read by importers/hf_args.py), TRL's vision
+# `freeze_vision` words. Values the spec refuses are refused there, naming the field.
+_SECTION_FLAGS = (
+    ("quantization", "type", ("quant", "quantization"), str,
+     N_("quantized frozen base: nf4 | fp4 | int8 | gptq | awq | hqq | torchao-int8 | torchao-int4 | torchao-fp8 "
+        "(without --method: qlora)")),
+    ("quantization", "bits", ("quant_bits",), _int_word, N_("quantization: bits per weight (GPTQ 2/3/4/8, HQQ 1-8)")),
+    ("quantization", "group_size", ("quant_group_size",), _int_word,
+     N_("quantization: input features per scale (GPTQ/AWQ 128, HQQ 64; -1: one group per row, GPTQ)")),
+    ("quantization", "double_quant", ("double_quant", "bnb_4bit_use_double_quant"), _bool_value,
+     N_("quantization: bitsandbytes 4-bit double quantization (true/false)")),
+    ("quantization", "kernel", ("quant_kernel",), str,
+     N_("quantization: GPTQ torch | triton | exllama | exllamav2 | marlin; AWQ gemm | gemv | marlin")),
+    ("low_rank", "rank", ("rank",), _int_word, N_("GaLore / APOLLO: projection rank (low_rank.rank)")),
+    ("low_rank", "update_proj_gap", ("update_proj_gap",), _int_word,
+     N_("GaLore / APOLLO: steps between projection updates")),
+    ("low_rank", "proj_type", ("proj_type",), str, "std | reverse_std | left | right"),
+    ("low_rank", "target_modules", ("optim_target_modules",), _list_word,
+     N_("GaLore / APOLLO: projected modules, comma-separated, or all-linear (TrainingArguments "
+        "optim_target_modules)")),
+    ("vision", "image_size", ("image_size",), _int_word, N_("vision: image side in pixels")),
+    ("vision", "image_height", ("image_height",), _int_word, N_("vision: image height (native-resolution towers)")),
+    ("vision", "image_width", ("image_width",), _int_word, N_("vision: image width (native-resolution towers)")),
+    ("vision", "num_images", ("images_per_sample", "num_images"), _int_word, N_("vision: images per sample")),
+    ("vision", "min_pixels", ("min_pixels",), _int_word, N_("vision: Qwen-VL processor's smallest image area")),
+    ("vision", "max_pixels", ("max_pixels",), _int_word, N_("vision: Qwen-VL processor's largest image area")),
+    ("vision", "max_tiles", ("max_tiles",), _int_word, N_("vision: InternVL tiles per image")),
+    ("vision", "num_videos", ("num_videos",), _int_word, N_("vision: videos per sample")),
+    ("vision", "video_frames", ("video_frames",), _int_word, N_("vision: frames per video")),
+    ("vision", "freeze_vision_tower", ("freeze_vision", "freeze_vision_tower"), _bool_value,
+     N_("vision: keep the vision tower frozen (true/false; default true)")),
+)
+
+
+def add_section_flags(p) -> None:
+    for section, key, names, typ, help_ in _SECTION_FLAGS:
+        bool_flag = typ is _bool_value
+        p.add_argument(*["--" + n.replace("_", "-") for n in names], dest=f"section_{section}_{key}", type=typ,
+                       help=_(help_), nargs="?" if bool_flag else None, const=True if bool_flag else None)
+    p.add_argument("--optim-args", dest="section_optim_args",
+                   help=_('GaLore / APOLLO: TrainingArguments optim_args, e.g. "rank=64,update_proj_gap=100"'))
+
+
+def section_flags(args, data: dict, imply: bool = True) -> dict:
+    """The spec mapping with the section flags given merged into their sections. `imply`: a
+    quantization flag without a method means method qlora (not for inference)."""
+    given: dict[str, dict] = {}
+    for section, key, _names, _typ, _help in _SECTION_FLAGS:
+        value = getattr(args, f"section_{section}_{key}", None)
+        if value is not None:
+            given.setdefault(section, {})[key] = value
+    optim_args = getattr(args, "section_optim_args", None)
+    if optim_args is not None:
+        from vramplan.importers.hf_args import low_rank_args
+        given["low_rank"] = {**low_rank_args(optim_args, "--optim-args"), **given.get("low_rank", {})}
+    data = dict(data)
+    for section, values in given.items():
+        old = data.get(section)
+        if old is None or isinstance(old, dict):  # else load_spec names the field
+            data[section] = {**(old or {}), **values}
+    if imply and "quantization" in given and data.get("method") is None and str(data.get("task")) != "inference":
+        data["method"] = "qlora"  # a LoRA on a quantized base (spec: method qlora with quantization)
+    return data
+
+
 def _flag_names(name: str) -> list[str]:
     return ["--" + n.replace("_", "-") for n in (name, *_ALIASES.get(name, ()))]
 

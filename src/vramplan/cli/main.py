@@ -13,9 +13,11 @@ import sys
 
 from vramplan.i18n import LANGUAGES, N_, _, language_for, set_language, tr
 from vramplan.i18n.errors import error_line
+from vramplan.cli.catalogs import cmd_gpus, cmd_models
 from vramplan.cli.flags import (  # noqa: F401 (dashed, strategy_from_flags: public from here too)
     _ATTN_IMPL, _DIFFUSION_FLAGS, _TRAINER_FLAGS, _bool_word, _diffusion, _flag_bool, _flag_names,
-    _trainer_flags, add_format_args, answer_format, cmd_completion, dashed, strategy_from_flags,
+    _trainer_flags, add_format_args, add_section_flags, answer_format, cmd_completion, dashed, section_flags,
+    strategy_from_flags,
 )
 from vramplan.report.header import BATCH_HELP
 from vramplan.spec import SpecError
@@ -119,6 +121,7 @@ def _add_spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lora-alpha", type=float)
     p.add_argument("--lora-dropout", type=float)
     p.add_argument("--lora-target-modules", help=_("comma-separated names or all-linear"))
+    add_section_flags(p)
     p.add_argument("--packing", action="store_true", default=None, help=_("packed rows with a document mask"))
     p.add_argument("--activation-offloading", action="store_true", default=None,
                    help=_("saved activations offloaded to CPU (torchtune enable_activation_offloading)"))
@@ -214,7 +217,7 @@ def flags_to_data(args, data: dict, *, imply: bool = True) -> dict:
             lora = {**lora, key: value.split(",") if key == "target_modules" and value != "all-linear" else value}
     if lora:
         data["lora"] = lora
-    return data
+    return section_flags(args, data, imply)
 
 
 def cmd_estimate(args) -> int:
@@ -246,44 +249,6 @@ def fit_status(fits: bool | None) -> int:
     """The exit status of every answering command: 0 fits (or no GPU to fit against),
     1 does not fit. Bad input is 2, from main()."""
     return 1 if fits is False else 0
-
-
-def cmd_models(args) -> int:
-    from vramplan.listing import model_rows
-    rows = model_rows(args.kind, args.name)
-    if args.json:
-        print(json.dumps(rows, indent=2))
-        return 0
-    from rich.console import Console
-    from rich.table import Table
-    table = Table(title=_("vramplan model catalog (diffusion: all parts; the denoiser is trained)"))
-    for col in (N_("name"), N_("kind"), N_("hub id"), N_("type"), N_("params")):
-        table.add_column(_(col), justify="right" if col == "params" else "left")
-    for r in rows:
-        trained = f" (denoiser {r['trained_params'] / 1e9:,.2f} B)" if "trained_params" in r else ""
-        table.add_row(r["name"], r["kind"], r["hub_id"] or "", r["type"], f"{r['num_params'] / 1e9:,.3f} B{trained}")
-    Console().print(table)
-    return 0
-
-
-def cmd_gpus(args) -> int:
-    from vramplan.catalog import list_gpus
-    from vramplan.units import GiB
-    gpus = list_gpus()
-    if args.json:
-        from vramplan.listing import gpu_rows
-        print(json.dumps(gpu_rows(), indent=2))
-        return 0
-    from rich.console import Console
-    from rich.table import Table
-    table = Table(title=_("vramplan GPU catalog (usable bytes as the driver reports them)"))
-    for col in (N_("name"), N_("marketed"), N_("GiB usable"), "bf16 TFLOP/s", N_("what the marketed figure means")):
-        table.add_column(_(col))
-    for g in gpus:
-        table.add_row(g.name, g.memory_marketed, f"{g.memory_bytes / GiB:,.2f}",
-                      "-" if g.bf16_tflops is None else f"{g.bf16_tflops:g}", g.memory_unit_note)
-    Console().print(table)
-    return 0
 
 
 def cmd_measure(args) -> int:

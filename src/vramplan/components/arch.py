@@ -116,7 +116,10 @@ def local_window(desc: ModelDesc, i: int) -> int | None:
 def sdpa_gets_mask(desc: ModelDesc, i: int, s: int) -> bool:
     """transformers masking_utils._ignore_causal_mask_sdpa: without padding SDPA is called
     with is_causal and no mask, except on a local layer whose window is not longer than the
-    sequence (`kv_length >= local_attention_size`): then it gets a (b, 1, s, s) bool mask."""
+    sequence (`kv_length >= local_attention_size`): then it gets a (b, 1, s, s) bool mask.
+    A bidirectional block (Gemma 3's image tokens, `mask_every_layer`) puts one on every layer."""
+    if desc.mask_every_layer:
+        return True
     window = local_window(desc, i)
     return window is not None and s >= window
 

@@ -30,6 +30,8 @@ class VisionDesc:
     class_token: bool = True
     pre_norm: bool = True
     """CLIP's pre_layrnorm after the embeddings."""
+    patch_bias: bool = False
+    """SigLIP's patch Conv2d has a bias (SiglipVisionEmbeddings); CLIP's has none."""
     fused_qkv: bool = False
     spatial_merge: int = 1
     feature_layer: int = -2
@@ -62,6 +64,8 @@ class VisionDesc:
         """(name, shape, layer) of every vision-tower parameter (CLIPVisionModel layout)."""
         e, f, c, p = self.hidden_size, self.intermediate_size, self.num_channels, self.patch_size
         out: list[tuple[str, tuple[int, ...], int | None]] = [("embeddings.patch_embedding.weight", (e, c, p, p), None)]
+        if self.patch_bias:
+            out.append(("embeddings.patch_embedding.bias", (e,), None))
         side = (self.image_size or 0) // p
         if self.class_token:
             out.append(("embeddings.class_embedding", (e,), None))

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from vramplan.catalog.hf_extended import ExtendedDesc
+from vramplan.components.arch_vit import VisionDesc
 from vramplan.components.arch import rms_norm
 from vramplan.components.graph import Param, Recorder, Sym
 from vramplan.model import ModelDesc, ParamEntry
@@ -106,3 +107,25 @@ def tower_norm(rec: Recorder, ctx: TowerCtx, x: Sym, module: str, name: str) -> 
     if ctx.vis.rms:
         return rms_norm(rec, ctx, x, module, name)
     return rec.layer_norm(x, ctx.p(module + ".weight"), name)
+
+
+# SiglipVisionConfig defaults (configuration_siglip.py): what an inline config leaves out.
+SIGLIP_DEFAULTS = {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 12,
+                   "num_channels": 3, "image_size": 224, "patch_size": 16, "hidden_act": "gelu_pytorch_tanh",
+                   "vision_use_head": True}
+
+
+def siglip_tower(v: dict, feature_layer: int = -1, select_strategy: str = "full") -> VisionDesc:
+    """A SiglipVisionModel's VisionDesc from its config (class defaults filled in)."""
+    v = {**SIGLIP_DEFAULTS, **v}
+    for key in ("image_size", "patch_size"):
+        if isinstance(v[key], (list, tuple)):
+            if v[key][0] != v[key][1]:
+                raise ValueError(f"vision_config.{key}: non-square SigLIP inputs are not modelled")
+            v[key] = v[key][0]
+    return VisionDesc(hidden_size=v["hidden_size"], num_layers=v["num_hidden_layers"],
+                      num_heads=v["num_attention_heads"], intermediate_size=v["intermediate_size"],
+                      image_size=v["image_size"], patch_size=v["patch_size"], num_channels=v["num_channels"],
+                      hidden_act=v["hidden_act"], class_token=False, pre_norm=False, patch_bias=True,
+                      feature_layer=feature_layer,
+                      select_strategy=select_strategy)

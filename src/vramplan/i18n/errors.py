@@ -53,6 +53,15 @@ TEMPLATES = (
     N_("{detail} ({height} x {width} pixels); the processor refuses such an image"),
     N_("{visual} visual tokens + seq_len {seq_len} = {total} tokens, over the language model's {limit} positions; "
        "lower vision.max_pixels, the image size or the number of images/frames"),
+    # Gemma 3 and LLaVA-OneVision (jobs/gemma3_vl.py, jobs/llava_onevision.py, their families' vision.py)
+    N_("Gemma 3 with images needs the bidirectional image-token mask, which flash attention drops (transformers "
+       "refuses it); use sdpa or eager"),
+    N_("SigLIP's attention-pooling head (unused by {model}) is not modelled; set it to false, as the published "
+       "{configs} configs do"),
+    N_("{tokens} must be a square whose side divides the {g} patches per side (Gemma3MultiModalProjector's AvgPool2d)"),
+    N_("videos of LLaVA-OneVision are not modelled yet; set it to 0"),
+    N_("LLaVA-OneVision with features other than the last layer's, all patches kept (-1, full), is not modelled"),
+    N_("expected anyres_max_N, got {value}"),
     # vramplan.spec: the quantization section (spec/sections.py QuantConfig, spec/job.py)
     N_("{qtype} does not go with bits={bits}; {qtype2} stores {widths} bits"),
     N_("{qtype} has no groups; drop group_size (bitsandbytes blocks are block_size)"),

@@ -135,18 +135,28 @@ def _optim_args(v, out, rep, name):
     """TrainingArguments.optim_args: "rank=64,update_proj_gap=100,scale=0.25"."""
     if v in (None, ""):
         return
+    for key, value in low_rank_args(v, name, rep.source).items():
+        out.setdefault("low_rank", {})[key] = value
+        rep.use(f"{name}.{key}", f"low_rank.{key}")
+
+
+def low_rank_args(v, name: str, source: str = "flags") -> dict:
+    """The low_rank keys of an `optim_args` string ("rank=64,update_proj_gap=100,scale=0.25";
+    transformers/trainer_optimizer.py splits it on commas into key=value pairs); other keys
+    belong to other optimizers and are left out."""
     if not isinstance(v, str):
-        raise ImportError_(rep.source, name, f'expected "key=value,key=value", got {v!r}')
+        raise ImportError_(source, name, f'expected "key=value,key=value", got {v!r}')
+    out = {}
     for item in filter(None, (x.strip() for x in v.replace(" ", ",").split(","))):
         key, sep, value = item.partition("=")
         if not sep:
-            raise ImportError_(rep.source, name, f'expected "key=value,key=value", got {item!r}')
+            raise ImportError_(source, name, f'expected "key=value,key=value", got {item!r}')
         if key in _LOW_RANK_ARGS:
             try:
-                out.setdefault("low_rank", {})[key] = _LOW_RANK_ARGS[key](value)
+                out[key] = _LOW_RANK_ARGS[key](value)
             except ValueError:
-                raise ImportError_(rep.source, name, f"{key}={value!r} is not a number") from None
-            rep.use(f"{name}.{key}", f"low_rank.{key}")
+                raise ImportError_(source, name, f"{key}={value!r} is not a number") from None
+    return out
 
 
 def _fsdp(v, out, rep, name):

@@ -54,7 +54,7 @@ def vision_from_llava_config(cfg: dict) -> VisionDesc:
                       num_heads=v["num_attention_heads"], intermediate_size=v["intermediate_size"],
                       image_size=v["image_size"], patch_size=v["patch_size"], num_channels=v["num_channels"],
                       hidden_act=v.get("hidden_act", "gelu_pytorch_tanh" if siglip else "quick_gelu"),
-                      class_token=not siglip, pre_norm=not siglip, feature_layer=fl,
+                      class_token=not siglip, pre_norm=not siglip, patch_bias=siglip, feature_layer=fl,
                       select_strategy=cfg.get("vision_feature_select_strategy", "default"),
                       projector=((v["hidden_size"], text_h), (text_h, text_h)),
                       projector_bias=cfg.get("multimodal_projector_bias", True),
@@ -171,6 +171,10 @@ class TowerPlan:
     """Saved in the language model's embedding stage beyond its own (M-RoPE's per-row cos/sin)."""
     layer_inputs: dict[str, int] = field(default_factory=dict)
     """Stage label of each tower layer (a GradientCheckpointingLayer) -> bytes of its input."""
+    layer_forward: Breakdown | None = None
+    """One tower layer's forward working set beyond its input (a checkpointed layer saves nothing)."""
+    layer_backward: Breakdown = field(default_factory=Breakdown)
+    """Alive in each tower layer's backward beyond what it saved."""
 
 
 def checkpointed(tower: TowerPlan) -> list[Breakdown]:
@@ -218,9 +222,11 @@ def vlm_estimate(vis, lm: ModelDesc, spec: JobSpec, gpu=None):
     if isinstance(vis, VisionDesc):
         S = spec.seq_len + llava_tokens(vis, spec)
         tower = llava_tower(vis, spec, S)
-    else:  # a family's own tower: Qwen2-VL / Qwen2.5-VL, InternVL
-        from vramplan.jobs import internvl, qwen_vl
-        module = internvl if type(vis).__name__ == "InternVisionDesc" else qwen_vl
+    else:  # a family's own tower: Qwen2-VL / Qwen2.5-VL, InternVL, Gemma 3, LLaVA-OneVision
+        import importlib
+        module = importlib.import_module("vramplan.jobs." + _TOWER_JOBS[type(vis).__name__])
+        if hasattr(module, "language_model"):  # what the images change in it (Gemma 3's masks)
+            lm = module.language_model(lm, spec)
         S = spec.seq_len + module.visual_tokens(vis, spec, lm)
         tower = module.tower_plan(vis, spec, S, lm)
     b = spec.micro_batch_size
@@ -239,7 +245,10 @@ def vlm_estimate(vis, lm: ModelDesc, spec: JobSpec, gpu=None):
     plan = prefixed(rank_step(lm, one, params, acts), "language_model")
     plan.stage_acts[0].merge(tower.lm_embedding)
     full_gc = tower.frozen is None and spec.gradient_checkpointing is Checkpointing.FULL
-    transients = checkpointed(tower) if full_gc else None
+    transients = checkpointed(tower) if full_gc else [Breakdown() for _ in tower.stages]
+    for j, (label, _, _) in enumerate(tower.stages):
+        if label in tower.layer_inputs:
+            transients[j] = Breakdown().merge(transients[j]).merge(tower.layer_backward)
     _prepend(plan, tower.stages, transients)
     plan.forward_end_transient.merge(tower.forward_end)
     tower_w = Breakdown().merge(weight_terms(spec, ParamSet(tuple(p for p in held.params if p.name.startswith("vision_tower.")))),
@@ -253,6 +262,11 @@ def vlm_estimate(vis, lm: ModelDesc, spec: JobSpec, gpu=None):
     step = Step(plan)
     if tower.frozen is not None:
         step.before.append(("forward", "vision tower forward (frozen)", tower.frozen))
+    elif full_gc and tower.layer_forward is not None:  # the last layer runs with every checkpoint input kept
+        kept = Breakdown().merge(tower.layer_forward)
+        for _, saved, _ in tower.stages[:-1]:
+            kept.merge(saved)
+        step.before.append(("forward", "vision tower forward (checkpointed)", kept))
     notes = [Msg("{images} image(s) and {videos} video(s) per sample -> {visual} visual tokens; "
                  "language model at seq_len {seq_len}", images=spec.vision.num_images,
                  videos=spec.vision.num_videos, visual=S - spec.seq_len, seq_len=S)]
@@ -279,27 +293,49 @@ def _prepend(plan: StepPlan, extra, transients=None) -> None:
 
 
 QWEN_VL = ("qwen2_vl", "qwen2_5_vl")
+_TOWER_JOBS = {"QwenVisionDesc": "qwen_vl", "InternVisionDesc": "internvl", "Gemma3VisionDesc": "gemma3_vl",
+               "OnevisionDesc": "llava_onevision"}
+_OWN_CONFIG = {"gemma3": "gemma3_vl", "llava_onevision": "llava_onevision"}
+"""model_type -> the jobs module whose `resolve(config, name)` reads it."""
+
+
+def _from_config(cfg: dict, name: str | None = None):
+    mt = cfg.get("model_type")
+    if mt in QWEN_VL:
+        return _qwen_vl(cfg, name)
+    if mt == "internvl":
+        return _internvl(cfg, name)
+    if mt in _OWN_CONFIG:
+        import importlib
+        return importlib.import_module("vramplan.jobs." + _OWN_CONFIG[mt]).resolve(cfg, name)
+    return None
 
 
 def resolve_vlm(model):
     """An edge: the VLM's vision description and its language model's ModelDesc."""
     from vramplan.catalog.hf import model_from_hf_config
     if isinstance(model, dict):
-        if model.get("model_type") in QWEN_VL:
-            return _qwen_vl(model)
-        if model.get("model_type") == "internvl":
-            return _internvl(model)
+        own = _from_config(model)
+        if own is not None:
+            return own
         if model.get("model_type") != "llava":
-            raise ValueError(f"vision: inline configs of model_type llava, qwen2_vl or qwen2_5_vl are modelled, "
-                             f"got {model.get('model_type')!r}")
+            raise ValueError(f"vision: inline configs of model_type llava, qwen2_vl, qwen2_5_vl, internvl, gemma3 or "
+                             f"llava_onevision are modelled, got {model.get('model_type')!r}")
         text = dict(model["text_config"])
         return vision_from_llava_config(model), model_from_hf_config(text, name=text.get("model_type", "llm"))
     from vramplan.catalog.pipelines import find_vlm
     from vramplan.jobs import _desc
-    entry = find_vlm(model)
+    try:
+        entry = find_vlm(model)
+    except KeyError as exc:  # a config.json path, hub id or language-model catalog entry of a VLM
+        from vramplan.sources import resolve_hf_config
+        name, cfg = resolve_hf_config(model)
+        own = _from_config(cfg, name)
+        if own is None:
+            raise exc from None
+        return own
     if "config" in entry:  # the published config.json fields, read like an inline config
-        cfg = entry["config"]
-        return _internvl(cfg, entry["name"]) if cfg["model_type"] == "internvl" else _qwen_vl(cfg, entry["name"])
+        return _from_config(entry["config"], entry["name"])
     return vision_from_catalog(entry), _desc(entry["language_model"])
 
 

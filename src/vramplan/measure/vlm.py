@@ -31,6 +31,8 @@ from .run import unique_bytes
 
 
 QWEN_CLASSES = {"qwen2_vl": "Qwen2VLForConditionalGeneration", "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration"}
+CLASSES = {**QWEN_CLASSES, "internvl": "InternVLForConditionalGeneration", "gemma3": "Gemma3ForConditionalGeneration",
+           "llava_onevision": "LlavaOnevisionForConditionalGeneration"}
 
 
 def build_vlm(job: dict, dtype: torch.dtype):
@@ -40,8 +42,7 @@ def build_vlm(job: dict, dtype: torch.dtype):
     cfg = dict(job["model"])
     model_type = cfg.pop("model_type")
     config = AutoConfig.for_model(model_type, **cfg)
-    cls = getattr(transformers, {**QWEN_CLASSES, "internvl": "InternVLForConditionalGeneration"}.get(
-        model_type, "LlavaForConditionalGeneration"))
+    cls = getattr(transformers, CLASSES.get(model_type, "LlavaForConditionalGeneration"))
     attn = job.get("attention", "sdpa") or "sdpa"
     model = cls._from_config(config, attn_implementation=attn, dtype=dtype)
     model.config.use_cache = False
@@ -62,6 +63,8 @@ def build_vlm(job: dict, dtype: torch.dtype):
         tower.requires_grad_(False)
     for p in projector.parameters():  # Qwen's merger sits inside `visual`: after the freeze
         p.requires_grad_(True)
+    if getattr(core, "image_newline", None) is not None:  # LLaVA-OneVision: trained with the projector
+        core.image_newline.requires_grad_(True)
     # every GradientCheckpointingLayer, the tower's too (measure/build.py: non-reentrant)
     apply_checkpointing(model, job)
     model.train()
@@ -79,6 +82,9 @@ def make_vlm_batch(job: dict, model, dtype) -> dict:
         return make_qwen_batch(job, model, dtype)
     if job["model"]["model_type"] == "internvl":
         return make_internvl_batch(job, model, dtype)
+    if job["model"]["model_type"] in ("gemma3", "llava_onevision"):
+        from . import vlm_inputs
+        return getattr(vlm_inputs, f"make_{job['model']['model_type']}_batch")(job, model, dtype)
     b, s = int(job.get("micro_batch_size", 1)), int(job.get("seq_len", 128))
     vision = job.get("vision") or {}
     n_img = int(vision.get("num_images", 1))
