@@ -14,9 +14,11 @@ from dataclasses import dataclass
 from vramplan.breakdown import Breakdown
 from vramplan.components.arch import Ctx, local_window, norm
 from vramplan.components.chunked_loss import chunked_loss_terms
+from vramplan.components.megatron_loss import megatron_ce_terms
 from vramplan.components.arch_gpt2_bert import OTHER_MODEL_TYPES, layer_fn, layer_prefix, other_embed, other_head
 from vramplan.components.dtypes import dtypes_of
 from vramplan.components.graph import Param, Recorder, Storage, Sym
+from vramplan.components.op_checkpoint import split_layer
 from vramplan.components.quant import SAVED, TRANSIENT, dequant_modes
 from vramplan.components.trainable import ParamSet, is_quantized
 from vramplan.model import MlpKind, ModelDesc
@@ -132,17 +134,24 @@ def plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Activa
         x = Sym(x.name, x.shape, x.dtype, True, x.storage)
         input_leaf = x.storage.nbytes
     stages = [Stage("embedding", rec.saved_items(), [])]
-    cache: dict[tuple, tuple[list, bool]] = {}
+    cache: dict[tuple, tuple[list, bool, tuple | None]] = {}
+    gc = spec.gradient_checkpointing
     for i in range(desc.num_layers):
         key = _signature(ctx, i, x)
         if key not in cache:
-            cache[key] = _layer(ctx, spec, i, x, b, s, seen)
-        saved, out_rg = cache[key]
-        if spec.gradient_checkpointing is Checkpointing.FULL:
+            cache[key] = _layer(ctx, spec, i, x, b, s, seen, gc is Checkpointing.OP_SELECTIVE)
+        saved, out_rg, op_split = cache[key]
+        # torchtitan <= 0.2 `_apply_layer_sac`: with selective_ac_option = N only every N-th
+        # block (a global count from 1) is wrapped; checkpoint_every = 1 wraps them all.
+        wrapped = (i + 1) % spec.checkpoint_every == 0
+        if gc is Checkpointing.FULL and wrapped:
             # torch.utils.checkpoint (non-reentrant, transformers 5's default) keeps the
             # layer's inputs for the recomputation and nothing the layer saves.
             stages.append(Stage(f"layer {i}", [("checkpoint/layer_input", x.storage.nbytes)], saved, _MLP_OUT_INPUTS[desc.mlp]))
-        elif spec.gradient_checkpointing is Checkpointing.SELECTIVE:
+        elif gc is Checkpointing.OP_SELECTIVE:
+            keep, redo, dropped = op_split
+            stages.append(Stage(f"layer {i}", keep, redo, _MLP_OUT_INPUTS[desc.mlp] + dropped))
+        elif gc is Checkpointing.SELECTIVE:
             keep, redo = _split_attention_core(saved)
             stages.append(Stage(f"layer {i}", keep, redo, _MLP_OUT_INPUTS[desc.mlp]))
         else:
@@ -233,13 +242,16 @@ def _layer_keys(ctx: Ctx) -> dict[int, tuple]:
     return {i: tuple(sorted(v, key=str)) for i, v in flags.items()}
 
 
-def _layer(ctx: Ctx, spec: JobSpec, i: int, x: Sym, b: int, s: int, seen: set[int]):
-    """Replay one layer; returns (saved items, same items for recompute, output requires_grad).
+def _layer(ctx: Ctx, spec: JobSpec, i: int, x: Sym, b: int, s: int, seen: set[int], op_selective: bool = False):
+    """Replay one layer; returns (saved items, output requires_grad, and under op-selective
+    checkpointing what the layer keeps and recomputes: op_checkpoint.split_layer).
     Rotary cos/sin are shared by all layers: reported once, under the embedding stage."""
     rec = _recorder(spec, set(seen))
+    if op_selective:
+        rec.ops = []
     out = layer_fn(ctx.desc)(rec, ctx, x, i, b, s)
     items = [(name, st.nbytes) for name, st in rec.saved.values() if not name.startswith("rotary/")]
-    return items, out.requires_grad
+    return items, out.requires_grad, split_layer(rec, x) if op_selective else None
 
 
 def _shared_rotary(ctx: Ctx, stages: list[Stage]) -> None:
@@ -296,6 +308,11 @@ def _with_loss(desc: ModelDesc, spec: JobSpec, stages: list[Stage], logits: Sym,
     if spec.loss_impl is LossImpl.CHUNKED and not desc.final_logit_softcapping:
         # torchtune CEWithChunkedOutputLoss (components/chunked_loss.py)
         saved, fwd, bwd0, head = chunked_loss_terms(tokens, v, desc.hidden_size, c, hidden.dtype, head_trains)
+        return ActivationPlan(stages, saved, fwd, bwd0, head, _layer_backward(desc, spec))
+    if (spec.stack.framework is Framework.MEGATRON and spec.loss_impl is LossImpl.STANDARD
+            and spec.task is not Task.SEQUENCE_CLASSIFICATION and not desc.final_logit_softcapping):
+        # Megatron-Core's vocab_parallel_cross_entropy (components/megatron_loss.py)
+        saved, fwd, bwd0, head = megatron_ce_terms(tokens, v, c, grad_hidden)
         return ActivationPlan(stages, saved, fwd, bwd0, head, _layer_backward(desc, spec))
     saved.add("logits/log_softmax", full32).add("logits/labels", nbytes(tokens, "int64"))
     if desc.final_logit_softcapping:
