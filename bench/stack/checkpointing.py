@@ -11,7 +11,7 @@ fresh process per case, as bench/accuracy/grid.py runs them) with
 next to `vramplan.estimate` of the same job (components/op_checkpoint.py, activations.py).
 
     PYTHONPATH=src python bench/stack/checkpointing.py          # all cases -> results-checkpointing.json
-    PYTHONPATH=src python bench/stack/checkpointing.py --only qwen2
+    PYTHONPATH=src python bench/stack/checkpointing.py --only qwen2   # those cases, merged into it
     PYTHONPATH=src python bench/stack/checkpointing.py --summary
 """
 from __future__ import annotations
@@ -44,7 +44,7 @@ CASES = [
     ("qwen2/fp32/op-selective", {"model": QWEN2, "precision": "fp32", "gradient_checkpointing": "op-selective"}),
     ("llama/fp32/full every 2", {"model": SMALL, "precision": "fp32", "gradient_checkpointing": "full",
                                  "checkpoint_every": 2}),
-    ("llama/bf16/full every 3", {"model": SMALL, "precision": "pure-bf16", "gradient_checkpointing": "full",
+    ("llama/fp32/full every 3", {"model": SMALL, "precision": "fp32", "gradient_checkpointing": "full",
                                  "checkpoint_every": 3}),
     ("llama/fp32/none (reference)", {"model": SMALL, "precision": "fp32", "gradient_checkpointing": "none"}),
 ]
@@ -71,7 +71,20 @@ def run(only: str | None) -> list[dict]:
         row["seconds"] = round(time.perf_counter() - t0, 1)
         print(line(row), flush=True)
         rows.append(row)
+        save(row)
     return rows
+
+
+def save(row: dict) -> None:
+    """Merge one case into the results file (by name), so a partial run keeps what it measured."""
+    data = json.loads(OUT.read_text()) if OUT.exists() else {"rows": []}
+    versions = {p: metadata.version(p) for p in ("torch", "transformers", "torchtitan")}
+    order = [name for name, _ in CASES]
+    rows = {r["name"]: r for r in data["rows"]}
+    rows[row["name"]] = row
+    data.update({"what": __doc__.split("\n\n")[0], "versions": versions, "source": grid.source_state(),
+                 "rows": sorted(rows.values(), key=lambda r: order.index(r["name"]) if r["name"] in order else 99)})
+    OUT.write_text(json.dumps(data, indent=1) + "\n")
 
 
 def line(row: dict) -> str:
@@ -89,10 +102,6 @@ def main(argv: list[str]) -> int:
         return 0
     only = argv[argv.index("--only") + 1] if "--only" in argv else None
     rows = run(only)
-    if only is None:
-        versions = {p: metadata.version(p) for p in ("torch", "transformers", "torchtitan")}
-        OUT.write_text(json.dumps({"what": __doc__.split("\n\n")[0], "versions": versions,
-                                   "source": grid.source_state(), "rows": rows}, indent=1) + "\n")
     worst = max((max(abs(r["error"][k]) for k in ("peak", "forward", "backward", "optimizer"))
                  for r in rows if "error" in r), default=0.0)
     print(f"worst |error| over peaks and phases: {worst:.3%}")

@@ -2,7 +2,7 @@
 PyPI: `tensor_parallel.vocab_parallel_cross_entropy`, and with `--fused` the jit-fused
 `fusions.fused_cross_entropy.fused_vocab_parallel_cross_entropy`), run on CPU with a one-rank
 gloo group, as GPTModel calls it: the output layer (a frozen linear, the hidden states
-requiring grad) makes [s, b, v] logits inside a function that returns only the loss, so the
+requiring grad; both, and the labels, made before the meter and not counted) makes [s, b, v] logits inside a function that returns only the loss, so the
 logits die when it returns, as GPTModel.forward's local does. The exact meter counts every
 storage made inside; its forward and backward peaks are put next to vramplan's loss terms
 (components/megatron_loss.py) for the same shapes:
@@ -70,15 +70,19 @@ def run(s: int, b: int, h: int, v: int, dtype: str, fused: bool) -> dict:
 
     meter = MemoryMeter()
     with meter:
+        # the inputs exist before the loss (a view made inside would count them): registered,
+        # and taken off every figure below
+        meter.register([hidden, weight, labels], "inputs")
+        base = meter.current
         with meter.phase("forward"):
             loss = forward()
-            end_of_forward = meter.current
+            end_of_forward = meter.current - base
         with meter.phase("backward"):
             loss.sum().backward()
     saved, fwd, bwd0, head = megatron_ce_terms(s * b, v, dtype, nbytes(s * b * h, dtype))
     est_fwd = saved.total() + fwd.total()
     est_bwd = max(saved.total() + bwd0.total(), head.total())
-    fwd_peak, bwd_peak = meter.phase_peaks["forward"], meter.phase_peaks["backward"]
+    fwd_peak, bwd_peak = meter.phase_peaks["forward"] - base, meter.phase_peaks["backward"] - base
     return {"s": s, "b": b, "h": h, "v": v, "dtype": dtype, "fused": fused,
             "measured": {"forward_peak": fwd_peak, "end_of_forward": end_of_forward, "backward_peak": bwd_peak},
             "estimated": {"forward_peak": est_fwd, "backward_peak": est_bwd},
