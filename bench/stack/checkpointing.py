@@ -44,7 +44,7 @@ CASES = [
     ("qwen2/fp32/op-selective", {"model": QWEN2, "precision": "fp32", "gradient_checkpointing": "op-selective"}),
     ("llama/fp32/full every 2", {"model": SMALL, "precision": "fp32", "gradient_checkpointing": "full",
                                  "checkpoint_every": 2}),
-    ("llama/fp32/full every 3", {"model": SMALL, "precision": "fp32", "gradient_checkpointing": "full",
+    ("llama/bf16/full every 3", {"model": SMALL, "precision": "pure-bf16", "gradient_checkpointing": "full",
                                  "checkpoint_every": 3}),
     ("llama/fp32/none (reference)", {"model": SMALL, "precision": "fp32", "gradient_checkpointing": "none"}),
 ]
