@@ -45,10 +45,3 @@ def apply_every_nth(model: torch.nn.Module, every: int) -> None:
         if count % every == 0:
             owner.layers.register_module(name, checkpoint_wrapper(layer, preserve_rng_state=True))
 
-
-def torchtitan_version() -> str | None:
-    try:
-        from importlib.metadata import version
-        return version("torchtitan")
-    except Exception:  # noqa: BLE001 - not installed
-        return None
