@@ -42,7 +42,10 @@ _SPEC_FLAGS = {
     "grad_accum_steps": (int, N_("micro-steps per optimizer step")),
     "loss_impl": (str, "standard | chunked | fused-linear-cross-entropy"),
     "logprob_head": (str, N_("dpo/kto/grpo log-prob head: auto | full | selective | chunked")),
-    "gradient_checkpointing": (lambda v: _bool_word(v, "full", "none"), "none | full | selective (true = full)"),
+    "gradient_checkpointing": (lambda v: _bool_word(v, "full", "none"),
+                               "none | full | selective | op-selective (true = full)"),
+    "checkpoint_every": (int, N_("with full checkpointing: checkpoint one layer in N "
+                                 "(torchtitan selective_ac_option N)")),
     "attention": (lambda v: _ATTN_IMPL.get(v, v), "eager | sdpa | flash (flash_attention_2 = flash)"),
     "backend": (str, "cuda | cpu"),
     "gpu": (str, N_("GPU catalog name (see `vramplan gpus`)")),

@@ -14,12 +14,15 @@ from dataclasses import dataclass
 from vramplan.breakdown import Breakdown
 from vramplan.components.arch import Ctx, local_window, norm
 from vramplan.components.chunked_loss import chunked_loss_terms
+from vramplan.components.megatron_loss import megatron_ce_terms
 from vramplan.components.arch_gpt2_bert import OTHER_MODEL_TYPES, layer_fn, layer_prefix, other_embed, other_head
 from vramplan.components.dtypes import dtypes_of
 from vramplan.components.graph import Param, Recorder, Storage, Sym
+from vramplan.components.layer_backward import layer_backward
 from vramplan.components.memo import cached_plan, spec_key
-from vramplan.components.quant import SAVED, TRANSIENT, dequant_modes
-from vramplan.components.trainable import ParamSet, is_quantized
+from vramplan.components.op_checkpoint import split_layer
+from vramplan.components.quant import SAVED, dequant_modes
+from vramplan.components.trainable import ParamSet
 from vramplan.model import MlpKind, ModelDesc
 from vramplan.spec import Checkpointing, JobSpec, LossImpl, Task
 from vramplan.spec.stack import Framework
@@ -156,17 +159,24 @@ def _plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Activ
         x = Sym(x.name, x.shape, x.dtype, True, x.storage)
         input_leaf = x.storage.nbytes
     stages = [Stage("embedding", rec.saved_items(), [])]
-    cache: dict[tuple, tuple[list, bool]] = {}
+    cache: dict[tuple, tuple[list, bool, tuple | None]] = {}
+    gc = spec.gradient_checkpointing
     for i in range(desc.num_layers):
         key = _signature(ctx, i, x)
         if key not in cache:
-            cache[key] = _layer(ctx, spec, i, x, b, s, seen)
-        saved, out_rg = cache[key]
-        if spec.gradient_checkpointing is Checkpointing.FULL:
+            cache[key] = _layer(ctx, spec, i, x, b, s, seen, gc is Checkpointing.OP_SELECTIVE)
+        saved, out_rg, op_split = cache[key]
+        # torchtitan <= 0.2 `_apply_layer_sac`: with selective_ac_option = N only every N-th
+        # block (a global count from 1) is wrapped; checkpoint_every = 1 wraps them all.
+        wrapped = (i + 1) % spec.checkpoint_every == 0
+        if gc is Checkpointing.FULL and wrapped:
             # torch.utils.checkpoint (non-reentrant, transformers 5's default) keeps the
             # layer's inputs for the recomputation and nothing the layer saves.
             stages.append(Stage(f"layer {i}", [("checkpoint/layer_input", x.storage.nbytes)], saved, _MLP_OUT_INPUTS[desc.mlp]))
-        elif spec.gradient_checkpointing is Checkpointing.SELECTIVE:
+        elif gc is Checkpointing.OP_SELECTIVE:
+            keep, redo, dropped = op_split
+            stages.append(Stage(f"layer {i}", keep, redo, _MLP_OUT_INPUTS[desc.mlp] + dropped))
+        elif gc is Checkpointing.SELECTIVE:
             keep, redo = _split_attention_core(saved)
             stages.append(Stage(f"layer {i}", keep, redo, _MLP_OUT_INPUTS[desc.mlp]))
         else:
@@ -257,13 +267,16 @@ def _layer_keys(ctx: Ctx) -> dict[int, tuple]:
     return {i: tuple(sorted(v, key=str)) for i, v in flags.items()}
 
 
-def _layer(ctx: Ctx, spec: JobSpec, i: int, x: Sym, b: int, s: int, seen: set[int]):
-    """Replay one layer; returns (saved items, same items for recompute, output requires_grad).
+def _layer(ctx: Ctx, spec: JobSpec, i: int, x: Sym, b: int, s: int, seen: set[int], op_selective: bool = False):
+    """Replay one layer; returns (saved items, output requires_grad, and under op-selective
+    checkpointing what the layer keeps and recomputes: op_checkpoint.split_layer).
     Rotary cos/sin are shared by all layers: reported once, under the embedding stage."""
     rec = _recorder(spec, set(seen))
+    if op_selective:
+        rec.ops = []
     out = layer_fn(ctx.desc)(rec, ctx, x, i, b, s)
     items = [(name, st.nbytes) for name, st in rec.saved.values() if not name.startswith("rotary/")]
-    return items, out.requires_grad
+    return items, out.requires_grad, split_layer(rec, x) if op_selective else None
 
 
 def _shared_rotary(ctx: Ctx, stages: list[Stage]) -> None:
@@ -316,11 +329,16 @@ def _with_loss(desc: ModelDesc, spec: JobSpec, stages: list[Stage], logits: Sym,
         saved.add("logits/flce_grad_input", grad_hidden)
         fwd.add("logits/flce_chunk_logits", 2 * nbytes(chunk * v, "fp32"))
         return ActivationPlan(stages, saved, fwd, Breakdown(), Breakdown().add("logits/grad_hidden", grad_hidden),
-                              _layer_backward(desc, spec))
+                              layer_backward(desc, spec))
     if spec.loss_impl is LossImpl.CHUNKED and not desc.final_logit_softcapping:
         # torchtune CEWithChunkedOutputLoss (components/chunked_loss.py)
         saved, fwd, bwd0, head = chunked_loss_terms(tokens, v, desc.hidden_size, c, hidden.dtype, head_trains)
-        return ActivationPlan(stages, saved, fwd, bwd0, head, _layer_backward(desc, spec))
+        return ActivationPlan(stages, saved, fwd, bwd0, head, layer_backward(desc, spec))
+    if (spec.stack.framework is Framework.MEGATRON and spec.loss_impl is LossImpl.STANDARD
+            and spec.task is not Task.SEQUENCE_CLASSIFICATION and not desc.final_logit_softcapping):
+        # Megatron-Core's vocab_parallel_cross_entropy (components/megatron_loss.py)
+        saved, fwd, bwd0, head = megatron_ce_terms(tokens, v, c, grad_hidden)
+        return ActivationPlan(stages, saved, fwd, bwd0, head, layer_backward(desc, spec))
     saved.add("logits/log_softmax", full32).add("logits/labels", nbytes(tokens, "int64"))
     if desc.final_logit_softcapping:
         # Gemma 2 (modeling_gemma2.py Gemma2ForCausalLM.forward): logits / cap, tanh, * cap;
@@ -347,42 +365,10 @@ def _with_loss(desc: ModelDesc, spec: JobSpec, stages: list[Stage], logits: Sym,
     else:
         head.add("logits/grad_logits", full32)
     head.add("logits/grad_hidden", grad_hidden)
-    return ActivationPlan(stages, saved, fwd, bwd0, head, _layer_backward(desc, spec))
+    return ActivationPlan(stages, saved, fwd, bwd0, head, layer_backward(desc, spec))
 
 
 def _liger_chunk(tokens: int, v: int, h: int) -> int:
     inc = -(-v // h)
     rows = -(-tokens // inc)
     return 1 << (rows - 1).bit_length()
-
-
-def _layer_backward(desc: ModelDesc, spec: JobSpec) -> Breakdown:
-    """Gradients of activations alive at a layer's backward peak (the MLP's backward, seen with
-    the exact CPU meter at act * up's MulBackward): the incoming hidden-state gradient, the
-    gradient of the down-projection input and those of both gate and up outputs (gated) or
-    of fc1's output (plain), in the compute dtype."""
-    tokens = spec.micro_batch_size * spec.seq_len
-    c = dtypes_of(spec).compute if spec.method.value != "qlora" else spec.quantization.compute_dtype
-    res = dtypes_of(spec).weights if spec.method.value != "qlora" else c
-    width = desc.moe.expert_intermediate_size * desc.moe.top_k if desc.moe else desc.intermediate_size
-    n_mlp = 3 if desc.mlp is MlpKind.GATED else 2
-    out = (Breakdown().add("backward/grad_hidden", nbytes(tokens * desc.hidden_size, res))
-           .add("backward/grad_mlp", n_mlp * nbytes(tokens * width, c)))
-    q = spec.quantization
-    if q is not None and spec.method.value == "qlora" and dequant_modes(q)[1] == TRANSIENT:
-        # A kernel that dequantizes in backward (bitsandbytes MatMul4Bit.backward:
-        # `torch.matmul(grad_output, F.dequantize_4bit(B, ctx.state).to(grad_output.dtype))`)
-        # holds one full weight in the compute dtype (and, double-quantized, its fp32 absmax)
-        # during each linear's backward. The first of the layer, the MLP output projection,
-        # then holds it with its input gradient (T x f) where the moment modelled above holds
-        # n_mlp such gradients; the weight lifts the layer's peak only by what it exceeds
-        # them by (the layer's largest weight stands for the projection's).
-        largest = max((p.shape[0] * p.shape[-1] for p in desc.params if p.layer == 0 and is_quantized(spec, p)),
-                      default=0)
-        dq = nbytes(largest, c)
-        if q.type.value in ("nf4", "fp4") and q.double_quant:
-            dq += 4 * -(-largest // q.block_size)
-        extra = dq + nbytes(tokens * width, c) - n_mlp * nbytes(tokens * width, c)
-        if extra > 0:
-            out.add("backward/dequantized_weight", extra)
-    return out

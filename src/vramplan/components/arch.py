@@ -162,6 +162,7 @@ def eager_attention(rec: Recorder, ctx: Ctx, q: Sym, k: Sym, v: Sym, name: str) 
     if q.requires_grad:
         rec.save(k)
     scores = rec.new(f"{name}.scores", (b, a, s, s), dtype, q.requires_grad or k.requires_grad)
+    rec.log_op("bmm", scores)  # torch.matmul of 4-D tensors runs bmm on (b * a, s, d)
     scores = rec.scale(scores, name=f"{name}.scaled")
     if ctx.desc.attn_logit_softcapping:
         # Gemma 2: scores / cap, tanh (saves its output), * cap
@@ -181,6 +182,7 @@ def eager_attention(rec: Recorder, ctx: Ctx, q: Sym, k: Sym, v: Sym, name: str) 
     if probs.requires_grad:
         rec.save(v)
     out = rec.new(f"{name}.out", (b, a, s, d), dtype, probs.requires_grad or v.requires_grad)
+    rec.log_op("bmm", out)
     return rec.new(f"{name}.out_t", (b, s, a, d), dtype, out.requires_grad)  # .contiguous()
 
 

@@ -64,6 +64,9 @@ class Recorder:
     (GPTQModel TorchLinear: `torch.matmul(x, self.dequantize_weight())`), so MmBackward keeps
     the dequantized copy; None for kernels that keep only the packed weight."""
     last_linear_input: Sym | None = None
+    ops: list | None = None
+    """When a list: (aten op, outputs) of the matmuls and attention kernels, in call order,
+    for policies that choose by op what to keep (components/op_checkpoint.py)."""
     seen: set[int] = field(default_factory=set)
     """Storages already saved by an earlier stage (shared tensors are counted once)."""
 
@@ -78,6 +81,10 @@ class Recorder:
             if key not in self.seen:
                 self.seen.add(key)
                 self.saved[key] = (t.name, t.storage)
+
+    def log_op(self, op: str, *outputs: Sym) -> None:
+        if self.ops is not None:
+            self.ops.append((op, outputs))
 
     def saved_items(self) -> list[tuple[str, int]]:
         return [(name, st.nbytes) for name, st in self.saved.values()]
@@ -127,7 +134,11 @@ class Recorder:
             self.save(self.new(f"dequantized_weight/{w.name}", w.shape, self.dequant_saved, False))
         rg = x.requires_grad or w.trainable or bool(bias and bias.trainable)
         out_features = w.shape[0] if not name.startswith("conv1d") else w.shape[1]
-        return self.new(name, x.shape[:-1] + (out_features,), xin.dtype, rg)
+        out = self.new(name, x.shape[:-1] + (out_features,), xin.dtype, rg)
+        # aten::linear is CompositeImplicit: below autograd it is mm on the flattened input,
+        # or addmm with a bias (aten/src/ATen/native/Linear.cpp `_flatten_nd_linear`)
+        self.log_op("addmm" if bias is not None else "mm", out)
+        return out
 
     def bmm(self, x: Sym, w: Param, out_features: int, name: str = "bmm") -> Sym:
         """torch.bmm of (E, T, in) with a whole (E, in, out) parameter: saves as linear does;
@@ -137,7 +148,9 @@ class Recorder:
             self.save(xin)
         if xin.requires_grad and wc.name.startswith("autocast_weight/"):
             self.save(wc)
-        return self.new(name, x.shape[:-1] + (out_features,), xin.dtype, x.requires_grad or w.trainable)
+        out = self.new(name, x.shape[:-1] + (out_features,), xin.dtype, x.requires_grad or w.trainable)
+        self.log_op("bmm", out)
+        return out
 
     def mul(self, a: Sym, b: Sym | Param, name: str = "mul") -> Sym:
         bs = b if isinstance(b, Sym) else Sym(b.name, b.shape, b.dtype, b.trainable, Storage(0))
@@ -216,14 +229,15 @@ class Recorder:
         if dropout > 0 and self.backend == "cpu":
             return self._sdpa_math(q, k, v, out_shape, name, dropout, dtype, rg)
         out = self.new(name, out_shape, dtype, rg)
+        b, a, s = q.shape[0], q.shape[1], q.shape[2]
+        kernel = "flash_cpu" if self.backend == "cpu" else "efficient" if dtype == "fp32" else "flash"
+        lse = self.new(f"{name}.lse", (b, a, -(-s // 32) * 32 if kernel == "efficient" else s), lse_dtype, False)
+        self.log_op(f"sdpa_{kernel}", out, lse)
         if out.requires_grad:
-            b, a, s = q.shape[0], q.shape[1], q.shape[2]
-            if self.backend == "cuda" and dtype == "fp32":
-                # CUDA picks memory-efficient attention for fp32 (flash takes 16-bit only); its
-                # logsumexp is padded to kAlignLSE = 32 queries (aten/src/ATen/native/
-                # transformers/cuda/attention.cu, _efficient_attention_forward)
-                s = -(-s // 32) * 32
-            self.save(q, k, v, out, self.new(f"{name}.lse", (b, a, s), lse_dtype, False))
+            # CUDA picks memory-efficient attention for fp32 (flash takes 16-bit only); its
+            # logsumexp is padded to kAlignLSE = 32 queries (aten/src/ATen/native/
+            # transformers/cuda/attention.cu, _efficient_attention_forward)
+            self.save(q, k, v, out, lse)
             if self.backend == "cuda" and dropout > 0 and dtype != "fp32":
                 # flash attention keeps its Philox seed and offset for backward's dropout mask
                 # as one 2 x int64 device tensor (flash_attn/flash_api.cpp mha_fwd, rng_state);

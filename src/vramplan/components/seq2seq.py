@@ -25,11 +25,12 @@ from __future__ import annotations
 from vramplan.breakdown import Breakdown
 from vramplan.components import activations
 from vramplan.components.activations import (
-    _MLP_OUT_INPUTS, ActivationPlan, Stage, _layer_backward, build_ctx,
+    _MLP_OUT_INPUTS, ActivationPlan, Stage, build_ctx,
 )
 from vramplan.components.arch import lin
 from vramplan.components.arch_t5 import t5_block, t5_norm
 from vramplan.components.graph import Recorder, Sym
+from vramplan.components.layer_backward import layer_backward
 from vramplan.components.trainable import ParamSet
 from vramplan.model import ModelDesc
 from vramplan.spec import Checkpointing, JobSpec, LossImpl
@@ -150,4 +151,4 @@ def _with_t5_loss(desc: ModelDesc, spec: JobSpec, stages: list[Stage], logits: S
     fwd = Breakdown().add("logits/logits", full)
     bwd0 = Breakdown().add("logits/grad_log_softmax", full).add("logits/grad_logits", full)
     head = Breakdown().add("logits/grad_logits", full).add("logits/grad_hidden", grad_hidden)
-    return ActivationPlan(stages, saved, fwd, bwd0, head, _layer_backward(desc, spec))
+    return ActivationPlan(stages, saved, fwd, bwd0, head, layer_backward(desc, spec))

@@ -40,6 +40,8 @@ TEMPLATES = (
     N_("a strategy changes flags of the job, not its model or files: {text}"),
     N_("required: a catalog name, a config.json path, a hub id, an inline HF config, or num_params"),
     N_("unknown axis {name}"),
+    N_("checkpointing one layer in N needs gradient_checkpointing full; set gradient_checkpointing: full or "
+       "checkpoint_every: 1"),
     N_("{n} is not divisible by tp*pp*cp = {product}"),
     N_("{n} GPUs do not split into tp x pp x cp = {product}; use a multiple of {multiple}"),
     N_("{what} are past {model}'s {limit} learned positions (max_position_embeddings); use seq_len <= {use}"),

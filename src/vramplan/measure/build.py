@@ -192,11 +192,25 @@ def _apply_freeze(model, freeze: dict):
 
 def apply_checkpointing(model, job: dict) -> None:
     gc = job.get("gradient_checkpointing", "none")
+    every = int(job.get("checkpoint_every", 1) or 1)
     if gc in (None, False, "none", "off"):
         return
+    if gc == "selective" and _framework(job) == "torchtitan":
+        gc = "op-selective"
+    if gc == "op-selective":
+        from .torchtitan_ac import apply_op_selective
+        return apply_op_selective(model)
     if gc not in (True, "full", "on"):
         raise ValueError(f"gradient_checkpointing: unsupported value {gc!r}")
+    if every > 1:
+        from .torchtitan_ac import apply_every_nth
+        return apply_every_nth(model, every)
     model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+
+
+def _framework(job: dict) -> str | None:
+    stack = job.get("stack")
+    return stack.get("framework") if isinstance(stack, dict) else stack
 
 
 # ------------------------------------------------------------- the optimizer

@@ -96,7 +96,7 @@ def default_strategies(spec: JobSpec) -> list[Strategy]:
 # Orders in which a setting holds less memory (a row only moves a setting up its order).
 # Optimizer: state bytes per parameter (AdamW 2 fp32 moments = 8; Lion, SGD one = 4;
 # bitsandbytes 8-bit AdamW 2 one-byte moments = 2; Adafactor factored second moment ~ 0).
-_ORDERS = {"gradient_checkpointing": {"none": 0, "selective": 1, "full": 2},
+_ORDERS = {"gradient_checkpointing": {"none": 0, "selective": 1, "op-selective": 1, "full": 2},
            "parallel.zero_stage": {0: 0, 1: 1, 2: 2, 3: 3},
            "parallel.offload_optimizer": {"none": 0, "cpu": 1, "nvme": 2},
            "method": {"full": 0, "freeze": 1, "lora": 1, "qlora": 2},

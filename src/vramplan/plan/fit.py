@@ -231,7 +231,7 @@ def _result(ev: Evaluator, c: Candidate, fits: bool) -> FitResult:
     return FitResult(spec=c.spec, changes=c.change_dict, estimate=v.estimate, step=v.step, fits=v.fits)
 
 
-_LEAN = {"full": 0, "selective": 1, "none": 2, "fused-linear-cross-entropy": 0, "chunked": 1,
+_LEAN = {"full": 0, "selective": 1, "op-selective": 1, "none": 2, "fused-linear-cross-entropy": 0, "chunked": 1,
          "standard": 2, "flash": 0, "sdpa": 1, "eager": 2}
 
 

@@ -15,7 +15,7 @@ from vramplan.plan.steptime import StepTime
 from vramplan.spec import JobSpec, SpecError
 
 MAXIMIZABLE = ("micro_batch_size", "seq_len")
-_CHECKPOINT_ORDER = {"full": 0, "selective": 1, "none": 2}
+_CHECKPOINT_ORDER = {"full": 0, "selective": 1, "op-selective": 1, "none": 2}
 
 
 def largest_value(ev: Evaluator, spec: JobSpec, name: str, *, lo: int = 1, hi: int | None = None,

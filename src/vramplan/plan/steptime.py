@@ -117,7 +117,11 @@ def step_time(counts: ModelCounts, spec: JobSpec, gpu, *, mfu: float = DEFAULT_M
     bwd = (2 * fwd if full else fwd) + 2 * attn_fwd
     recompute = 0
     if spec.gradient_checkpointing is Checkpointing.FULL:
-        recompute = fwd + attn_fwd          # one more forward per layer in backward
+        # one more forward in backward for the wrapped layers (one in checkpoint_every)
+        recompute = (fwd + attn_fwd) // spec.checkpoint_every
+    elif spec.gradient_checkpointing is Checkpointing.OP_SELECTIVE:
+        # torchtitan SelectiveAC: every second matmul is recomputed, attention kept on CUDA
+        recompute = fwd // 2
     elif spec.gradient_checkpointing is Checkpointing.SELECTIVE:
         recompute = attn_fwd                # Korthikanti et al. 2022: attention core only
     out.flops = fwd + attn_fwd + bwd + recompute

@@ -80,8 +80,9 @@ def training_args(spec: JobSpec) -> dict:
     out: dict = {"per_device_train_batch_size": spec.micro_batch_size,
                  "gradient_accumulation_steps": spec.grad_accum_steps}
     ckpt = spec.gradient_checkpointing.value
-    if ckpt == "selective":
-        raise SpecError("emit", "TrainingArguments has no selective checkpointing (Megatron's); use full or none")
+    if ckpt in ("selective", "op-selective") or spec.checkpoint_every > 1:
+        raise SpecError("emit", "TrainingArguments has no selective checkpointing (Megatron's, torchtitan's); "
+                                "use full or none")
     out["gradient_checkpointing"] = ckpt == "full"
     precision = spec.precision.value
     if precision.startswith("amp-"):

@@ -221,7 +221,12 @@ class Checkpointing(_Choice):
     FULL = "full"
     """Only each layer's input is kept; the layer is recomputed in backward."""
     SELECTIVE = "selective"
-    """Attention's core is recomputed (Korthikanti et al. 2022), the rest kept."""
+    """Attention's core is recomputed (Korthikanti et al. 2022), the rest kept. With
+    `stack: torchtitan` it means torchtitan's own selective mode, op-selective."""
+    OP_SELECTIVE = "op-selective"
+    """torchtitan's per-op selective checkpointing (`SelectiveAC`): each layer keeps its
+    input and the outputs of the ops on its save list (every other matmul, the fused
+    attention kernels); the rest is recomputed in backward (components/op_checkpoint.py)."""
 
 
 class Attention(_Choice):

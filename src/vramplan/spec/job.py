@@ -31,7 +31,7 @@ _CPU_QUANT = (QuantType.NF4, QuantType.FP4, QuantType.INT8, QuantType.GPTQ,
 _SECTIONS = {"lora": LoraConfig, "quantization": QuantConfig, "freeze": FreezeConfig,
              "parallel": ParallelConfig, "low_rank": LowRankConfig}
 _SECTION_ALIASES = {"lora": {"lora_alpha": "alpha", "lora_dropout": "dropout", "rank": "r"}}
-_INTS = ("micro_batch_size", "seq_len", "grad_accum_steps", "num_gpus", "num_labels")
+_INTS = ("micro_batch_size", "seq_len", "grad_accum_steps", "num_gpus", "num_labels", "checkpoint_every")
 _BOOLS = ("packing", "trust_remote_code", "online", "activation_offloading", "optimizer_in_backward", "compile")
 
 
@@ -90,6 +90,10 @@ class JobSpec:
     logprob_head: LogprobHead = LogprobHead.AUTO
     """Preference/RL log-prob head: auto (what TRL 1.16 does), full, selective or chunked."""
     gradient_checkpointing: Checkpointing = Checkpointing.NONE
+    checkpoint_every: int = 1
+    """With full checkpointing: wrap one layer in N, the N-th, 2N-th, ... (torchtitan's
+    `selective_ac_option = "N"`, torchtitan <= 0.2 `_apply_layer_sac`); the others keep
+    everything they save."""
     attention: Attention = Attention.SDPA
     backend: Backend = Backend.CUDA
     gpu: str | None = None
@@ -145,6 +149,7 @@ class JobSpec:
         for name in _INTS:
             set_(name, positive_int(name, getattr(self, name)))
         set_("stack", parse_stack(self.stack))
+        self._resolve_checkpointing()
         set_("load_dtype", parse_dtype(self.load_dtype, "load_dtype"))
         set_("momentum", fraction("momentum", self.momentum, high=0.9999))
         if self.cuda_version is not None:
@@ -176,6 +181,15 @@ class JobSpec:
                  else OptimizerImpl.FORLOOP)
         if self.attention is Attention.FLASH and self.backend is Backend.CPU:
             raise SpecError("attention", "flash attention needs backend cuda; use sdpa or eager on cpu")
+
+    def _resolve_checkpointing(self):
+        if self.gradient_checkpointing is Checkpointing.SELECTIVE and self.stack.framework is Framework.TORCHTITAN:
+            # torchtitan's `mode = "selective"` is its per-op policy (`selective_ac_option = "op"`,
+            # the default of its configs; SelectiveAC in 0.3), not Megatron's attention-core one.
+            object.__setattr__(self, "gradient_checkpointing", Checkpointing.OP_SELECTIVE)
+        if self.checkpoint_every > 1 and self.gradient_checkpointing is not Checkpointing.FULL:
+            raise SpecError("checkpoint_every", "checkpointing one layer in N needs gradient_checkpointing full; "
+                                                "set gradient_checkpointing: full or checkpoint_every: 1")
 
     def _check_model(self):
         if self.model is None and self.num_params is None:
@@ -226,7 +240,7 @@ class JobSpec:
             value = getattr(self, f.name)
             if (value is None or (f.name == "parallel" and value.is_trivial) or (f.name == "models" and not value)
                     or (f.name in ("online", "optimizer_in_backward", "activation_offloading", "compile")
-                        and not value)):
+                        and not value) or (f.name == "checkpoint_every" and value == 1)):
                 continue
             if f.name == "models":
                 value = [m.to_dict() for m in value]

@@ -1,0 +1,53 @@
+"""What a decoder layer's backward holds beside the saved activations: the gradients alive at
+its peak, and a quantized kernel's dequantized weight.
+
+Legend: T tokens, h hidden, f MLP width (top_k expert widths for MoE), c compute dtype.
+"""
+from __future__ import annotations
+
+from vramplan.breakdown import Breakdown
+from vramplan.components.dtypes import dtypes_of
+from vramplan.components.quant import TRANSIENT, dequant_modes
+from vramplan.components.trainable import is_quantized
+from vramplan.model import MlpKind, ModelDesc, ParamEntry
+from vramplan.spec import JobSpec
+from vramplan.units import nbytes
+
+
+def _linear_numel(p: ParamEntry) -> int:
+    """Elements of one linear's weight; a fused expert tensor (E, m, n) stands for E linears of
+    (m, n), a fused gate_up_proj for two per expert (components/weights.py)."""
+    if len(p.shape) == 3:
+        return p.shape[1] * p.shape[2] // (2 if p.name.endswith("gate_up_proj") else 1)
+    return p.shape[0] * p.shape[-1]
+
+
+def layer_backward(desc: ModelDesc, spec: JobSpec) -> Breakdown:
+    """Gradients of activations alive at a layer's backward peak (the MLP's backward, seen with
+    the exact CPU meter at act * up's MulBackward): the incoming hidden-state gradient, the
+    gradient of the down-projection input and those of both gate and up outputs (gated) or
+    of fc1's output (plain), in the compute dtype."""
+    tokens = spec.micro_batch_size * spec.seq_len
+    c = dtypes_of(spec).compute if spec.method.value != "qlora" else spec.quantization.compute_dtype
+    res = dtypes_of(spec).weights if spec.method.value != "qlora" else c
+    width = desc.moe.expert_intermediate_size * desc.moe.top_k if desc.moe else desc.intermediate_size
+    n_mlp = 3 if desc.mlp is MlpKind.GATED else 2
+    out = (Breakdown().add("backward/grad_hidden", nbytes(tokens * desc.hidden_size, res))
+           .add("backward/grad_mlp", n_mlp * nbytes(tokens * width, c)))
+    q = spec.quantization
+    if q is not None and spec.method.value == "qlora" and dequant_modes(q)[1] == TRANSIENT:
+        # A kernel that dequantizes in backward (bitsandbytes MatMul4Bit.backward:
+        # `torch.matmul(grad_output, F.dequantize_4bit(B, ctx.state).to(grad_output.dtype))`)
+        # holds one full weight in the compute dtype (and, double-quantized, its fp32 absmax)
+        # during each linear's backward. The first of the layer, the MLP output projection,
+        # then holds it with its input gradient (T x f) where the moment modelled above holds
+        # n_mlp such gradients; the weight lifts the layer's peak only by what it exceeds
+        # them by (the layer's largest weight stands for the projection's).
+        largest = max((_linear_numel(p) for p in desc.params if p.layer == 0 and is_quantized(spec, p)), default=0)
+        dq = nbytes(largest, c)
+        if q.type.value in ("nf4", "fp4") and q.double_quant:
+            dq += 4 * -(-largest // q.block_size)
+        extra = dq + nbytes(tokens * width, c) - n_mlp * nbytes(tokens * width, c)
+        if extra > 0:
+            out.add("backward/dequantized_weight", extra)
+    return out
