@@ -30,6 +30,8 @@ class DitCtx:
     qk_norm: bool = True
     ff_dim: int = 0
     """Feed-forward width where the config gives it (Wan's ffn_dim); 0: ff_mult x hidden."""
+    lora_dtype: str = "fp32"
+    """The adapters' dtype (jobs/diffusion_frozen.adapter_dtype)."""
 
 
 def _w(ctx: DitCtx, name: str, shape) -> Param:
@@ -41,9 +43,9 @@ def _lin(rec: Recorder, ctx: DitCtx, x: Sym, fan_out: int, name: str, lora: bool
     if not (lora and ctx.lora_rank):
         return out
     r = ctx.lora_rank
-    a = Param(f"{name}.lora_A", (r, x.shape[-1]), "fp32", True)
-    b = Param(f"{name}.lora_B", (fan_out, r), "fp32", True)
-    xa = rec.to(x, "fp32", name=f"{name}.lora_in")  # PEFT casts the input to the adapter dtype
+    a = Param(f"{name}.lora_A", (r, x.shape[-1]), ctx.lora_dtype, True)
+    b = Param(f"{name}.lora_B", (fan_out, r), ctx.lora_dtype, True)
+    xa = rec.to(x, ctx.lora_dtype, name=f"{name}.lora_in")  # PEFT casts the input to the adapter dtype
     yb = rec.scale(rec.linear(rec.linear(xa, a, name=f"{name}.lora_A"), b, name=f"{name}.lora_B"), f"{name}.lora_scaled")
     return rec.to(rec.add(out, yb, name=f"{name}.lora_sum"), out.dtype, name=name)
 
