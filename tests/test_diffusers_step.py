@@ -21,15 +21,31 @@ def bench_job(name: str) -> dict:
 
 
 @needs_diffusers
-def test_pipeline_counts_match_the_real_classes_on_meta():
+@pytest.mark.parametrize("case", ["cogvideox-lora/fp32", "sd-lora/fp32"])
+def test_pipeline_counts_match_the_real_classes_on_meta(case):
     from vramplan.measure.diffusion import count_params
     from vramplan.measure.diffusers_models import count_frozen
-    job = bench_job("cogvideox-lora/fp32")
+    job = bench_job(case)
     pipe = job["model"]
     frozen = count_frozen(pipe)
     assert count_params(pipe, job["diffusion"]) == pipe["denoiser"]["num_params"]
     assert frozen["vae"] == pipe["vae"]["num_params"]
-    assert frozen["text_encoder_t5"] == pipe["text_encoders"][0]["num_params"]
+    for enc in pipe["text_encoders"]:
+        assert frozen[f"text_encoder_{enc['role']}"] == enc["num_params"]
+
+
+@needs_diffusers
+def test_unet_lora_adapters_count_as_peft_adds_them():
+    from peft import LoraConfig
+    from vramplan.measure.diffusion import build_denoiser
+    import torch
+    job = bench_job("sd-lora/fp32")
+    with torch.device("meta"):  # no storage: later in-process measurements see nothing left over
+        unet = build_denoiser(job["model"], job["diffusion"], torch.float32).requires_grad_(False)
+        unet.add_adapter(LoraConfig(r=8, lora_alpha=8, target_modules=["to_k", "to_q", "to_v", "to_out.0"]))
+    trained = sum(p.numel() for p in unet.parameters() if p.requires_grad)
+    assert trained > 0
+    assert vramplan.estimate(job).trainable_params == trained
 
 
 def test_scripts_keep_adapters_in_the_weight_dtype_and_latents_of_encoded_videos():

@@ -34,6 +34,22 @@ COGVIDEOX = {
             "spatial_compression": 8, "temporal_compression": 4, "num_params": 825019},
     "text_encoders": [{"role": "t5", "class": "T5EncoderModel", "d_model": 64, "num_layers": 2, "num_heads": 2,
                        "d_kv": 32, "d_ff": 128, "max_tokens": 16, "vocab_size": 1000, "num_params": 146304}]}
+# A tiny Stable Diffusion pipeline: UNet2DConditionModel (32/64 channels, one CrossAttn level
+# each way and the mid block's attention), AutoencoderKL (4 levels, 16 channels first),
+# CLIPTextModel (2 layers, 77 tokens).
+SD = {
+    "name": "tiny-sd", "kind": "unet",
+    "denoiser": {"class": "UNet2DConditionModel", "in_channels": 4, "out_channels": 4, "block_out_channels": [32, 64],
+                 "down_block_types": ["CrossAttnDownBlock2D", "DownBlock2D"],
+                 "up_block_types": ["UpBlock2D", "CrossAttnUpBlock2D"], "layers_per_block": 2,
+                 "attention_head_dim": 8, "cross_attention_dim": 32, "norm_num_groups": 8, "sample_size": 32,
+                 "num_params": 1106212},
+    "vae": {"class": "AutoencoderKL", "block_out_channels": [16, 32, 32, 32],
+            "down_block_types": ["DownEncoderBlock2D"] * 4, "up_block_types": ["UpDecoderBlock2D"] * 4,
+            "layers_per_block": 1, "latent_channels": 4, "norm_num_groups": 8, "spatial_compression": 8,
+            "temporal_compression": 1, "num_params": 316695},
+    "text_encoders": [{"role": "clip_l", "class": "CLIPTextModel", "d_model": 32, "num_layers": 2, "num_heads": 4,
+                       "d_ff": 64, "max_tokens": 77, "vocab_size": 1000, "num_params": 51616}]}
 BASE = {"task": "diffusion", "stack": "diffusers-scripts", "method": "lora", "lora": {"r": 8},
         "micro_batch_size": 2, "optimizer": "adamw", "optimizer_impl": "foreach", "backend": "cpu"}
 VIDEO = {"height": 128, "width": 128, "num_frames": 9}
@@ -47,6 +63,9 @@ def cases() -> dict[str, dict]:
         **BASE, "model": COGVIDEOX, "precision": "bf16", "diffusion": {**VIDEO, "vae": "precomputed"}}
     out["cogvideox-lora/fp32/b4-gc"] = {**BASE, "model": COGVIDEOX, "precision": "fp32", "micro_batch_size": 4,
                                         "gradient_checkpointing": "full", "diffusion": dict(VIDEO)}
+    for prec in ("fp32", "bf16"):
+        out[f"sd-lora/{prec}"] = {**BASE, "model": SD, "precision": prec,
+                                  "diffusion": {"height": 256, "width": 256, "num_frames": 1}}
     return out
 
 

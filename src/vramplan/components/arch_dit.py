@@ -131,4 +131,22 @@ def unet_level_saved(c: int, hw: int, b: int, n_resnets: int, n_attn: int, ctx_t
     return {"resnets": n_resnets * per_resnet, "attentions": n_attn * per_attn}
 
 
-__all__ = ["DitCtx", "gated", "joint_block", "modulated_norm", "unet_level_saved"]
+def unet_lora_block_saved(c: int, hw: int, b: int, ctx_tokens: int, r: int, grad_in: bool) -> int:
+    """Elements one BasicTransformerBlock of a UNet saves with LoRA on to_q, to_k, to_v,
+    to_out.0 of attn1 and attn2, everything else frozen (diffusers models/attention.py;
+    a frozen linear or conv saves nothing for its input's gradient, only its weight):
+    attn1: norm1's LayerNorm input (when the block input requires grad), its output (the
+    LoRA A input shared by q, k, v), q, k, v and the attention output (SDPA), to_out's
+    LoRA A input (the heads merged back: a copy); attn2: norm2's input, its output (to_q's
+    LoRA A input), q, the text's k and v (ctx_tokens), the output, to_out's LoRA A input;
+    norm3's input, GEGLU's projection (8c: `hidden, gate = proj(x).chunk(2)`, gelu saves
+    the gate and the product the hidden half) and gelu's output (4c); each LoRA A output
+    (r wide, 8 of them)."""
+    bc = b * c * hw
+    attn1 = (1 if grad_in else 0) * bc + 6 * bc
+    attn2 = 5 * bc + 2 * b * ctx_tokens * c
+    ff = 13 * bc
+    return attn1 + attn2 + ff + 8 * b * hw * r
+
+
+__all__ = ["DitCtx", "gated", "joint_block", "modulated_norm", "unet_level_saved", "unet_lora_block_saved"]

@@ -21,13 +21,14 @@ from __future__ import annotations
 
 from vramplan.breakdown import Breakdown
 from vramplan.catalog.pipelines import check_shape, denoiser_tokens, latent_shape
-from vramplan.components.arch_dit import DitCtx, joint_block, unet_level_saved
+from vramplan.components.arch_dit import DitCtx, joint_block
 from vramplan.components.graph import Recorder
 from vramplan.components.optimizer import optimizer_states, step_temporaries
 from vramplan.components.trainable import HeldParam, ParamSet
 from vramplan.i18n import Msg
 from vramplan.jobs.compose import Step, finish
 from vramplan.jobs.diffusion_frozen import frozen_modules
+from vramplan.jobs.diffusion_unet import unet_lora_params, unet_stages
 from vramplan.jobs.diffusion_scripts import adapter_dtype, script_loss, scripts_stack
 from vramplan.jobs.diffusion_blocks import (BLOCK_CLASSES, block_stages, block_transients, feed_forward_params,
                                             lora_targets, output_backward_transient)
@@ -65,7 +66,7 @@ def denoiser_params(pipe: dict, spec: JobSpec) -> ParamSet:
     w = spec.precision.weight_dtype
     full = spec.method is Method.FULL
     if pipe["kind"] == "unet":
-        return ParamSet((HeldParam("denoiser", (den["num_params"],), w, full, "base"),))
+        return ParamSet((HeldParam("denoiser", (den["num_params"],), w, full, "base"),) + unet_lora_params(den, spec))
     layers = den["num_layers"] + den.get("num_single_layers", 0)
     per = den["num_params"] // layers
     out = []
@@ -129,52 +130,6 @@ def output_stage(pipe: dict, spec: JobSpec, b: int, n: int) -> Breakdown:
     out_elems = b * n * p * p * den.get("out_channels", den.get("in_channels", pipe["vae"]["latent_channels"]))
     return (Breakdown().add("denoiser/activations/output/hidden", (4 if video else 3) * bnh)
             .add("denoiser/activations/output/proj_out", 2 * nbytes(out_elems, c)))
-
-
-def unet_stages(pipe: dict, spec: JobSpec, b: int, lat_h: int, lat_w: int, m: int) -> list[Breakdown]:
-    """One stage per resolution level: the down path, the mid block, the up path, the output
-    convolution (diffusers UNet2DConditionModel). A ResnetBlock2D saves 3 tensors of its input
-    width (norm1's input, SiLU's, conv1's) and 3 of its output width; a down level's
-    Downsample2D conv saves its input; an up level's resnets read cat(hidden, skip) (the
-    lower level's or this level's channels plus the skip's: `res_skip_channels` of the next
-    level for the last resnet), and its Upsample2D conv saves the 2x-interpolated tensor;
-    up levels run layers_per_block + 1 resnets and use reversed block_out_channels and
-    transformer_layers_per_block; UNetMidBlock2DCrossAttn is resnet, attention, resnet."""
-    den = pipe["denoiser"]
-    c = spec.precision.compute_dtype
-    lpb, boc = den["layers_per_block"], den["block_out_channels"]
-    tl = den.get("transformer_layers_per_block", 1)
-    tl = [tl] * len(boc) if isinstance(tl, int) else list(tl)
-    heads, ctx_dim, last = den.get("attention_head_dim", 8), den["cross_attention_dim"], len(boc) - 1
-    hw0, out = lat_h * lat_w, []
-
-    def level(name, ch, hw, res_in, n_attn, width, extra=0):
-        attn = unet_level_saved(ch, hw, b, 0, n_attn, m, ctx_dim, heads, width)["attentions"] if n_attn else 0
-        resn = sum(3 * b * hw * (cin + ch) for cin in res_in)
-        return (Breakdown().add(f"denoiser/activations/{name}/resnets", nbytes(resn, c))
-                .add(f"denoiser/activations/{name}/attentions", nbytes(attn, c))
-                .add(f"denoiser/activations/{name}/resample", nbytes(extra, c)))
-    for i, (ch, kind) in enumerate(zip(boc, den["down_block_types"])):
-        hw = hw0 // 4 ** i
-        res_in = [boc[max(i - 1, 0)]] + [ch] * (lpb - 1)
-        down = b * ch * hw if i < last else 0  # Downsample2D's conv input
-        out.append(level(f"down_{i}", ch, hw, res_in, lpb if kind.startswith("CrossAttn") else 0, tl[i], down))
-    mid_attn = 0 if den.get("mid_block_type") == "UNetMidBlock2D" else 1
-    out.append(level("mid", boc[-1], hw0 // 4 ** last, [boc[-1]] * 2, mid_attn, tl[-1]))
-    rev, rtl = boc[::-1], tl[::-1]
-    for j, kind in enumerate(den["up_block_types"]):
-        ch, hw = rev[j], hw0 // 4 ** (last - j)
-        res_in = []
-        for r in range(lpb + 1):
-            prev = (rev[max(j - 1, 0)] if r == 0 else ch)
-            skip = ch if r < lpb else rev[min(j + 1, last)]
-            res_in.append(prev + skip)
-        up = 4 * b * ch * hw if j < last else 0  # Upsample2D: the interpolated tensor
-        out.append(level(f"up_{last - j}", ch, hw, res_in, (lpb + 1) if kind.startswith("CrossAttn") else 0,
-                         rtl[j], up))
-    # conv_norm_out (GroupNorm input), conv_act (its output), conv_out (SiLU's output)
-    out[-1].add("denoiser/activations/output/conv_out", 3 * nbytes(b * boc[0] * hw0, c))
-    return out
 
 
 def diffusion_estimate(pipe: dict, spec: JobSpec, gpu=None):
@@ -305,4 +260,4 @@ def _desc_stub(pipe: dict):
     return SimpleNamespace(name=pipe.get("name", "pipeline"))
 
 
-__all__ = ["check_spec_shape", "denoiser_params", "diffusion_estimate", "resolve_pipeline", "transformer_stages", "unet_stages"]
+__all__ = ["check_spec_shape", "denoiser_params", "diffusion_estimate", "resolve_pipeline", "transformer_stages"]

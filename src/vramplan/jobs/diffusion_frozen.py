@@ -83,7 +83,10 @@ def frozen_modules(pipe, spec, step, b, c, w, notes, tokens: int) -> dict[str, i
     elif cfg.vae != PRECOMPUTED:
         modules.append(("vae", pipe["vae"]["num_params"],
                         vae_encode_forward(pipe, b, cfg.num_frames, cfg.height, cfg.width, c, cfg), "before"))
-        step.plan.static.add("batch/pixels", nbytes(b * 3 * cfg.num_frames * cfg.height * cfg.width, w))
+        # the diffusers scripts' dataloader yields fp32 pixels (torchvision ToTensor/Normalize),
+        # cast to weight_dtype only for the encode (`pixel_values.to(dtype=weight_dtype)`)
+        pixels = b * 3 * cfg.num_frames * cfg.height * cfg.width
+        step.plan.static.add("batch/pixels", nbytes(pixels, "fp32" if scripts_stack(spec) else w))
     if cfg.frozen_copy:
         copy = frozen_block_forward(pipe, b, tokens, c)
         modules.append(("frozen_denoiser", pipe["denoiser"]["num_params"], copy, "after"))
