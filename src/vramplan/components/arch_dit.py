@@ -136,22 +136,17 @@ def unet_lora_block_saved(c: int, hw: int, b: int, ctx_tokens: int, r: int, grad
     to_out.0 of attn1 and attn2, everything else frozen (diffusers models/attention.py;
     a frozen linear or conv saves nothing for its input's gradient, only its weight):
     attn1: norm1's LayerNorm input (when the block input requires grad), its output (the
-    LoRA A input shared by q, k, v), q, k, v and the attention output (SDPA), to_out's
-    LoRA A input (the heads merged back: a copy); attn2: norm2's input, its output (to_q's
-    LoRA A input), q, the text's k and v (ctx_tokens), the output, to_out's LoRA A input;
+    LoRA A input shared by q, k, v), q, k, v and the attention output (SDPA); attn2:
+    norm2's input, its output (to_q's LoRA A input), q, the text's k and v (ctx_tokens),
+    the output;
     norm3's input, GEGLU's projection (8c: `hidden, gate = proj(x).chunk(2)`, gelu saves
     the gate and the product the hidden half) and gelu's output (4c); each LoRA A output
-    (r wide, 8 of them).
-    Known gap (measured with the exact CPU meter on a tiny SDXL-layout UNet): in diffusers'
-    AttnProcessor2_0 the heads-merge before to_out is a view of SDPA's output, not a copy,
-    so the two to_out inputs here are 2 x c x hw too many per block; they stand in for the
-    UNet's forward and backward transients (the last level's GEGLU product and gradients,
-    its resnets' conv working set), which unet_stages does not model yet. On the tiny SD
-    pipeline the two cancel (bench/diffusers, within 1.01%); on the SDXL layout (no
-    attention in the last level) the estimate is +2.6%."""
+    (r wide, 8 of them). The heads-merge before each to_out is a view of SDPA's output in
+    diffusers' AttnProcessor2_0 (its CPU and flash kernels write (b, hw, heads, d)), so
+    to_out's LoRA A input adds nothing (measured with the exact CPU meter)."""
     bc = b * c * hw
-    attn1 = (1 if grad_in else 0) * bc + 6 * bc
-    attn2 = 5 * bc + 2 * b * ctx_tokens * c
+    attn1 = (1 if grad_in else 0) * bc + 5 * bc
+    attn2 = 4 * bc + 2 * b * ctx_tokens * c
     ff = 13 * bc
     return attn1 + attn2 + ff + 8 * b * hw * r
 

@@ -28,7 +28,7 @@ from vramplan.components.trainable import HeldParam, ParamSet
 from vramplan.i18n import Msg
 from vramplan.jobs.compose import Step, finish
 from vramplan.jobs.diffusion_frozen import frozen_modules
-from vramplan.jobs.diffusion_unet import unet_lora_params, unet_stages
+from vramplan.jobs.diffusion_unet import unet_lora_params, unet_lora_transients, unet_stages
 from vramplan.jobs.diffusion_scripts import adapter_dtype, script_loss, scripts_stack
 from vramplan.jobs.diffusion_blocks import (BLOCK_CLASSES, block_stages, block_transients, feed_forward_params,
                                             lora_targets, output_backward_transient)
@@ -188,6 +188,8 @@ def diffusion_estimate(pipe: dict, spec: JobSpec, gpu=None):
     transient = [_block_backward_transient(pipe, spec, b, n + m, c) for _ in stages]
     if pipe["denoiser"].get("class") in BLOCK_CLASSES and spec.method is not Method.FULL:
         transient = block_transients(pipe, spec, b, n, m) + transient[-1:]
+    if pipe["kind"] == "unet":
+        unet_fwd, transient[-1] = unet_lora_transients(pipe, spec, b, shape[3], shape[4])
     if pipe["kind"] != "unet":  # the output stage (norm_out, proj_out) has no feed-forward
         transient[-1] = Breakdown().add("denoiser/backward/grad_hidden",
                                         2 * nbytes(b * (n + m) * _hidden(pipe["denoiser"]), c))
@@ -208,6 +210,8 @@ def diffusion_estimate(pipe: dict, spec: JobSpec, gpu=None):
                     stage_backward_transient=transient, optimizer_temporaries=step_temporaries(spec, params),
                     labels=[f"denoiser stage {i} backward" for i in range(len(stages))])
     step = Step(plan)
+    if pipe["kind"] == "unet" and unet_fwd.total():
+        step.after_forward.append(("forward", "last up level feed-forward (frozen)", unet_fwd, False))
     if pipe["kind"] == "video-dit" and den.get("class") not in BLOCK_CLASSES and spec.method is not Method.FULL:
         step.after_forward.append(("forward", "last block feed-forward (frozen)", _frozen_ff_forward(den, b, n + m, c),
                                    False))

@@ -109,4 +109,19 @@ def unet_stages(pipe: dict, spec: JobSpec, b: int, lat_h: int, lat_w: int, m: in
     return out
 
 
-__all__ = ["unet_lora_params", "unet_stages"]
+def unet_lora_transients(pipe: dict, spec: JobSpec, b: int, lat_h: int, lat_w: int) -> tuple[Breakdown, Breakdown]:
+    """(forward, backward) working sets above the saved tensors with LoRA, when the last up
+    level has attention (measured with the exact CPU meter, tiny SD UNet): its last block's
+    GEGLU product (4c x hw; not saved, ff.net.2 is frozen) alive while ff.net.2 writes its
+    output (c x hw); in backward, that block first: ff.net.2's input gradient (4c) and
+    MulBackward's two results (4c each) at once. None when the last level has no attention
+    (SDXL's layout), whose resnets' working set is not modelled."""
+    den, c = pipe["denoiser"], spec.precision.compute_dtype
+    if spec.method is Method.FULL or not den["up_block_types"][-1].startswith("CrossAttn"):
+        return Breakdown(), Breakdown()
+    bc = b * den["block_out_channels"][0] * lat_h * lat_w
+    return (Breakdown().add("denoiser/forward/geglu_product", nbytes(4 * bc, c)).add("denoiser/forward/ff_out", nbytes(bc, c)),
+            Breakdown().add("denoiser/backward/geglu_grads", nbytes(12 * bc, c)))
+
+
+__all__ = ["unet_lora_params", "unet_lora_transients", "unet_stages"]
