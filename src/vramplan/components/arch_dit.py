@@ -30,6 +30,8 @@ class DitCtx:
     qk_norm: bool = True
     ff_dim: int = 0
     """Feed-forward width where the config gives it (Wan's ffn_dim); 0: ff_mult x hidden."""
+    lora_dtype: str = "fp32"
+    """The adapters' dtype (jobs/diffusion_frozen.adapter_dtype)."""
 
 
 def _w(ctx: DitCtx, name: str, shape) -> Param:
@@ -41,9 +43,9 @@ def _lin(rec: Recorder, ctx: DitCtx, x: Sym, fan_out: int, name: str, lora: bool
     if not (lora and ctx.lora_rank):
         return out
     r = ctx.lora_rank
-    a = Param(f"{name}.lora_A", (r, x.shape[-1]), "fp32", True)
-    b = Param(f"{name}.lora_B", (fan_out, r), "fp32", True)
-    xa = rec.to(x, "fp32", name=f"{name}.lora_in")  # PEFT casts the input to the adapter dtype
+    a = Param(f"{name}.lora_A", (r, x.shape[-1]), ctx.lora_dtype, True)
+    b = Param(f"{name}.lora_B", (fan_out, r), ctx.lora_dtype, True)
+    xa = rec.to(x, ctx.lora_dtype, name=f"{name}.lora_in")  # PEFT casts the input to the adapter dtype
     yb = rec.scale(rec.linear(rec.linear(xa, a, name=f"{name}.lora_A"), b, name=f"{name}.lora_B"), f"{name}.lora_scaled")
     return rec.to(rec.add(out, yb, name=f"{name}.lora_sum"), out.dtype, name=name)
 
@@ -129,4 +131,24 @@ def unet_level_saved(c: int, hw: int, b: int, n_resnets: int, n_attn: int, ctx_t
     return {"resnets": n_resnets * per_resnet, "attentions": n_attn * per_attn}
 
 
-__all__ = ["DitCtx", "gated", "joint_block", "modulated_norm", "unet_level_saved"]
+def unet_lora_block_saved(c: int, hw: int, b: int, ctx_tokens: int, r: int, grad_in: bool) -> int:
+    """Elements one BasicTransformerBlock of a UNet saves with LoRA on to_q, to_k, to_v,
+    to_out.0 of attn1 and attn2, everything else frozen (diffusers models/attention.py;
+    a frozen linear or conv saves nothing for its input's gradient, only its weight):
+    attn1: norm1's LayerNorm input (when the block input requires grad), its output (the
+    LoRA A input shared by q, k, v), q, k, v and the attention output (SDPA); attn2:
+    norm2's input, its output (to_q's LoRA A input), q, the text's k and v (ctx_tokens),
+    the output;
+    norm3's input, GEGLU's projection (8c: `hidden, gate = proj(x).chunk(2)`, gelu saves
+    the gate and the product the hidden half) and gelu's output (4c); each LoRA A output
+    (r wide, 8 of them). The heads-merge before each to_out is a view of SDPA's output in
+    diffusers' AttnProcessor2_0 (its CPU and flash kernels write (b, hw, heads, d)), so
+    to_out's LoRA A input adds nothing (measured with the exact CPU meter)."""
+    bc = b * c * hw
+    attn1 = (1 if grad_in else 0) * bc + 5 * bc
+    attn2 = 4 * bc + 2 * b * ctx_tokens * c
+    ff = 13 * bc
+    return attn1 + attn2 + ff + 8 * b * hw * r
+
+
+__all__ = ["DitCtx", "gated", "joint_block", "modulated_norm", "unet_level_saved", "unet_lora_block_saved"]

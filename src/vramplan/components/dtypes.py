@@ -200,9 +200,14 @@ def _adapter_dtype(stack: StackConfig, base: str) -> str:
     """PEFT upcasts adapters of a 16-bit base to fp32 (`autocast_adapter_dtype=True`,
     peft/tuners/tuners_utils.py `_cast_adapter_dtype`, PEFT >= 0.12). torchtune and litgpt
     build their own LoRA modules in the model's dtype; DeepSpeed and Megatron cast the
-    whole module (adapters included) to 16-bit."""
+    whole module (adapters included) to 16-bit; diffusers' scripts keep them in the weight
+    dtype except under fp16."""
     if stack.framework in PURE_FRAMEWORKS or stack.framework in MASTER_FRAMEWORKS:
         return base
+    if stack.framework is Framework.DIFFUSERS_SCRIPTS:
+        # `add_adapter` gives the adapters the base layer's dtype; the scripts upcast them
+        # only under fp16 (`cast_training_params`, jobs/diffusion_scripts.adapter_dtype)
+        return "fp32" if base == "fp16" else base
     version = stack.minor("peft")
     if version is not None and version < (0, 12):
         return base

@@ -21,17 +21,19 @@ from __future__ import annotations
 
 from vramplan.breakdown import Breakdown
 from vramplan.catalog.pipelines import check_shape, denoiser_tokens, latent_shape
-from vramplan.components.arch_dit import DitCtx, joint_block, unet_level_saved
+from vramplan.components.arch_dit import DitCtx, joint_block
 from vramplan.components.graph import Recorder
 from vramplan.components.optimizer import optimizer_states, step_temporaries
 from vramplan.components.trainable import HeldParam, ParamSet
 from vramplan.i18n import Msg
 from vramplan.jobs.compose import Step, finish
+from vramplan.jobs.diffusion_frozen import frozen_modules
+from vramplan.jobs.diffusion_unet import unet_lora_params, unet_lora_transients, unet_stages
+from vramplan.jobs.diffusion_scripts import adapter_dtype, script_loss, scripts_stack
 from vramplan.jobs.diffusion_blocks import (BLOCK_CLASSES, block_stages, block_transients, feed_forward_params,
                                             lora_targets, output_backward_transient)
 from vramplan.jobs.diffusion_blocks import buffers as block_buffers
 from vramplan.spec import Checkpointing, JobSpec, Method
-from vramplan.spec.tasks import PRECOMPUTED
 from vramplan.timeline import StepPlan
 from vramplan.units import nbytes
 
@@ -64,7 +66,7 @@ def denoiser_params(pipe: dict, spec: JobSpec) -> ParamSet:
     w = spec.precision.weight_dtype
     full = spec.method is Method.FULL
     if pipe["kind"] == "unet":
-        return ParamSet((HeldParam("denoiser", (den["num_params"],), w, full, "base"),))
+        return ParamSet((HeldParam("denoiser", (den["num_params"],), w, full, "base"),) + unet_lora_params(den, spec))
     layers = den["num_layers"] + den.get("num_single_layers", 0)
     per = den["num_params"] // layers
     out = []
@@ -80,7 +82,7 @@ def denoiser_params(pipe: dict, spec: JobSpec) -> ParamSet:
     if spec.method in (Method.LORA, Method.QLORA):
         h, r = _hidden(den), spec.lora.r
         for i in range(layers):
-            out += [HeldParam(f"blocks.{i}.{m}.lora", (2 * r * h,), "fp32", True, "lora", i)
+            out += [HeldParam(f"blocks.{i}.{m}.lora", (2 * r * h,), adapter_dtype(spec), True, "lora", i)
                     for m in lora_targets(den, i)]
     return ParamSet(tuple(out))
 
@@ -92,7 +94,7 @@ def transformer_stages(pipe: dict, spec: JobSpec, b: int, n: int, m: int) -> lis
     full = spec.method is Method.FULL
     ctx = DitCtx(hidden=h, heads=den["num_attention_heads"], ff_mult=den.get("ff_mult", 4), dtype=c,
                  trainable=full, lora_rank=spec.lora.r if spec.lora and not full else 0,
-                 qk_norm=den.get("qk_norm", True))
+                 qk_norm=den.get("qk_norm", True), lora_dtype=adapter_dtype(spec))
     rec = Recorder(backend=spec.backend.value)
     x = rec.new("hidden", (b, n, h), c, full)
     txt = rec.new("text", (b, m, h), c, full) if m else None
@@ -128,99 +130,6 @@ def output_stage(pipe: dict, spec: JobSpec, b: int, n: int) -> Breakdown:
     out_elems = b * n * p * p * den.get("out_channels", den.get("in_channels", pipe["vae"]["latent_channels"]))
     return (Breakdown().add("denoiser/activations/output/hidden", (4 if video else 3) * bnh)
             .add("denoiser/activations/output/proj_out", 2 * nbytes(out_elems, c)))
-
-
-def unet_stages(pipe: dict, spec: JobSpec, b: int, lat_h: int, lat_w: int, m: int) -> list[Breakdown]:
-    """One stage per resolution level: the down path, the mid block, the up path, the output
-    convolution (diffusers UNet2DConditionModel). A ResnetBlock2D saves 3 tensors of its input
-    width (norm1's input, SiLU's, conv1's) and 3 of its output width; a down level's
-    Downsample2D conv saves its input; an up level's resnets read cat(hidden, skip) (the
-    lower level's or this level's channels plus the skip's: `res_skip_channels` of the next
-    level for the last resnet), and its Upsample2D conv saves the 2x-interpolated tensor;
-    up levels run layers_per_block + 1 resnets and use reversed block_out_channels and
-    transformer_layers_per_block; UNetMidBlock2DCrossAttn is resnet, attention, resnet."""
-    den = pipe["denoiser"]
-    c = spec.precision.compute_dtype
-    lpb, boc = den["layers_per_block"], den["block_out_channels"]
-    tl = den.get("transformer_layers_per_block", 1)
-    tl = [tl] * len(boc) if isinstance(tl, int) else list(tl)
-    heads, ctx_dim, last = den.get("attention_head_dim", 8), den["cross_attention_dim"], len(boc) - 1
-    hw0, out = lat_h * lat_w, []
-
-    def level(name, ch, hw, res_in, n_attn, width, extra=0):
-        attn = unet_level_saved(ch, hw, b, 0, n_attn, m, ctx_dim, heads, width)["attentions"] if n_attn else 0
-        resn = sum(3 * b * hw * (cin + ch) for cin in res_in)
-        return (Breakdown().add(f"denoiser/activations/{name}/resnets", nbytes(resn, c))
-                .add(f"denoiser/activations/{name}/attentions", nbytes(attn, c))
-                .add(f"denoiser/activations/{name}/resample", nbytes(extra, c)))
-    for i, (ch, kind) in enumerate(zip(boc, den["down_block_types"])):
-        hw = hw0 // 4 ** i
-        res_in = [boc[max(i - 1, 0)]] + [ch] * (lpb - 1)
-        down = b * ch * hw if i < last else 0  # Downsample2D's conv input
-        out.append(level(f"down_{i}", ch, hw, res_in, lpb if kind.startswith("CrossAttn") else 0, tl[i], down))
-    mid_attn = 0 if den.get("mid_block_type") == "UNetMidBlock2D" else 1
-    out.append(level("mid", boc[-1], hw0 // 4 ** last, [boc[-1]] * 2, mid_attn, tl[-1]))
-    rev, rtl = boc[::-1], tl[::-1]
-    for j, kind in enumerate(den["up_block_types"]):
-        ch, hw = rev[j], hw0 // 4 ** (last - j)
-        res_in = []
-        for r in range(lpb + 1):
-            prev = (rev[max(j - 1, 0)] if r == 0 else ch)
-            skip = ch if r < lpb else rev[min(j + 1, last)]
-            res_in.append(prev + skip)
-        up = 4 * b * ch * hw if j < last else 0  # Upsample2D: the interpolated tensor
-        out.append(level(f"up_{last - j}", ch, hw, res_in, (lpb + 1) if kind.startswith("CrossAttn") else 0,
-                         rtl[j], up))
-    # conv_norm_out (GroupNorm input), conv_act (its output), conv_out (SiLU's output)
-    out[-1].add("denoiser/activations/output/conv_out", 3 * nbytes(b * boc[0] * hw0, c))
-    return out
-
-
-def text_encoder_forward(enc: dict, b: int, c: str) -> Breakdown:
-    """A frozen text encoder under no_grad: one layer's working set at a time (hidden,
-    normed, q, k, v, the fp32 attention scores of T5's eager attention, the FF's d_ff
-    activation twice: wi output and its activation) and its output embeddings."""
-    t, d, f = enc["max_tokens"], enc["d_model"], enc["d_ff"]
-    heads = enc["num_heads"]
-    return (Breakdown().add("forward/hidden", 5 * nbytes(b * t * d, c))
-            .add("forward/scores", nbytes(b * heads * t * t, "fp32")).add("forward/ff", 2 * nbytes(b * t * f, c)))
-
-
-def frozen_block_forward(pipe: dict, b: int, tokens: int, c: str) -> Breakdown:
-    """A frozen copy of a transformer denoiser under no_grad (measured with
-    CogVideoXTransformer3DModel, diffusers models/transformers/cogvideox_transformer_3d.py
-    CogVideoXBlock.forward): the peak is a block's feed-forward, where the block input (the
-    residual stream, b x (m + n) x h), the attention residual, the attention output and the
-    concatenated norm2 output (`torch.cat([norm_encoder_hidden_states, norm_hidden_states])`)
-    are alive beside ff.net.0.proj's output and its GELU (b x (m + n) x f each); its
-    prediction (latent-sized) is the step's target."""
-    den = pipe["denoiser"]
-    if pipe["kind"] == "unet":
-        return Breakdown().add("forward/output", nbytes(b * pipe["vae"]["latent_channels"], c))
-    h = _hidden(den)
-    t = b * tokens
-    f = den.get("ff_mult", 4) * h
-    return (Breakdown().add("forward/hidden", 4 * nbytes(t * h, c)).add("forward/ff", 2 * nbytes(t * f, c)))
-
-
-def vae_encode_forward(pipe: dict, b: int, frames: int, height: int, width: int, c: str, cfg=None) -> Breakdown:
-    """A frozen VAE encode under no_grad: the first level's ResnetBlock holds its input, the
-    GroupNorm output, the SiLU output and the conv output at once (diffusers
-    models/resnet.py ResnetBlock2D.forward), `first_channels` wide (block_out_channels[0]:
-    128 for the SD/CogVideoX VAEs, 96 for Wan's). What is in flight: a causal video VAE
-    that encodes in frame chunks (`encode_chunk_frames`: AutoencoderKLWan._encode runs the
-    first frame, then 4 at a time, with a cache of past frames) holds one chunk; slicing
-    (`enable_slicing`) one sample; tiling (`enable_tiling`) one tile of `tile_size` pixels a
-    side (AutoencoderKL.tiled_encode: tile_sample_min_size, 512 unless the entry says)."""
-    vae = pipe["vae"]
-    ch = vae.get("first_channels", 128)
-    frames = min(frames, vae.get("encode_chunk_frames", frames))
-    if cfg is not None and cfg.vae_slicing:
-        b = 1
-    if cfg is not None and cfg.vae_tiling:
-        tile = vae.get("tile_size", 512)
-        height, width = min(height, tile), min(width, tile)
-    return Breakdown().add("forward/level0", 4 * nbytes(b * ch * frames * height * width, c))
 
 
 def diffusion_estimate(pipe: dict, spec: JobSpec, gpu=None):
@@ -271,10 +180,16 @@ def diffusion_estimate(pipe: dict, spec: JobSpec, gpu=None):
         loss_saved = (Breakdown().add("loss/pred_fp32", nbytes(latent_elems, "fp32"))
                       .add("loss/target_fp32", nbytes(latent_elems, "fp32")))
         fwd_end = Breakdown().add("loss/pred", nbytes(latent_elems, c))
+    if scripts_stack(spec):
+        named, loss_saved = script_loss(pipe, spec, latent_elems)
+        static.merge(named)
+        fwd_end = Breakdown()
     bwd0 = Breakdown().add("loss/grad_pred_fp32", nbytes(latent_elems, "fp32"))
     transient = [_block_backward_transient(pipe, spec, b, n + m, c) for _ in stages]
     if pipe["denoiser"].get("class") in BLOCK_CLASSES and spec.method is not Method.FULL:
         transient = block_transients(pipe, spec, b, n, m) + transient[-1:]
+    if pipe["kind"] == "unet":
+        unet_fwd, transient[-1] = unet_lora_transients(pipe, spec, b, shape[3], shape[4])
     if pipe["kind"] != "unet":  # the output stage (norm_out, proj_out) has no feed-forward
         transient[-1] = Breakdown().add("denoiser/backward/grad_hidden",
                                         2 * nbytes(b * (n + m) * _hidden(pipe["denoiser"]), c))
@@ -295,8 +210,13 @@ def diffusion_estimate(pipe: dict, spec: JobSpec, gpu=None):
                     stage_backward_transient=transient, optimizer_temporaries=step_temporaries(spec, params),
                     labels=[f"denoiser stage {i} backward" for i in range(len(stages))])
     step = Step(plan)
+    if pipe["kind"] == "unet" and unet_fwd.total():
+        step.after_forward.append(("forward", "last up level feed-forward (frozen)", unet_fwd, False))
+    if pipe["kind"] == "video-dit" and den.get("class") not in BLOCK_CLASSES and spec.method is not Method.FULL:
+        step.after_forward.append(("forward", "last block feed-forward (frozen)", _frozen_ff_forward(den, b, n + m, c),
+                                   False))
     total, notes = {"denoiser": pipe["denoiser"]["num_params"]}, [f"latents {shape}; tokens {tokens}"]
-    total.update(_frozen_modules(pipe, spec, step, b, c, w, notes, n + m))
+    total.update(frozen_modules(pipe, spec, step, b, c, w, notes, n + m))
     return finish(spec, _desc_stub(pipe), step, num_params=total,
                   trainable_params=params.numel(trainable=True), gpu=gpu, notes=notes)
 
@@ -319,6 +239,17 @@ def _block_backward_transient(pipe: dict, spec: JobSpec, b: int, tokens: int, c:
     return out
 
 
+def _frozen_ff_forward(den: dict, b: int, tokens: int, c: str) -> Breakdown:
+    """The forward's own peak with a frozen feed-forward (LoRA on attention; measured with
+    the exact CPU meter on CogVideoXTransformer3DModel): in the last block, ff.net.0's GELU
+    output (b x tokens x f; not saved: ff.net.2's weight is frozen) is alive while ff.net.2
+    writes its output (b x tokens x h), above everything the blocks saved."""
+    h = _hidden(den)
+    f = den.get("ffn_dim") or den.get("ff_mult", 4) * h
+    return (Breakdown().add("denoiser/forward/gelu_out", nbytes(b * tokens * f, c))
+            .add("denoiser/forward/ff_out", nbytes(b * tokens * h, c)))
+
+
 def _grads_by_stage(params: ParamSet, n_stages: int, spec: JobSpec) -> list[Breakdown]:
     out = [Breakdown() for _ in range(n_stages)]
     for p in params.trainable():
@@ -327,48 +258,10 @@ def _grads_by_stage(params: ParamSet, n_stages: int, spec: JobSpec) -> list[Brea
     return out
 
 
-def _frozen_modules(pipe, spec, step: Step, b, c, w, notes, tokens: int) -> int:
-    """Text encoders, VAE and the frozen denoiser copy: weights (here, or only during their
-    forward when offloaded) and their no_grad forwards; returns their parameter counts by name."""
-    cfg, total, off = spec.diffusion, {}, spec.diffusion.offload_frozen
-    modules = []
-    if cfg.text_encoders != PRECOMPUTED:
-        for enc in pipe["text_encoders"]:
-            modules.append((f"text_encoder_{enc['role']}", enc["num_params"], text_encoder_forward(enc, b, c), "before"))
-    else:
-        m = sum(e["max_tokens"] * e["d_model"] for e in pipe["text_encoders"])
-        step.plan.static.add("batch/text_embeddings", nbytes(b * m, w))
-    if cfg.vae != PRECOMPUTED:
-        modules.append(("vae", pipe["vae"]["num_params"],
-                        vae_encode_forward(pipe, b, cfg.num_frames, cfg.height, cfg.width, c, cfg), "before"))
-        step.plan.static.add("batch/pixels", nbytes(b * 3 * cfg.num_frames * cfg.height * cfg.width, w))
-    if cfg.frozen_copy:
-        copy = frozen_block_forward(pipe, b, tokens, c)
-        modules.append(("frozen_denoiser", pipe["denoiser"]["num_params"], copy, "after"))
-    for name, count, fwd, where in modules:
-        total[name] = count
-        weights = Breakdown().add("weights/frozen", nbytes(count, w))
-        if name == "frozen_denoiser" and "denoiser/buffers/pos_embedding" in step.plan.static.terms:
-            weights.add("buffers/pos_embedding", step.plan.static.terms["denoiser/buffers/pos_embedding"])
-        event = Breakdown().merge(fwd, prefix=f"{name}/")
-        if off:
-            event.merge(weights, prefix=f"{name}/")
-        else:
-            step.plan.static.merge(weights, prefix=f"{name}/")
-        label = f"{name} forward (no_grad{', moved in from the CPU' if off else ''})"
-        if where == "before":
-            step.before.append(("forward", label, event))
-        else:
-            step.after_forward.append(("forward", label, event, True))
-    if off:
-        notes.append(Msg("frozen modules offloaded: each is on the GPU only during its own forward"))
-    return total
-
-
 def _desc_stub(pipe: dict):
     """Estimate.model for a pipeline: the one field reports read of it (its name)."""
     from types import SimpleNamespace
     return SimpleNamespace(name=pipe.get("name", "pipeline"))
 
 
-__all__ = ["check_spec_shape", "denoiser_params", "diffusion_estimate", "resolve_pipeline", "transformer_stages", "unet_stages"]
+__all__ = ["check_spec_shape", "denoiser_params", "diffusion_estimate", "resolve_pipeline", "transformer_stages"]

@@ -14,6 +14,7 @@ from vramplan.breakdown import Breakdown
 from vramplan.components.arch_dit import DitCtx
 from vramplan.components.arch_mmdit import double_block, modulate, single_block, wan_block
 from vramplan.components.graph import Recorder
+from vramplan.jobs.diffusion_scripts import adapter_dtype
 from vramplan.spec import JobSpec, Method
 from vramplan.units import nbytes
 
@@ -25,7 +26,8 @@ def _ctx(den: dict, spec: JobSpec) -> DitCtx:
     h = den["num_attention_heads"] * den["attention_head_dim"]
     return DitCtx(hidden=h, heads=den["num_attention_heads"], ff_mult=den.get("ff_mult", 4),
                   dtype=spec.precision.compute_dtype, trainable=full,
-                  lora_rank=spec.lora.r if spec.lora and not full else 0, ff_dim=den.get("ffn_dim", 0))
+                  lora_rank=spec.lora.r if spec.lora and not full else 0, ff_dim=den.get("ffn_dim", 0),
+                  lora_dtype=adapter_dtype(spec))
 
 
 def _stage(rec: Recorder, prefix: str) -> Breakdown:

@@ -2,7 +2,8 @@
 
 Library trainers first (measure/trainers.py: TRL's DPOTrainer, KTOTrainer, RewardTrainer,
 GRPOTrainer; measure/trl_experimental.py: GKDTrainer for distill, ORPOTrainer, CPOTrainer for
-SimPO); single-model jobs through measure/run.py (a transformers model in a plain loop
+SimPO) and diffusers' example LoRA scripts (measure/diffusers_step.py); single-model jobs
+through measure/run.py (a transformers model in a plain loop
 in HF Trainer's order, the semantics of the committed CPU references); the hand-written
 multi-model steps only where no library trainer runs here, each named with a note.
 """
@@ -69,6 +70,16 @@ def _library_ok(job: dict) -> bool:
     return runs_library("dpo" if trl_sft(job) else job["task"])  # SFTTrainer: whether trl is there
 
 
+def _diffusers_script(job: dict) -> bool:
+    """A LoRA job of `stack: diffusers-scripts` on a denoiser one of diffusers' example
+    scripts trains runs that script's step (measure/diffusers_step.py)."""
+    from .diffusers_step import runs_script
+
+    stack = job.get("stack") or {}
+    framework = stack.get("framework") if isinstance(stack, dict) else stack
+    return framework == "diffusers-scripts" and runs_script(job)
+
+
 def measure_cpu(job: Any, trace: bool = False, steps: int = 2) -> MeasureResult:
     """Measure ``job`` on CPU with the most faithful runner available."""
     from .build import MEASURED_TASKS, job_dict
@@ -84,6 +95,10 @@ def measure_cpu(job: Any, trace: bool = False, steps: int = 2) -> MeasureResult:
         result = run_cpu(job, trace=trace, steps=steps)
         result.runner = loop_runner()
         return result
+    if job["task"] == "diffusion" and _diffusers_script(job):
+        from .diffusers_step import measure_diffusers_step
+
+        return measure_diffusers_step(job, trace=trace, steps=steps)
     if job["task"] in HAND_WRITTEN or job.get("vision") or job.get("models"):
         return _hand_written(job, trace, steps)
     raise ValueError(f"task: measuring {job['task']!r} is not implemented yet")

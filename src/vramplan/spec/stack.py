@@ -57,7 +57,8 @@ class Framework(_Choice):
     main copy in the distributed optimizer (megatron/core/optimizer)."""
     DIFFUSERS_SCRIPTS = "diffusers-scripts"
     """diffusers' example training scripts: accelerate autocast; frozen parts (VAE, text
-    encoders) cast to `weight_dtype`, the trained model kept in fp32."""
+    encoders, and the denoiser's base under LoRA) cast to `weight_dtype`, LoRA adapters in
+    it too (fp32 only under fp16); a fully trained model kept in fp32."""
 
 
 # How each framework turns the precision word into dtypes (components/dtypes.py).

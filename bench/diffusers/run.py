@@ -1,0 +1,115 @@
+"""diffusers' example LoRA training steps (measure/diffusers_step.py) measured on CPU under
+the exact meter and estimated with `stack: diffusers-scripts`.
+
+    python bench/diffusers/run.py [--only SUBSTRING] [--estimate-only]
+
+Each case runs in a fresh process through `vramplan.measure.measure` (which picks the
+diffusers runner for these jobs; the result names it: `runner.library == "diffusers"`), two
+training steps on tiny random-init pipelines built from the real classes (diffusers 0.42.1
+CogVideoXTransformer3DModel, AutoencoderKLCogVideoX, UNet2DConditionModel, AutoencoderKL;
+transformers T5EncoderModel, CLIPTextModel; PEFT LoRA; accelerate). Results go to
+results.json and are printed as a table: the peak and each phase (forward, backward,
+optimizer) against the estimate.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SRC = HERE.parents[1] / "src"
+sys.path.insert(0, str(SRC))
+
+# A tiny CogVideoX pipeline (num_params: the real classes' counts, tests/test_diffusers_step.py).
+COGVIDEOX = {
+    "name": "tiny-cogvideox", "kind": "video-dit",
+    "denoiser": {"class": "CogVideoXTransformer3DModel", "num_layers": 2, "num_attention_heads": 4,
+                 "attention_head_dim": 32, "in_channels": 4, "out_channels": 4, "patch_size": 2,
+                 "text_embed_dim": 64, "max_text_seq_length": 16, "time_embed_dim": 64, "num_params": 638608},
+    "vae": {"class": "AutoencoderKLCogVideoX", "block_out_channels": [16, 32, 32, 32], "layers_per_block": 1,
+            "latent_channels": 4, "norm_num_groups": 8, "temporal_compression_ratio": 4,
+            "spatial_compression": 8, "temporal_compression": 4, "num_params": 825019},
+    "text_encoders": [{"role": "t5", "class": "T5EncoderModel", "d_model": 64, "num_layers": 2, "num_heads": 2,
+                       "d_kv": 32, "d_ff": 128, "max_tokens": 16, "vocab_size": 1000, "num_params": 146304}]}
+# A tiny Stable Diffusion pipeline: UNet2DConditionModel (32/64 channels, one CrossAttn level
+# each way and the mid block's attention), AutoencoderKL (4 levels, 16 channels first),
+# CLIPTextModel (2 layers, 77 tokens).
+SD = {
+    "name": "tiny-sd", "kind": "unet",
+    "denoiser": {"class": "UNet2DConditionModel", "in_channels": 4, "out_channels": 4, "block_out_channels": [32, 64],
+                 "down_block_types": ["CrossAttnDownBlock2D", "DownBlock2D"],
+                 "up_block_types": ["UpBlock2D", "CrossAttnUpBlock2D"], "layers_per_block": 2,
+                 "attention_head_dim": 8, "cross_attention_dim": 32, "norm_num_groups": 8, "sample_size": 32,
+                 "num_params": 1106212},
+    "vae": {"class": "AutoencoderKL", "block_out_channels": [16, 32, 32, 32],
+            "down_block_types": ["DownEncoderBlock2D"] * 4, "up_block_types": ["UpDecoderBlock2D"] * 4,
+            "layers_per_block": 1, "latent_channels": 4, "norm_num_groups": 8, "spatial_compression": 8,
+            "temporal_compression": 1, "num_params": 316695},
+    "text_encoders": [{"role": "clip_l", "class": "CLIPTextModel", "d_model": 32, "num_layers": 2, "num_heads": 4,
+                       "d_ff": 64, "max_tokens": 77, "vocab_size": 1000, "num_params": 51616}]}
+BASE = {"task": "diffusion", "stack": "diffusers-scripts", "method": "lora", "lora": {"r": 8},
+        "micro_batch_size": 2, "optimizer": "adamw", "optimizer_impl": "foreach", "backend": "cpu"}
+VIDEO = {"height": 128, "width": 128, "num_frames": 9}
+
+
+def cases() -> dict[str, dict]:
+    out = {}
+    for prec in ("fp32", "bf16"):
+        out[f"cogvideox-lora/{prec}"] = {**BASE, "model": COGVIDEOX, "precision": prec, "diffusion": dict(VIDEO)}
+    out["cogvideox-lora/bf16/latents-precomputed"] = {
+        **BASE, "model": COGVIDEOX, "precision": "bf16", "diffusion": {**VIDEO, "vae": "precomputed"}}
+    out["cogvideox-lora/fp32/b4-gc"] = {**BASE, "model": COGVIDEOX, "precision": "fp32", "micro_batch_size": 4,
+                                        "gradient_checkpointing": "full", "diffusion": dict(VIDEO)}
+    for prec in ("fp32", "bf16"):
+        out[f"sd-lora/{prec}"] = {**BASE, "model": SD, "precision": prec,
+                                  "diffusion": {"height": 256, "width": 256, "num_frames": 1}}
+    return out
+
+
+def measure(job: dict) -> dict:
+    code = ("import json, sys; from vramplan.measure import measure; "
+            "print(json.dumps(measure(json.loads(sys.argv[1])).to_dict()))")
+    out = subprocess.run([sys.executable, "-c", code, json.dumps(job)], capture_output=True, text=True,
+                         timeout=1200, check=True, env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"})
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def row(job: dict, measured: dict) -> dict:
+    import vramplan
+    e = vramplan.estimate(job)
+    errors = {"peak": e.peak_allocated_bytes / measured["peak_allocated_bytes"] - 1}
+    for kind, value in measured["phases"].items():
+        if value:
+            errors[kind] = e.phases.get(kind, 0) / value - 1
+    return {"job": job, "measured": measured,
+            "estimate": {"peak_allocated_bytes": e.peak_allocated_bytes, "phases": e.phases},
+            "errors": {k: round(v, 4) for k, v in errors.items()}}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--only", default="")
+    ap.add_argument("--estimate-only", action="store_true", help="re-estimate the committed measurements")
+    args = ap.parse_args()
+    path = HERE / "results.json"
+    results = json.loads(path.read_text()) if path.exists() else {}
+    for name, job in cases().items():
+        if args.only not in name:
+            continue
+        measured = results[name]["measured"] if args.estimate_only and name in results else measure(job)
+        results[name] = row(job, measured)
+        path.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+    print(f"{'case':42s} {'measured':>12s} {'estimate':>12s}  peak   fwd    bwd    opt   runner")
+    for name, r in results.items():
+        err = r["errors"]
+        runner = r["measured"].get("runner", {})
+        print(f"{name:42s} {r['measured']['peak_allocated_bytes']:>12d} {r['estimate']['peak_allocated_bytes']:>12d} "
+              f"{err['peak']:+.2%} {err.get('forward', 0):+.2%} {err.get('backward', 0):+.2%} "
+              f"{err.get('optimizer', 0):+.2%}  {runner.get('library')} {runner.get('version')}")
+
+
+if __name__ == "__main__":
+    main()

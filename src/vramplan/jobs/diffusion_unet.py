@@ -1,0 +1,127 @@
+"""A UNet2DConditionModel denoiser (SD 1.x/2.x, SDXL): its saved tensors per resolution level,
+fully trained or with LoRA on the attention projections, and its LoRA adapters.
+Legend: b batch, c compute dtype, r LoRA rank, hw latent positions of a level.
+"""
+from __future__ import annotations
+
+from vramplan.breakdown import Breakdown
+from vramplan.components.arch_dit import unet_level_saved, unet_lora_block_saved
+from vramplan.components.trainable import HeldParam
+from vramplan.jobs.diffusion_scripts import adapter_dtype
+from vramplan.spec import JobSpec, Method
+from vramplan.units import nbytes
+
+
+def _layers(den: dict) -> list[int]:
+    tl = den.get("transformer_layers_per_block", 1)
+    return [tl] * len(den["block_out_channels"]) if isinstance(tl, int) else list(tl)
+
+
+def unet_lora_params(den: dict, spec: JobSpec) -> tuple[HeldParam, ...]:
+    """PEFT adapters on to_q, to_k, to_v, to_out.0 of every attn1 and attn2 (r x (in + out)
+    each; attn2's to_k and to_v read the cross_attention_dim text states): per transformer
+    block of width c, r (14 c + 2 ctx). Blocks: layers_per_block per CrossAttn down level,
+    one more per CrossAttn up level, one attention in the mid block, each
+    transformer_layers_per_block deep."""
+    if spec.method not in (Method.LORA, Method.QLORA):
+        return ()
+    r, ctx, lpb = spec.lora.r, den["cross_attention_dim"], den["layers_per_block"]
+    boc, tl = den["block_out_channels"], _layers(den)
+    blocks = [(ch, lpb * tl[i]) for i, (ch, kind) in enumerate(zip(boc, den["down_block_types"]))
+              if kind.startswith("CrossAttn")]
+    if den.get("mid_block_type") != "UNetMidBlock2D":
+        blocks.append((boc[-1], tl[-1]))
+    blocks += [(ch, (lpb + 1) * t) for ch, t, kind in zip(boc[::-1], tl[::-1], den["up_block_types"])
+               if kind.startswith("CrossAttn")]
+    return tuple(HeldParam(f"unet.{i}.lora", (n * r * (14 * ch + 2 * ctx),), adapter_dtype(spec), True, "lora")
+                 for i, (ch, n) in enumerate(blocks))
+
+
+def unet_stages(pipe: dict, spec: JobSpec, b: int, lat_h: int, lat_w: int, m: int) -> list[Breakdown]:
+    """One stage per resolution level: the down path, the mid block, the up path, the output
+    convolution (diffusers UNet2DConditionModel). A ResnetBlock2D saves 3 tensors of its input
+    width (norm1's input, SiLU's, conv1's) and 3 of its output width; a down level's
+    Downsample2D conv saves its input; an up level's resnets read cat(hidden, skip) (the
+    lower level's or this level's channels plus the skip's: `res_skip_channels` of the next
+    level for the last resnet), and its Upsample2D conv saves the 2x-interpolated tensor;
+    up levels run layers_per_block + 1 resnets and use reversed block_out_channels and
+    transformer_layers_per_block; UNetMidBlock2DCrossAttn is resnet, attention, resnet."""
+    den = pipe["denoiser"]
+    c = spec.precision.compute_dtype
+    lpb, boc = den["layers_per_block"], den["block_out_channels"]
+    tl = _layers(den)
+    heads, ctx_dim, last = den.get("attention_head_dim", 8), den["cross_attention_dim"], len(boc) - 1
+    hw0, out = lat_h * lat_w, []
+
+    lora = spec.lora.r if spec.method is not Method.FULL and spec.lora else 0
+    grad = [False]  # with LoRA: does the hidden state require grad yet (after the first adapter)?
+
+    def level(name, ch, hw, res_in, n_attn, width, extra=0):
+        if lora:
+            return _lora_level(name, ch, hw, res_in, n_attn, width, extra)
+        attn = unet_level_saved(ch, hw, b, 0, n_attn, m, ctx_dim, heads, width)["attentions"] if n_attn else 0
+        resn = sum(3 * b * hw * (cin + ch) for cin in res_in)
+        return (Breakdown().add(f"denoiser/activations/{name}/resnets", nbytes(resn, c))
+                .add(f"denoiser/activations/{name}/attentions", nbytes(attn, c))
+                .add(f"denoiser/activations/{name}/resample", nbytes(extra, c)))
+    def _lora_level(name, ch, hw, res_in, n_attn, width, extra):
+        # Resnets and attentions alternate (a CrossAttn level: resnet, attention, resnet, ...).
+        # Once the hidden state requires grad (after the first adapter), a frozen conv still
+        # saves its input (ConvolutionBackward's one formula takes input and weight), so a
+        # ResnetBlock2D saves what it saves when trained (3 (c_in + c)), as do Downsample2D /
+        # Upsample2D; a frozen linear saves nothing for its input. A Transformer2DModel saves
+        # its GroupNorm input, proj_in's and proj_out's inputs when they are 1x1 convs
+        # (use_linear_projection false), and its blocks (arch_dit.unet_lora_block_saved).
+        conv = 0 if den.get("use_linear_projection") else 1
+        bc = b * ch * hw
+        resn = attn = 0
+        for k, cin in enumerate(res_in):
+            resn += 3 * b * hw * (cin + ch) if grad[0] else 0
+            if k < n_attn:
+                attn += (1 + conv) * bc if grad[0] else 0
+                for _ in range(width):
+                    attn += unet_lora_block_saved(ch, hw, b, m, lora, grad[0])
+                    grad[0] = True
+                attn += conv * bc
+        return (Breakdown().add(f"denoiser/activations/{name}/resnets", nbytes(resn, c))
+                .add(f"denoiser/activations/{name}/attentions", nbytes(attn, c))
+                .add(f"denoiser/activations/{name}/resample", nbytes(extra if grad[0] else 0, c)))
+    for i, (ch, kind) in enumerate(zip(boc, den["down_block_types"])):
+        hw = hw0 // 4 ** i
+        res_in = [boc[max(i - 1, 0)]] + [ch] * (lpb - 1)
+        down = b * ch * hw if i < last else 0  # Downsample2D's conv input
+        out.append(level(f"down_{i}", ch, hw, res_in, lpb if kind.startswith("CrossAttn") else 0, tl[i], down))
+    mid_attn = 0 if den.get("mid_block_type") == "UNetMidBlock2D" else 1
+    out.append(level("mid", boc[-1], hw0 // 4 ** last, [boc[-1]] * 2, mid_attn, tl[-1]))
+    rev, rtl = boc[::-1], tl[::-1]
+    for j, kind in enumerate(den["up_block_types"]):
+        ch, hw = rev[j], hw0 // 4 ** (last - j)
+        res_in = []
+        for r in range(lpb + 1):
+            prev = (rev[max(j - 1, 0)] if r == 0 else ch)
+            skip = ch if r < lpb else rev[min(j + 1, last)]
+            res_in.append(prev + skip)
+        up = 4 * b * ch * hw if j < last else 0  # Upsample2D: the interpolated tensor
+        out.append(level(f"up_{last - j}", ch, hw, res_in, (lpb + 1) if kind.startswith("CrossAttn") else 0,
+                         rtl[j], up))
+    # conv_norm_out (GroupNorm input), conv_act (its output), conv_out (SiLU's output)
+    out[-1].add("denoiser/activations/output/conv_out", 3 * nbytes(b * boc[0] * hw0, c))
+    return out
+
+
+def unet_lora_transients(pipe: dict, spec: JobSpec, b: int, lat_h: int, lat_w: int) -> tuple[Breakdown, Breakdown]:
+    """(forward, backward) working sets above the saved tensors with LoRA, when the last up
+    level has attention (measured with the exact CPU meter, tiny SD UNet): its last block's
+    GEGLU product (4c x hw; not saved, ff.net.2 is frozen) alive while ff.net.2 writes its
+    output (c x hw); in backward, that block first: ff.net.2's input gradient (4c) and
+    MulBackward's two results (4c each) at once. None when the last level has no attention
+    (SDXL's layout), whose resnets' working set is not modelled."""
+    den, c = pipe["denoiser"], spec.precision.compute_dtype
+    if spec.method is Method.FULL or not den["up_block_types"][-1].startswith("CrossAttn"):
+        return Breakdown(), Breakdown()
+    bc = b * den["block_out_channels"][0] * lat_h * lat_w
+    return (Breakdown().add("denoiser/forward/geglu_product", nbytes(4 * bc, c)).add("denoiser/forward/ff_out", nbytes(bc, c)),
+            Breakdown().add("denoiser/backward/geglu_grads", nbytes(12 * bc, c)))
+
+
+__all__ = ["unet_lora_params", "unet_lora_transients", "unet_stages"]

@@ -1,0 +1,85 @@
+"""diffusers' example LoRA scripts (`stack: diffusers-scripts`): the pipeline's parameter
+counts against the real classes, the scripts' mechanisms in the estimate, and one step
+measured in a fresh process against the estimate."""
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+import vramplan
+
+BENCH = Path(__file__).resolve().parents[1] / "bench" / "diffusers"
+needs_diffusers = pytest.mark.skipif(importlib.util.find_spec("diffusers") is None, reason="diffusers not installed")
+
+
+def bench_job(name: str) -> dict:
+    return copy.deepcopy(json.loads((BENCH / "results.json").read_text())[name]["job"])
+
+
+@needs_diffusers
+@pytest.mark.parametrize("case", ["cogvideox-lora/fp32", "sd-lora/fp32"])
+def test_pipeline_counts_match_the_real_classes_on_meta(case):
+    from vramplan.measure.diffusion import count_params
+    from vramplan.measure.diffusers_models import count_frozen
+    job = bench_job(case)
+    pipe = job["model"]
+    frozen = count_frozen(pipe)
+    assert count_params(pipe, job["diffusion"]) == pipe["denoiser"]["num_params"]
+    assert frozen["vae"] == pipe["vae"]["num_params"]
+    for enc in pipe["text_encoders"]:
+        assert frozen[f"text_encoder_{enc['role']}"] == enc["num_params"]
+
+
+@needs_diffusers
+def test_unet_lora_adapters_count_as_peft_adds_them():
+    from peft import LoraConfig
+    from vramplan.measure.diffusion import build_denoiser
+    import torch
+    job = bench_job("sd-lora/fp32")
+    with torch.device("meta"):  # no storage: later in-process measurements see nothing left over
+        unet = build_denoiser(job["model"], job["diffusion"], torch.float32).requires_grad_(False)
+        unet.add_adapter(LoraConfig(r=8, lora_alpha=8, target_modules=["to_k", "to_q", "to_v", "to_out.0"]))
+    trained = sum(p.numel() for p in unet.parameters() if p.requires_grad)
+    assert trained > 0
+    assert vramplan.estimate(job).trainable_params == trained
+
+
+def test_scripts_keep_adapters_in_the_weight_dtype_and_latents_of_encoded_videos():
+    bf16 = vramplan.estimate(bench_job("cogvideox-lora/bf16"))
+    fp16 = vramplan.estimate({**bench_job("cogvideox-lora/bf16"), "precision": "fp16"})
+    plain = vramplan.estimate({**bench_job("cogvideox-lora/bf16"), "stack": "plain"})
+    lora = bf16.components.terms["denoiser/weights/lora_adapters"]
+    # bf16: adapters in the weight dtype; fp16: cast_training_params upcasts them; plain: PEFT's fp32
+    assert fp16.components.terms["denoiser/weights/lora_adapters"] == 2 * lora
+    assert plain.components.terms["denoiser/weights/lora_adapters"] == 2 * lora
+    encode = next(e for e in bf16.events if e.label.startswith("vae forward"))
+    assert "batch/latent_dist" in encode.live.terms and "batch/pixels" not in encode.live.terms
+    assert "batch/pixels" in next(e for e in plain.events if e.label.startswith("vae forward")).live.terms
+
+
+def test_committed_measurements_are_within_two_percent():
+    rows = json.loads((BENCH / "results.json").read_text())
+    assert rows
+    for name, row in rows.items():
+        assert row["measured"]["runner"]["library"] == "diffusers", name
+        e = vramplan.estimate(row["job"])
+        assert abs(e.peak_allocated_bytes / row["measured"]["peak_allocated_bytes"] - 1) < 0.02, name
+        for kind, value in row["measured"]["phases"].items():
+            assert abs(e.phases[kind] / value - 1) < 0.05, (name, kind)
+
+
+@needs_diffusers
+def test_a_small_script_step_measured_fresh_matches_the_estimate():
+    from conftest import measure_fresh
+    job = bench_job("cogvideox-lora/bf16")
+    job["diffusion"].update(height=64, width=64)
+    m = measure_fresh(job)
+    assert m["runner"]["library"] == "diffusers" and m["runner"]["entry"].endswith("train_cogvideox_lora.py")
+    e = vramplan.estimate(job)
+    assert abs(e.peak_allocated_bytes / m["peak_allocated_bytes"] - 1) < 0.02
+    for kind, value in m["phases"].items():
+        assert abs(e.phases[kind] / value - 1) < 0.05, kind
