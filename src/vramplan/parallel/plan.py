@@ -15,6 +15,7 @@ from vramplan.parallel import activations as acts
 from vramplan.parallel import engines
 from vramplan.parallel.comm import volumes
 from vramplan.parallel.host import host_notes, host_per_node
+from vramplan.parallel.pipeline import pipeline_buffers
 from vramplan.parallel.layout import DS_PARAM_PERSISTENCE_THRESHOLD, Layout
 from vramplan.parallel.shard import dp_shard, model_parallel_set, pp_layers
 from vramplan.spec import JobSpec
@@ -158,16 +159,20 @@ def _stage_plan(desc, spec, params, plan: StepPlan, lay: Layout, stage: int, lay
     stage_acts = [sc(b) for b in _select(plan.stage_acts, stage, lay.pp, layers)]
     trans = [acts.scale(b, lay, desc.num_kv_heads) for b in _select(plan.stage_backward_transient, stage, lay.pp, layers)]
     labels = _select(plan.labels or [f"stage {i}" for i in range(len(plan.stage_acts))], stage, lay.pp, layers)
+    # The other micro-batches' saved activations live through forward and backward, not into
+    # the optimizer step (the schedule has run every backward by then).
     in_flight = acts.pipeline_in_flight(lay, stage, spec.grad_accum_steps)
+    others = Breakdown()
     if in_flight > 1:
         one = sum(b.total() for b in stage_acts)
-        static.add("activations/pipeline_in_flight", int((in_flight - 1) * one))
-    empty = Breakdown()
-    fwd_end = acts.scale(plan.forward_end_transient, lay) if last else empty
-    loss_bwd = acts.scale(plan.loss_backward_transient, lay) if last else Breakdown()
+        others.add("activations/pipeline_in_flight", int((in_flight - 1) * one))
+    fwd_end = (acts.scale(plan.forward_end_transient, lay) if last else Breakdown()).merge(others)
+    loss_bwd = (acts.scale(plan.loss_backward_transient, lay) if last else Breakdown()).merge(others)
+    for t in trans:
+        t.merge(others)
     out = StepPlan(static=static, grads_by_stage=grads, stage_acts=stage_acts,
                    loss_saved=acts.scale(plan.loss_saved, lay) if last else Breakdown(),
-                   forward_end_transient=Breakdown().merge(fwd_end), loss_backward_transient=loss_bwd,
+                   forward_end_transient=fwd_end, loss_backward_transient=loss_bwd,
                    stage_backward_transient=trans,
                    stage_acts_at_peak=[sc(b) for b in
                                        _select(plan.stage_acts_at_peak or plan.stage_acts, stage, lay.pp, layers)],
@@ -253,9 +258,7 @@ def _engine_buffers(desc, spec, lay: Layout, sets: _Sets, out: StepPlan, stage: 
         for t in out.stage_backward_transient:
             t.add("cp/ring_kv_buffers", kv)
     if lay.pp > 1:
-        act = nbytes(spec.micro_batch_size * (spec.seq_len // lay.seq_shards) * desc.hidden_size,
-                     dtypes_of(spec).compute) // (lay.tp if lay.sp else 1)
-        out.static.add("pp/p2p_buffers", 2 * act)
+        pipeline_buffers(desc, spec, lay, out, stage)
 
 
 def _zero(spec, lay: Layout, sets: _Sets, out: StepPlan, unit: dict, root: list, gdt: str, gb: int) -> None:
