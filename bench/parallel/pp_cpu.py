@@ -150,8 +150,8 @@ def main(argv=None) -> int:
         row["stage_errors"] = stage_errors(row["measured"], row["estimated"])
         print("  per stage: " + " ".join(f"{e:+.2%}" for e in row["stage_errors"]), file=sys.stderr)
         results.append(row)
-    if args.out:
-        merge_out(args.out, results, [c["name"] for c in CASES])
+        if args.out:
+            merge_out(args.out, results, [c["name"] for c in CASES])
     return 0
 
 

@@ -158,7 +158,7 @@ def run_rank(rank: int, world: int, job: dict, steps: int) -> dict:
     batch = make_inputs(job, model.config.vocab_size, "cpu")
     meter = metered_steps(model, optimizer, batch, steps, loss_parallel, trace=bool(os.environ.get("TP_TRACE")))
     if meter.trace and rank == 0:
-        print_trace(meter)
+        print_trace(meter, os.environ.get("TP_TRACE_LABEL", "peak"))
     return {"rank": rank, "peak_allocated_bytes": meter.peak, "peak_phase": meter.peak_label,
             "phase_peaks": dict(meter.phase_peaks)}
 
@@ -262,6 +262,24 @@ def merge_out(path: str, results: list[dict], order: list[str]) -> None:
         fh.write("\n")
 
 
+def reestimate(path: str) -> None:
+    """Recompute every row's estimate and errors in `path` with the current estimator (the
+    measurements stay)."""
+    import torch
+    with open(path) as fh:
+        rows = json.load(fh)["results"]
+    for row in rows:
+        fresh = compare(row["name"], row["job"], row["world_size"], row["measured"])
+        row.update({k: fresh[k] for k in ("estimated", "rel_error", "phase_errors")})
+        if "stage_errors" in row:
+            peaks = fresh["estimated"]["parallel"]["pp_stage_peaks"]
+            row["stage_errors"] = [(peaks[m["rank"]] - m["peak_allocated_bytes"]) / m["peak_allocated_bytes"]
+                                   for m in row["measured"]]
+    with open(path, "w") as fh:
+        json.dump({"schema_version": 1, "torch": torch.__version__, "results": rows}, fh, indent=1)
+        fh.write("\n")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--world", type=int, default=2)
@@ -269,7 +287,11 @@ def main(argv=None) -> int:
     ap.add_argument("--fake", action="store_true", help="rank 0 of --world on the fake process group")
     ap.add_argument("--out")
     ap.add_argument("--only", type=int, nargs="*", help="indices into CASES")
+    ap.add_argument("--reestimate", action="store_true", help="only re-estimate the rows of --out")
     args = ap.parse_args(argv)
+    if args.reestimate:
+        reestimate(args.out)
+        return 0
     results = []
     for i, case in enumerate(CASES):
         if args.only is not None and i not in args.only:
@@ -282,8 +304,8 @@ def main(argv=None) -> int:
         else:
             job = {**job, "parallel": {**job["parallel"], "tp": args.world, **GLOO}}
             results.append(compare(case["name"], job, args.world, measure_gloo("tp_cpu", job, args.world, args.steps)))
-    if args.out:
-        merge_out(args.out, results, [c["name"] for c in CASES])
+        if args.out:  # after every case: a long run that is stopped keeps what it measured
+            merge_out(args.out, results, [c["name"] for c in CASES])
     return 0
 
 

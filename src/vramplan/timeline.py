@@ -81,6 +81,9 @@ class StepPlan:
     what is alive beyond weights, states and earlier stages' activations while the stage's
     largest parameter steps (its gradient and the step's temporaries). Gradients are freed
     as they are made; the optimizer phase holds no gradients and no temporaries."""
+    backward_end_transient: Breakdown | None = None
+    """Alive once every backward stage has run, with all gradients, before the optimizer
+    step (a pipeline schedule's merged outputs, parallel/pipeline.py)."""
 
 
 def _sum(parts) -> Breakdown:
@@ -125,6 +128,8 @@ def walk(plan: StepPlan) -> list[Event]:
         if not accum and fused is None:
             done.append(stage_grads[i])
             done_tot += stage_grads[i].total()
+    if plan.backward_end_transient is not None and fused is None:
+        events.append(Event("backward", "end of backward", [plan.static, all_grads, plan.backward_end_transient]))
     if fused is not None:  # stepped in backward: optimizer.step() has nothing left to do
         events.append(Event("optimizer", "optimizer step (done in backward)", [plan.static]))
     else:

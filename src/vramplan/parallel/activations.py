@@ -35,8 +35,21 @@ def _div(value: int, k: int) -> int:
     return -(-value // k)
 
 
-def tp_divides(name: str, sp: bool) -> bool:
+# The norms' outputs: the input the next column-parallel linear saves.
+_SP_GATHERED = ("attn_norm", "mlp_norm", "final_norm")
+
+
+def tp_divides(name: str, sp: bool, dtensor: bool = False) -> bool:
     if any(k in name for k in _TP_KEEP) or "rotary/" in name:
+        return False
+    if sp and dtensor and name.endswith(_SP_GATHERED):
+        # DTensor sequence parallelism (torchtitan's plan: PrepareModuleInput Shard(1) ->
+        # Replicate before attention and the MLP, ColwiseParallel(input_layouts=Shard(1)) on the
+        # head) all-gathers the norm's output and the column-parallel linears save that
+        # gathered tensor for their weight gradients: whole on every rank. Megatron saves the
+        # sequence shard and all-gathers it again in backward (megatron/core/tensor_parallel/
+        # layers.py LinearWithGradAccumulationAndAsyncCommunication.forward,
+        # sequence_parallel), so it stays divided there.
         return False
     if sp:
         return True
@@ -53,7 +66,7 @@ def scale(bd: Breakdown, lay: Layout, kv_heads: int = 0) -> Breakdown:
     shards = lay.seq_shards
     kv_wide = lay.ulysses > 1 and 0 < kv_heads < lay.ulysses
     for name, value in bd:
-        if lay.tp > 1 and tp_divides(name, lay.sp):
+        if lay.tp > 1 and tp_divides(name, lay.sp, lay.dtensor_tp):
             value = _div(value, lay.tp)
         if shards > 1:
             if kv_wide and name.endswith(_ULYSSES_KV):

@@ -30,6 +30,8 @@ def pipeline_buffers(desc: ModelDesc, spec: JobSpec, lay: Layout, out: StepPlan,
     out.static.merge(terms["static"])
     for t in [out.loss_backward_transient, *out.stage_backward_transient, out.optimizer_temporaries]:
         t.merge(terms["current"])
+    if last:
+        out.backward_end_transient = Breakdown().merge(terms["current"]).merge(terms["merged"])
 
 
 def torch_pipelining(first: bool, last: bool, micro_batches: int, act_bytes: int, logits_bytes: int) -> dict:
@@ -43,13 +45,18 @@ def torch_pipelining(first: bool, last: bool, micro_batches: int, act_bytes: int
       (`forward_one_chunk`, for the schedule's merged return value) and clears them only at
       the next step's start: all of them are alive in the optimizer step, and the other
       micro-batches' while one runs its loss.
+    * after the last backward the schedule concatenates them into the value `step()`
+      returns (schedules.py _PipelineSchedule._merge_outputs -> microbatch.merge_chunks,
+      torch.cat), with every gradient alive.
     Returns {"static": resident terms, "current": the running micro-batch's output chunk,
-    alive after its forward (at its forward end it is the head's own logits)}."""
+    alive after its forward (at its forward end it is the head's own logits), "merged": the
+    concatenated outputs}."""
     static = Breakdown()
     recv = (0 if first else micro_batches) + (0 if last else micro_batches)
     static.add("pp/recv_buffers", recv * act_bytes)
-    current = Breakdown()
+    current, merged = Breakdown(), Breakdown()
     if last:
+        merged.add("pp/merged_outputs", micro_batches * logits_bytes)
         static.add("pp/output_chunks", (micro_batches - 1) * logits_bytes)
         current.add("pp/output_chunks", logits_bytes)
-    return {"static": static, "current": current}
+    return {"static": static, "current": current, "merged": merged}

@@ -2,7 +2,7 @@
 the engines' buffers added. The worst pipeline stage is the rank reported."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from vramplan.breakdown import Breakdown
 from vramplan.components.dtypes import dtypes_of
@@ -14,11 +14,12 @@ from vramplan.model import ModelDesc
 from vramplan.parallel import activations as acts
 from vramplan.parallel import engines
 from vramplan.parallel.comm import volumes
-from vramplan.parallel.host import host_notes, host_per_node
+from vramplan.parallel.host import host_notes, host_per_node, offload_host
 from vramplan.parallel.pipeline import pipeline_buffers
 from vramplan.parallel.layout import DS_PARAM_PERSISTENCE_THRESHOLD, Layout
-from vramplan.parallel.shard import dp_shard, model_parallel_set, pp_layers
+from vramplan.parallel.shard import dp_shard, dtensor_embedding_grads, model_parallel_set, pp_layers
 from vramplan.spec import JobSpec
+from vramplan.spec.stack import Framework
 from vramplan.timeline import StepPlan, peak_event, walk
 from vramplan.units import nbytes
 
@@ -54,7 +55,7 @@ class _Sets:
 def rank_plan(desc: ModelDesc, spec: JobSpec, params: ParamSet, plan: StepPlan) -> tuple[StepPlan, ParallelReport]:
     lay = Layout.of(spec, desc.hidden_size)
     ranges = pp_layers(desc.num_layers, lay.pp, lay.extras.get("pp_layers"))
-    plans = [_stage_plan(desc, spec, params, plan, lay, r, ranges[r]) for r in range(lay.pp)]
+    plans = [_worst_backward(desc, spec, params, plan, lay, r, ranges[r]) for r in range(lay.pp)]
     peaks = [peak_event(walk(p)).total for p, _ in plans]
     worst = max(range(lay.pp), key=lambda r: peaks[r])
     best_plan, sets = plans[worst]
@@ -63,7 +64,7 @@ def rank_plan(desc: ModelDesc, spec: JobSpec, params: ParamSet, plan: StepPlan) 
     layers = ranges[worst]
     moe = len([i for i in layers if i in desc.moe_layers])
     comm = volumes(desc, spec, lay, w, g, len(layers), moe)
-    host = _host(spec, lay, sets)
+    host = offload_host(spec, lay, sets.states, sets.weights)
     report = ParallelReport(lay, worst, peaks, comm, host, notes=host_notes(lay, host.total()))
     best_plan.sharded_prefixes, best_plan.parallel = ("",), report
     return best_plan, report
@@ -76,7 +77,7 @@ def _sets(desc, spec, params, lay: Layout, stage: int, layers: range) -> _Sets:
     """Memoized: the sharded parameter sets depend on the (memoized, immutable) ParamSet and
     the layout, not on batch, sequence or checkpointing, which a search varies most."""
     key = (id(params), lay.tp, lay.ep, lay.pp, lay.dp, lay.shard_group, lay.engine, lay.zero_stage, lay.fsdp,
-           lay.fsdp_version, str(sorted(lay.extras.items())), stage, layers.start, layers.stop)
+           lay.fsdp_version, str(sorted(lay.extras.items())), stage, layers.start, layers.stop, spec.stack.framework)
     hit = _SETS.get(key)
     if hit is not None and hit[0] is params:
         return hit[1]
@@ -107,8 +108,9 @@ def _compute_sets(desc, spec, params, lay: Layout, stage: int, layers: range) ->
     # unsharded layers are the engine term "fsdp/unsharded_layers" (_fsdp below).
     fsdp_params = lay.fsdp in ("full-shard", "hybrid-shard", "shard-grad-op")
     fsdp_grads = lay.fsdp in ("full-shard", "hybrid-shard", "shard-grad-op")
+    grads_mp = mp if lay.tp == 1 or spec.stack.framework == Framework.MEGATRON else dtensor_embedding_grads(params, mp)
     return _Sets(weights=flat_w if (zero3 or fsdp_params) else mp,
-                 grads=flat if (lay.zero_stage >= 2 or fsdp_grads) else mp,
+                 grads=flat if (lay.zero_stage >= 2 or fsdp_grads) else grads_mp,
                  states=flat if (lay.zero_stage >= 1 or lay.engine == "fsdp" or _distributed_optimizer(lay))
                  else mp, full=mp)
 
@@ -132,7 +134,20 @@ def _select(items: list, stage: int, pp: int, layers: range) -> list:
     return out
 
 
-def _stage_plan(desc, spec, params, plan: StepPlan, lay: Layout, stage: int, layers: range):
+def _worst_backward(desc, spec, params, plan: StepPlan, lay: Layout, stage: int, layers: range):
+    """A pipeline stage holds k = acts.pipeline_in_flight micro-batches. Its first backward
+    runs with all k alive and no gradients yet; later ones with the gradients accumulated and
+    k alive while the schedule keeps k in flight (M > k, 1F1B's steady state), else one fewer
+    (GPipe: all forwards, then the backwards free one micro-batch each). The worse of the two."""
+    k, m = acts.pipeline_in_flight(lay, stage, spec.grad_accum_steps), spec.grad_accum_steps
+    if lay.pp == 1 or m <= 1:
+        return _stage_plan(desc, spec, params, plan, lay, stage, layers, k - 1)
+    first = _stage_plan(desc, spec, params, replace(plan, grads_alive_in_forward=False), lay, stage, layers, k - 1)
+    later = _stage_plan(desc, spec, params, plan, lay, stage, layers, k - 1 if m > k else max(k - 2, 0))
+    return max(first, later, key=lambda p: peak_event(walk(p[0])).total)
+
+
+def _stage_plan(desc, spec, params, plan: StepPlan, lay: Layout, stage: int, layers: range, others_n: float):
     sets = _sets(desc, spec, params, lay, stage, layers)
     last = stage == lay.pp - 1
     static = _model_states(spec, lay, sets, heads_of(desc))
@@ -161,11 +176,12 @@ def _stage_plan(desc, spec, params, plan: StepPlan, lay: Layout, stage: int, lay
     labels = _select(plan.labels or [f"stage {i}" for i in range(len(plan.stage_acts))], stage, lay.pp, layers)
     # The other micro-batches' saved activations live through forward and backward, not into
     # the optimizer step (the schedule has run every backward by then).
-    in_flight = acts.pipeline_in_flight(lay, stage, spec.grad_accum_steps)
     others = Breakdown()
-    if in_flight > 1:
-        one = sum(b.total() for b in stage_acts)
-        others.add("activations/pipeline_in_flight", int((in_flight - 1) * one))
+    if others_n > 0:
+        # on the last stage each micro-batch's loss is computed after its forward and keeps
+        # what the loss saves (torch pipelining schedules.py _maybe_compute_loss)
+        one = sum(b.total() for b in stage_acts) + (acts.scale(plan.loss_saved, lay).total() if last else 0)
+        others.add("activations/pipeline_in_flight", int(others_n * one))
     fwd_end = (acts.scale(plan.forward_end_transient, lay) if last else Breakdown()).merge(others)
     loss_bwd = (acts.scale(plan.loss_backward_transient, lay) if last else Breakdown()).merge(others)
     for t in trans:
@@ -203,24 +219,6 @@ def _model_states(spec: JobSpec, lay: Layout, sets: _Sets, heads: tuple[int, int
         for name, value in states:  # paged state is managed memory, outside the allocator
             if not name.startswith("optimizer_paged"):
                 out.add(name, value)
-    return out
-
-
-def _host(spec: JobSpec, lay: Layout, sets: _Sets) -> Breakdown:
-    """Host RAM per rank: DeepSpeed CPU offload keeps the fp32 master partition, the
-    optimizer states and an fp32 gradient partition on the host (runtime/zero/
-    stage_1_and_2.py: single_partition_of_fp32_groups and its .grad in pinned memory when
-    cpu_offload; DeepSpeedCPUAdam steps there); offload_param keeps the 16-bit partition
-    (runtime/zero/partition_parameters.py, ds_tensor on cpu). NVMe moves them to disk,
-    keeping swap buffers (aio buffer_count x buffer_size) in pinned host memory."""
-    out = Breakdown()
-    if lay.offload_optimizer == "cpu":
-        out.merge(optimizer_states(spec, sets.states), prefix="host/")
-        out.add("host/fp32_grad_partition", sum(nbytes(p.numel, "fp32") for p in sets.states.trainable()))
-    elif lay.offload_optimizer == "nvme":
-        out.add("host/nvme_swap_buffers", int(lay.knob("buffer_count", 4)) * int(lay.knob("buffer_size", 100_000_000)) * 4)
-    if lay.offload_params == "cpu":
-        out.merge(weight_terms(spec, sets.weights), prefix="host/")
     return out
 
 
