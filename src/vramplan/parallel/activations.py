@@ -61,11 +61,20 @@ _ULYSSES_KV = ("attn/k_rope", "attn/v")
 _ULYSSES_OUT = "attn/core"
 
 
+# torch's vocab-parallel loss (torch/distributed/tensor/parallel/loss.py, loss_parallel):
+# _nll_loss_and_log_softmax_backward returns the logits' gradient itself and
+# _log_softmax_backward_handler passes it on (`grad_output.to(input_dtype)`, no copy in the
+# same dtype), so the log-softmax backward makes no tensor of its own.
+_LOSS_PARALLEL_NONE = "logits/grad_logits_fp32"
+
+
 def scale(bd: Breakdown, lay: Layout, kv_heads: int = 0) -> Breakdown:
     out = Breakdown()
     shards = lay.seq_shards
     kv_wide = lay.ulysses > 1 and 0 < kv_heads < lay.ulysses
     for name, value in bd:
+        if lay.tp > 1 and lay.dtensor_tp and name.endswith(_LOSS_PARALLEL_NONE):
+            continue
         if lay.tp > 1 and tp_divides(name, lay.sp, lay.dtensor_tp):
             value = _div(value, lay.tp)
         if shards > 1:
