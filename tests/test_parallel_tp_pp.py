@@ -38,9 +38,11 @@ def _check(job: dict, world: int, measured: list[dict]) -> None:
         seen = _worst(measured, "." + key)
         assert abs(value - seen) / seen < PHASE_TOL, (key, value, seen)
     if est.parallel is not None and est.parallel.layout.pp > 1:
+        # every stage's own peak: the job's peak is the worst stage's (PEAK_TOL above); the
+        # others are held to the per-phase tolerance
         for m in measured:
             stage_peak = est.parallel.stage_peaks[m["rank"]]
-            assert abs(stage_peak - m["peak_allocated_bytes"]) / m["peak_allocated_bytes"] < PEAK_TOL, m["rank"]
+            assert abs(stage_peak - m["peak_allocated_bytes"]) / m["peak_allocated_bytes"] < PHASE_TOL, m["rank"]
 
 
 @pytest.mark.parametrize("name", ["results-tp-cpu.json", "results-pp-cpu.json"])
