@@ -9,7 +9,7 @@ from vramplan.components.dtypes import dtypes_of
 from vramplan.components.optimizer import heads_of, optimizer_states, state_key, step_temporaries
 from vramplan.components.trainable import HeldParam, ParamSet, grad_dtype
 from vramplan.components.memo import cached
-from vramplan.components.weights import gradient_stages, weight_terms
+from vramplan.components.weights import gradient_stages, gradient_stages_at_peak, weight_terms
 from vramplan.model import ModelDesc
 from vramplan.parallel import activations as acts
 from vramplan.parallel import engines
@@ -142,9 +142,12 @@ def _worst_backward(desc, spec, params, plan: StepPlan, lay: Layout, stage: int,
     k, m = acts.pipeline_in_flight(lay, stage, spec.grad_accum_steps), spec.grad_accum_steps
     if lay.pp == 1 or m <= 1:
         return _stage_plan(desc, spec, params, plan, lay, stage, layers, k - 1)
-    first = _stage_plan(desc, spec, params, replace(plan, grads_alive_in_forward=False), lay, stage, layers, k - 1)
+    first, sets = _stage_plan(desc, spec, params, replace(plan, grads_alive_in_forward=False), lay, stage, layers, k - 1)
+    if sets.grads is sets.full and not _grads_offloaded(lay):  # a layer's own gradients as its backward makes them
+        first.stage_grads_at_peak = _select(cached(sets.grads, ("grads_at_peak", dtypes_of(spec)), lambda: (
+            gradient_stages_at_peak(desc, spec, sets.grads))), stage, lay.pp, layers)
     later = _stage_plan(desc, spec, params, plan, lay, stage, layers, k - 1 if m > k else max(k - 2, 0))
-    return max(first, later, key=lambda p: peak_event(walk(p[0])).total)
+    return max((first, sets), later, key=lambda p: peak_event(walk(p[0])).total)
 
 
 def _stage_plan(desc, spec, params, plan: StepPlan, lay: Layout, stage: int, layers: range, others_n: float):
