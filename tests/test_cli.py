@@ -135,3 +135,23 @@ def test_pipeline_names_say_how_to_ask(capsys):
     assert code == 2 and "--task diffusion" in err
     code, _, err = run(capsys, "estimate", "llava-1.5-7b")
     assert code == 2 and "vision" in err
+
+
+def test_measure_attributes_each_model_of_a_multi_model_job(tmp_path):
+    # a DPO job keys its terms 'policy/weights/...', 'reference/weights/...': the per-term
+    # errors sum every role's terms (they read -100% when only unprefixed keys were summed)
+    pytest.importorskip("trl")
+    import subprocess
+    import sys
+    spec = tmp_path / "dpo.yaml"
+    spec.write_text("model: {model_type: llama, vocab_size: 500, hidden_size: 64, intermediate_size: 128, "
+                    "num_hidden_layers: 2, num_attention_heads: 4, num_key_value_heads: 2}\n"
+                    "task: dpo\nmethod: full\nprecision: fp32\nmicro_batch_size: 1\nseq_len: 32\nbackend: cpu\n")
+    out = subprocess.run([sys.executable, "-m", "vramplan", "measure", "--spec", str(spec), "--device", "cpu",
+                          "--json"], capture_output=True, text=True, timeout=600)
+    data = json.loads(out.stdout)
+    assert data["runner"]["library"] == "trl" and data["failure"] is None
+    err = data["error"]
+    # both models' weights are alive in the optimizer step, in the meter and in the estimate
+    assert abs(err["params"]) < 0.01 and abs(err["grads"]) < 0.01
+    assert abs(err["peak"]) < 0.02

@@ -16,6 +16,7 @@ def spec_of(capsys, *argv):
 @pytest.mark.parametrize("alias, key, value", [
     ("--max-length", "seq_len", 384), ("--max_seq_length", "seq_len", 640), ("--cutoff-len", "seq_len", 96),
     ("--per-device-train-batch-size", "micro_batch_size", 3), ("--per_device_train_batch_size", "micro_batch_size", 5),
+    ("--batch", "micro_batch_size", 4), ("--batch-size", "micro_batch_size", 6),
     ("--gradient-accumulation-steps", "grad_accum_steps", 7), ("--gradient_accumulation_steps", "grad_accum_steps", 2)])
 def test_aliases_set_the_spec_key(capsys, alias, key, value):
     assert spec_of(capsys, alias, str(value))["spec"][key] == value

@@ -150,3 +150,25 @@ def test_malformed_file_is_one_line_naming_the_field(tmp_path):
     broken = write(tmp_path, "broken.yaml", "a: [1, 2\n")
     with pytest.raises(ImportError_, match="not valid (JSON|YAML)"):
         import_config_files(recipe=broken)
+
+
+def test_llama_factory_stage_and_checkpointing(tmp_path):
+    # LLaMA-Factory checkpoints unless told not to (model_utils/checkpointing.py), and its
+    # DPO trainer takes the full fp32 logits (train/dpo/trainer.py concatenated_forward)
+    over, _ = import_config_files(recipe=write(tmp_path, "lf.yaml", LLAMA_FACTORY))
+    assert over["task"] == "sft" and over["gradient_checkpointing"] == "full"
+    stage = lambda name, extra="": LLAMA_FACTORY.replace("stage: sft", f"stage: {name}") + extra  # noqa: E731
+    dpo = stage("dpo", "pref_loss: simpo\ndisable_gradient_checkpointing: true\n")
+    over, _ = import_config_files(recipe=write(tmp_path, "dpo.yaml", dpo))
+    assert over["task"] == "simpo" and over["gradient_checkpointing"] == "none"
+    over, _ = import_config_files(recipe=write(tmp_path, "dpo2.yaml", stage("dpo")))
+    import vramplan
+    from vramplan.jobs.logprob import resolve_head
+    from vramplan.spec import LogprobHead
+    spec = vramplan.load_spec({**over, "model": "qwen2.5-0.5b"})
+    assert spec.task.value == "dpo" and resolve_head(spec) is LogprobHead.FULL
+    assert resolve_head(spec.with_(stack="trl")) is LogprobHead.CHUNKED
+    with pytest.raises(ImportError_, match="pref_loss"):
+        import_config_files(recipe=write(tmp_path, "bad.yaml", stage("dpo", "pref_loss: nope\n")))
+    _, lines = import_config_files(recipe=write(tmp_path, "rm.yaml", stage("rm")))
+    assert any("value-head" in line for line in lines)

@@ -165,3 +165,20 @@ def test_tiny_ppo_measured_live():
     assert abs(e.peak_allocated_bytes / m.peak_allocated_bytes - 1) < 0.01, (e.peak_allocated_bytes, m)
     for phase in ("generation", "forward", "backward", "optimizer"):
         assert abs(e.phases[phase] / m.phases[phase] - 1) < 0.01, (phase, e.phases, m.phases)
+
+
+def test_grpo_under_zero3_gathers_the_whole_policy_for_generation():
+    # TRL's unwrap_model_for_generation wraps generate in GatheredParameters(model.parameters()):
+    # each rank holds every full 16-bit weight beside its partition, unless the switch is off
+    job = {"model": "qwen2.5-0.5b", "task": "grpo", "precision": "bf16", "micro_batch_size": 2, "seq_len": 128,
+           "max_new_tokens": 64, "num_gpus": 4, "parallel": {"zero_stage": 3}}
+    e = vramplan.estimate(job)
+    one = vramplan.estimate({**job, "num_gpus": 1, "parallel": {"zero_stage": 0}})
+    gen = max((ev for ev in e.events if ev.phase == "generation"), key=lambda ev: ev.live.total())
+    full = one.components.total("policy/weights/")
+    held = gen.live.total("policy/weights/") + gen.live.total("policy/generation/zero3_gathered_weights")
+    assert held == full
+    off = vramplan.estimate({**job, "generation": {"ds3_gather_for_generation": False}})
+    assert off.phases["generation"] == e.phases["generation"] - (full - gen.live.total("policy/weights/"))
+    with pytest.raises(vramplan.SpecError, match="generation.ds3_gather_for_generation"):
+        vramplan.load_spec({**job, "generation": {"ds3_gather_for_generation": "no"}})

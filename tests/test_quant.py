@@ -194,3 +194,29 @@ def test_qlora_step_peak_within_2_percent(quant, library):
     measured = measure_fresh(job, device="cpu")["peak_allocated_bytes"]  # the layer tests leave tensors
     estimated = vramplan.estimate(vramplan.load_spec(job)).peak_allocated_bytes
     assert abs(estimated / measured - 1) < 0.02
+
+
+def test_moe_experts_quantize_only_as_transformers_4_linears():
+    # transformers 5 keeps each MoE projection as one 3-D parameter, which no quantizer
+    # replaces; 4.x built every expert as its own nn.Linear, which bitsandbytes quantizes.
+    torch = pytest.importorskip("torch")
+    bnb = pytest.importorskip("bitsandbytes", reason="bitsandbytes (test extra) is not installed")
+    cfg = {"model_type": "mixtral", "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128,
+           "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "num_local_experts": 4, "num_experts_per_tok": 2}
+    job = {"model": cfg, "method": "qlora", "precision": "bf16", "micro_batch_size": 1, "seq_len": 16,
+           "quantization": {"type": "nf4", "double_quant": True}}
+    v5 = vramplan.estimate({**job, "stack": {"framework": "hf-trainer", "transformers": "5.24"}})
+    v4 = vramplan.estimate({**job, "stack": {"framework": "hf-trainer", "transformers": "4.46"}})
+    # the real library's bytes of each expert's w1, w3 (128 x 64) and w2 (64 x 128)
+    one = {}
+    for m, n in ((128, 64), (64, 128)):
+        p = bnb.nn.Params4bit(torch.randn(m, n, dtype=torch.bfloat16), requires_grad=False,
+                              compress_statistics=True, quant_type="nf4")._quantize("cpu")
+        qs = p.quant_state
+        one[(m, n)] = _unique([p.data, qs.absmax, qs.code, qs.offset, qs.state2.absmax, qs.state2.code])
+    experts = 4 * (2 * one[(128, 64)] + one[(64, 128)])
+    q = lambda e: e.components.total("weights/quantized") + e.components.total("weights/quant_state")  # noqa: E731
+    assert q(v4) - q(v5) == experts
+    # in 5.x the unquantized experts are upcast to fp32 by prepare_model_for_kbit_training
+    assert v5.components.total("weights/frozen") - v4.components.total("weights/frozen") == 4 * 3 * 128 * 64 * 4

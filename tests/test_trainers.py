@@ -19,7 +19,9 @@ def test_auto_head_is_trl_1_16s_per_task():
     spec = lambda **kw: vramplan.load_spec({**BASE, **kw})  # noqa: E731
     assert resolve_head(spec(task="dpo")) is LogprobHead.CHUNKED
     assert resolve_head(spec(task="kto")) is LogprobHead.CHUNKED
-    assert resolve_head(spec(task="orpo")) is LogprobHead.FULL  # trl/experimental/orpo: full logits
+    # trl/experimental/orpo, cpo: full logits scored by selective_log_softmax (get_batch_logps)
+    assert resolve_head(spec(task="orpo")) is LogprobHead.SELECTIVE
+    assert resolve_head(spec(task="simpo")) is LogprobHead.SELECTIVE
     assert resolve_head(spec(task="dpo", logprob_head="full")) is LogprobHead.FULL
 
 
@@ -54,6 +56,31 @@ def test_trl_dpo_trainer_measured_live_within_tolerance():
     assert abs(e.peak_allocated_bytes / m["peak_allocated_bytes"] - 1) < 0.02, (e.peak_allocated_bytes, m)
     for phase in ("forward", "backward", "optimizer"):
         assert abs(e.phases[phase] / m["phases"][phase] - 1) < 0.05, (phase, e.phases, m["phases"])
+
+
+def test_sft_head_follows_the_stack_and_trl_release():
+    spec = lambda **kw: vramplan.load_spec({**BASE, "task": "sft", **kw})  # noqa: E731
+    assert resolve_head(spec(stack="trl")) is LogprobHead.CHUNKED  # SFTTrainer's fused_lm_head
+    assert resolve_head(spec(stack="hf-trainer")) is LogprobHead.FULL  # the model's own loss
+    assert resolve_head(spec()) is LogprobHead.FULL
+    assert resolve_head(spec(stack={"framework": "trl", "trl": "1.9"})) is LogprobHead.FULL
+
+
+@pytest.mark.parametrize("method", ["full", "lora"])
+def test_trl_sft_trainer_measured_live_within_tolerance(method):
+    pytest.importorskip("trl")
+    job = {**BASE, "task": "sft", "stack": "trl", "precision": "bf16", "method": method}
+    if method == "lora":
+        job["lora"] = {"r": 8, "target_modules": ["q_proj", "v_proj"]}
+    m = measure_fresh(job)
+    assert m["runner"]["library"] == "trl" and m["runner"]["entry"] == "SFTTrainer"
+    e = vramplan.estimate(job)
+    assert abs(e.peak_allocated_bytes / m["peak_allocated_bytes"] - 1) < 0.02, (e.peak_allocated_bytes, m)
+    for phase in ("forward", "backward", "optimizer"):
+        assert abs(e.phases[phase] / m["phases"][phase] - 1) < 0.05, (phase, e.phases, m["phases"])
+    # the model's own cross-entropy (the HF Trainer's SFT) is not what SFTTrainer runs
+    full = vramplan.estimate({**job, "logprob_head": "full"})
+    assert abs(full.peak_allocated_bytes / m["peak_allocated_bytes"] - 1) > 0.2
 
 
 def test_selective_head_saves_each_rows_16bit_log_softmax():

@@ -1,27 +1,29 @@
-"""Speed benchmark: one estimate in-process, `vramplan estimate` wall time, `fit` over >= 10k layouts.
+"""Speed benchmark: the estimate in-process, `vramplan estimate` wall time, `fit`'s layouts/s,
+for the code before and after a change, measured in the same run.
 
-    .venv/bin/python bench/speed/run.py            # writes bench/speed/results.json
+    .venv/bin/python bench/speed/run.py                     # writes bench/speed/results.json
+    .venv/bin/python bench/speed/run.py --baseline 68c3249 --rounds 3
 
-Each fit case reports the layouts in the space, how many the search settled, how many
-estimator calls it made, and the wall time; the target is < 2 s for 10k layouts.
+The machine is shared and noisy: each figure is measured in a fresh process per round, the
+baseline's and this checkout's rounds alternate (baseline, after, baseline, after ...), and the
+medians over rounds are reported, wall time and CPU time (process_time, less sensitive to other
+load). The baseline is `git archive <commit>` of this repository, extracted to a temporary folder.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
-from vramplan.catalog import find_gpu
-from vramplan.estimation import estimate, estimate_model
-from vramplan.plan import fit
-from vramplan.sources import resolve_model
-from vramplan.spec import load_spec
-
 HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
 AXES = {"parallel.zero_stage": (0, 1, 2, 3), "parallel.offload_optimizer": ("none", "cpu"),
         "gradient_checkpointing": ("none", "selective", "full"), "parallel.tp": (1, 2, 4, 8),
         "parallel.pp": (1, 2, 4, 8), "optimizer": ("adamw", "adamw-8bit"),
@@ -37,85 +39,131 @@ CASES = {
     "llama-3.1-70b-8xrtx4090-nothing-fits": {"model": "llama-3.1-70b", "gpu": "rtx-4090", "num_gpus": 8,
                                              "micro_batch_size": 8, "grad_accum_steps": 8, "seq_len": 4096},
 }
+# The issue's default-axes search: `vramplan fit --gpu a100-40gb --num-gpus 8` (ZeRO stage,
+# offload, checkpointing, TP, PP, micro-batch).
+DEFAULT_FIT = {"model": "llama-3.1-8b", "gpu": "a100-40gb", "num_gpus": 8, "micro_batch_size": 4,
+               "grad_accum_steps": 4, "seq_len": 4096}
+ESTIMATES = {
+    "8b-full-1gpu": {"model": "llama-3.1-8b", "gpu": "a100-80gb", "micro_batch_size": 4},
+    "8b-lora-1gpu": {"model": "llama-3.1-8b", "gpu": "a100-80gb", "micro_batch_size": 4, "method": "lora"},
+    "8b-8gpu-zero2-tp2": {"model": "llama-3.1-8b", "gpu": "a100-80gb", "num_gpus": 8,
+                          "parallel": {"zero_stage": 2, "tp": 2}},
+    "70b-zero3-64gpu": {"model": "llama-3.1-70b", "gpu": "a100-80gb", "num_gpus": 64,
+                        "parallel": {"zero_stage": 3}},
+}
 
 
-def time_estimate(n: int = 50) -> dict:
-    spec = load_spec({"model": "llama-3.1-8b", "gpu": "a100-80gb", "micro_batch_size": 4})
-    desc, gpu = resolve_model(spec), find_gpu("a100-80gb")
-    core = []
-    for _ in range(n):
-        t = time.perf_counter()
-        estimate_model(desc, spec, gpu)
-        core.append(time.perf_counter() - t)
-    full = []
-    for _ in range(10):
-        t = time.perf_counter()
-        estimate(spec)
-        full.append(time.perf_counter() - t)
-    return {"estimate_model_ms_median": 1e3 * statistics.median(core),
-            "estimate_with_resolve_ms_median": 1e3 * statistics.median(full)}
+def _timed(fn) -> tuple[float, float]:
+    w, c = time.perf_counter(), time.process_time()
+    fn()
+    return time.perf_counter() - w, time.process_time() - c
 
 
-def time_cli(n: int = 3) -> dict:
-    exe = os.path.join(os.path.dirname(sys.executable), "vramplan")
-    walls = []
-    for _ in range(n):
-        t = time.perf_counter()
-        subprocess.run([exe, "estimate", "llama-3.1-8b", "--gpu", "a100-80gb", "--json"],
-                       check=True, stdout=subprocess.DEVNULL)
-        walls.append(time.perf_counter() - t)
-    return {"vramplan_estimate_wall_s_median": statistics.median(walls)}
-
-
-def time_fit(name: str, job: dict) -> dict:
-    spec = load_spec(job)
-    report = fit(spec, axes=AXES, top_k=10, suggest=False)
-    return {"case": name, "layouts": report.candidates_total, "settled": report.candidates_evaluated,
-            "estimator_calls": report.estimates_computed, "elapsed_s": round(report.elapsed_s, 3),
-            "layouts_per_s": round(report.candidates_total / report.elapsed_s),
-            "found": len(report.results),
-            "best": report.results[0].changes if report.results else None}
-
-
-def time_default_fit() -> dict:
-    """The issue's command: `vramplan fit --spec job.yaml --gpu a100-40gb --num-gpus 8`,
-    default axes (ZeRO stage, offload, checkpointing, TP, PP, micro-batch)."""
-    spec = load_spec({"model": "llama-3.1-8b", "gpu": "a100-40gb", "num_gpus": 8,
-                      "micro_batch_size": 4, "grad_accum_steps": 4, "seq_len": 4096})
-    report = fit(spec, top_k=5, suggest=False)
-    return {"case": "default-axes llama-3.1-8b 8xa100-40gb", "layouts": report.candidates_total,
-            "estimator_calls": report.estimates_computed, "elapsed_s": round(report.elapsed_s, 3),
-            "found": len(report.results),
-            "best": report.results[0].changes if report.results else None}
-
-
-def estimate_costs() -> dict:
-    """estimate_model's own cost by job shape: what a search pays per estimator call."""
-    gpu = find_gpu("a100-80gb")
+def measure_estimates(n: int = 30) -> dict:
+    """`vramplan.estimate(spec)` (public API, model resolution included), ms per call:
+    `repeat` calls it on one spec (what the issue's target names); `distinct` on a new spec
+    each call (another seq_len), so nothing memoized for that spec helps."""
+    from vramplan import estimate, load_spec
     out = {}
-    for name, job in {"8b-1gpu": {"model": "llama-3.1-8b"},
-                      "8b-8gpu-zero2-tp2": {"model": "llama-3.1-8b", "num_gpus": 8,
-                                            "parallel": {"zero_stage": 2, "tp": 2}},
-                      "70b-8gpu-zero3": {"model": "llama-3.1-70b", "num_gpus": 8,
-                                         "parallel": {"zero_stage": 3}}}.items():
+    for name, job in ESTIMATES.items():
         spec = load_spec(job)
-        desc = resolve_model(spec)
-        times = []
-        for _ in range(10):
-            t = time.perf_counter()
-            estimate_model(desc, spec, gpu)
-            times.append(time.perf_counter() - t)
-        out[name] = round(1e3 * statistics.median(times), 2)
-    return {"estimate_model_ms_median": out}
+        estimate(spec)
+        runs = [_timed(lambda: estimate(spec)) for _ in range(n)]
+        specs = [load_spec(dict(job, seq_len=1024 + 8 * i)) for i in range(n)]
+        fresh = [_timed(lambda s=s: estimate(s)) for s in specs]
+        out[name] = {"repeat_wall_ms": 1e3 * statistics.median(r[0] for r in runs),
+                     "repeat_cpu_ms": 1e3 * statistics.median(r[1] for r in runs),
+                     "distinct_wall_ms": 1e3 * statistics.median(r[0] for r in fresh),
+                     "distinct_cpu_ms": 1e3 * statistics.median(r[1] for r in fresh)}
+    return out
+
+
+def measure_fit(job: dict, axes: dict | None, top_k: int) -> dict:
+    from vramplan.plan import fit
+    from vramplan.spec import load_spec
+    spec = load_spec(job)
+    c = time.process_time()
+    report = fit(spec, axes=axes, top_k=top_k, suggest=False)
+    cpu = time.process_time() - c
+    return {"layouts": report.candidates_total, "settled": report.candidates_evaluated,
+            "estimator_calls": report.estimates_computed, "wall_s": report.elapsed_s, "cpu_s": cpu,
+            "found": len(report.results), "best": report.results[0].changes if report.results else None}
+
+
+def measure(what: str) -> dict:
+    if what == "estimate":
+        return measure_estimates()
+    if what == "fit_default":
+        return measure_fit(DEFAULT_FIT, None, 5)
+    return measure_fit(CASES[what], AXES, 10)
+
+
+def run_child(src: str, what: str) -> dict:
+    env = dict(os.environ, PYTHONPATH=src)
+    proc = subprocess.run([sys.executable, __file__, "--measure", what], env=env, capture_output=True,
+                          text=True, check=True)
+    return json.loads(proc.stdout)
+
+
+def run_cli(src: str) -> dict:
+    env = dict(os.environ, PYTHONPATH=src)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "vramplan", "estimate", "llama-3.1-8b", "--gpu", "a100-80gb", "--json"],
+                   env=env, check=True, stdout=subprocess.DEVNULL, cwd=tempfile.gettempdir())
+    wall = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return {"wall_s": wall, "cpu_s": after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime}
+
+
+def _median(rows: list) -> object:
+    """Medians of the numbers across rounds (nested dicts); other values from the first round."""
+    first = rows[0]
+    if isinstance(first, dict):
+        return {k: _median([r[k] for r in rows]) for k in first}
+    if isinstance(first, (int, float)) and not isinstance(first, bool):
+        return round(statistics.median(rows), 4)
+    return first
+
+
+def baseline_tree(commit: str) -> str:
+    out = tempfile.mkdtemp(prefix="vramplan-speed-base-")
+    archive = subprocess.run(["git", "-C", ROOT, "archive", commit, "src"], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", out], input=archive, check=True)
+    return os.path.join(out, "src")
 
 
 def main() -> None:
-    out = {"machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
-                       "processor": platform.processor() or platform.machine()},
-           "estimate": time_estimate(), "estimate_by_shape": estimate_costs(), "cli": time_cli(),
-           "fit_default": time_default_fit(),
-           "fit": [time_fit(name, job) for name, job in CASES.items()]}
-    print(json.dumps(out, indent=2))
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--measure", help=argparse.SUPPRESS)
+    ap.add_argument("--baseline", default="68c3249", help="commit measured as 'before' (default: before issue 9's speed work)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--fit-rounds", type=int, default=1)
+    args = ap.parse_args()
+    if args.measure:
+        print(json.dumps(measure(args.measure)))
+        return
+    trees = {"before": baseline_tree(args.baseline), "after": os.path.join(ROOT, "src")}
+    out: dict = {"machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
+                             "processor": platform.processor() or platform.machine(),
+                             "load_average_at_start": os.getloadavg()},
+                 "baseline_commit": args.baseline, "rounds": args.rounds,
+                 "method": "each figure a fresh process per round; before/after rounds alternate; medians"}
+    plan = [("estimate", args.rounds), ("cli", args.rounds), ("fit_default", args.rounds)]
+    plan += [(name, args.fit_rounds) for name in CASES]
+    for what, rounds in plan:
+        rows: dict[str, list] = {k: [] for k in trees}
+        for _ in range(rounds):
+            for k, src in trees.items():
+                rows[k].append(run_cli(src) if what == "cli" else run_child(src, what))
+        out[what] = {k: _median(v) for k, v in rows.items()}
+        for k in trees:
+            res = out[what][k]
+            if "layouts" in res:
+                res["layouts_per_s_wall"] = round(res["layouts"] / res["wall_s"])
+                res["layouts_per_s_cpu"] = round(res["layouts"] / res["cpu_s"])
+        print(what, json.dumps(out[what]), flush=True)
+    out["machine"]["load_average_at_end"] = os.getloadavg()
     with open(os.path.join(HERE, "results.json"), "w", encoding="utf-8") as fh:
         json.dump(out, fh, indent=2)
         fh.write("\n")

@@ -5,10 +5,13 @@
 Each case runs in a fresh process through vramplan.measure.trainers.measure_trainer: TRL
 1.16's DPOTrainer (a separate reference; a LoRA policy with its adapter disabled as the
 reference), KTOTrainer, RewardTrainer, GRPOTrainer (HF generate) and the transformers
-Trainer (SFT), two optimizer steps on tiny random-init Llama models, tiny in-memory datasets.
+Trainer (SFT) and TRL's SFTTrainer (SFT under stack trl); from trl.experimental GKDTrainer
+(distillation), ORPOTrainer and CPOTrainer (SimPO), two optimizer steps on tiny random-init
+Llama models, tiny in-memory datasets.
 The estimate takes the spec as it is (logprob_head auto = TRL 1.16's chunked head for
 DPO/IPO/KTO). Results go to bench/trainers/results-cpu.json with the library versions, and
 are printed with the error of the peak and of each phase (targets: 2% peak, 5% phase).
+README.md in this folder says which trainer runs each task and gives the before/after table.
 """
 from __future__ import annotations
 
@@ -31,6 +34,12 @@ LLAMA_WIDE = dict(LLAMA, vocab_size=40000, hidden_size=64, intermediate_size=176
 BASE = {"model": LLAMA, "stack": "trl", "micro_batch_size": 2, "seq_len": 128, "optimizer": "adamw",
         "optimizer_impl": "foreach", "attention": "sdpa", "backend": "cpu"}
 LORA = {"method": "lora", "lora": {"r": 8, "target_modules": ["q_proj", "v_proj"]}}
+# A wider, deeper teacher on the student's vocabulary (GKD compares full distributions).
+TEACHER = dict(LLAMA, hidden_size=256, intermediate_size=688, num_hidden_layers=3)
+QWEN2 = {"model_type": "qwen2", "vocab_size": 8192, "hidden_size": 128, "intermediate_size": 344,
+         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+         "max_position_embeddings": 1024, "tie_word_embeddings": True}
+DISTILL = {"task": "distill", "teacher": TEACHER}
 GRPO = {"task": "grpo", "micro_batch_size": 8, "seq_len": 32, "num_generations": 4, "max_new_tokens": 32}
 
 
@@ -48,7 +57,26 @@ CASES = dict([
     case("kto/bf16/full/ref-separate", task="kto", precision="bf16"),
     case("reward-model/bf16/full", task="reward-model", precision="bf16"),
     case("grpo/bf16/full/g4-c32", **GRPO, precision="bf16"),
-    case("sft/bf16/full/hf-trainer", task="sft", precision="bf16"),
+    case("sft/bf16/full/hf-trainer", task="sft", precision="bf16", stack="hf-trainer"),
+    # TRL's SFTTrainer (stack trl): the chunked head in place of the model's cross-entropy
+    case("sft/bf16/full/sft-trainer", task="sft", precision="bf16"),
+    case("sft/fp32/full/sft-trainer", task="sft", precision="fp32"),
+    case("sft/bf16/lora/sft-trainer", task="sft", precision="bf16", **LORA),
+    case("sft/amp-bf16/full/sft-trainer/gc/vocab40k", task="sft", precision="amp-bf16", model=LLAMA_WIDE,
+         gradient_checkpointing="full"),
+    # trl.experimental.gkd.GKDTrainer, lmbda 0, beta 0.5 (measure/trl_experimental.py)
+    case("distill/bf16/full/gkd", **DISTILL, precision="bf16"),
+    case("distill/bf16-plain/full/gkd", **DISTILL, precision="bf16", stack="plain"),
+    case("distill/fp32/full/gkd", **DISTILL, precision="fp32"),
+    case("distill/amp-bf16/full/gkd", **DISTILL, precision="amp-bf16"),
+    case("distill/bf16/lora/gkd", **DISTILL, precision="bf16", **LORA),
+    case("distill/bf16/full/gc/qwen2-tied", task="distill", teacher=dict(QWEN2, num_hidden_layers=3),
+         model=QWEN2, precision="bf16", gradient_checkpointing="full"),
+    # trl.experimental.orpo.ORPOTrainer and cpo.CPOTrainer (loss_type simpo, cpo_alpha 0)
+    case("orpo/bf16/full", task="orpo", precision="bf16"),
+    case("orpo/fp32/full", task="orpo", precision="fp32"),
+    case("simpo/bf16/full/cpo", task="simpo", precision="bf16"),
+    case("simpo/fp32/full/cpo", task="simpo", precision="fp32"),
 ])
 
 

@@ -12,9 +12,11 @@ from vramplan.device import (  # noqa: F401 (re-exported: the device levels live
     allocator_replayer, device_levels, outside_allocator, replay_capacity, reserved_bytes, step_events,
 )
 from vramplan.i18n import Msg
+from vramplan.jobs.logprob import head_note, resolve_head, sft_head
+from vramplan.jobs.trained import head_grads_after_fold, with_loss
 from vramplan.model import ModelDesc
 from vramplan.result import SCHEMA_VERSION, Estimate  # noqa: F401 (re-exported: Estimate lived here)
-from vramplan.spec import Backend, JobSpec, Task
+from vramplan.spec import Backend, JobSpec, LogprobHead, Task
 from vramplan.step.build import rank_step
 from vramplan.timeline import Event, peak_event, phase_peaks, walk
 from vramplan.units import nbytes
@@ -55,7 +57,15 @@ def estimate_model(desc: ModelDesc, spec: JobSpec, gpu=None) -> Estimate:
     if spec.task is Task.INFERENCE:
         events = _inference_events(desc, spec, params, gpu)
     else:
-        plan = rank_step(desc, spec, params, plan_activations(desc, spec, params), managed)
+        acts = plan_activations(desc, spec, params)
+        head = sft_head(spec, desc.hidden_size, desc.vocab_size, bool(desc.final_logit_softcapping))
+        if head is not None:  # TRL's SFTTrainer: the chunked log-prob head, not the model's loss
+            with_loss(acts, head, params)
+        plan = rank_step(desc, spec, params, acts, managed)
+        if head is not None:
+            head_grads_after_fold(plan)
+            for key in ("batch/labels", "batch/attention_mask"):  # its collator's (sft_trainer.py)
+                plan.static.add(key, nbytes(spec.micro_batch_size * spec.seq_len, "int64"))
         par = plan.parallel
         if spec.backend is Backend.CUDA:
             for key, value in blas_workspace_terms(gpu.name if gpu else None):
@@ -78,6 +88,8 @@ def estimate_model(desc: ModelDesc, spec: JobSpec, gpu=None) -> Estimate:
     if lengths is not None:
         extra = lengths.applied(reserved, replay_capacity(spec, gpu, managed.total()))
         reserved, device = reserved + extra, device + extra
+    if spec.task is Task.SFT and resolve_head(spec) is LogprobHead.CHUNKED:
+        checked = checked + [head_note(spec)]
     notes = checked + [Msg("LoRA target or modules_to_save {target} matches no module of {model}; PEFT would ignore it",
                            target=repr(t), model=desc.name) for t in params.unmatched_targets]
     if spec.lengths is not None:

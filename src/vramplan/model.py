@@ -75,6 +75,9 @@ class MoEDesc:
     norm_topk_prob: bool = False
 
 
+_NUM_PARAMS: dict[int, tuple[object, int]] = {}
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ModelDesc:
     """A transformer, normalized. Sizes are element counts; dtypes come from the job."""
@@ -137,8 +140,16 @@ class ModelDesc:
     catalog/quant_config.py), empty for an unquantized checkpoint."""
 
     def num_params(self) -> int:
-        """Unique parameter elements (tied embeddings counted once, as PyTorch does)."""
-        return sum(p.numel for p in self.params)
+        """Unique parameter elements (tied embeddings counted once, as PyTorch does);
+        counted once per description (it is frozen), as every estimate reports it."""
+        hit = _NUM_PARAMS.get(id(self))
+        if hit is not None and hit[0] is self:
+            return hit[1]
+        n = sum(p.numel for p in self.params)
+        if len(_NUM_PARAMS) >= 64:
+            _NUM_PARAMS.pop(next(iter(_NUM_PARAMS)))
+        _NUM_PARAMS[id(self)] = (self, n)
+        return n
 
     def params_matching(self, pattern: str) -> tuple[ParamEntry, ...]:
         rx = re.compile(pattern)

@@ -36,6 +36,19 @@ class Event:
             self._live = _sum(self._parts)
         return self._live
 
+    def subtotal(self, prefixes: tuple[str, ...], memo: dict | None = None) -> int:
+        """Bytes of the terms under `prefixes` alive at this moment: `live.total(prefix)`
+        summed from the parts, without merging them (`memo`: per part, shared by events
+        that share parts)."""
+        memo = {} if memo is None else memo
+        total = 0
+        for p in self._parts:
+            v = memo.get(id(p))
+            if v is None:
+                v = memo[id(p)] = sum(int(x) for k, x in p.terms.items() if k.startswith(prefixes))
+            total += v
+        return total
+
     @live.setter
     def live(self, value: Breakdown) -> None:
         self._live, self._parts = value, [value]
@@ -87,54 +100,104 @@ class StepPlan:
 
 
 def _sum(parts) -> Breakdown:
-    out = Breakdown()
+    """The parts merged in order. Identical layers share one Breakdown object, so each
+    distinct part is merged once, times its count, at its first place (the same terms in
+    the same key order as merging every part)."""
+    counts: dict[int, int] = {}
+    distinct = []
     for p in parts:
-        out.merge(p)
+        key = id(p)
+        if key in counts:
+            counts[key] += 1
+        else:
+            counts[key] = 1
+            distinct.append(p)
+    out = Breakdown()
+    for p in distinct:
+        out.merge(p, times=counts[id(p)])
     return out
 
 
 def walk(plan: StepPlan) -> list[Event]:
+    return _walk(plan, True)
+
+
+def peak_total(plan: StepPlan) -> int:
+    """peak_event(walk(plan)).total, without building the events (parallel.rank_plan
+    compares its pipeline stages by it)."""
+    return max(_walk(plan, False))
+
+
+def _walk(plan: StepPlan, build: bool) -> list:
+    """The events in order (build) or only their totals. A merged sum is never built here:
+    an event's parts are the Breakdowns it is the sum of (timeline._sum merges them in the
+    same order when `live` is asked for), and its total is the sum of their totals, each
+    taken once (identical layers share one Breakdown)."""
     n = len(plan.stage_acts)
     stage_grads = _stage_grads(plan, n)
-    all_grads = _sum(stage_grads)
-    fwd_grads = all_grads if plan.grads_alive_in_forward else Breakdown()
-    acts = _sum(plan.stage_acts)
-    base = [plan.static, fwd_grads, acts, plan.loss_saved]
-    events = [Event("forward", "end of forward (logits and loss)", base + [plan.forward_end_transient]),
-              Event("backward", "loss backward (logits gradient)", base + [plan.loss_backward_transient])]
+    memo: dict[int, int] = {}
+
+    def totals(parts: list) -> list[int]:
+        out = []
+        for b in parts:
+            t = memo.get(id(b))
+            if t is None:
+                t = memo[id(b)] = b.total()
+            out.append(t)
+        return out
+    accum = plan.grads_alive_in_forward
+    grads_t, acts_t = totals(stage_grads), totals(plan.stage_acts)
+    own_acts = plan.stage_acts_at_peak or plan.stage_acts
+    own_grads = plan.stage_grads_at_peak or stage_grads
+    own_acts_t, own_grads_t = totals(own_acts), totals(own_grads)
+    trans_t = [b.total() for b in plan.stage_backward_transient]
+    grads_tot = sum(grads_t)
+    fwd_grads = list(stage_grads) if accum else []
+    static_tot = plan.static.total()
+    base_tot = static_tot + (grads_tot if accum else 0) + sum(acts_t) + plan.loss_saved.total()
+    out: list = []
+
+    def event(phase: str, label: str, parts, total: int) -> None:
+        out.append(Event(phase, label, parts(), total) if build else total)
+    event("forward", "end of forward (logits and loss)",
+          lambda: [plan.static, *fwd_grads, *plan.stage_acts, plan.loss_saved, plan.forward_end_transient],
+          base_tot + plan.forward_end_transient.total())
+    event("backward", "loss backward (logits gradient)",
+          lambda: [plan.static, *fwd_grads, *plan.stage_acts, plan.loss_saved, plan.loss_backward_transient],
+          base_tot + plan.loss_backward_transient.total())
     # Backward, last stage first: earlier stages' activations and this stage's (less what
     # its own backward has freed by its peak) are alive, with the gradients made so far
     # and this stage's transients; then its activations go.
-    own_acts = plan.stage_acts_at_peak or plan.stage_acts
-    own_grads = plan.stage_grads_at_peak or stage_grads
-    acts_tot = [b.total() for b in plan.stage_acts]
     prefix = [0]
-    for t in acts_tot:
+    for t in acts_t:
         prefix.append(prefix[-1] + t)
-    static_tot, accum = plan.static.total(), plan.grads_alive_in_forward
-    done: list[Breakdown] = [fwd_grads]
-    done_tot = fwd_grads.total()
+    done: list[Breakdown] = list(fwd_grads)
+    done_tot = grads_tot if accum else 0
     fused = plan.in_backward
     for i in range(n - 1, -1, -1):
         mine = [] if accum else [own_grads[i]]
-        parts = [plan.static, *done, *mine, *plan.stage_acts[:i], own_acts[i], plan.stage_backward_transient[i]]
-        total = (static_tot + done_tot + sum(b.total() for b in mine) + prefix[i] + own_acts[i].total()
-                 + plan.stage_backward_transient[i].total())
-        events.append(Event("backward", plan.labels[i] if plan.labels else f"stage {i} backward", parts, total))
+        total = static_tot + done_tot + (0 if accum else own_grads_t[i]) + prefix[i] + own_acts_t[i] + trans_t[i]
+        if build:
+            parts = [plan.static, *done, *mine, *plan.stage_acts[:i], own_acts[i], plan.stage_backward_transient[i]]
+            out.append(Event("backward", plan.labels[i] if plan.labels else f"stage {i} backward", parts, total))
+        else:
+            out.append(total)
         if fused is not None and fused[i].terms:
             # the stage's activations are gone; its largest parameter steps in the hook
-            events.append(Event("backward", f"stage {i} step in backward",
-                                [plan.static, *plan.stage_acts[:i], fused[i]]))
+            event("backward", f"stage {i} step in backward", lambda: [plan.static, *plan.stage_acts[:i], fused[i]],
+                  static_tot + prefix[i] + fused[i].total())
         if not accum and fused is None:
             done.append(stage_grads[i])
-            done_tot += stage_grads[i].total()
+            done_tot += grads_t[i]
     if plan.backward_end_transient is not None and fused is None:
-        events.append(Event("backward", "end of backward", [plan.static, all_grads, plan.backward_end_transient]))
+        event("backward", "end of backward", lambda: [plan.static, *stage_grads, plan.backward_end_transient],
+              static_tot + grads_tot + plan.backward_end_transient.total())
     if fused is not None:  # stepped in backward: optimizer.step() has nothing left to do
-        events.append(Event("optimizer", "optimizer step (done in backward)", [plan.static]))
+        event("optimizer", "optimizer step (done in backward)", lambda: [plan.static], static_tot)
     else:
-        events.append(Event("optimizer", "optimizer step", [plan.static, all_grads, plan.optimizer_temporaries]))
-    return events
+        event("optimizer", "optimizer step", lambda: [plan.static, *stage_grads, plan.optimizer_temporaries],
+              static_tot + grads_tot + plan.optimizer_temporaries.total())
+    return out
 
 
 def _stage_grads(plan: StepPlan, n: int) -> list[Breakdown]:

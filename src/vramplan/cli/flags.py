@@ -33,10 +33,13 @@ _ATTN_IMPL = {"flash_attention_2": "flash", "flash_attention_3": "flash", "flash
 # The names users already type elsewhere, as aliases of the spec's flags: TrainingArguments
 # (per_device_train_batch_size, gradient_accumulation_steps), TRL SFT/DPO/GRPOConfig
 # (max_length, max_seq_length, max_completion_length), transformers attn_implementation,
-# DeepSpeed train_micro_batch_size_per_gpu, LLaMA-Factory cutoff_len, axolotl sequence_len.
+# DeepSpeed train_micro_batch_size_per_gpu, LLaMA-Factory cutoff_len, axolotl sequence_len,
+# torchtune's recipe key batch_size (per device: recipes/full_finetune_single_device.py
+# builds its DataLoader with cfg.batch_size), and the plain --batch.
 _ALIASES = {
     "seq_len": ("max_length", "max_seq_length", "cutoff_len", "sequence_len"),
-    "micro_batch_size": ("per_device_train_batch_size", "train_micro_batch_size_per_gpu", "micro_batch"),
+    "micro_batch_size": ("per_device_train_batch_size", "train_micro_batch_size_per_gpu", "micro_batch",
+                         "batch_size", "batch"),
     "grad_accum_steps": ("gradient_accumulation_steps",),
     "max_new_tokens": ("max_completion_length",),
     "attention": ("attn_implementation",),

@@ -20,6 +20,7 @@ JSON shape (schema ``vramplan.measure/1``)::
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 from typing import Any
 
@@ -68,20 +69,27 @@ def attributed_errors(est, measured: dict) -> dict:
     """Relative error of the estimate per attributable term: the peak, each phase, and the
     model state (weights, gradients, optimizer states: as alive in the optimizer step) and
     the activations alive at the end of forward (saved tensors plus the loss's)."""
+    roles = tuple(est.models)  # a multi-model job keys each model's terms 'role/group/...'
+
+    def kind(live, *groups: str, trained_only: bool = False) -> int:
+        # the meter's params are the trained model's: a frozen reference or teacher is not
+        # among them, so weights count only for the roles that hold gradients
+        ps = [""] + [r + "/" for r in roles if not trained_only or live.total(r + "/gradients/")]
+        return sum(live.total(p + g) for g in groups for p in ps)
+
     opt = [e for e in est.events if e.phase == "optimizer"]
     fwd = [e for e in est.events if e.label.startswith("end of forward")]
     out = {"peak": _rel(est.peak_allocated_bytes, measured["peak_allocated_bytes"]),
            "phases": {k: _rel(est.phases.get(k, 0), v) for k, v in measured["phases"].items()}}
     if opt:
         live = opt[0].live
-        out["params"] = _rel(live.total("weights/"), measured.get("params_bytes", 0))
-        out["grads"] = _rel(live.total("gradients/"), measured.get("grad_bytes", 0))
-        out["optimizer_states"] = _rel(live.total("optimizer/") + live.total("master_weights/"),
+        out["params"] = _rel(kind(live, "weights/", trained_only=True), measured.get("params_bytes", 0))
+        out["grads"] = _rel(kind(live, "gradients/"), measured.get("grad_bytes", 0))
+        out["optimizer_states"] = _rel(kind(live, "optimizer/", "master_weights/"),
                                        measured.get("optimizer_state_bytes", 0))
     if fwd:
         live = fwd[0].live
-        acts = live.total("activations/") + live.total("logits/log_softmax") + live.total("logits/labels") \
-            + live.total("logits/softcap")
+        acts = kind(live, "activations/", "logits/log_softmax", "logits/labels", "logits/softcap")
         out["activations_end_of_forward"] = _rel(acts, measured.get("activation_bytes_end_of_forward", 0))
     return out
 
@@ -102,7 +110,10 @@ def measure_main(args) -> dict:
                        "estimate: the same job"]) as step:
         step(f"measure: building the model and running training steps ({device})")
         try:
-            result = measure(spec, device="cpu" if fake else device, fake=fake, trace=trace)
+            # the trainers print their logs to stdout (transformers' Trainer.log without a
+            # progress bar): keep stdout for the answer, so `--json` stays one JSON document
+            with contextlib.redirect_stdout(sys.stderr):
+                result = measure(spec, device="cpu" if fake else device, fake=fake, trace=trace)
         except (ValueError, NotImplementedError, RuntimeError) as exc:
             out["failure"] = {"stage": "measure", "type": type(exc).__name__, "message": str(exc)}
             result = None

@@ -17,6 +17,7 @@ from vramplan.components.chunked_loss import chunked_loss_terms
 from vramplan.components.arch_gpt2_bert import OTHER_MODEL_TYPES, layer_fn, layer_prefix, other_embed, other_head
 from vramplan.components.dtypes import dtypes_of
 from vramplan.components.graph import Param, Recorder, Storage, Sym
+from vramplan.components.memo import cached_plan, spec_key
 from vramplan.components.quant import SAVED, TRANSIENT, dequant_modes
 from vramplan.components.trainable import ParamSet, is_quantized
 from vramplan.model import MlpKind, ModelDesc
@@ -114,6 +115,29 @@ def _recorder(spec: JobSpec, seen: set[int]) -> Recorder:
 
 
 def plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> ActivationPlan:
+    """The saved tensors of one model's step. Memoized on the model, its parameter set and
+    the spec's fields but the layout's (components/memo.py LAYOUT_FIELDS): a search
+    re-estimates one model under many layouts that share them. Callers get a copy."""
+    key = spec_key(spec)
+    if key is None:
+        return _plan_activations(desc, spec, params)
+    return _copy(cached_plan(desc, params, key, lambda: _plan_activations(desc, spec, params)))
+
+
+def _copy(plan: ActivationPlan) -> ActivationPlan:
+    """Fresh Breakdowns and Stages (callers extend the one and reassign the other's fields,
+    jobs/trained.py, jobs/vlm.py); the saved lists are shared, as no caller changes a list
+    in place, so layers that shared one still do (step.build keys its breakdowns by it)."""
+    def bd(b: Breakdown) -> Breakdown:
+        return Breakdown(dict(b.terms))
+    return ActivationPlan([Stage(st.label, st.saved, st.recompute, st.freed_before_peak)
+                           for st in plan.stages], bd(plan.loss_saved), bd(plan.forward_end_transient),
+                          bd(plan.loss_backward_transient), bd(plan.head_backward_transient),
+                          bd(plan.layer_backward_transient), plan.input_leaf_bytes, plan.head_input,
+                          plan.head_linear_saved)
+
+
+def _plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> ActivationPlan:
     if getattr(desc, "num_encoder_layers", 0):  # encoder-decoder (T5): its own stages
         from vramplan.components.seq2seq import plan_seq2seq
         return plan_seq2seq(desc, spec, params)

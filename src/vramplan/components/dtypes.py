@@ -29,8 +29,10 @@ from functools import lru_cache
 
 from vramplan.i18n import Msg
 from vramplan.spec import JobSpec, Method, Precision, SpecError
+from vramplan.spec.job import copy_with
 from vramplan.spec.stack import (
     Framework, AUTOCAST_FRAMEWORKS, FP32_PARAM_FRAMEWORKS, MASTER_FRAMEWORKS, PURE_FRAMEWORKS, StackConfig,
+    parse_dtype,
 )
 
 _AUTOCAST, _MASTER, _PURE, _FP32_PARAMS = "autocast", "master", "pure", "fp32-params"
@@ -139,7 +141,8 @@ def resolve_load_dtype(spec: JobSpec, checkpoint_dtype: str | None) -> JobSpec:
     """The spec with `load_dtype` filled in (what the answer then states)."""
     if spec.load_dtype is not None:
         return spec
-    return replace(spec, load_dtype=default_load_dtype(spec, checkpoint_dtype))
+    # load_dtype is validated by parse_dtype alone (spec/job.py __post_init__)
+    return copy_with(spec, load_dtype=parse_dtype(default_load_dtype(spec, checkpoint_dtype), "load_dtype"))
 
 
 def stated_dtypes(spec: JobSpec) -> Dtypes:

@@ -26,3 +26,61 @@ def cached(owner: object, key: tuple, compute: Callable[[], "Breakdown | list[Br
     if isinstance(value, Breakdown):
         return Breakdown(dict(value.terms))
     return [Breakdown(dict(b.terms)) for b in value]
+
+
+# JobSpec fields that no term of one model's saved activations reads (no module of
+# components/ or families/ reads them): the model (its ModelDesc is part of the key), the
+# layout, the GPU and the run's environment. A search varies several of them.
+LAYOUT_FIELDS = frozenset({"model", "gpu", "num_gpus", "parallel", "grad_accum_steps", "cuda_version",
+                           "alloc_conf", "lengths", "online", "trust_remote_code", "compile"})
+_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _frozen(value):
+    if isinstance(value, dict):
+        return tuple(sorted((k, _frozen(v)) for k, v in value.items()))
+    if isinstance(value, list):
+        return tuple(_frozen(v) for v in value)
+    if hasattr(value, "to_dict"):  # a spec section holding a mapping (parallel.extras)
+        try:
+            hash(value)
+        except TypeError:
+            return (type(value).__name__, _frozen(value.to_dict()))
+    return value
+
+
+def spec_key(spec, drop: frozenset = LAYOUT_FIELDS) -> tuple | None:
+    """Every field of `spec` but `drop`, as a hashable key; None where one is not hashable."""
+    names = _FIELDS.get(type(spec))
+    if names is None:
+        from dataclasses import fields
+        names = _FIELDS[type(spec)] = tuple(f.name for f in fields(spec))
+    key = tuple(_frozen(getattr(spec, n)) for n in names if n not in drop)
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+_PLANS: dict[tuple, tuple[object, object, object]] = {}
+
+
+def cached_plan(desc: object, params: object, key: tuple, compute: Callable[[], object]):
+    """The value of `compute` for one (ModelDesc, ParamSet) pair and spec key, kept while
+    both are alive (their ids are compared by identity, as `cached` does). The caller
+    copies what it hands out."""
+    full = (id(desc), id(params)) + key
+    hit = _PLANS.get(full)
+    if hit is None or hit[0] is not desc or hit[1] is not params:
+        if len(_PLANS) >= _SIZE:
+            _PLANS.pop(next(iter(_PLANS)))
+        hit = (desc, params, compute())
+        _PLANS[full] = hit
+    return hit[2]
+
+
+def clear() -> None:
+    """Forget every value memoized here (a test's cold estimate, the benchmark's cold figure)."""
+    _CACHE.clear()
+    _PLANS.clear()

@@ -46,12 +46,23 @@ class ParamSet:
     params: tuple[HeldParam, ...]
     unmatched_targets: tuple[str, ...] = ()
     """LoRA targets or modules_to_save names that match no module (PEFT would ignore them)."""
+    trained: tuple[HeldParam, ...] = field(init=False, repr=False, compare=False)
+    """The trainable params, selected once (an estimate asks for them many times)."""
+    _counts: dict = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "trained", tuple(p for p in self.params if p.trainable))
+        object.__setattr__(self, "_counts", {})
 
     def trainable(self) -> tuple[HeldParam, ...]:
-        return tuple(p for p in self.params if p.trainable)
+        return self.trained
 
     def numel(self, trainable: bool | None = None) -> int:
-        return sum(p.numel for p in self.params if trainable is None or p.trainable == trainable)
+        n = self._counts.get(trainable)
+        if n is None:
+            n = self._counts[trainable] = sum(p.numel for p in self.params
+                                              if trainable is None or p.trainable == trainable)
+        return n
 
 
 def is_linear(p: ParamEntry) -> bool:
@@ -178,11 +189,30 @@ def is_quantized(spec: JobSpec, p: ParamEntry) -> bool:
     blocks' linears only (optimum/gptq/quantizer.py `block_name_to_quantize`; AutoAWQ
     quantizes each block's linears)."""
     q = spec.quantization
-    if q is None or not is_linear(p) or _is_head(p):
+    if q is None or _is_head(p):
+        return False
+    if is_fused_experts(p):
+        return per_expert_linears(spec) and not any(_matches(p.module, n) for n in q.modules_to_not_convert)
+    if not is_linear(p):
         return False
     if q.type in (QuantType.GPTQ, QuantType.AWQ) and p.layer is None:
         return False
     return not any(_matches(p.module, name) for name in q.modules_to_not_convert)
+
+
+def is_fused_experts(p: ParamEntry) -> bool:
+    """transformers 5's MoE experts: one 3-D parameter (E, out, in) per projection
+    (e.g. models/mixtral/modeling_mixtral.py MixtralExperts.gate_up_proj / down_proj)."""
+    return len(p.shape) == 3 and ".experts." in p.name
+
+
+def per_expert_linears(spec: JobSpec) -> bool:
+    """Whether the stack's transformers builds each expert as its own nn.Linear (4.x:
+    MixtralBlockSparseTop2MLP w1/w2/w3, Qwen2MoeMLP per expert), which the bitsandbytes,
+    HQQ and torchao quantizers replace like any linear; 5.x's fused 3-D expert parameters
+    are not nn.Linear and stay in the load dtype."""
+    major = spec.stack.major("transformers")
+    return major is not None and major < 5
 
 
 def upcasts_to_fp32(spec: JobSpec) -> bool:

@@ -41,6 +41,13 @@ def quantized_linear_bytes(spec: JobSpec, p: HeldParam) -> tuple[int, int]:
         codes, state = storage(q, full[0], full[-1])
         share = p.numel / math.prod(full)
         return math.ceil(codes * share), math.ceil(state * share)
+    if len(p.shape) == 3:
+        # fused experts (E, m, n) quantized as the E experts' own linears (transformers 4.x
+        # layout: components/trainable.py per_expert_linears); a fused gate_up_proj (E, 2f, h)
+        # was two of them per expert (Mixtral w1 and w3, Qwen-MoE gate_proj and up_proj)
+        parts = 2 if p.name.endswith("gate_up_proj") else 1
+        codes, state = storage(q, p.shape[1] // parts, p.shape[2])
+        return p.shape[0] * parts * codes, p.shape[0] * parts * state
     m, n = p.shape[0], p.shape[-1]
     if spec.stack.framework is Framework.TORCHTUNE and q.type is QuantType.NF4:
         # torchtune's QLoRA builders quantize with torchao, not bitsandbytes

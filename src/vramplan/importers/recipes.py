@@ -111,6 +111,15 @@ def _llama_factory(cfg: dict, source: str) -> tuple[dict, ImportReport]:
             out["precision"] = p  # the HF Trainer's flag: autocast over the load dtype
             rep.use(p, "precision")
     _llama_factory_dtype(cfg, out, rep)
+    _llama_factory_stage(cfg, out, rep)
+    # model_utils/checkpointing.py prepare_model_for_training: gradient checkpointing is on
+    # unless `disable_gradient_checkpointing` (ModelArguments default False)
+    if _switch(rep, "disable_gradient_checkpointing", cfg.get("disable_gradient_checkpointing")):
+        out["gradient_checkpointing"] = "none"
+    else:
+        out["gradient_checkpointing"] = "full"
+    if "disable_gradient_checkpointing" in cfg:
+        rep.use("disable_gradient_checkpointing", "gradient_checkpointing")
     if cfg.get("flash_attn") in ("fa2", "auto"):
         out["attention"] = "flash" if cfg["flash_attn"] == "fa2" else "sdpa"
         rep.use("flash_attn", "attention")
@@ -121,6 +130,37 @@ def _llama_factory(cfg: dict, source: str) -> tuple[dict, ImportReport]:
         _optimizer(cfg["optim"], out, rep, "optim")
     _rest(cfg, rep)
     return out, rep
+
+
+# LLaMA-Factory `stage` (hparams/finetuning_args.py) and `pref_loss` -> the spec's task.
+# hinge and kto_pair losses hold what sigmoid DPO holds (two models' log-probs of pairs).
+_LF_STAGES = {"pt": "pretrain", "sft": "sft", "kto": "kto"}
+_LF_PREF_LOSS = {"sigmoid": "dpo", "hinge": "dpo", "kto_pair": "dpo", "ipo": "ipo", "orpo": "orpo",
+                 "simpo": "simpo"}
+
+
+def _llama_factory_stage(cfg: dict, out: dict, rep: ImportReport) -> None:
+    """Its DPO and KTO trainers (train/dpo/trainer.py, train/kto/trainer.py
+    `concatenated_forward`) take `model(...).logits.to(torch.float32)` and its own
+    `get_batch_logps`: the full-logits head, which `stack: llama-factory` selects."""
+    stage = str(cfg.get("stage", "sft"))
+    if stage == "dpo":
+        loss = str(cfg.get("pref_loss", "sigmoid"))
+        if loss not in _LF_PREF_LOSS:
+            raise ImportError_(rep.source, "pref_loss", f"expected one of {', '.join(_LF_PREF_LOSS)}, got {loss!r}")
+        out["task"] = _LF_PREF_LOSS[loss]
+        if "pref_loss" in cfg:
+            rep.use("pref_loss", "task")
+    elif stage in _LF_STAGES:
+        out["task"] = _LF_STAGES[stage]
+    else:
+        # rm and ppo wrap the model in TRL's AutoModelForCausalLMWithValueHead (full LM logits
+        # beside the value head), which the reward-model and ppo tasks do not model
+        rep.unresolved["stage"] = (f"{stage!r}: LLaMA-Factory's value-head model is not modelled; "
+                                   "give task (reward-model, ppo) in the spec")
+        return
+    if "stage" in cfg:
+        rep.use("stage", "task")
 
 
 def _llama_factory_dtype(cfg: dict, out: dict, rep: ImportReport) -> None:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from vramplan.breakdown import Breakdown
 from vramplan.i18n import Msg
 from vramplan.spec import Backend, JobSpec, LogprobHead, Task
+from vramplan.spec.stack import Framework
 from vramplan.units import nbytes
 
 TOKEN_CHUNK = 4096
@@ -32,17 +33,43 @@ VOCAB_CHUNK = 32768
 
 # Trainers that call the model with fused_lm_head=True in TRL 1.16 (dpo_trainer.py, kto_trainer.py,
 # grpo_trainer.py, rloo_trainer.py, sft_trainer.py `add_fused_lm_head`). ORPO and CPO/SimPO
-# (trl/experimental/orpo, cpo) still build the full logits; PPO is no longer in TRL 1.x.
+# (trl/experimental/orpo, cpo) still build the full logits and score them with
+# `selective_log_softmax` (their `get_batch_logps`); PPO is no longer in TRL 1.x.
 _CHUNKED_TASKS = (Task.DPO, Task.IPO, Task.KTO, Task.GRPO)
+_SELECTIVE_TASKS = (Task.ORPO, Task.SIMPO)
 
 
 def resolve_head(spec: JobSpec) -> LogprobHead:
     """The head the spec asks for; `auto` is TRL 1.16's for the task (any backend: the
-    chunked head has a Triton path on CUDA and a torch fallback elsewhere)."""
+    chunked head has a Triton path on CUDA and a torch fallback elsewhere). SFT runs it only
+    under TRL's SFTTrainer (`stack: trl`); the HF Trainer's SFT is the model's own loss."""
     head = spec.logprob_head
     if head is not LogprobHead.AUTO:
         return head
+    if spec.stack.framework is Framework.LLAMA_FACTORY:
+        # its DPO/KTO trainers' own concatenated_forward: logits.to(float32) + get_batch_logps
+        # (src/llamafactory/train/dpo/trainer.py, train/trainer_utils.py)
+        return LogprobHead.FULL
+    if spec.task is Task.SFT:
+        # TRL 1.9's SFTTrainer still called the model's own loss (super().compute_loss);
+        # 1.16 is the release measured with the fused head (bench/trainers)
+        trl = spec.stack.minor("trl")
+        fused = spec.stack.framework is Framework.TRL and (trl is None or trl >= (1, 16))
+        return LogprobHead.CHUNKED if fused else LogprobHead.FULL
+    if spec.task in _SELECTIVE_TASKS:
+        return LogprobHead.SELECTIVE
     return LogprobHead.CHUNKED if spec.task in _CHUNKED_TASKS else LogprobHead.FULL
+
+
+def sft_head(spec: JobSpec, hidden: int, vocab: int, softcap: bool) -> "Chunked | None":
+    """TRL 1.16 SFTTrainer's head, or None for the model's own cross-entropy: the trainer
+    calls `add_fused_lm_head(model, outputs=("log_probs", "entropy", "is_top1"))`
+    (trl/trainer/sft_trainer.py __init__) and `compute_loss` takes `-log_probs` summed over
+    the label mask; `full` (or `selective`, which SFT has no use for) is the model's loss."""
+    if spec.task is not Task.SFT or resolve_head(spec) is not LogprobHead.CHUNKED:
+        return None
+    return chunked_head(spec, spec.micro_batch_size, spec.seq_len, hidden, vocab, top1=True, entropy=True,
+                        softcap=softcap)
 
 
 def head_note(spec: JobSpec) -> str:
@@ -55,6 +82,9 @@ def head_note(spec: JobSpec) -> str:
         return Msg("log-prob head: chunked (TRL 1.16 fused_lm_head, {tokens} x {vocab} tiles, {path}); "
                    "TRL's configs default to gradient_checkpointing=True and bf16=True, the spec's values are used",
                    tokens=TOKEN_CHUNK, vocab=VOCAB_CHUNK, path=path)
+    if head is LogprobHead.SELECTIVE and spec.task in _SELECTIVE_TASKS:
+        return Msg("log-prob head: selective_log_softmax over the full logits "
+                   "(TRL 1.16 trl.experimental ORPO/CPO get_batch_logps)")
     if head is LogprobHead.SELECTIVE:
         return Msg("log-prob head: selective_log_softmax (TRL 0.13-0.2x)")
     return Msg("log-prob head: full fp32 log_softmax over the logits (TRL 0.x get_batch_logps)")

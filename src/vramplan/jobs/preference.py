@@ -18,6 +18,7 @@ from vramplan.jobs.compose import Step, finish
 from vramplan.jobs.frozen import frozen_weights, logps_head, no_grad_forward_peak
 from vramplan.components.dtypes import dtypes_of
 from vramplan.jobs.logprob import chunked_head, head_note, resolve_head
+from vramplan.jobs.odds_ratio import odds_ratio_loss
 from vramplan.jobs.rl import completion_logps_head, completion_logps_loss
 from vramplan.jobs.trained import compute_dtype, logps_loss, prefixed, score_loss, trained_plan
 from vramplan.model import ModelDesc
@@ -40,6 +41,8 @@ def _policy_head(spec: JobSpec, desc: ModelDesc, rows: int, chunked: bool):
     `add_fused_lm_head(..., outputs=outputs)`) and ("log_probs", "entropy", "mean_logits")
     in KTO (kto_trainer.py)."""
     s, v, h = spec.seq_len, desc.vocab_size, desc.hidden_size
+    if resolve_head(spec) is LogprobHead.SELECTIVE and spec.task in (Task.ORPO, Task.SIMPO):
+        return odds_ratio_loss(spec, rows, s, v)  # TRL 1.16's trl.experimental ORPO / CPO
     if resolve_head(spec) is LogprobHead.SELECTIVE:
         return completion_logps_loss(rows, s - 1, v, compute_dtype(spec))
     if not chunked:

@@ -137,6 +137,20 @@ def _one_label(model) -> ModelDesc:
     return _desc(model, 1)
 
 
+def zero3_generation_gather(desc: ModelDesc, spec: JobSpec, sharded_weights: int) -> int:
+    """Bytes a rank adds when TRL gathers the ZeRO-3 policy for generation
+    (trl/models/utils.py `_unwrap_model_for_generation`: `deepspeed.zero.GatheredParameters(
+    model.parameters())` around `generate`, unless `ds3_gather_for_generation` is false):
+    every parameter's full 16-bit tensor beside the rank's partition, which stays. Adapters
+    are not in the base's parameter list and are a rounding error beside it."""
+    if spec.task is not Task.GRPO or spec.parallel.zero_stage != 3 or spec.num_gpus < 2:
+        return 0
+    if spec.generation is not None and not spec.generation.ds3_gather_for_generation:
+        return 0
+    full = frozen_weights(desc, dtypes_of(spec).weights).total()
+    return max(0, full - sharded_weights)
+
+
 def rl_estimate(descs: dict[str, ModelDesc], spec: JobSpec, gpu=None):
     desc = descs["policy"]
     ppo = spec.task is Task.PPO
@@ -203,6 +217,11 @@ def rl_estimate(descs: dict[str, ModelDesc], spec: JobSpec, gpu=None):
             floor.add("generation/vllm_engine", int(spec.generation.gpu_memory_utilization * gpu.memory_bytes))
     else:
         gen = generation_peak(desc, gen_rows, prompt, new, c)
+        gathered = zero3_generation_gather(desc, spec, step.plan.static.total(f"{actor}/weights/"))
+        if gathered:
+            gen.add("generation/zero3_gathered_weights", gathered)
+            notes.append(Msg("ZeRO-3: the whole policy is gathered for generation "
+                             "(TRL ds3_gather_for_generation=True; set it false to generate layer by layer)"))
         step.before.append(("generation", f"generation ({gen_rows} rows, KV cache to {total_len} tokens)",
                             Breakdown().merge(gen, prefix=f"{actor}/")))
         if ppo:

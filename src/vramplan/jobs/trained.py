@@ -44,6 +44,15 @@ def compute_dtype(spec: JobSpec) -> str:
     return dtypes_of(spec).compute if spec.method.value != "qlora" else spec.quantization.compute_dtype
 
 
+def trainer_logits_dtype(spec: JobSpec) -> str:
+    """The dtype of the logits a trainer's own loss receives from `model(...)`. When the
+    trainer autocasts, accelerate wraps each prepared model's forward in
+    `convert_outputs_to_fp32` (accelerate/accelerator.py `prepare_model`, native_amp; the
+    frozen models prepared with `evaluation_mode=True` too), so the loss gets fp32 copies;
+    otherwise the head's dtype (transformers 5 does not upcast the logits)."""
+    return "fp32" if dtypes_of(spec).autocast else compute_dtype(spec)
+
+
 def logps_loss(rows: int, s: int, v: int, h: int, c: str) -> LossTerms:
     """Per-sequence log-probs of the labels, as trl DPOTrainer.get_batch_logps computes them:
     `logits[:, :-1].float().log_softmax(-1)` then `torch.gather(..., labels[:, 1:])`.
@@ -145,6 +154,36 @@ def chunked_loss(acts: ActivationPlan, head: Chunked, trainable: bool) -> LossTe
     return LossTerms(saved, fwd, bwd0, head.backward_fold(trainable))
 
 
+def with_loss(acts: ActivationPlan, loss: LossTerms | Chunked, params: ParamSet) -> bool:
+    """Put `loss` in place of causal-LM cross-entropy in the activation plan (a Chunked head
+    first becomes its LossTerms against the model's own plan); True for a chunked head."""
+    chunked = isinstance(loss, Chunked)
+    if chunked:
+        loss = chunked_loss(acts, loss, head_trainable(params))
+    acts.loss_saved, acts.forward_end_transient = loss.saved, loss.forward_end
+    acts.loss_backward_transient, acts.head_backward_transient = loss.backward_start, loss.head_backward
+    if loss.head_freed:
+        acts.stages[-1].freed_before_peak = loss.head_freed
+    return chunked
+
+
+def head_grads_after_fold(plan: StepPlan) -> None:
+    """The head stage's gradients (lm_head, final norm) are made after the chunked head's
+    backward returns, so none exists at its fold (the fp32 accumulators stand in): count
+    them from the stage before on (new lists: the plan's are memoized)."""
+    if len(plan.grads_by_stage) < 2:
+        return
+    grads = [Breakdown().merge(g) for g in plan.grads_by_stage]
+    grads[-2].merge(grads[-1])
+    grads[-1] = Breakdown()
+    plan.grads_by_stage = grads
+    if plan.stage_grads_at_peak is not None:  # the same for what a stage's peak sees
+        at_peak = [Breakdown().merge(g) for g in plan.stage_grads_at_peak]
+        at_peak[-2].merge(at_peak[-1])
+        at_peak[-1] = Breakdown()
+        plan.stage_grads_at_peak = at_peak
+
+
 def trained_plan(desc: ModelDesc, spec: JobSpec, rows: int, loss: LossTerms | Chunked,
                  seq_len: int | None = None) -> Trained:
     """The core's step plan for the trained model with `loss` in place of causal-LM
@@ -154,27 +193,10 @@ def trained_plan(desc: ModelDesc, spec: JobSpec, rows: int, loss: LossTerms | Ch
     one = single_spec(spec, rows, seq_len)
     params = param_set(desc, one)
     acts: ActivationPlan = plan_activations(desc, one, params)
-    chunked = isinstance(loss, Chunked)
-    if chunked:
-        loss = chunked_loss(acts, loss, head_trainable(params))
-    acts.loss_saved, acts.forward_end_transient = loss.saved, loss.forward_end
-    acts.loss_backward_transient, acts.head_backward_transient = loss.backward_start, loss.head_backward
-    if loss.head_freed:
-        acts.stages[-1].freed_before_peak = loss.head_freed
+    chunked = with_loss(acts, loss, params)
     plan = rank_step(desc, one, params, acts)
-    if chunked and len(plan.grads_by_stage) > 1:
-        # The head stage's gradients (lm_head, final norm) are made after the function's
-        # backward returns, so none exists at its fold (the fp32 accumulators stand in):
-        # count them from the stage before on (new lists: the plan's are memoized).
-        grads = [Breakdown().merge(g) for g in plan.grads_by_stage]
-        grads[-2].merge(grads[-1])
-        grads[-1] = Breakdown()
-        plan.grads_by_stage = grads
-        if plan.stage_grads_at_peak is not None:  # the same for what a stage's peak sees
-            at_peak = [Breakdown().merge(g) for g in plan.stage_grads_at_peak]
-            at_peak[-2].merge(at_peak[-1])
-            at_peak[-1] = Breakdown()
-            plan.stage_grads_at_peak = at_peak
+    if chunked:
+        head_grads_after_fold(plan)
     plan.static.terms.pop("batch/input_ids", None)
     return Trained(desc, one, params, plan)
 

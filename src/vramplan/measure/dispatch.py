@@ -1,7 +1,8 @@
 """Which runner measures a job on CPU, and the `runner` record naming it.
 
 Library trainers first (measure/trainers.py: TRL's DPOTrainer, KTOTrainer, RewardTrainer,
-GRPOTrainer); single-model jobs through measure/run.py (a transformers model in a plain loop
+GRPOTrainer; measure/trl_experimental.py: GKDTrainer for distill, ORPOTrainer, CPOTrainer for
+SimPO); single-model jobs through measure/run.py (a transformers model in a plain loop
 in HF Trainer's order, the semantics of the committed CPU references); the hand-written
 multi-model steps only where no library trainer runs here, each named with a note.
 """
@@ -12,9 +13,10 @@ from typing import Any
 from . import MeasureResult
 
 HAND_WRITTEN = {
-    "distill": ("jobs", "measure_job", "TRL 0.x GKDTrainer's step written out (full logits, no TRL "
-                                       "trainer run here)"),
-    "ppo": ("ppo", "measure_ppo", "TRL 0.x PPOTrainer's step written out (PPO is not in TRL 1.x)"),
+    "distill": ("jobs", "measure_job", "TRL 0.x GKDTrainer's step written out (full logits); install "
+                                       "trl to run trl.experimental.gkd.GKDTrainer"),
+    "ppo": ("ppo", "measure_ppo", "TRL 0.x PPOTrainer's step written out (TRL 1.16 ships no PPOTrainer, "
+                                  "neither in trl nor in trl.experimental)"),
     "grpo": ("rl", "measure_grpo", "TRL 0.x GRPO step written out (selective_log_softmax head); "
                                    "install trl to run GRPOTrainer"),
     "dpo": ("jobs", "measure_job", "TRL 0.x DPO step written out (full-logits get_batch_logps head)"),
@@ -56,13 +58,15 @@ def _hand_written(job: dict, trace: bool, steps: int) -> MeasureResult:
 
 
 def _library_ok(job: dict) -> bool:
-    from .trainers import TRL_TASKS, runs_library
+    from .trainers import TRL_TASKS, runs_library, trl_sft
 
-    if job["task"] not in TRL_TASKS or job.get("vision") or job.get("models"):
+    if (job["task"] not in TRL_TASKS and not trl_sft(job)) or job.get("vision") or job.get("models"):
         return False
     if job.get("reference_model") == "precomputed":
         return False  # TRL precomputes reference log-probs before train(); not metered here
-    return runs_library(job["task"])
+    if job.get("logprob_head") == "full" and job["task"] in ("dpo", "ipo", "distill"):
+        return False  # TRL 0.x's full-logits step: TRL 1.16 runs none; the written-out step does
+    return runs_library("dpo" if trl_sft(job) else job["task"])  # SFTTrainer: whether trl is there
 
 
 def measure_cpu(job: Any, trace: bool = False, steps: int = 2) -> MeasureResult:

@@ -12,7 +12,9 @@ saving, two optimizer steps):
   adapter disabled (dpo_trainer.py ``_compute_loss`` -> ``use_adapter``);
 * kto: ``trl.KTOTrainer``; reward-model: ``trl.RewardTrainer``;
 * grpo: ``trl.GRPOTrainer`` with HF ``generate`` (``use_vllm=False``) and a reward function;
-* sft: the HF ``transformers.Trainer`` (the model's own causal-LM loss).
+* sft: the HF ``transformers.Trainer`` (the model's own causal-LM loss);
+* distill, orpo, simpo: trl.experimental's GKDTrainer, ORPOTrainer, CPOTrainer
+  (measure/trl_experimental.py, which also states how their precision is mapped).
 
 The TRL configs' own defaults (``gradient_checkpointing=True``, ``bf16=True``: trl/trainer/
 base_config.py ``_BaseConfig``) are overridden by the spec, which states both; the
@@ -36,7 +38,9 @@ from .build import (
 from .trainer_meter import metered_train
 
 TRL_TASKS = {"dpo": "DPOTrainer", "ipo": "DPOTrainer", "kto": "KTOTrainer",
-             "reward-model": "RewardTrainer", "grpo": "GRPOTrainer"}
+             "reward-model": "RewardTrainer", "grpo": "GRPOTrainer",
+             # trl.experimental (measure/trl_experimental.py)
+             "distill": "GKDTrainer", "orpo": "ORPOTrainer", "simpo": "CPOTrainer"}
 HF_TASKS = {"sft": "Trainer"}
 DPO_LOSS = {"dpo": "sigmoid", "ipo": "ipo"}
 
@@ -64,7 +68,7 @@ def _precision(job: dict) -> tuple[torch.dtype, dict]:
     return dtype, {"bf16": autocast is torch.bfloat16, "fp16": autocast is torch.float16}
 
 
-def _model(job: dict, field, dtype, task: str = "sft", num_labels: int | None = None):
+def build_role(job: dict, field, dtype, task: str = "sft", num_labels: int | None = None):
     sub = dict(job, model=field, task=task, method="full")
     if num_labels is not None:
         from .build import hf_config_dict
@@ -77,19 +81,19 @@ def _model(job: dict, field, dtype, task: str = "sft", num_labels: int | None = 
     return model
 
 
-def _policy(job: dict, dtype, task: str = "sft", num_labels: int | None = None):
-    model = _model(job, job["model"], dtype, task, num_labels)
+def policy_model(job: dict, dtype, task: str = "sft", num_labels: int | None = None):
+    model = build_role(job, job["model"], dtype, task, num_labels)
     return apply_method(model, job, "cpu")
 
 
-def _frozen(job: dict, field, dtype):
-    model = _model(job, field, dtype)
+def frozen_model(job: dict, field, dtype):
+    model = build_role(job, field, dtype)
     model.eval()
     model.requires_grad_(False)
     return model
 
 
-def _common(job: dict, flags: dict) -> dict:
+def common_args(job: dict, flags: dict) -> dict:
     """TrainingArguments fields every trainer gets."""
     gc = job.get("gradient_checkpointing", "none") not in (None, False, "none", "off")
     return dict(output_dir=tempfile.mkdtemp(prefix="vramplan-measure-"),
@@ -100,30 +104,30 @@ def _common(job: dict, flags: dict) -> dict:
                 learning_rate=float(job.get("learning_rate", 1e-4)), **flags)
 
 
-def _optimizers(model, job: dict):
+def optimizers_for(model, job: dict):
     return build_optimizer([p for p in model.parameters() if p.requires_grad], job), None
 
 
-def _rows(job: dict) -> int:
+def num_rows(job: dict) -> int:
     return 4 * int(job.get("micro_batch_size", 1)) * int(job.get("grad_accum_steps", 1))
 
 
 def _dpo(job: dict, dtype, flags: dict):
     from trl import DPOConfig, DPOTrainer
 
-    policy = _policy(job, dtype)
+    policy = policy_model(job, dtype)
     vocab = policy.config.vocab_size
     ref = job.get("reference_model")
     if ref == "precomputed":
         raise ValueError("reference_model: precomputed is measured through the hand-written step "
                          "(TRL precomputes it before train())")
     lora_ref = ref is None and job.get("method") in ("lora", "qlora")
-    ref_model = None if lora_ref else _frozen(job, ref or job["model"], dtype)
-    args = DPOConfig(**_common(job, flags), max_length=int(job["seq_len"]),
+    ref_model = None if lora_ref else frozen_model(job, ref or job["model"], dtype)
+    args = DPOConfig(**common_args(job, flags), max_length=int(job["seq_len"]),
                      loss_type=[DPO_LOSS[job["task"]]], dataset_num_proc=None)
     trainer = DPOTrainer(model=policy, ref_model=ref_model, args=args,
-                         train_dataset=data.dataset(data.preference_rows(_rows(job), job["seq_len"], vocab)),
-                         processing_class=data.tokenizer(vocab), optimizers=_optimizers(policy, job))
+                         train_dataset=data.dataset(data.preference_rows(num_rows(job), job["seq_len"], vocab)),
+                         processing_class=data.tokenizer(vocab), optimizers=optimizers_for(policy, job))
     models = {"policy": policy} | ({"reference": ref_model} if ref_model is not None else {})
     return trainer, models, {}
 
@@ -131,15 +135,15 @@ def _dpo(job: dict, dtype, flags: dict):
 def _kto(job: dict, dtype, flags: dict):
     from trl import KTOConfig, KTOTrainer
 
-    policy = _policy(job, dtype)
+    policy = policy_model(job, dtype)
     vocab = policy.config.vocab_size
     ref = job.get("reference_model")
     lora_ref = ref is None and job.get("method") in ("lora", "qlora")
-    ref_model = None if lora_ref else _frozen(job, ref or job["model"], dtype)
-    args = KTOConfig(**_common(job, flags), max_length=int(job["seq_len"]), dataset_num_proc=None)
+    ref_model = None if lora_ref else frozen_model(job, ref or job["model"], dtype)
+    args = KTOConfig(**common_args(job, flags), max_length=int(job["seq_len"]), dataset_num_proc=None)
     trainer = KTOTrainer(model=policy, ref_model=ref_model, args=args,
-                         train_dataset=data.dataset(data.unpaired_rows(_rows(job), job["seq_len"], vocab)),
-                         processing_class=data.tokenizer(vocab), optimizers=_optimizers(policy, job))
+                         train_dataset=data.dataset(data.unpaired_rows(num_rows(job), job["seq_len"], vocab)),
+                         processing_class=data.tokenizer(vocab), optimizers=optimizers_for(policy, job))
     models = {"policy": policy} | ({"reference": ref_model} if ref_model is not None else {})
     return trainer, models, {}
 
@@ -147,12 +151,12 @@ def _kto(job: dict, dtype, flags: dict):
 def _reward(job: dict, dtype, flags: dict):
     from trl import RewardConfig, RewardTrainer
 
-    policy = _policy(job, dtype, "sequence-classification", num_labels=1)
+    policy = policy_model(job, dtype, "sequence-classification", num_labels=1)
     vocab = policy.config.vocab_size
-    args = RewardConfig(**_common(job, flags), max_length=int(job["seq_len"]), dataset_num_proc=None)
+    args = RewardConfig(**common_args(job, flags), max_length=int(job["seq_len"]), dataset_num_proc=None)
     trainer = RewardTrainer(model=policy, args=args,
-                            train_dataset=data.dataset(data.reward_rows(_rows(job), job["seq_len"], vocab)),
-                            processing_class=data.tokenizer(vocab), optimizers=_optimizers(policy, job))
+                            train_dataset=data.dataset(data.reward_rows(num_rows(job), job["seq_len"], vocab)),
+                            processing_class=data.tokenizer(vocab), optimizers=optimizers_for(policy, job))
     return trainer, {"policy": policy}, {}
 
 
@@ -167,7 +171,7 @@ def _grpo(job: dict, dtype, flags: dict):
     from trl import GRPOConfig, GRPOTrainer
     from trl.trainer import grpo_trainer
 
-    policy = _policy(job, dtype)
+    policy = policy_model(job, dtype)
     vocab = policy.config.vocab_size
     b = int(job.get("micro_batch_size", 1))
     g = int(job.get("num_generations") or b)
@@ -179,13 +183,13 @@ def _grpo(job: dict, dtype, flags: dict):
     # policy's checkpoint path (grpo_trainer.py `create_model_from_path`), which a random-init
     # model has not: the loader is handed the reference built from the spec instead.
     beta = 0.0 if ref == "precomputed" else 0.04
-    frozen = None if beta == 0.0 or job.get("method") in ("lora", "qlora") else _frozen(job, ref or job["model"], dtype)
-    args = GRPOConfig(**_common(job, flags), num_generations=g, max_completion_length=new, beta=beta,
+    frozen = None if beta == 0.0 or job.get("method") in ("lora", "qlora") else frozen_model(job, ref or job["model"], dtype)
+    args = GRPOConfig(**common_args(job, flags), num_generations=g, max_completion_length=new, beta=beta,
                       use_vllm=False, generation_kwargs={"min_new_tokens": new})
     with mock.patch.object(grpo_trainer, "create_model_from_path", lambda *a, **k: frozen):
         trainer = GRPOTrainer(model=policy, reward_funcs=_length_reward, args=args,
-                              train_dataset=data.dataset(data.prompt_rows(_rows(job), job["seq_len"], vocab)),
-                              processing_class=data.tokenizer(vocab), optimizers=_optimizers(policy, job))
+                              train_dataset=data.dataset(data.prompt_rows(num_rows(job), job["seq_len"], vocab)),
+                              processing_class=data.tokenizer(vocab), optimizers=optimizers_for(policy, job))
     models = {"policy": policy} | ({"reference": frozen} if frozen is not None else {})
     return trainer, models, {"generation": True}
 
@@ -193,19 +197,47 @@ def _grpo(job: dict, dtype, flags: dict):
 def _sft(job: dict, dtype, flags: dict):
     from transformers import Trainer, TrainingArguments, default_data_collator
 
-    policy = _policy(job, dtype)
+    policy = policy_model(job, dtype)
     vocab = policy.config.vocab_size
-    args = TrainingArguments(**_common(job, flags))
+    args = TrainingArguments(**common_args(job, flags))
     trainer = Trainer(model=policy, args=args, data_collator=default_data_collator,
-                      train_dataset=data.dataset(data.lm_rows(_rows(job), job["seq_len"], vocab)),
-                      optimizers=_optimizers(policy, job))
+                      train_dataset=data.dataset(data.lm_rows(num_rows(job), job["seq_len"], vocab)),
+                      optimizers=optimizers_for(policy, job))
+    return trainer, {"policy": policy}, {}
+
+
+def _sft_trl(job: dict, dtype, flags: dict):
+    """TRL's SFTTrainer (stack trl): its own collator (input_ids, labels, attention_mask) and
+    `compute_loss` with `fused_lm_head=True` (trl/trainer/sft_trainer.py), the chunked head."""
+    from trl import SFTConfig, SFTTrainer
+
+    policy = policy_model(job, dtype)
+    vocab = policy.config.vocab_size
+    args = SFTConfig(**common_args(job, flags), max_length=int(job["seq_len"]), dataset_num_proc=None)
+    rows = data.lm_rows(num_rows(job), job["seq_len"], vocab)
+    trainer = SFTTrainer(model=policy, args=args, train_dataset=data.dataset({"input_ids": rows["input_ids"]}),
+                         processing_class=data.tokenizer(vocab), optimizers=optimizers_for(policy, job))
     return trainer, {"policy": policy}, {}
 
 
 BUILDERS = {"dpo": _dpo, "ipo": _dpo, "kto": _kto, "reward-model": _reward, "grpo": _grpo, "sft": _sft}
 
 
+def _framework(job: dict) -> str:
+    stack = job.get("stack") or {}
+    return stack if isinstance(stack, str) else stack.get("framework", "plain")
+
+
+def trl_sft(job: dict) -> bool:
+    """SFT under `stack: trl`: TRL's SFTTrainer, whose loss is not the model's own."""
+    return job["task"] == "sft" and _framework(job) == "trl"
+
+
 def _runner(task: str) -> dict:
+    from .trl_experimental import ENTRIES, runner
+
+    if task in ENTRIES:
+        return runner(task)
     if task in HF_TASKS:
         import transformers
 
@@ -219,12 +251,25 @@ def measure_trainer(job, trace: bool = False) -> MeasureResult:
     """Run the job's library trainer for two optimizer steps under the exact CPU meter."""
     job = job_dict(job)
     task = job["task"]
-    if task not in BUILDERS:
+    from . import trl_experimental
+
+    if task in trl_experimental.BUILDERS:
+        build, precision = trl_experimental.BUILDERS[task], trl_experimental.stack_precision
+    elif trl_sft(job):  # SFT under stack trl: TRL's SFTTrainer
+        build, precision = _sft_trl, _precision
+    elif task in BUILDERS:
+        build, precision = BUILDERS[task], _precision
+    else:
         raise ValueError(f"task: no library trainer is measured for {task!r}")
     torch.manual_seed(0)
-    dtype, flags = _precision(job)
-    trainer, models, options = BUILDERS[task](job, dtype, flags)
-    return metered_train(trainer, models, _runner(task), trace=trace, **options)
+    dtype, flags = precision(job)
+    trainer, models, options = build(job, dtype, flags)
+    runner = _runner(task)
+    if trl_sft(job):
+        import trl
+
+        runner = {"library": "trl", "version": trl.__version__, "entry": "SFTTrainer"}
+    return metered_train(trainer, models, runner, trace=trace, **options)
 
 
-__all__ = ["measure_trainer", "runs_library", "TRL_TASKS", "HF_TASKS"]
+__all__ = ["measure_trainer", "runs_library", "trl_sft", "TRL_TASKS", "HF_TASKS"]

@@ -77,3 +77,10 @@ def dataset(rows: dict):
     from datasets import Dataset
 
     return Dataset.from_dict(rows)
+
+
+def distill_rows(n: int, seq_len: int, vocab_size: int) -> dict:
+    """GKD (lmbda 0): token ids, a full attention mask and labels on every token (no prompt
+    masked: the most tokens the divergence is taken over)."""
+    rows = lm_rows(n, seq_len, vocab_size)
+    return rows | {"attention_mask": [[1] * seq_len for _ in range(n)]}

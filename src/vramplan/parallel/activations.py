@@ -37,9 +37,21 @@ def _div(value: int, k: int) -> int:
 
 # The norms' outputs: the input the next column-parallel linear saves.
 _SP_GATHERED = ("attn_norm", "mlp_norm", "final_norm")
+_DIVIDES: dict[tuple[str, bool, bool], bool] = {}
 
 
 def tp_divides(name: str, sp: bool, dtensor: bool = False) -> bool:
+    """Whether tensor parallelism splits the term `name` (memoized: a pure function of the
+    name, asked for every term of every layer of every layout a search tries)."""
+    hit = _DIVIDES.get((name, sp, dtensor))
+    if hit is None:
+        if len(_DIVIDES) >= 4096:
+            _DIVIDES.clear()
+        hit = _DIVIDES[(name, sp, dtensor)] = _tp_divides(name, sp, dtensor)
+    return hit
+
+
+def _tp_divides(name: str, sp: bool, dtensor: bool) -> bool:
     if any(k in name for k in _TP_KEEP) or "rotary/" in name:
         return False
     if sp and dtensor and name.endswith(_SP_GATHERED):
@@ -66,11 +78,27 @@ _ULYSSES_OUT = "attn/core"
 # _log_softmax_backward_handler passes it on (`grad_output.to(input_dtype)`, no copy in the
 # same dtype), so the log-softmax backward makes no tensor of its own.
 _LOSS_PARALLEL_NONE = "logits/grad_logits_fp32"
+_SCALED: dict[tuple, dict[str, int]] = {}
 
 
 def scale(bd: Breakdown, lay: Layout, kv_heads: int = 0) -> Breakdown:
-    out = Breakdown()
+    """One rank's share of each term of `bd` (a fresh Breakdown: callers add to it)."""
     shards = lay.seq_shards
+    if lay.tp == 1 and shards == 1:
+        return Breakdown().merge(bd)  # nothing divides: the same terms, as add() takes them
+    # Memoized on the terms themselves: every layer's transients are equal but distinct
+    # objects, and a search scales them again for each layout.
+    key = (tuple(bd.terms.items()), lay.tp, lay.sp, lay.dtensor_tp, shards, lay.ulysses, kv_heads)
+    hit = _SCALED.get(key)
+    if hit is None:
+        if len(_SCALED) >= 4096:
+            _SCALED.clear()
+        hit = _SCALED[key] = _scale(bd, lay, shards, kv_heads).terms
+    return Breakdown(dict(hit))
+
+
+def _scale(bd: Breakdown, lay: Layout, shards: int, kv_heads: int) -> Breakdown:
+    out = Breakdown()
     kv_wide = lay.ulysses > 1 and 0 < kv_heads < lay.ulysses
     for name, value in bd:
         if lay.tp > 1 and lay.dtensor_tp and name.endswith(_LOSS_PARALLEL_NONE):

@@ -17,11 +17,7 @@ from __future__ import annotations
 import os
 from dataclasses import replace
 
-from vramplan.breakdown import Breakdown
-from vramplan.components.optimizer import optimizer_states
-from vramplan.components.weights import weight_terms
 from vramplan.parallel.layout import Layout
-from vramplan.units import nbytes
 from vramplan.i18n import Msg
 from vramplan.units import GiB
 
@@ -74,21 +70,3 @@ def host_notes(lay: Layout, per_rank: int) -> list[str]:
                     left=(ram - need) / GiB)]
     return [Msg("{head}; does NOT fit in {ram:,.2f} GiB of host RAM (short by {short:,.2f} GiB)", head=head,
                 ram=ram / GiB, short=(need - ram) / GiB)]
-
-
-def offload_host(spec, lay: Layout, states, weights) -> Breakdown:
-    """Host RAM per rank: DeepSpeed CPU offload keeps the fp32 master partition, the
-    optimizer states and an fp32 gradient partition on the host (runtime/zero/
-    stage_1_and_2.py: single_partition_of_fp32_groups and its .grad in pinned memory when
-    cpu_offload; DeepSpeedCPUAdam steps there); offload_param keeps the 16-bit partition
-    (runtime/zero/partition_parameters.py, ds_tensor on cpu). NVMe moves them to disk,
-    keeping swap buffers (aio buffer_count x buffer_size) in pinned host memory."""
-    out = Breakdown()
-    if lay.offload_optimizer == "cpu":
-        out.merge(optimizer_states(spec, states), prefix="host/")
-        out.add("host/fp32_grad_partition", sum(nbytes(p.numel, "fp32") for p in states.trainable()))
-    elif lay.offload_optimizer == "nvme":
-        out.add("host/nvme_swap_buffers", int(lay.knob("buffer_count", 4)) * int(lay.knob("buffer_size", 100_000_000)) * 4)
-    if lay.offload_params == "cpu":
-        out.merge(weight_terms(spec, weights), prefix="host/")
-    return out

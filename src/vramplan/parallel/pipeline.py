@@ -28,8 +28,10 @@ def pipeline_buffers(desc: ModelDesc, spec: JobSpec, lay: Layout, out: StepPlan,
     logits = nbytes(tokens * -(-desc.vocab_size // lay.tp), compute)
     terms = torch_pipelining(stage == 0, last, spec.grad_accum_steps, act, logits)
     out.static.merge(terms["static"])
-    for t in [out.loss_backward_transient, *out.stage_backward_transient, out.optimizer_temporaries]:
+    for t in [out.loss_backward_transient, *out.stage_backward_transient]:
         t.merge(terms["current"])
+    # a fresh breakdown: the step's temporaries are memoized on the parameter set
+    out.optimizer_temporaries = Breakdown().merge(out.optimizer_temporaries).merge(terms["current"])
     if last:
         out.backward_end_transient = Breakdown().merge(terms["current"]).merge(terms["merged"])
 

@@ -7,20 +7,20 @@ from dataclasses import dataclass, field, replace
 from vramplan.breakdown import Breakdown
 from vramplan.components.dtypes import dtypes_of
 from vramplan.components.optimizer import heads_of, optimizer_states, state_key, step_temporaries
-from vramplan.components.trainable import HeldParam, ParamSet, grad_dtype
+from vramplan.components.trainable import HeldParam, grad_dtype
 from vramplan.components.memo import cached
 from vramplan.components.weights import gradient_stages, gradient_stages_at_peak, weight_terms
 from vramplan.model import ModelDesc
 from vramplan.parallel import activations as acts
 from vramplan.parallel import engines
 from vramplan.parallel.comm import volumes
-from vramplan.parallel.host import host_notes, host_per_node, offload_host
+from vramplan.parallel.host import host_notes, host_per_node
+from vramplan.parallel.layout import Layout
 from vramplan.parallel.pipeline import pipeline_buffers
-from vramplan.parallel.layout import DS_PARAM_PERSISTENCE_THRESHOLD, Layout
-from vramplan.parallel.shard import dp_shard, dtensor_embedding_grads, model_parallel_set, pp_layers
+from vramplan.parallel.sets import RankSets, grad_bytes, memo, numel, rank_sets, units
+from vramplan.parallel.shard import pp_layers
 from vramplan.spec import JobSpec
-from vramplan.spec.stack import Framework
-from vramplan.timeline import StepPlan, peak_event, walk
+from vramplan.timeline import StepPlan, peak_total
 from vramplan.units import nbytes
 
 
@@ -44,84 +44,22 @@ class ParallelReport:
                 "pp_stage_peaks": list(self.stage_peaks), "notes": list(self.notes)}
 
 
-@dataclass(slots=True)
-class _Sets:
-    weights: ParamSet
-    grads: ParamSet
-    states: ParamSet
-    full: ParamSet
-
-
 def rank_plan(desc: ModelDesc, spec: JobSpec, params: ParamSet, plan: StepPlan) -> tuple[StepPlan, ParallelReport]:
     lay = Layout.of(spec, desc.hidden_size)
     ranges = pp_layers(desc.num_layers, lay.pp, lay.extras.get("pp_layers"))
     plans = [_worst_backward(desc, spec, params, plan, lay, r, ranges[r]) for r in range(lay.pp)]
-    peaks = [peak_event(walk(p)).total for p, _ in plans]
+    peaks = [peak_total(p) for p, _ in plans]
     worst = max(range(lay.pp), key=lambda r: peaks[r])
     best_plan, sets = plans[worst]
-    w = sum(nbytes(p.numel, p.dtype) for p in sets.full.params)
-    g = sum(nbytes(p.numel, grad_dtype(spec, p)) for p in sets.full.trainable())
+    w = memo(sets, "weight_bytes", lambda: sum(nbytes(p.numel, p.dtype) for p in sets.full.params))
+    g = grad_bytes(spec, sets)
     layers = ranges[worst]
     moe = len([i for i in layers if i in desc.moe_layers])
     comm = volumes(desc, spec, lay, w, g, len(layers), moe)
-    host = offload_host(spec, lay, sets.states, sets.weights)
+    host = _host(spec, lay, sets)
     report = ParallelReport(lay, worst, peaks, comm, host, notes=host_notes(lay, host.total()))
     best_plan.sharded_prefixes, best_plan.parallel = ("",), report
     return best_plan, report
-
-
-_SETS: dict[tuple, tuple[ParamSet, _Sets]] = {}
-
-
-def _sets(desc, spec, params, lay: Layout, stage: int, layers: range) -> _Sets:
-    """Memoized: the sharded parameter sets depend on the (memoized, immutable) ParamSet and
-    the layout, not on batch, sequence or checkpointing, which a search varies most."""
-    key = (id(params), lay.tp, lay.ep, lay.pp, lay.dp, lay.shard_group, lay.engine, lay.zero_stage, lay.fsdp,
-           lay.fsdp_version, str(sorted(lay.extras.items())), stage, layers.start, layers.stop, spec.stack.framework)
-    hit = _SETS.get(key)
-    if hit is not None and hit[0] is params:
-        return hit[1]
-    value = _compute_sets(desc, spec, params, lay, stage, layers)
-    if len(_SETS) >= 256:
-        _SETS.pop(next(iter(_SETS)))
-    _SETS[key] = (params, value)
-    return value
-
-
-def _compute_sets(desc, spec, params, lay: Layout, stage: int, layers: range) -> _Sets:
-    mp = model_parallel_set(desc, params, tp=lay.tp, ep=lay.ep, pp=lay.pp, stage=stage, layers=layers,
-                            expert_tp=lay.extras.get("expert_tp"))
-    n = lay.shard_group
-    dim0 = lay.engine == "fsdp" and lay.fsdp_version == 2
-    zero3 = lay.engine == "zero" and lay.zero_stage == 3
-    persist = int(lay.knob("stage3_param_persistence_threshold", DS_PARAM_PERSISTENCE_THRESHOLD)) if zero3 else 0
-    expert_n = max(1, n // lay.ep) if lay.ep > 1 else None
-    flat = dp_shard(mp, n, per_param_dim0=dim0, expert_n=expert_n)
-    # Persistent (small) ZeRO-3 parameters stay gathered; their gradients and optimizer
-    # states are still partitioned (stage3.py treats ds_persist params like any other there).
-    flat_w = dp_shard(mp, n, per_param_dim0=dim0, persist_below=persist, expert_n=expert_n) if persist else flat
-    # Every sharding strategy but no-shard keeps only the shard at rest: SHARD_GRAD_OP
-    # (FSDP2 reshard_after_forward=False) keeps the unsharded parameters from forward into
-    # backward only, and frees them in the post-backward (FSDP1 torch/distributed/fsdp/
-    # _runtime_utils.py _post_backward_hook -> _should_free_in_backward is True whenever
-    # gradients are synced; FSDP2 _fsdp_param_group.py post_backward -> reshard). Those
-    # unsharded layers are the engine term "fsdp/unsharded_layers" (_fsdp below).
-    fsdp_params = lay.fsdp in ("full-shard", "hybrid-shard", "shard-grad-op")
-    fsdp_grads = lay.fsdp in ("full-shard", "hybrid-shard", "shard-grad-op")
-    grads_mp = mp if lay.tp == 1 or spec.stack.framework == Framework.MEGATRON else dtensor_embedding_grads(params, mp)
-    return _Sets(weights=flat_w if (zero3 or fsdp_params) else mp,
-                 grads=flat if (lay.zero_stage >= 2 or fsdp_grads) else grads_mp,
-                 states=flat if (lay.zero_stage >= 1 or lay.engine == "fsdp" or _distributed_optimizer(lay))
-                 else mp, full=mp)
-
-
-def _distributed_optimizer(lay: Layout) -> bool:
-    """Megatron's distributed optimizer (--use-distributed-optimizer): the fp32 main
-    parameters and the optimizer states are partitioned over the data-parallel group with
-    context parallelism, while the gradient buffer stays whole on every rank
-    (megatron/core/optimizer/distrib_optimizer.py, DistributedOptimizer: each rank owns a
-    contiguous range of the grad buffer and steps only its shard of the main params)."""
-    return bool(lay.extras.get("distributed_optimizer"))
 
 
 def _select(items: list, stage: int, pp: int, layers: range) -> list:
@@ -147,11 +85,11 @@ def _worst_backward(desc, spec, params, plan: StepPlan, lay: Layout, stage: int,
         first.stage_grads_at_peak = _select(cached(sets.grads, ("grads_at_peak", dtypes_of(spec)), lambda: (
             gradient_stages_at_peak(desc, spec, sets.grads))), stage, lay.pp, layers)
     later = _stage_plan(desc, spec, params, plan, lay, stage, layers, k - 1 if m > k else max(k - 2, 0))
-    return max((first, sets), later, key=lambda p: peak_event(walk(p[0])).total)
+    return max((first, sets), later, key=lambda p: peak_total(p[0]))
 
 
 def _stage_plan(desc, spec, params, plan: StepPlan, lay: Layout, stage: int, layers: range, others_n: float):
-    sets = _sets(desc, spec, params, lay, stage, layers)
+    sets = rank_sets(desc, spec, params, lay, stage, layers)
     last = stage == lay.pp - 1
     static = _model_states(spec, lay, sets, heads_of(desc))
     static.add("batch/input_ids", -(-plan.static.total("batch/") // lay.seq_shards))
@@ -196,7 +134,8 @@ def _stage_plan(desc, spec, params, plan: StepPlan, lay: Layout, stage: int, lay
                    stage_acts_at_peak=[sc(b) for b in
                                        _select(plan.stage_acts_at_peak or plan.stage_acts, stage, lay.pp, layers)],
                    optimizer_temporaries=Breakdown() if lay.offload_optimizer != "none"
-                   else step_temporaries(spec, sets.states),
+                   else cached(sets.states, ("temporaries",) + state_key(spec),
+                               lambda: step_temporaries(spec, sets.states)),
                    grads_alive_in_forward=plan.grads_alive_in_forward, labels=labels,
                    in_backward=None if plan.in_backward is None
                    else _select(plan.in_backward, stage, lay.pp, layers))
@@ -210,7 +149,7 @@ def _grads_offloaded(lay: Layout) -> bool:
     return lay.offload_optimizer != "none"
 
 
-def _model_states(spec: JobSpec, lay: Layout, sets: _Sets, heads: tuple[int, int] | None = None) -> Breakdown:
+def _model_states(spec: JobSpec, lay: Layout, sets: RankSets, heads: tuple[int, int] | None = None) -> Breakdown:
     """Weights, optimizer states and master weights one GPU keeps. Offloaded ones live in
     host memory instead (DeepSpeed offload_optimizer / offload_param, FSDP CPUOffload)."""
     out = Breakdown()
@@ -225,8 +164,24 @@ def _model_states(spec: JobSpec, lay: Layout, sets: _Sets, heads: tuple[int, int
     return out
 
 
-def _numel(params) -> int:
-    return sum(p.numel for p in params)
+def _host(spec: JobSpec, lay: Layout, sets: RankSets) -> Breakdown:
+    """Host RAM per rank: DeepSpeed CPU offload keeps the fp32 master partition, the
+    optimizer states and an fp32 gradient partition on the host (runtime/zero/
+    stage_1_and_2.py: single_partition_of_fp32_groups and its .grad in pinned memory when
+    cpu_offload; DeepSpeedCPUAdam steps there); offload_param keeps the 16-bit partition
+    (runtime/zero/partition_parameters.py, ds_tensor on cpu). NVMe moves them to disk,
+    keeping swap buffers (aio buffer_count x buffer_size) in pinned host memory."""
+    out = Breakdown()
+    if lay.offload_optimizer == "cpu":
+        out.merge(cached(sets.states, ("states", None) + state_key(spec), lambda: optimizer_states(spec, sets.states)),
+                  prefix="host/")
+        out.add("host/fp32_grad_partition", nbytes(memo(sets, "states_numel", lambda: numel(sets.states.trainable())),
+                                                   "fp32"))
+    elif lay.offload_optimizer == "nvme":
+        out.add("host/nvme_swap_buffers", int(lay.knob("buffer_count", 4)) * int(lay.knob("buffer_size", 100_000_000)) * 4)
+    if lay.offload_params == "cpu":
+        out.merge(weight_terms(spec, sets.weights), prefix="host/")
+    return out
 
 
 def _wbytes(spec: JobSpec, params: ParamSet) -> int:
@@ -234,21 +189,15 @@ def _wbytes(spec: JobSpec, params: ParamSet) -> int:
     return nbytes(1, ps[0].dtype) if ps else 2
 
 
-def _engine_buffers(desc, spec, lay: Layout, sets: _Sets, out: StepPlan, stage: int, layers: range) -> None:
+def _engine_buffers(desc, spec, lay: Layout, sets: RankSets, out: StepPlan, stage: int, layers: range) -> None:
     full = sets.full
     train = full.trainable()
     gdt = grad_dtype(spec, train[0]) if train else dtypes_of(spec).weights
     wb, gb = _wbytes(spec, full), nbytes(1, gdt)
     n = lay.shard_group
-    unit: dict[int, list] = {i: [] for i in layers}
-    root = []
-    for p in full.params:  # one pass: a 70B model has ~700 tensors over 80 layers
-        if p.layer is None:
-            root.append(p)
-        elif p.layer in unit:
-            unit[p.layer].append(p)
+    unit, root = memo(sets, ("units", layers.start, layers.stop), lambda: units(full, layers))
     if lay.engine == "ddp":
-        out.static.merge(engines.ddp_buckets(lay, sum(nbytes(p.numel, grad_dtype(spec, p)) for p in train)))
+        out.static.merge(engines.ddp_buckets(lay, grad_bytes(spec, sets)))
     elif lay.engine == "zero":
         _zero(spec, lay, sets, out, unit, root, gdt, gb)
     elif lay.engine == "fsdp" and lay.fsdp != "no-shard":
@@ -262,11 +211,11 @@ def _engine_buffers(desc, spec, lay: Layout, sets: _Sets, out: StepPlan, stage: 
         pipeline_buffers(desc, spec, lay, out, stage)
 
 
-def _zero(spec, lay: Layout, sets: _Sets, out: StepPlan, unit: dict, root: list, gdt: str, gb: int) -> None:
+def _zero(spec, lay: Layout, sets: RankSets, out: StepPlan, unit: dict, root: list, gdt: str, gb: int) -> None:
     """DeepSpeed ZeRO's own buffers on one rank (parallel/engines.py, from DeepSpeed 0.19's
     runtime/zero sources; checked against the real engine in bench/parallel/deepspeed_cpu.py)."""
     full, train = sets.full, sets.full.trainable()
-    states_numel = _numel(sets.states.trainable())
+    states_numel = memo(sets, "states_numel", lambda: numel(sets.states.trainable()))
     if lay.offload_optimizer == "none":
         out.static.merge(engines.zero_fp32_partition(dtypes_of(spec).master_weights is not None, states_numel))
         out.optimizer_temporaries = engines.zero_flat_step(out.optimizer_temporaries, states_numel)
@@ -274,7 +223,7 @@ def _zero(spec, lay: Layout, sets: _Sets, out: StepPlan, unit: dict, root: list,
         # The ipg buffer appears at the first gradient hook: every layer's backward, not the
         # loss backward (engines.zero12_ipg_buffer).
         ipg = engines.zero12_ipg_buffer(lay, gdt)
-        flat = engines.zero12_reduce_flat(lay, gdt, _numel(train))
+        flat = engines.zero12_reduce_flat(lay, gdt, memo(sets, "trained_numel", lambda: numel(train)))
         # ZeRO-2 reduces a bucket whenever it fills during backward; ZeRO-1 (and ZeRO-2 when
         # the whole model fits in one bucket) reduces in the backward epilogue, after the
         # last (embedding) stage: engine.allreduce_gradients -> reduce_gradients /
@@ -289,16 +238,17 @@ def _zero(spec, lay: Layout, sets: _Sets, out: StepPlan, unit: dict, root: list,
             if i == 0:
                 t.merge(flat)
         return
-    biggest = max([_numel(u) for u in unit.values()] + [max((p.numel for p in root), default=0)])
-    grad_part = sum(p.numel for p in sets.grads.trainable())
+    biggest = memo(sets, ("biggest", tuple(unit)),
+                   lambda: max([numel(u) for u in unit.values()] + [max((p.numel for p in root), default=0)]))
+    grad_part = memo(sets, "grads_numel", lambda: sum(p.numel for p in sets.grads.trainable()))
     reduce = engines.zero3_reduce(lay, gdt, biggest, grad_part)
     out.static.add("zero/ipg_bucket_flat_buffer", reduce.total("zero/ipg"))
     # The gradient partitions live in the persistent flat buffer (engines.zero3_reduce):
     # it replaces the per-stage sharded gradients.
     out.static.add("zero/grad_partitions_flat_buffer", reduce.total("zero/grad_partitions"))
     out.grads_by_stage = [Breakdown() for _ in out.grads_by_stage]
-    out.static.merge(engines.zero3_hpz_secondary(lay, dtypes_of(spec).weights, [p.numel for p in full.params]))
-    live = engines.zero3_live(lay, dtypes_of(spec).weights, biggest, _numel(full.params))
+    out.static.merge(engines.zero3_hpz_secondary(lay, dtypes_of(spec).weights, memo(sets, "numels", lambda: tuple(p.numel for p in full.params))))
+    live = engines.zero3_live(lay, dtypes_of(spec).weights, biggest, memo(sets, "numel", lambda: numel(full.params)))
     for t in [out.forward_end_transient, out.loss_backward_transient, *out.stage_backward_transient]:
         t.merge(live)
     for t in out.stage_backward_transient:
@@ -312,8 +262,8 @@ def _padded(params, n: int, dim0: bool) -> int:
             rows = p.shape[0] if p.shape else 1
             total += -(-rows // n) * n * (p.numel // max(rows, 1))
         return total
-    numel = _numel(params)
-    return -(-numel // n) * n
+    count = numel(params)
+    return -(-count // n) * n
 
 
 def _fsdp(lay: Layout, out: StepPlan, unit: dict, root: list, layers: range, stage: int,

@@ -6,7 +6,6 @@ components (weights, gradients, optimizer) compute per-rank terms with their own
 """
 from __future__ import annotations
 
-from dataclasses import replace
 
 from vramplan.components.trainable import HeldParam, ParamSet
 from vramplan.model import ModelDesc
@@ -100,7 +99,7 @@ def model_parallel_set(desc: ModelDesc, params: ParamSet, *, tp: int, ep: int, p
                 continue
         else:
             shape = tp_shape(p, tp)
-        held.append(replace(p, shape=shape))
+        held.append(HeldParam(p.name, shape, p.dtype, p.trainable, p.kind, p.layer, p.full_shape))
     return ParamSet(tuple(held), params.unmatched_targets)
 
 
@@ -159,7 +158,7 @@ def dp_shard(params: ParamSet, n: int, *, per_param_dim0: bool, persist_below: i
                 shard *= d
         else:
             shard = -(-numel // k)
-        held.append(replace(p, shape=(shard,), full_shape=p.full_shape or p.shape))
+        held.append(HeldParam(p.name, (shard,), p.dtype, p.trainable, p.kind, p.layer, p.full_shape or p.shape))
     return ParamSet(tuple(held), params.unmatched_targets)
 
 
@@ -181,6 +180,6 @@ def dtensor_embedding_grads(params: ParamSet, mp: ParamSet) -> ParamSet:
     for p in mp.params:
         base = p.name.split("#", 1)[0]
         if p.layer is None and any(w in base for w in ("embed_tokens", "wte")) and p.name in whole:
-            p = replace(p, shape=whole[p.name])
+            p = HeldParam(p.name, whole[p.name], p.dtype, p.trainable, p.kind, p.layer, p.full_shape)
         held.append(p)
     return ParamSet(tuple(held), mp.unmatched_targets)

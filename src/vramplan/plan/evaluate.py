@@ -9,6 +9,7 @@ import copy
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from vramplan.components.memo import spec_key
 from vramplan.components.trainable import param_set
 from vramplan.estimation import Estimate, estimate_model
 from vramplan.model import ModelDesc
@@ -67,7 +68,13 @@ def accum_key(spec: JobSpec) -> int:
 
 
 def memory_key(spec: JobSpec, *, drop: tuple[str, ...] = ()) -> tuple:
-    """The spec as a hashable key for the memory estimate (see `accum_key`)."""
+    """The spec as a hashable key for the memory estimate (see `accum_key`): its fields as
+    they are (components/memo.py spec_key; to_dict is ten times slower), or, where one is
+    not hashable, its dict form. Equal fields give equal estimates; a key finer than
+    needed only costs an estimate."""
+    fast = spec_key(spec, frozenset(drop) | {"grad_accum_steps"})
+    if fast is not None:
+        return ("fields", accum_key(spec)) + fast
     data = spec.to_dict()
     data["grad_accum_steps"] = accum_key(spec)
     for name in drop:
@@ -169,9 +176,12 @@ class Evaluator:
 
 def reported_communication(est: Estimate) -> dict | None:
     """The estimator's own `communication` section (parallel layouts), if it has one."""
+    # read the section to_dict() would write (result.py _parallel_dict) without to_dict():
+    # that also replays the allocator model, some 20 ms, for a figure step time never reads
     comm = getattr(est, "communication", None)
     if comm is None:
-        comm = est.to_dict().get("communication")
+        par = getattr(est, "parallel", None)
+        comm = None if par is None else dict(par.communication)
     if hasattr(comm, "to_dict"):
         comm = comm.to_dict()
     return comm if isinstance(comm, dict) and comm else None

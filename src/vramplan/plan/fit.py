@@ -103,8 +103,8 @@ def static_floor(est: Estimate) -> int:
     """A lower bound on device_bytes for every layout that differs from `est`'s only in
     _ACTIVATION_AXES: the static terms alive in every event, plus what device_bytes adds
     on top of reserved (the CUDA context)."""
-    floor = min(sum(v for k, v in e.live.terms.items() if k.startswith(_STATIC_PREFIXES))
-                for e in est.events) if est.events else 0
+    memo: dict = {}  # events share parts (the static terms, earlier stages' activations)
+    floor = min(e.subtotal(_STATIC_PREFIXES, memo) for e in est.events) if est.events else 0
     return floor + (est.device_bytes - est.reserved_bytes)
 
 

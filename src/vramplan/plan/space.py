@@ -7,7 +7,6 @@ job has it.
 """
 from __future__ import annotations
 
-import copy
 import itertools
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
@@ -15,6 +14,7 @@ from typing import Any, Iterator, Mapping
 from vramplan.model import ModelDesc
 from vramplan.plan.steptime import data_parallel, global_batch
 from vramplan.spec import JobSpec, Method, SpecError, load_spec
+from vramplan.spec.job import copy_with
 
 # Axes a user may open with --vary, and the values tried when none are given.
 KNOWN_AXES: dict[str, tuple] = {
@@ -165,10 +165,7 @@ def with_batch(spec: JobSpec, micro_batch_size: int, grad_accum_steps: int) -> J
     Both values are positive integers by construction (divisors of the rows per rank), and
     no other field depends on them, so the copy is as valid as `spec`. This is the hot loop
     of a 10k-layout search: `JobSpec.with_` re-validates everything (~0.1 ms each)."""
-    out = copy.copy(spec)
-    object.__setattr__(out, "micro_batch_size", int(micro_batch_size))
-    object.__setattr__(out, "grad_accum_steps", int(grad_accum_steps))
-    return out
+    return copy_with(spec, micro_batch_size=int(micro_batch_size), grad_accum_steps=int(grad_accum_steps))
 
 
 __all__ = ["Candidate", "KNOWN_AXES", "axis_name", "default_axes", "divisors",

@@ -6,8 +6,6 @@ Tabular here; the CLI only picks the rendering.
 """
 from __future__ import annotations
 
-import csv
-import html
 import io
 from dataclasses import dataclass, field
 
@@ -34,6 +32,7 @@ class Tabular:
         return "\n".join(out) + "\n"
 
     def to_csv(self) -> str:
+        import csv  # here: the CLI's startup loads this module for FORMATS alone
         buf = io.StringIO()
         writer = csv.writer(buf, lineterminator="\n")
         writer.writerow(self.columns)
@@ -42,6 +41,7 @@ class Tabular:
         return buf.getvalue()
 
     def to_html(self) -> str:
+        import html
         head = "".join(f"<th>{html.escape(c)}</th>" for c in self.columns)
         right = ' style="text-align:right"'
         body = "".join("<tr>" + "".join(f"<td{'' if i == 0 else right}>{html.escape(_cell(v))}</td>"

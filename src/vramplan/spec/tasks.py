@@ -90,10 +90,16 @@ class GenerationConfig:
     vllm_gpu_memory_utilization default 0.3)."""
     generation_batch_size: int | None = None
     """Sequences generated at once; None: micro_batch_size (TRL's per-device batch)."""
+    ds3_gather_for_generation: bool = True
+    """TRL GRPOConfig's switch (default True): under ZeRO-3, `unwrap_model_for_generation`
+    gathers every policy parameter for the whole generation (trl/models/utils.py,
+    deepspeed.zero.GatheredParameters(model.parameters()))."""
 
     def __post_init__(self):
         if not isinstance(self.engine, str) or self.engine not in ("hf", "vllm"):
             raise SpecError("generation.engine", "choose hf or vllm")
+        object.__setattr__(self, "ds3_gather_for_generation",
+                           boolean("generation.ds3_gather_for_generation", self.ds3_gather_for_generation))
         object.__setattr__(self, "gpu_memory_utilization",
                            fraction("generation.gpu_memory_utilization", self.gpu_memory_utilization))
         if self.generation_batch_size is not None:
@@ -104,6 +110,8 @@ class GenerationConfig:
         out = {"engine": self.engine, "gpu_memory_utilization": self.gpu_memory_utilization}
         if self.generation_batch_size is not None:
             out["generation_batch_size"] = self.generation_batch_size
+        if not self.ds3_gather_for_generation:
+            out["ds3_gather_for_generation"] = False
         return out
 
 

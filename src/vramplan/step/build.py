@@ -46,11 +46,22 @@ def _optimizer_extras(spec: JobSpec, params: ParamSet, acts: ActivationPlan) -> 
     return out
 
 
+_STAGES: dict[tuple, dict[str, int]] = {}
+
+
 def _stage_breakdown(items: list[tuple[str, int]], prefix: str) -> Breakdown:
-    out = Breakdown()
-    for name, size in items:
-        out.add(f"{prefix}/{name}", size)
-    return out
+    """The saved (name, bytes) list as terms under `prefix`; memoized on the list's content
+    (a search builds the same layers' lists for every layout), a fresh Breakdown each call."""
+    key = (prefix, tuple(items))
+    hit = _STAGES.get(key)
+    if hit is None:
+        out = Breakdown()
+        for name, size in items:
+            out.add(f"{prefix}/{name}", size)
+        if len(_STAGES) >= 1024:
+            _STAGES.clear()
+        hit = _STAGES[key] = out.terms
+    return Breakdown(dict(hit))
 
 
 def build_step(desc: ModelDesc, spec: JobSpec, params: ParamSet, acts: ActivationPlan,

@@ -1,0 +1,96 @@
+"""TRL 1.16's distillation and odds-ratio/contrastive preference trainers, under the meter.
+
+    from vramplan.measure.trl_experimental import BUILDERS   # task -> builder, as trainers.py
+
+* distill: ``trl.experimental.gkd.GKDTrainer`` with ``lmbda=0.0`` and ``seq_kd=False``: the
+  teacher scores the job's own rows (the spec's distill job names no generation), the
+  student is trained on the generalized JSD of the two distributions with GKDConfig's
+  default ``beta=0.5`` (gkd_trainer.py ``compute_loss`` -> ``generalized_jsd_loss``). TRL
+  1.16's ``trl.DistillationTrainer`` always generates completions on-policy, which the spec
+  has no field for; its off-policy counterpart is GKD.
+* orpo: ``trl.experimental.orpo.ORPOTrainer``; simpo: ``trl.experimental.cpo.CPOTrainer``
+  with ``loss_type="simpo"`` and ``cpo_alpha=0.0`` (TRL's SimPO recipe: no NLL term).
+* PPO is not shipped by TRL 1.16 (neither trl nor trl.experimental has a PPOTrainer): its
+  measurement stays the hand-written step of measure/ppo.py, and says so.
+
+Precision follows the spec's stack (components/dtypes.py): the weights are built in the
+dtype the job loads them in and the trainer's ``bf16``/``fp16`` flag is set where the stack
+turns the word into autocast, as TRL's configs do (``bf16=True`` over a bf16 checkpoint).
+The older builders of measure/trainers.py run the 16-bit words without autocast.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import trl_data as data
+from .trainers import common_args, frozen_model, num_rows, optimizers_for, policy_model
+
+ENTRIES = {"distill": ("trl.experimental.gkd", "GKDTrainer"),
+           "orpo": ("trl.experimental.orpo", "ORPOTrainer"),
+           "simpo": ("trl.experimental.cpo", "CPOTrainer")}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def stack_precision(job: dict) -> tuple[torch.dtype, dict]:
+    """(weights dtype, the trainer's bf16/fp16 flags) as the spec's stack means the precision."""
+    from vramplan import load_spec
+    from vramplan.components.dtypes import dtypes_of, resolve_load_dtype
+    from vramplan.jobs import resolve_models
+
+    spec = load_spec(job)
+    spec = resolve_load_dtype(spec, resolve_models(spec)["policy"].checkpoint_dtype)
+    d = dtypes_of(spec)
+    if d.master_weights or d.policy == "fp32-params":
+        raise ValueError(f"precision: {spec.precision.value} under stack {spec.stack.framework.value} keeps "
+                         "fp32 master weights; the HF/TRL trainers have no such mode (use stack trl)")
+    return DTYPES[d.weights], {"bf16": d.autocast == "bf16", "fp16": d.autocast == "fp16"}
+
+
+def _gkd(job: dict, dtype, flags: dict):
+    import os
+
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    from transformers import default_data_collator
+    from trl.experimental.gkd import GKDConfig, GKDTrainer
+
+    policy = policy_model(job, dtype)
+    teacher = frozen_model(job, job["teacher"], dtype)
+    vocab = policy.config.vocab_size
+    args = GKDConfig(**common_args(job, flags), lmbda=0.0, seq_kd=False, max_length=int(job["seq_len"]))
+    trainer = GKDTrainer(model=policy, teacher_model=teacher, args=args, data_collator=default_data_collator,
+                         train_dataset=data.dataset(data.distill_rows(num_rows(job), job["seq_len"], vocab)),
+                         processing_class=data.tokenizer(vocab), optimizers=optimizers_for(policy, job))
+    return trainer, {"policy": policy, "teacher": teacher}, {}
+
+
+def _odds_ratio(job: dict, dtype, flags: dict):
+    import os
+
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    seq_len = int(job["seq_len"])
+    if job["task"] == "orpo":
+        from trl.experimental.orpo import ORPOConfig as Config, ORPOTrainer as Trainer
+        extra = {}
+    else:
+        from trl.experimental.cpo import CPOConfig as Config, CPOTrainer as Trainer
+        extra = {"loss_type": "simpo", "cpo_alpha": 0.0}
+    policy = policy_model(job, dtype)
+    vocab = policy.config.vocab_size
+    args = Config(**common_args(job, flags), max_length=seq_len, dataset_num_proc=None, **extra)
+    trainer = Trainer(model=policy, args=args,
+                      train_dataset=data.dataset(data.preference_rows(num_rows(job), seq_len, vocab)),
+                      processing_class=data.tokenizer(vocab), optimizers=optimizers_for(policy, job))
+    return trainer, {"policy": policy}, {}
+
+
+BUILDERS = {"distill": _gkd, "orpo": _odds_ratio, "simpo": _odds_ratio}
+
+
+def runner(task: str) -> dict:
+    import trl
+
+    return {"library": "trl", "version": trl.__version__, "entry": ENTRIES[task][1],
+            "module": ENTRIES[task][0]}
+
+
+__all__ = ["BUILDERS", "ENTRIES", "runner", "stack_precision"]
