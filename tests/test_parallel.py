@@ -79,8 +79,16 @@ def test_tensor_parallel_divides_attention_and_mlp_but_not_norms_without_sp():
     acts = lambda e, key: e.events[0].live.total(key)  # end of forward
     assert acts(tp, "activations/layers/mlp/") * 2 == pytest.approx(acts(one, "activations/layers/mlp/"), rel=1e-3)
     assert acts(tp, "activations/layers/attn_norm") == acts(one, "activations/layers/attn_norm")
-    sp = est(num_gpus=2, parallel={"tp": 2, "sp": True})
+    # Megatron's sequence parallelism saves the sequence shard of every layer activation
+    # (Korthikanti et al. 2022, section 4.2.2)
+    sp = est(num_gpus=2, parallel={"tp": 2, "sp": True}, stack="megatron")
     assert acts(sp, "activations/layers/attn_norm") * 2 == pytest.approx(acts(one, "activations/layers/attn_norm"), rel=1e-3)
+    # DTensor's (torchtitan's plan) all-gathers the norm's output and the column-parallel
+    # linears save the gathered tensor (bench/parallel/tp_cpu.py); the norm's own saves stay split
+    dt = est(num_gpus=2, parallel={"tp": 2, "sp": True})
+    norm = lambda e, key: sum(v for k, v in e.events[0].live.terms.items() if k.endswith(key))  # noqa: E731
+    assert norm(dt, "/attn_norm") == norm(one, "/attn_norm")
+    assert norm(dt, "/attn_norm.xhat") * 2 == pytest.approx(norm(one, "/attn_norm.xhat"), rel=1e-3)
     assert "tp" in tp.parallel.communication
 
 

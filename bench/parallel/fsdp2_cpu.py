@@ -205,7 +205,8 @@ def estimate_case(job: dict, world: int) -> dict:
     from vramplan.spec import load_spec
     est = estimate(load_spec({**job, "num_gpus": world}))
     return {"peak_allocated_bytes": est.peak_allocated_bytes, "peak_phase": est.peak_phase,
-            "peak_event": est.peak_event, "phases": est.phases, "components": est.components.to_dict()}
+            "peak_event": est.peak_event, "phases": est.phases, "components": est.components.to_dict(),
+            **({"parallel": est.parallel.to_dict()} if est.parallel is not None else {})}
 
 
 def main(argv=None) -> int:

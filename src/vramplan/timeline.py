@@ -94,6 +94,9 @@ class StepPlan:
     what is alive beyond weights, states and earlier stages' activations while the stage's
     largest parameter steps (its gradient and the step's temporaries). Gradients are freed
     as they are made; the optimizer phase holds no gradients and no temporaries."""
+    backward_end_transient: Breakdown | None = None
+    """Alive once every backward stage has run, with all gradients, before the optimizer
+    step (a pipeline schedule's merged outputs, parallel/pipeline.py)."""
 
 
 def _sum(parts) -> Breakdown:
@@ -186,6 +189,9 @@ def _walk(plan: StepPlan, build: bool) -> list:
         if not accum and fused is None:
             done.append(stage_grads[i])
             done_tot += grads_t[i]
+    if plan.backward_end_transient is not None and fused is None:
+        event("backward", "end of backward", lambda: [plan.static, *stage_grads, plan.backward_end_transient],
+              static_tot + grads_tot + plan.backward_end_transient.total())
     if fused is not None:  # stepped in backward: optimizer.step() has nothing left to do
         event("optimizer", "optimizer step (done in backward)", lambda: [plan.static], static_tot)
     else:

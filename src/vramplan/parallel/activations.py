@@ -35,22 +35,33 @@ def _div(value: int, k: int) -> int:
     return -(-value // k)
 
 
-_DIVIDES: dict[tuple[str, bool], bool] = {}
+# The norms' outputs: the input the next column-parallel linear saves.
+_SP_GATHERED = ("attn_norm", "mlp_norm", "final_norm")
+_DIVIDES: dict[tuple[str, bool, bool], bool] = {}
 
 
-def tp_divides(name: str, sp: bool) -> bool:
+def tp_divides(name: str, sp: bool, dtensor: bool = False) -> bool:
     """Whether tensor parallelism splits the term `name` (memoized: a pure function of the
     name, asked for every term of every layer of every layout a search tries)."""
-    hit = _DIVIDES.get((name, sp))
+    hit = _DIVIDES.get((name, sp, dtensor))
     if hit is None:
         if len(_DIVIDES) >= 4096:
             _DIVIDES.clear()
-        hit = _DIVIDES[(name, sp)] = _tp_divides(name, sp)
+        hit = _DIVIDES[(name, sp, dtensor)] = _tp_divides(name, sp, dtensor)
     return hit
 
 
-def _tp_divides(name: str, sp: bool) -> bool:
+def _tp_divides(name: str, sp: bool, dtensor: bool) -> bool:
     if any(k in name for k in _TP_KEEP) or "rotary/" in name:
+        return False
+    if sp and dtensor and name.endswith(_SP_GATHERED):
+        # DTensor sequence parallelism (torchtitan's plan: PrepareModuleInput Shard(1) ->
+        # Replicate before attention and the MLP, ColwiseParallel(input_layouts=Shard(1)) on the
+        # head) all-gathers the norm's output and the column-parallel linears save that
+        # gathered tensor for their weight gradients: whole on every rank. Megatron saves the
+        # sequence shard and all-gathers it again in backward (megatron/core/tensor_parallel/
+        # layers.py LinearWithGradAccumulationAndAsyncCommunication.forward,
+        # sequence_parallel), so it stays divided there.
         return False
     if sp:
         return True
@@ -62,6 +73,11 @@ _ULYSSES_KV = ("attn/k_rope", "attn/v")
 _ULYSSES_OUT = "attn/core"
 
 
+# torch's vocab-parallel loss (torch/distributed/tensor/parallel/loss.py, loss_parallel):
+# _nll_loss_and_log_softmax_backward returns the logits' gradient itself and
+# _log_softmax_backward_handler passes it on (`grad_output.to(input_dtype)`, no copy in the
+# same dtype), so the log-softmax backward makes no tensor of its own.
+_LOSS_PARALLEL_NONE = "logits/grad_logits_fp32"
 _SCALED: dict[tuple, dict[str, int]] = {}
 
 
@@ -72,7 +88,7 @@ def scale(bd: Breakdown, lay: Layout, kv_heads: int = 0) -> Breakdown:
         return Breakdown().merge(bd)  # nothing divides: the same terms, as add() takes them
     # Memoized on the terms themselves: every layer's transients are equal but distinct
     # objects, and a search scales them again for each layout.
-    key = (tuple(bd.terms.items()), lay.tp, lay.sp, shards, lay.ulysses, kv_heads)
+    key = (tuple(bd.terms.items()), lay.tp, lay.sp, lay.dtensor_tp, shards, lay.ulysses, kv_heads)
     hit = _SCALED.get(key)
     if hit is None:
         if len(_SCALED) >= 4096:
@@ -85,7 +101,9 @@ def _scale(bd: Breakdown, lay: Layout, shards: int, kv_heads: int) -> Breakdown:
     out = Breakdown()
     kv_wide = lay.ulysses > 1 and 0 < kv_heads < lay.ulysses
     for name, value in bd:
-        if lay.tp > 1 and tp_divides(name, lay.sp):
+        if lay.tp > 1 and lay.dtensor_tp and name.endswith(_LOSS_PARALLEL_NONE):
+            continue
+        if lay.tp > 1 and tp_divides(name, lay.sp, lay.dtensor_tp):
             value = _div(value, lay.tp)
         if shards > 1:
             if kv_wide and name.endswith(_ULYSSES_KV):

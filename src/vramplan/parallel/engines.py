@@ -187,3 +187,4 @@ def fsdp_backward_stage(unit: int, prev_unit: int, next_unit: int, grad_unit: in
         post = max(2 * g, (1 + gloo) * g - unit * wbytes) - own_acts
     out.add("fsdp/reduce_scatter_or_unsharded_grads", max(start, post, 0))
     return out
+

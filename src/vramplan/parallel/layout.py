@@ -43,6 +43,9 @@ class Layout:
     offload_params: str
     pp_schedule: str
     extras: dict
+    dtensor_tp: bool = True
+    """Tensor parallelism through torch DTensor (torchtitan, plain PyTorch); False under
+    Megatron, whose layers all-gather and save differently (parallel/activations.py)."""
 
     @classmethod
     def of(cls, spec: JobSpec, hidden_size: int | None = None) -> "Layout":
@@ -64,7 +67,8 @@ class Layout:
         return cls(num_gpus=spec.num_gpus, dp=dp, tp=par.tp, pp=par.pp, cp=par.cp, ulysses=par.ulysses, ep=par.ep,
                    sp=par.sp, zero_stage=par.zero_stage, fsdp=par.fsdp, fsdp_version=par.fsdp_version,
                    offload_optimizer=par.offload_optimizer, offload_params=par.offload_params,
-                   pp_schedule=par.pp_schedule, extras=extras)
+                   pp_schedule=par.pp_schedule, extras=extras,
+                   dtensor_tp=spec.stack.framework.value != "megatron")
 
     @property
     def engine(self) -> str:

@@ -2,20 +2,21 @@
 the engines' buffers added. The worst pipeline stage is the rank reported."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from vramplan.breakdown import Breakdown
 from vramplan.components.dtypes import dtypes_of
 from vramplan.components.optimizer import heads_of, optimizer_states, state_key, step_temporaries
 from vramplan.components.trainable import HeldParam, grad_dtype
 from vramplan.components.memo import cached
-from vramplan.components.weights import gradient_stages, weight_terms
+from vramplan.components.weights import gradient_stages, gradient_stages_at_peak, weight_terms
 from vramplan.model import ModelDesc
 from vramplan.parallel import activations as acts
 from vramplan.parallel import engines
 from vramplan.parallel.comm import volumes
 from vramplan.parallel.host import host_notes, host_per_node
 from vramplan.parallel.layout import Layout
+from vramplan.parallel.pipeline import pipeline_buffers
 from vramplan.parallel.sets import RankSets, grad_bytes, memo, numel, rank_sets, units
 from vramplan.parallel.shard import pp_layers
 from vramplan.spec import JobSpec
@@ -46,7 +47,7 @@ class ParallelReport:
 def rank_plan(desc: ModelDesc, spec: JobSpec, params: ParamSet, plan: StepPlan) -> tuple[StepPlan, ParallelReport]:
     lay = Layout.of(spec, desc.hidden_size)
     ranges = pp_layers(desc.num_layers, lay.pp, lay.extras.get("pp_layers"))
-    plans = [_stage_plan(desc, spec, params, plan, lay, r, ranges[r]) for r in range(lay.pp)]
+    plans = [_worst_backward(desc, spec, params, plan, lay, r, ranges[r]) for r in range(lay.pp)]
     peaks = [peak_total(p) for p, _ in plans]
     worst = max(range(lay.pp), key=lambda r: peaks[r])
     best_plan, sets = plans[worst]
@@ -71,7 +72,23 @@ def _select(items: list, stage: int, pp: int, layers: range) -> list:
     return out
 
 
-def _stage_plan(desc, spec, params, plan: StepPlan, lay: Layout, stage: int, layers: range):
+def _worst_backward(desc, spec, params, plan: StepPlan, lay: Layout, stage: int, layers: range):
+    """A pipeline stage holds k = acts.pipeline_in_flight micro-batches. Its first backward
+    runs with all k alive and no gradients yet; later ones with the gradients accumulated and
+    k alive while the schedule keeps k in flight (M > k, 1F1B's steady state), else one fewer
+    (GPipe: all forwards, then the backwards free one micro-batch each). The worse of the two."""
+    k, m = acts.pipeline_in_flight(lay, stage, spec.grad_accum_steps), spec.grad_accum_steps
+    if lay.pp == 1 or m <= 1:
+        return _stage_plan(desc, spec, params, plan, lay, stage, layers, k - 1)
+    first, sets = _stage_plan(desc, spec, params, replace(plan, grads_alive_in_forward=False), lay, stage, layers, k - 1)
+    if sets.grads is sets.full and not _grads_offloaded(lay):  # a layer's own gradients as its backward makes them
+        first.stage_grads_at_peak = _select(cached(sets.grads, ("grads_at_peak", dtypes_of(spec)), lambda: (
+            gradient_stages_at_peak(desc, spec, sets.grads))), stage, lay.pp, layers)
+    later = _stage_plan(desc, spec, params, plan, lay, stage, layers, k - 1 if m > k else max(k - 2, 0))
+    return max((first, sets), later, key=lambda p: peak_total(p[0]))
+
+
+def _stage_plan(desc, spec, params, plan: StepPlan, lay: Layout, stage: int, layers: range, others_n: float):
     sets = rank_sets(desc, spec, params, lay, stage, layers)
     last = stage == lay.pp - 1
     static = _model_states(spec, lay, sets, heads_of(desc))
@@ -98,16 +115,21 @@ def _stage_plan(desc, spec, params, plan: StepPlan, lay: Layout, stage: int, lay
     stage_acts = [sc(b) for b in _select(plan.stage_acts, stage, lay.pp, layers)]
     trans = [acts.scale(b, lay, desc.num_kv_heads) for b in _select(plan.stage_backward_transient, stage, lay.pp, layers)]
     labels = _select(plan.labels or [f"stage {i}" for i in range(len(plan.stage_acts))], stage, lay.pp, layers)
-    in_flight = acts.pipeline_in_flight(lay, stage, spec.grad_accum_steps)
-    if in_flight > 1:
-        one = sum(b.total() for b in stage_acts)
-        static.add("activations/pipeline_in_flight", int((in_flight - 1) * one))
-    empty = Breakdown()
-    fwd_end = acts.scale(plan.forward_end_transient, lay) if last else empty
-    loss_bwd = acts.scale(plan.loss_backward_transient, lay) if last else Breakdown()
+    # The other micro-batches' saved activations live through forward and backward, not into
+    # the optimizer step (the schedule has run every backward by then).
+    others = Breakdown()
+    if others_n > 0:
+        # on the last stage each micro-batch's loss is computed after its forward and keeps
+        # what the loss saves (torch pipelining schedules.py _maybe_compute_loss)
+        one = sum(b.total() for b in stage_acts) + (acts.scale(plan.loss_saved, lay).total() if last else 0)
+        others.add("activations/pipeline_in_flight", int(others_n * one))
+    fwd_end = (acts.scale(plan.forward_end_transient, lay) if last else Breakdown()).merge(others)
+    loss_bwd = (acts.scale(plan.loss_backward_transient, lay) if last else Breakdown()).merge(others)
+    for t in trans:
+        t.merge(others)
     out = StepPlan(static=static, grads_by_stage=grads, stage_acts=stage_acts,
                    loss_saved=acts.scale(plan.loss_saved, lay) if last else Breakdown(),
-                   forward_end_transient=Breakdown().merge(fwd_end), loss_backward_transient=loss_bwd,
+                   forward_end_transient=fwd_end, loss_backward_transient=loss_bwd,
                    stage_backward_transient=trans,
                    stage_acts_at_peak=[sc(b) for b in
                                        _select(plan.stage_acts_at_peak or plan.stage_acts, stage, lay.pp, layers)],
@@ -186,9 +208,7 @@ def _engine_buffers(desc, spec, lay: Layout, sets: RankSets, out: StepPlan, stag
         for t in out.stage_backward_transient:
             t.add("cp/ring_kv_buffers", kv)
     if lay.pp > 1:
-        act = nbytes(spec.micro_batch_size * (spec.seq_len // lay.seq_shards) * desc.hidden_size,
-                     dtypes_of(spec).compute) // (lay.tp if lay.sp else 1)
-        out.static.add("pp/p2p_buffers", 2 * act)
+        pipeline_buffers(desc, spec, lay, out, stage)
 
 
 def _zero(spec, lay: Layout, sets: RankSets, out: StepPlan, unit: dict, root: list, gdt: str, gb: int) -> None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from vramplan.components.dtypes import dtypes_of
 from vramplan.components.trainable import ParamSet, grad_dtype
 from vramplan.parallel.layout import DS_PARAM_PERSISTENCE_THRESHOLD, Layout
-from vramplan.parallel.shard import dp_shard, model_parallel_set
+from vramplan.parallel.shard import dp_shard, dtensor_embedding_grads, model_parallel_set
 from vramplan.spec import JobSpec
 from vramplan.units import nbytes
 
@@ -49,7 +49,7 @@ def rank_sets(desc, spec, params, lay: Layout, stage: int, layers: range) -> Ran
     """Memoized: the sharded parameter sets depend on the (memoized, immutable) ParamSet and
     the layout, not on batch, sequence or checkpointing, which a search varies most."""
     key = (id(params), lay.tp, lay.ep, lay.pp, lay.dp, lay.shard_group, lay.engine, lay.zero_stage, lay.fsdp,
-           lay.fsdp_version, str(sorted(lay.extras.items())), stage, layers.start, layers.stop)
+           lay.fsdp_version, str(sorted(lay.extras.items())), stage, layers.start, layers.stop, lay.dtensor_tp)
     hit = _SETS.get(key)
     if hit is not None and hit[0] is params:
         return hit[1]
@@ -102,8 +102,10 @@ def _compute_sets(desc, spec, params, lay: Layout, stage: int, layers: range) ->
     # unsharded layers are the engine term "fsdp/unsharded_layers" (parallel/plan.py _fsdp).
     fsdp_params = lay.fsdp in ("full-shard", "hybrid-shard", "shard-grad-op")
     fsdp_grads = lay.fsdp in ("full-shard", "hybrid-shard", "shard-grad-op")
+    grads_mp = mp if lay.tp == 1 or not lay.dtensor_tp else _shared(
+        desc, params, ("dtensor-grads", id(mp)), lambda: dtensor_embedding_grads(params, mp))
     return RankSets(weights=flat_w if (zero3 or fsdp_params) else mp,
-                    grads=flat if (lay.zero_stage >= 2 or fsdp_grads) else mp,
+                    grads=flat if (lay.zero_stage >= 2 or fsdp_grads) else grads_mp,
                     states=flat if (lay.zero_stage >= 1 or lay.engine == "fsdp" or _distributed_optimizer(lay))
                     else mp, full=mp)
 

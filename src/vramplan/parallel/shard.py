@@ -164,3 +164,22 @@ def dp_shard(params: ParamSet, n: int, *, per_param_dim0: bool, persist_below: i
 
 def numel_where(params: ParamSet, pred) -> int:
     return sum(flat_numel(p) for p in params.params if pred(p))
+
+
+def dtensor_embedding_grads(params: ParamSet, mp: ParamSet) -> ParamSet:
+    """`mp` with the input embedding's gradient whole again. DTensor tensor parallelism
+    (torch.distributed.tensor.parallel RowwiseParallel on nn.Embedding, torchtitan's plan)
+    splits the vocabulary (Shard(0)), but aten.embedding_dense_backward has no sharding
+    strategy with a Shard(0) weight gradient (torch/distributed/tensor/_ops/_embedding_ops.py
+    embedding_dense_backward_strategy: Shard(1) from a column-sharded grad_out, else Partial),
+    so every rank builds the whole-vocabulary gradient and its shard stays a view of it until
+    zero_grad (measured: bench/parallel/tp_cpu.py). Megatron's VocabParallelEmbedding
+    computes only its rows."""
+    whole = {p.name: p.shape for p in params.params}
+    held = []
+    for p in mp.params:
+        base = p.name.split("#", 1)[0]
+        if p.layer is None and any(w in base for w in ("embed_tokens", "wte")) and p.name in whole:
+            p = HeldParam(p.name, whole[p.name], p.dtype, p.trainable, p.kind, p.layer, p.full_shape)
+        held.append(p)
+    return ParamSet(tuple(held), mp.unmatched_targets)

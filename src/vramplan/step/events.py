@@ -197,6 +197,8 @@ def build_events(plan: StepPlan, pieces: Pieces | None = None) -> StepEvents:
             _release_with_grads([x for x in saved[i] if kept is None or x[1] in kept] + trans, b)
             if not have_grads:
                 grads_made += b.alloc(cached[1], "backward")
+    if plan.backward_end_transient is not None and plan.in_backward is None:
+        b.free(b.alloc(b.items(plan.backward_end_transient), "backward"), "backward")
     if plan.in_backward is None:
         temps = b.alloc(b.items(plan.optimizer_temporaries, b.pieces.static), "optimizer")
         b.free(temps, "optimizer")
