@@ -39,6 +39,20 @@ CASES = {
     "gemma3-sliding-sdpa": {"model": {"model_type": "gemma3_text", **TINY, "num_key_value_heads": 2, "head_dim": 64,
                                       "intermediate_size": 256, "sliding_window": 32,
                                       "layer_types": ["sliding_attention", "full_attention"]}},
+    # SSD scan over 2 chunks of 48 with the last padded (s 64 % 48 != 0), 2 groups
+    "mamba2-padded-chunks": {"attention": "eager", "model": {"model_type": "mamba2", "vocab_size": 1000,
+                                                             "hidden_size": 128, "num_hidden_layers": 2, "num_heads": 8,
+                                                             "head_dim": 32, "state_size": 16, "n_groups": 2,
+                                                             "chunk_size": 48}},
+    "mamba2-bf16-lora-gc": {"attention": "eager", "precision": "bf16", "gradient_checkpointing": "full",
+                            "method": "lora", "lora": {"r": 4, "target_modules": ["in_proj"]},
+                            "model": {"model_type": "mamba2", "vocab_size": 1000, "hidden_size": 128,
+                                      "num_hidden_layers": 2, "num_heads": 4, "head_dim": 64, "state_size": 32,
+                                      "n_groups": 1, "chunk_size": 32}},
+    # layer 0 Mamba + dense MLP, layer 1 attention + MoE (4 experts top-2)
+    "jamba-hybrid-moe": {"model": {"model_type": "jamba", **TINY, "num_key_value_heads": 2, "intermediate_size": 256,
+                                   "attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2,
+                                   "expert_layer_offset": 1, "num_experts": 4, "mamba_d_state": 8}},
 }
 
 

@@ -16,6 +16,8 @@ from vramplan.components.arch import Ctx, local_window, norm
 from vramplan.components.chunked_loss import chunked_loss_terms
 from vramplan.components.arch_gpt2_bert import OTHER_MODEL_TYPES, layer_fn, layer_prefix, other_embed, other_head
 from vramplan.components.dtypes import dtypes_of
+from vramplan.families import FAMILY_OF
+from vramplan.families import forward as family_forward
 from vramplan.components.graph import Param, Recorder, Storage, Sym
 from vramplan.components.quant import SAVED, TRANSIENT, dequant_modes
 from vramplan.components.trainable import ParamSet, is_quantized
@@ -41,6 +43,9 @@ class Stage:
     """Under checkpointing: what the recomputation saves again during backward."""
     freed_before_peak: tuple[str, ...] = ()
     """Names of this stage's saved tensors already released at its backward peak."""
+    backward_transient: Breakdown | None = None
+    """This layer's own backward-peak temporaries when its family says where that peak is
+    (families/<name>/forward.py `backward_peak`); None: the plan's layer_backward_transient."""
 
 
 @dataclass(slots=True)
@@ -137,7 +142,7 @@ def plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Activa
         key = _signature(ctx, i, x)
         if key not in cache:
             cache[key] = _layer(ctx, spec, i, x, b, s, seen)
-        saved, out_rg = cache[key]
+        saved, out_rg, out_dtype = cache[key]
         if spec.gradient_checkpointing is Checkpointing.FULL:
             # torch.utils.checkpoint (non-reentrant, transformers 5's default) keeps the
             # layer's inputs for the recomputation and nothing the layer saves.
@@ -147,7 +152,9 @@ def plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Activa
             stages.append(Stage(f"layer {i}", keep, redo, _MLP_OUT_INPUTS[desc.mlp]))
         else:
             stages.append(Stage(f"layer {i}", saved, [], _MLP_OUT_INPUTS[desc.mlp]))
-        x = Sym(f"layer{i}.out", x.shape, x.dtype, out_rg, Storage(x.storage.nbytes))
+        # the layer's output dtype: Mamba's fp32 residual stream (residual_in_fp32) widens it
+        _family_backward_peak(desc, spec, params, i, stages[-1])
+        x = Sym(f"layer{i}.out", x.shape, out_dtype, out_rg, Storage(nbytes(x.numel, out_dtype)))
     _shared_rotary(ctx, stages)
     head_rec = _recorder(spec, seen)
     logits = _head(head_rec, ctx, x)
@@ -234,12 +241,23 @@ def _layer_keys(ctx: Ctx) -> dict[int, tuple]:
 
 
 def _layer(ctx: Ctx, spec: JobSpec, i: int, x: Sym, b: int, s: int, seen: set[int]):
-    """Replay one layer; returns (saved items, same items for recompute, output requires_grad).
+    """Replay one layer; returns (saved items, output requires_grad, output dtype).
     Rotary cos/sin are shared by all layers: reported once, under the embedding stage."""
     rec = _recorder(spec, set(seen))
     out = layer_fn(ctx.desc)(rec, ctx, x, i, b, s)
     items = [(name, st.nbytes) for name, st in rec.saved.values() if not name.startswith("rotary/")]
-    return items, out.requires_grad
+    return items, out.requires_grad, out.dtype
+
+
+def _family_backward_peak(desc: ModelDesc, spec: JobSpec, params: ParamSet, i: int, stage: Stage) -> None:
+    """A family whose layer peaks in backward elsewhere than in its MLP (Jamba's Mamba scan)
+    names that moment: its temporaries and the saved tensors released before it."""
+    if desc.model_type not in FAMILY_OF:
+        return
+    hook = getattr(family_forward(desc.model_type), "backward_peak", None)
+    peak = hook(desc, spec, params, i, stage.recompute or stage.saved) if hook else None
+    if peak is not None:
+        stage.backward_transient, stage.freed_before_peak = peak
 
 
 def _shared_rotary(ctx: Ctx, stages: list[Stage]) -> None:
@@ -306,9 +324,10 @@ def _with_loss(desc: ModelDesc, spec: JobSpec, stages: list[Stage], logits: Sym,
     if spec.loss_impl is LossImpl.CHUNKED:
         # chunks with Gemma 2's softcap in front: 8 chunks, each upcast to fp32 on its own.
         fwd.add("logits/logits", full_c).add("logits/fp32_chunk", nbytes(-(-tokens // 8) * v, "fp32"))
-    elif c != "fp32" and spec.stack.framework is Framework.TORCHTUNE:
+    elif c != "fp32" and (spec.stack.framework is Framework.TORCHTUNE or getattr(desc, "logits_float_in_forward", False)):
         # torchtune TransformerDecoder.forward: `output = self.output(h).float()`; the 16-bit
-        # logits are dropped as soon as the fp32 copy exists.
+        # logits are dropped as soon as the fp32 copy exists. Mamba2ForCausalLM.forward does
+        # the same (`self.lm_head(...).float()`).
         fwd.add("logits/logits_fp32", full32)
     else:
         fwd.add("logits/logits", full_c)
