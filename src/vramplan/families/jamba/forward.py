@@ -16,6 +16,9 @@ discrete_A = exp(A * dt), discrete_B = dt * B.float(), deltaB_u = discrete_B * x
 state_t = discrete_A[:, :, t] * state_{t-1} + deltaB_u[:, :, t] (each (b, I, N) fp32
 state kept by the next product) and state_t.to(dtype) @ C_t (keeps the cast state);
 + x * D.float(), * silu(z); out_proj of the transposed output, reshaped into a copy.
+The same path is recorded for backend cuda: it is what runs there without mamba_ssm;
+mamba_ssm's fused `mamba_inner_fn` (MambaInnerFn, which keeps xz, x_dbl, B, C, the scan's
+chunk intermediates and its output and recomputes the rest) is not modelled yet.
 Legend: b batch, s sequence, h hidden, I inner width, N state, R dt rank, K conv kernel,
 a heads, k KV heads, d head_dim, T = b * s.
 """

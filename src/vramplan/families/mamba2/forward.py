@@ -102,3 +102,4 @@ def head(rec: Recorder, ctx: Ctx, x: Sym) -> Sym:
     h = rms_norm(rec, ctx, x, "backbone.norm_f", "final_norm")
     w = ctx.params.get("lm_head.weight") or ctx.params.get("score.weight") or ctx.p("backbone.embeddings.weight")
     return rec.linear(rec.to(h, w.dtype, "final_norm_cast"), w, name="logits")
+
