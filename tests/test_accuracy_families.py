@@ -8,7 +8,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import vramplan  # noqa: E402
-from vramplan.measure import measure  # noqa: E402
+from conftest import measure_fresh  # noqa: E402
 
 TINY = {"vocab_size": 1000, "hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4}
 MLA = {**TINY, "num_hidden_layers": 3, "intermediate_size": 256, "moe_intermediate_size": 64,
@@ -39,6 +39,15 @@ CASES = {
     "gemma3-sliding-sdpa": {"model": {"model_type": "gemma3_text", **TINY, "num_key_value_heads": 2, "head_dim": 64,
                                       "intermediate_size": 256, "sliding_window": 32,
                                       "layer_types": ["sliding_attention", "full_attention"]}},
+    # SSD scan over 2 chunks of 48 with the last padded (s 64 % 48 != 0), 2 groups
+    "mamba2-padded-chunks": {"attention": "eager", "model": {"model_type": "mamba2", "vocab_size": 1000,
+                                                             "hidden_size": 128, "num_hidden_layers": 2, "num_heads": 8,
+                                                             "head_dim": 32, "state_size": 16, "n_groups": 2,
+                                                             "chunk_size": 48}},
+    # layer 0 Mamba + dense MLP, layer 1 attention + MoE (4 experts top-2)
+    "jamba-hybrid-moe": {"model": {"model_type": "jamba", **TINY, "num_key_value_heads": 2, "intermediate_size": 256,
+                                   "attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2,
+                                   "expert_layer_offset": 1, "num_experts": 4, "mamba_d_state": 8}},
 }
 
 
@@ -46,7 +55,7 @@ CASES = {
 def test_estimate_matches_measured_cpu_step(name):
     job = {"backend": "cpu", "precision": "fp32", "micro_batch_size": 2, "seq_len": 64,
            "optimizer_impl": "foreach", **CASES[name]}
-    measured = measure(job, device="cpu").to_dict()
+    measured = measure_fresh(job, device="cpu")
     est = vramplan.estimate(vramplan.load_spec(job))
     assert est.peak_allocated_bytes == pytest.approx(measured["peak_allocated_bytes"], rel=0.02)
     for phase in ("forward", "backward", "optimizer"):

@@ -80,6 +80,21 @@ CASES = {
     "llama4-explicit-moe-layers": {"model_type": "llama4_text", **TINY, "num_hidden_layers": 3,
                                    "intermediate_size": 32, "intermediate_size_mlp": 48, "num_local_experts": 2, "num_key_value_heads": 2,
                                    "moe_layers": [0, 2], "no_rope_layers": [1, 0, 1]},
+    "mamba2-groups-untied": {"model_type": "mamba2", "vocab_size": 1000, "hidden_size": 64, "num_hidden_layers": 2,
+                             "num_heads": 8, "head_dim": 16, "state_size": 16, "n_groups": 2},
+    "mamba2-bias-no-conv-bias-tied": {"model_type": "mamba2", "vocab_size": 1000, "hidden_size": 64,
+                                      "num_hidden_layers": 2, "num_heads": 4, "head_dim": 32, "state_size": 8,
+                                      "n_groups": 1, "use_bias": True, "use_conv_bias": False,
+                                      "tie_word_embeddings": True},
+    # layer 0 Mamba + dense MLP, layer 1 attention + MoE, layer 2 Mamba + dense
+    "jamba-hybrid-moe": {"model_type": "jamba", **TINY, "num_hidden_layers": 3, "intermediate_size": 96,
+                         "num_key_value_heads": 2, "attn_layer_period": 2, "attn_layer_offset": 1,
+                         "expert_layer_period": 2, "expert_layer_offset": 1, "num_experts": 4},
+    "jamba-dense-biases-tied": {"model_type": "jamba", **TINY, "num_hidden_layers": 4, "intermediate_size": 96,
+                                "num_key_value_heads": 4,
+                                "attn_layer_period": 4, "attn_layer_offset": 3, "num_experts": 1,
+                                "mamba_proj_bias": True, "mamba_conv_bias": False, "mamba_dt_rank": 8,
+                                "mamba_d_state": 8, "tie_word_embeddings": True},
 }
 
 
@@ -117,6 +132,10 @@ def test_phi_rotary_dims():
     ("starcoderbase-1b", 1_137_207_296),
     ("glm-4-9b-0414", 9_400_279_040),  # 9.4B
     ("glm-4-32b-0414", 32_566_487_552),  # 32.6B
+    ("mamba-codestral-7b", 7_285_403_648),  # model card: 7,285,403,648
+    ("mamba2-2.7b", 2_702_599_680),  # 2.7B
+    ("jamba-v0.1", 51_570_323_328),  # 52B total
+    ("jamba-1.5-mini", 51_570_323_328),
 ])
 def test_published_parameter_totals(name, total):
     assert catalog.model_desc(name).num_params() == total
@@ -167,3 +186,42 @@ def test_remote_code_families_are_refused_with_the_reason(model_type, word):
     with pytest.raises(ValueError, match="exists only as remote code") as err:
         model_from_hf_config(config)
     assert word in str(err.value)
+
+
+def test_jamba_layer_kinds_follow_the_config_class():
+    """JambaConfig.layers_block_type and layers_num_experts decide each layer's mixer and
+    feed-forward."""
+    for name in ("jamba-hybrid-moe", "jamba-dense-biases-tied"):
+        real = transformers.AutoConfig.for_model(**CASES[name])
+        desc = model_from_hf_config(CASES[name])
+        assert [desc.layer_kind(i) for i in range(desc.num_layers)] == real.layers_block_type
+        assert desc.moe_layers == tuple(i for i, e in enumerate(real.layers_num_experts) if e > 1)
+
+
+def test_mamba2_refuses_inconsistent_heads_like_its_config_class():
+    config = {**CASES["mamba2-groups-untied"], "num_heads": 6}
+    with pytest.raises(ValueError, match="num_heads"):
+        model_from_hf_config(config)
+    with pytest.raises(Exception):
+        transformers.AutoConfig.for_model(**config)
+
+
+def test_mamba2_out_proj_lora_is_refused_as_peft_refuses_it():
+    """PEFT refuses LoRA on a Mamba-2 out_proj (tuners_utils._check_lora_target_modules_mamba);
+    the estimate says so in one line naming the field instead of giving a number."""
+    import vramplan
+    from vramplan.spec import SpecError
+
+    peft = pytest.importorskip("peft")
+    config = CASES["mamba2-groups-untied"]
+    cfg = dict(config)
+    model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg))
+    with pytest.raises(ValueError, match="out_proj"):
+        peft.get_peft_model(model, peft.LoraConfig(r=4, target_modules=["in_proj", "out_proj"]))
+    job = {"model": config, "attention": "eager", "method": "lora",
+           "lora": {"r": 4, "target_modules": ["in_proj", "out_proj"]}}
+    with pytest.raises(SpecError, match="out_proj") as err:
+        vramplan.estimate(vramplan.load_spec(job))
+    assert err.value.field == "lora.target_modules"
+    job["lora"]["target_modules"] = ["in_proj"]
+    assert vramplan.estimate(vramplan.load_spec(job)).peak_allocated_bytes > 0

@@ -98,6 +98,11 @@ def _lora(desc: ModelDesc, spec: JobSpec) -> list[str]:
                         f"{desc.name}; name some of its layer modules ({', '.join(names[:12])}) or all-linear")
     refused = getattr(desc, "lora_refused_modules", ())
     bad = sorted({p.module.rsplit(".", 1)[-1] for p in hit if p.module.rsplit(".", 1)[-1] in refused})
+    if bad and getattr(desc, "lora_refusal", "") == "mamba":
+        # peft/tuners/tuners_utils.py _check_lora_target_modules_mamba raises ValueError for
+        # out_proj and conv1d of Mamba-based model types (seen on CPU with Mamba2ForCausalLM)
+        raise SpecError("lora.target_modules", f"PEFT refuses LoRA on {desc.name}'s {', '.join(bad)} "
+                        f"(Mamba-based models); name the modules to adapt without {', '.join(bad)}, e.g. in_proj")
     if bad:
         # Llama4Router subclasses nn.Linear but returns (scores, logits): PEFT's lora.Linear
         # .forward reads `result.dtype` and fails (peft/tuners/lora/layer.py, seen on CPU)

@@ -17,6 +17,8 @@ from vramplan.components.chunked_loss import chunked_loss_terms
 from vramplan.components.megatron_loss import megatron_ce_terms
 from vramplan.components.arch_gpt2_bert import OTHER_MODEL_TYPES, layer_fn, layer_prefix, other_embed, other_head
 from vramplan.components.dtypes import dtypes_of
+from vramplan.families import FAMILY_OF
+from vramplan.families import forward as family_forward
 from vramplan.components.graph import Param, Recorder, Storage, Sym
 from vramplan.components.layer_backward import layer_backward
 from vramplan.components.memo import cached_plan, spec_key
@@ -45,6 +47,9 @@ class Stage:
     """Under checkpointing: what the recomputation saves again during backward."""
     freed_before_peak: tuple[str, ...] = ()
     """Names of this stage's saved tensors already released at its backward peak."""
+    backward_transient: Breakdown | None = None
+    """This layer's own backward-peak temporaries when its family says where that peak is
+    (families/<name>/forward.py `backward_peak`); None: the plan's layer_backward_transient."""
 
 
 @dataclass(slots=True)
@@ -133,7 +138,7 @@ def _copy(plan: ActivationPlan) -> ActivationPlan:
     in place, so layers that shared one still do (step.build keys its breakdowns by it)."""
     def bd(b: Breakdown) -> Breakdown:
         return Breakdown(dict(b.terms))
-    return ActivationPlan([Stage(st.label, st.saved, st.recompute, st.freed_before_peak)
+    return ActivationPlan([Stage(st.label, st.saved, st.recompute, st.freed_before_peak, st.backward_transient)
                            for st in plan.stages], bd(plan.loss_saved), bd(plan.forward_end_transient),
                           bd(plan.loss_backward_transient), bd(plan.head_backward_transient),
                           bd(plan.layer_backward_transient), plan.input_leaf_bytes, plan.head_input,
@@ -159,13 +164,13 @@ def _plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Activ
         x = Sym(x.name, x.shape, x.dtype, True, x.storage)
         input_leaf = x.storage.nbytes
     stages = [Stage("embedding", rec.saved_items(), [])]
-    cache: dict[tuple, tuple[list, bool, tuple | None]] = {}
+    cache: dict[tuple, tuple[list, bool, tuple | None, str]] = {}
     gc = spec.gradient_checkpointing
     for i in range(desc.num_layers):
         key = _signature(ctx, i, x)
         if key not in cache:
             cache[key] = _layer(ctx, spec, i, x, b, s, seen, gc is Checkpointing.OP_SELECTIVE)
-        saved, out_rg, op_split = cache[key]
+        saved, out_rg, op_split, out_dtype = cache[key]
         # torchtitan <= 0.2 `_apply_layer_sac`: with selective_ac_option = N only every N-th
         # block (a global count from 1) is wrapped; checkpoint_every = 1 wraps them all.
         wrapped = (i + 1) % spec.checkpoint_every == 0
@@ -181,7 +186,9 @@ def _plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Activ
             stages.append(Stage(f"layer {i}", keep, redo, _MLP_OUT_INPUTS[desc.mlp]))
         else:
             stages.append(Stage(f"layer {i}", saved, [], _MLP_OUT_INPUTS[desc.mlp]))
-        x = Sym(f"layer{i}.out", x.shape, x.dtype, out_rg, Storage(x.storage.nbytes))
+        # the layer's output dtype: Mamba's fp32 residual stream (residual_in_fp32) widens it
+        _family_backward_peak(desc, spec, params, i, stages[-1])
+        x = Sym(f"layer{i}.out", x.shape, out_dtype, out_rg, Storage(nbytes(x.numel, out_dtype)))
     _shared_rotary(ctx, stages)
     head_rec = _recorder(spec, seen)
     logits = _head(head_rec, ctx, x)
@@ -268,15 +275,26 @@ def _layer_keys(ctx: Ctx) -> dict[int, tuple]:
 
 
 def _layer(ctx: Ctx, spec: JobSpec, i: int, x: Sym, b: int, s: int, seen: set[int], op_selective: bool = False):
-    """Replay one layer; returns (saved items, output requires_grad, and under op-selective
-    checkpointing what the layer keeps and recomputes: op_checkpoint.split_layer).
+    """Replay one layer; returns (saved items, output requires_grad, under op-selective
+    checkpointing what the layer keeps and recomputes (op_checkpoint.split_layer), output dtype).
     Rotary cos/sin are shared by all layers: reported once, under the embedding stage."""
     rec = _recorder(spec, set(seen))
     if op_selective:
         rec.ops = []
     out = layer_fn(ctx.desc)(rec, ctx, x, i, b, s)
     items = [(name, st.nbytes) for name, st in rec.saved.values() if not name.startswith("rotary/")]
-    return items, out.requires_grad, split_layer(rec, x) if op_selective else None
+    return items, out.requires_grad, split_layer(rec, x) if op_selective else None, out.dtype
+
+
+def _family_backward_peak(desc: ModelDesc, spec: JobSpec, params: ParamSet, i: int, stage: Stage) -> None:
+    """A family whose layer peaks in backward elsewhere than in its MLP (Jamba's Mamba scan)
+    names that moment: its temporaries and the saved tensors released before it."""
+    if desc.model_type not in FAMILY_OF:
+        return
+    hook = getattr(family_forward(desc.model_type), "backward_peak", None)
+    peak = hook(desc, spec, params, i, stage.recompute or stage.saved) if hook else None
+    if peak is not None:
+        stage.backward_transient, stage.freed_before_peak = peak
 
 
 def _shared_rotary(ctx: Ctx, stages: list[Stage]) -> None:
@@ -348,9 +366,10 @@ def _with_loss(desc: ModelDesc, spec: JobSpec, stages: list[Stage], logits: Sym,
     if spec.loss_impl is LossImpl.CHUNKED:
         # chunks with Gemma 2's softcap in front: 8 chunks, each upcast to fp32 on its own.
         fwd.add("logits/logits", full_c).add("logits/fp32_chunk", nbytes(-(-tokens // 8) * v, "fp32"))
-    elif c != "fp32" and spec.stack.framework is Framework.TORCHTUNE:
+    elif c != "fp32" and (spec.stack.framework is Framework.TORCHTUNE or getattr(desc, "logits_float_in_forward", False)):
         # torchtune TransformerDecoder.forward: `output = self.output(h).float()`; the 16-bit
-        # logits are dropped as soon as the fp32 copy exists.
+        # logits are dropped as soon as the fp32 copy exists. Mamba2ForCausalLM.forward does
+        # the same (`self.lm_head(...).float()`).
         fwd.add("logits/logits_fp32", full32)
     else:
         fwd.add("logits/logits", full_c)

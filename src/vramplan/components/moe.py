@@ -12,14 +12,16 @@ from vramplan.components.arch import Ctx, activation, mlp_shared
 from vramplan.components.graph import Param, Recorder, Sym
 
 
-def moe_block(rec: Recorder, ctx: Ctx, x: Sym, i: int) -> Sym:
+def moe_block(rec: Recorder, ctx: Ctx, x: Sym, i: int, pre: str | None = None, router_name: str = "gate") -> Sym:
+    """`pre`: the block's module path (Jamba: `model.layers.{i}.feed_forward`, whose router
+    is `router`, JambaTopKRouter: the same fp32 softmax and unnormalized top-k)."""
     moe = ctx.desc.moe
-    pre = f"model.layers.{i}.mlp"
+    pre = pre or f"model.layers.{i}.mlp"
     tokens = 1
     for dim in x.shape[:-1]:
         tokens *= dim
     h = x.shape[-1]
-    router = ctx.p(f"{pre}.gate.weight")
+    router = ctx.p(f"{pre}.{router_name}.weight")
     logits = rec.linear(x, router, name="moe/router_logits")
     probs = rec.unary_saving_output(rec.to(logits, "fp32"), "moe/router_softmax", "fp32")
     weights = rec.new("moe/topk_weights", (tokens, moe.top_k), "fp32", probs.requires_grad)

@@ -103,13 +103,18 @@ _MLP_OUT = (".mlp.down_proj", ".mlp.c_proj", ".output.dense", ".experts.down_pro
             ".mlp.dense_4h_to_h", ".fc2", ".DenseReluDense.wo")
 
 
+def is_mlp_out(name: str) -> bool:
+    """A layer's MLP output projection: the gradient a layer holds at its MLP-backward peak."""
+    return any(m in name.split("#")[0] for m in _MLP_OUT)
+
+
 def gradient_stages_at_peak(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> list[Breakdown]:
     """Gradients of each stage that exist at that stage's backward peak: for a layer, the
     MLP's backward (the first part of the layer to run backward) has produced only the
     output projection's weight gradient; other stages hold all of theirs."""
     stages = [Breakdown() for _ in range(num_stages(desc))]
     for p in params.trainable():
-        if p.layer is not None and not any(m in p.name.split("#")[0] for m in _MLP_OUT):
+        if p.layer is not None and not is_mlp_out(p.name):
             continue
         key = "gradients/lora_adapters" if p.kind == "lora" else "gradients/trainable"
         stages[stage_of(desc, p)].add(key, nbytes(p.numel, grad_dtype(spec, p)))

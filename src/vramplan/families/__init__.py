@@ -20,6 +20,8 @@ FAMILY_OF: dict[str, str] = {
     "llama4_text": "llama4",
     "llama4": "llama4",
     "internlm3": "internlm3",
+    "mamba2": "mamba2",
+    "jamba": "jamba",
 }
 """HF `model_type` -> folder under vramplan/families."""
 

@@ -45,6 +45,8 @@ TEMPLATES = (
     N_("{n} is not divisible by tp*pp*cp = {product}"),
     N_("{n} GPUs do not split into tp x pp x cp = {product}; use a multiple of {multiple}"),
     N_("{what} are past {model}'s {limit} learned positions (max_position_embeddings); use seq_len <= {use}"),
+    N_("PEFT refuses LoRA on {model}'s {modules} (Mamba-based models); name the modules to adapt without "
+       "{without}, e.g. {example}"),
     N_("PEFT cannot wrap {model}'s {modules} with LoRA (its forward returns a tuple); name the modules to adapt "
        "instead of all-linear, without {without}"),
     # vision-language jobs (jobs/vlm.py, jobs/qwen_vl.py, spec/tasks.py VisionConfig)

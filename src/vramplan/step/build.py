@@ -105,7 +105,7 @@ def build_step(desc: ModelDesc, spec: JobSpec, params: ParamSet, acts: Activatio
                                                 "activations/recomputed_layer"), Breakdown())
             t.merge(built[rkey][0])
         if st.label.startswith("layer"):
-            t.merge(acts.layer_backward_transient)
+            t.merge(acts.layer_backward_transient if st.backward_transient is None else st.backward_transient)
         elif i == n - 1:
             t.merge(acts.head_backward_transient)
         elif i == 0:
