@@ -81,6 +81,9 @@ class StepPlan:
     what is alive beyond weights, states and earlier stages' activations while the stage's
     largest parameter steps (its gradient and the step's temporaries). Gradients are freed
     as they are made; the optimizer phase holds no gradients and no temporaries."""
+    stage_forward_transient: list[Breakdown] | None = None
+    """Per stage, held only while its forward runs, with the activations saved so far
+    (float8 casts, components/float8.py); None: nothing beyond the saved activations."""
 
 
 def _sum(parts) -> Breakdown:
@@ -97,7 +100,8 @@ def walk(plan: StepPlan) -> list[Event]:
     fwd_grads = all_grads if plan.grads_alive_in_forward else Breakdown()
     acts = _sum(plan.stage_acts)
     base = [plan.static, fwd_grads, acts, plan.loss_saved]
-    events = [Event("forward", "end of forward (logits and loss)", base + [plan.forward_end_transient]),
+    events = _stage_forward(plan, base[:2])
+    events += [Event("forward", "end of forward (logits and loss)", base + [plan.forward_end_transient]),
               Event("backward", "loss backward (logits gradient)", base + [plan.loss_backward_transient])]
     # Backward, last stage first: earlier stages' activations and this stage's (less what
     # its own backward has freed by its peak) are alive, with the gradients made so far
@@ -130,6 +134,22 @@ def walk(plan: StepPlan) -> list[Event]:
     else:
         events.append(Event("optimizer", "optimizer step", [plan.static, all_grads, plan.optimizer_temporaries]))
     return events
+
+
+def _stage_forward(plan: StepPlan, base: list[Breakdown]) -> list[Event]:
+    """The forward moment of the stage whose transient, over the activations saved up to
+    it, is largest (all of the stage's own counted: the cast comes late in a layer)."""
+    trans = plan.stage_forward_transient
+    if not trans:
+        return []
+    upto, best, at = 0, -1, 0
+    for i, (acts, t) in enumerate(zip(plan.stage_acts, trans)):
+        upto += acts.total()
+        if t.terms and upto + t.total() > best:
+            best, at = upto + t.total(), i
+    if best < 0:
+        return []
+    return [Event("forward", f"stage {at} forward", base + plan.stage_acts[:at + 1] + [trans[at]])]
 
 
 def _stage_grads(plan: StepPlan, n: int) -> list[Breakdown]:

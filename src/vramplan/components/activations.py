@@ -60,6 +60,8 @@ class ActivationPlan:
     head that bypasses the head module (jobs/logprob.py) reads instead."""
     head_linear_saved: tuple[str, ...] = ()
     """Names of what the output head's linear saved (its input, an autocast copy)."""
+    stage_forward_transient: list[Breakdown] | None = None
+    """Per stage: held only while its forward runs (float8 casts, components/float8.py)."""
 
 
 def build_ctx(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Ctx:
@@ -110,7 +112,8 @@ def _autocast(spec: JobSpec) -> str | None:
 def _recorder(spec: JobSpec, seen: set[int]) -> Recorder:
     q = spec.quantization
     saved = q.compute_dtype if q is not None and dequant_modes(q)[0] == SAVED else None
-    return Recorder(autocast=_autocast(spec), backend=spec.backend.value, seen=seen, dequant_saved=saved)
+    f8 = (True, spec.float8.convert_lm_head) if spec.float8 is not None else None
+    return Recorder(autocast=_autocast(spec), backend=spec.backend.value, seen=seen, dequant_saved=saved, float8=f8)
 
 
 def plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> ActivationPlan:
@@ -132,12 +135,13 @@ def plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Activa
         x = Sym(x.name, x.shape, x.dtype, True, x.storage)
         input_leaf = x.storage.nbytes
     stages = [Stage("embedding", rec.saved_items(), [])]
-    cache: dict[tuple, tuple[list, bool]] = {}
+    cache: dict[tuple, tuple[list, bool, tuple]] = {}
+    f8_layer: tuple = ()
     for i in range(desc.num_layers):
         key = _signature(ctx, i, x)
         if key not in cache:
             cache[key] = _layer(ctx, spec, i, x, b, s, seen)
-        saved, out_rg = cache[key]
+        saved, out_rg, f8_layer = cache[key]
         if spec.gradient_checkpointing is Checkpointing.FULL:
             # torch.utils.checkpoint (non-reentrant, transformers 5's default) keeps the
             # layer's inputs for the recomputation and nothing the layer saves.
@@ -155,6 +159,10 @@ def plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Activa
     head_w = ctx.params.get("lm_head.weight") or ctx.params.get("model.embed_tokens.weight")
     plan = _with_loss(desc, spec, stages, logits, x, bool(head_w and head_w.trainable))
     plan.input_leaf_bytes = input_leaf
+    if spec.float8 is not None:
+        from vramplan.components.float8 import apply
+        res = dtypes_of(spec).weights
+        apply(plan, spec, f8_layer, head_rec.float8_linears, desc.hidden_size, res)
     if _autocast(spec) and spec.gradient_checkpointing is not Checkpointing.NONE:
         # autocast caches the low-precision copy of a weight only when it is a leaf that
         # requires grad (aten/src/ATen/autocast_mode.cpp `cached_cast`: `arg.is_leaf() &&
@@ -239,7 +247,7 @@ def _layer(ctx: Ctx, spec: JobSpec, i: int, x: Sym, b: int, s: int, seen: set[in
     rec = _recorder(spec, set(seen))
     out = layer_fn(ctx.desc)(rec, ctx, x, i, b, s)
     items = [(name, st.nbytes) for name, st in rec.saved.values() if not name.startswith("rotary/")]
-    return items, out.requires_grad
+    return items, out.requires_grad, tuple(rec.float8_linears)
 
 
 def _shared_rotary(ctx: Ctx, stages: list[Stage]) -> None:

@@ -115,7 +115,8 @@ def build_step(desc: ModelDesc, spec: JobSpec, params: ParamSet, acts: Activatio
                     stage_grads_at_peak=grads_at_peak,
                     optimizer_temporaries=_optimizer_extras(spec, params, acts),
                     grads_alive_in_forward=spec.grad_accum_steps > 1, labels=labels,
-                    in_backward=_in_backward(desc, spec, params))
+                    in_backward=_in_backward(desc, spec, params),
+                    stage_forward_transient=acts.stage_forward_transient)
 
 
 def _in_backward(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> list[Breakdown] | None:
