@@ -73,7 +73,7 @@ def build_ctx(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Ctx:
                lora_dropout=spec.lora.dropout if spec.lora else 0.0,
                act_dtype=dtypes_of(spec).weights if spec.method.value != "qlora"
                else spec.quantization.compute_dtype,
-               attention=spec.attention.value, gqa_native=gqa_native)
+               attention=spec.attention.value, gqa_native=gqa_native, packed=spec.packing)
     ctx.shared_keys["param_set"] = params
     return ctx
 

@@ -63,6 +63,8 @@ def build_step(desc: ModelDesc, spec: JobSpec, params: ParamSet, acts: Activatio
         # paged optimizer state is CUDA managed memory, outside the caching allocator
         (managed if managed is not None and key.startswith("optimizer_paged") else static).add(key, value)
     static.add("batch/input_ids", nbytes(spec.micro_batch_size * spec.seq_len, "int64"))
+    if spec.packing:  # padding-free rows carry position_ids (DataCollatorWithFlattening)
+        static.add("batch/position_ids", nbytes(spec.micro_batch_size * spec.seq_len, "int64"))
     # registered buffers that are no parameters (GPTBigCode's causal-mask table)
     static.add("weights/buffers", getattr(desc, "buffer_bytes", 0))
     grads = cached(params, ("grads", dtypes_of(spec)), lambda: gradient_stages(desc, spec, params))
