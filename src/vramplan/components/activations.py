@@ -162,7 +162,8 @@ def plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Activa
     if spec.float8 is not None:
         from vramplan.components.float8 import apply
         res = dtypes_of(spec).weights
-        apply(plan, spec, f8_layer, head_rec.float8_linears, desc.hidden_size, res)
+        apply(plan, spec, f8_layer, head_rec.float8_linears, desc.hidden_size, res, _MLP_OUT_INPUTS[desc.mlp],
+              dtypes_of(spec).gradients)
     if _autocast(spec) and spec.gradient_checkpointing is not Checkpointing.NONE:
         # autocast caches the low-precision copy of a weight only when it is a leaf that
         # requires grad (aten/src/ATen/autocast_mode.cpp `cached_cast`: `arg.is_leaf() &&

@@ -52,36 +52,44 @@ def backward_moment(tokens: int, i: int, o: int, c: str, recipe: str) -> int:
     return max(steps)
 
 
-def layer_backward_term(linears, spec, hidden: int, res: str, at_peak: int) -> int:
+def layer_backward_term(linears, spec, hidden: int, res: str, at_peak: int, mlp_out: tuple[str, ...],
+                        grad: str) -> int:
     """What a layer's backward holds beyond `at_peak` (the layer's activations and the
     transient the plan counts at the layer's peak) at the worst converted linear's
     backward. Backward runs the layer in reverse, so at a linear's backward what its layer
     saved after it is gone: alive are what was saved up to it (its input included), the
     residual gradient (T x h), its own incoming gradient when that is not the residual one
-    (out != h), and its casts."""
+    (out != h), and its casts. The timeline counts the MLP output projection's weight
+    gradient at a layer's peak (components/weights.py gradient_stages_at_peak); during that
+    projection's casts it does not exist yet (made after them), so it is taken off there."""
     recipe = spec.float8.recipe.value
     worst = 0
-    for _, tokens, i, o, c, head, upto in linears:
+    for name, tokens, i, o, c, head, upto in linears:
         if head:
             continue
         go = 0 if o == hidden else nbytes(tokens * o, c)
         moment = upto + nbytes(tokens * hidden, res) + go + backward_moment(tokens, i, o, c, recipe)
+        if name.split(".")[0] in mlp_out:
+            moment -= nbytes(i * o, grad)
         worst = max(worst, moment)
     return max(0, worst - at_peak)
 
 
-def head_backward_term(linears, spec, grad_logits: int, current: int) -> int:
+def head_backward_term(linears, spec, grad_logits: int, current: int, grad: str) -> int:
     """The output head converted (`float8.convert_lm_head`): its backward holds the logits'
     gradient in the head's dtype (`grad_logits`) with its casts, where the plan counts
-    `current`."""
+    `current`; the head's weight gradient, which the timeline counts at the head's peak, is
+    made after the casts and is taken off."""
     worst = 0
     for _, tokens, i, o, c, head, _ in linears:
         if head:
-            worst = max(worst, grad_logits + backward_moment(tokens, i, o, c, spec.float8.recipe.value))
+            moment = grad_logits + backward_moment(tokens, i, o, c, spec.float8.recipe.value) - nbytes(i * o, grad)
+            worst = max(worst, moment)
     return max(0, worst - current)
 
 
-def apply(plan, spec, layer_linears, head_linears, hidden: int, res: str) -> None:
+def apply(plan, spec, layer_linears, head_linears, hidden: int, res: str, mlp_out: tuple[str, ...],
+          grad: str) -> None:
     """Add the float8 casts to an ActivationPlan: per stage forward transients, and what the
     layer's and the head's backward hold beyond what the plan counts already."""
     layer_fwd, head_fwd = forward_peak(layer_linears), forward_peak(head_linears)
@@ -92,11 +100,11 @@ def apply(plan, spec, layer_linears, head_linears, hidden: int, res: str) -> Non
     if layer is not None and not layer.recompute:
         kept = sum(v for n, v in layer.saved if n not in layer.freed_before_peak)
         extra = layer_backward_term(layer_linears, spec, hidden, res,
-                                    kept + plan.layer_backward_transient.total())
+                                    kept + plan.layer_backward_transient.total(), mlp_out, grad)
         if extra:
             plan.layer_backward_transient.add("float8/backward_casts", extra)
     head = plan.head_backward_transient
     grad_logits = head.terms.get("logits/grad_logits", 0)
-    extra = head_backward_term(head_linears, spec, grad_logits, head.total())
+    extra = head_backward_term(head_linears, spec, grad_logits, head.total(), grad)
     if extra:
         head.add("float8/backward_casts", extra)
