@@ -24,10 +24,12 @@ FAST = settings(max_examples=int(os.environ.get("VRAMPLAN_FUZZ_EXAMPLES", "30"))
 _KEYS = ["model", "num_params", "task", "method", "precision", "optimizer", "optimizer_impl",
          "micro_batch_size", "seq_len", "grad_accum_steps", "num_gpus", "gradient_checkpointing",
          "attention", "packing", "loss_impl", "momentum", "weight_decay", "trust_remote_code",
-         "online", "lora", "quantization", "freeze", "parallel", "num_labels", "max_new_tokens"]
+         "online", "lora", "quantization", "freeze", "parallel", "num_labels", "max_new_tokens",
+         "float8", "neftune_noise_alpha"]
 _SECTION_KEYS = ["r", "alpha", "dropout", "target_modules", "bits", "type", "trainable_layers",
                  "trainable_modules", "zero_stage", "fsdp", "fsdp_version", "tp", "pp", "cp", "ep",
-                 "sp", "pp_schedule", "offload_optimizer", "offload_params", "extras"]
+                 "sp", "pp_schedule", "offload_optimizer", "offload_params", "extras", "recipe",
+                 "convert_lm_head"]
 _WORDS = ["gpt2", "llama-3.2-1b", "lora", "qlora", "freeze", "full", "bf16", "fp16", "amp-bf16",
           "adamw", "sgd", "full-shard", "cpu", "none", "1f1b", "q_proj", "", "no", "false", "auto"]
 

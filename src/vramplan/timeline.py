@@ -97,6 +97,9 @@ class StepPlan:
     backward_end_transient: Breakdown | None = None
     """Alive once every backward stage has run, with all gradients, before the optimizer
     step (a pipeline schedule's merged outputs, parallel/pipeline.py)."""
+    stage_forward_transient: list[Breakdown] | None = None
+    """Per stage, held only while its forward runs, with the activations saved so far
+    (float8 casts, components/float8.py); None: nothing beyond the saved activations."""
 
 
 def _sum(parts) -> Breakdown:
@@ -159,6 +162,11 @@ def _walk(plan: StepPlan, build: bool) -> list:
 
     def event(phase: str, label: str, parts, total: int) -> None:
         out.append(Event(phase, label, parts(), total) if build else total)
+    at, peak = _stage_forward(plan, acts_t)
+    if at is not None:
+        event("forward", f"stage {at} forward",
+              lambda: [plan.static, *fwd_grads, *plan.stage_acts[:at + 1], plan.stage_forward_transient[at]],
+              static_tot + (grads_tot if accum else 0) + peak)
     event("forward", "end of forward (logits and loss)",
           lambda: [plan.static, *fwd_grads, *plan.stage_acts, plan.loss_saved, plan.forward_end_transient],
           base_tot + plan.forward_end_transient.total())
@@ -198,6 +206,19 @@ def _walk(plan: StepPlan, build: bool) -> list:
         event("optimizer", "optimizer step", lambda: [plan.static, *stage_grads, plan.optimizer_temporaries],
               static_tot + grads_tot + plan.optimizer_temporaries.total())
     return out
+
+
+def _stage_forward(plan: StepPlan, acts_t: list[int]) -> tuple[int | None, int]:
+    """The forward moment of the stage whose transient, over the activations saved up to
+    it, is largest (all of the stage's own counted: the cast comes late in a layer):
+    (stage, activations up to it plus its transient), or (None, 0) when no stage has one."""
+    trans = plan.stage_forward_transient
+    upto, best, at = 0, -1, None
+    for i, t in enumerate(trans or ()):
+        upto += acts_t[i]
+        if t.terms and upto + t.total() > best:
+            best, at = upto + t.total(), i
+    return at, max(best, 0)
 
 
 def _stage_grads(plan: StepPlan, n: int) -> list[Breakdown]:

@@ -61,6 +61,8 @@ _SPEC_FLAGS = {
     "num_labels": (int, N_("sequence-classification: classes")),
     "num_layers": (int, N_("with --num-params: layer count")),
     "hidden_size": (int, N_("with --num-params: hidden size")),
+    "float8": (str, N_("torchao float8 training of the linear layers: tensorwise | rowwise | rowwise-with-gw-hp")),
+    "neftune_noise_alpha": (float, N_("NEFTune noise on the input embeddings (TrainingArguments.neftune_noise_alpha)")),
     "alloc_conf": (str, N_("PYTORCH_CUDA_ALLOC_CONF of the run, e.g. expandable_segments:True "
                            "(default: the environment's)")),
 }
@@ -125,7 +127,7 @@ def _add_spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lora-dropout", type=float)
     p.add_argument("--lora-target-modules", help=_("comma-separated names or all-linear"))
     add_section_flags(p)
-    p.add_argument("--packing", action="store_true", default=None, help=_("packed rows with a document mask"))
+    p.add_argument("--packing", action="store_true", default=None, help=_("packed rows without padding, documents told apart by position_ids"))
     p.add_argument("--activation-offloading", action="store_true", default=None,
                    help=_("saved activations offloaded to CPU (torchtune enable_activation_offloading)"))
     p.add_argument("--optimizer-in-backward", action="store_true", default=None,

@@ -23,6 +23,7 @@ from vramplan.components.graph import Param, Recorder, Storage, Sym
 from vramplan.components.layer_backward import layer_backward
 from vramplan.components.memo import cached_plan, spec_key
 from vramplan.components.op_checkpoint import split_layer
+from vramplan.components.selective import split_attention_core
 from vramplan.components.quant import SAVED, dequant_modes
 from vramplan.components.trainable import ParamSet
 from vramplan.model import MlpKind, ModelDesc
@@ -69,6 +70,8 @@ class ActivationPlan:
     head that bypasses the head module (jobs/logprob.py) reads instead."""
     head_linear_saved: tuple[str, ...] = ()
     """Names of what the output head's linear saved (its input, an autocast copy)."""
+    stage_forward_transient: list[Breakdown] | None = None
+    """Per stage: held only while its forward runs (float8 casts, components/float8.py)."""
 
 
 def build_ctx(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Ctx:
@@ -80,7 +83,7 @@ def build_ctx(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Ctx:
                lora_dropout=spec.lora.dropout if spec.lora else 0.0,
                act_dtype=dtypes_of(spec).weights if spec.method.value != "qlora"
                else spec.quantization.compute_dtype,
-               attention=spec.attention.value, gqa_native=gqa_native)
+               attention=spec.attention.value, gqa_native=gqa_native, packed=spec.packing)
     ctx.shared_keys["param_set"] = params
     return ctx
 
@@ -119,7 +122,8 @@ def _autocast(spec: JobSpec) -> str | None:
 def _recorder(spec: JobSpec, seen: set[int]) -> Recorder:
     q = spec.quantization
     saved = q.compute_dtype if q is not None and dequant_modes(q)[0] == SAVED else None
-    return Recorder(autocast=_autocast(spec), backend=spec.backend.value, seen=seen, dequant_saved=saved)
+    f8 = (True, spec.float8.convert_lm_head) if spec.float8 is not None else None
+    return Recorder(autocast=_autocast(spec), backend=spec.backend.value, seen=seen, dequant_saved=saved, float8=f8)
 
 
 def plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> ActivationPlan:
@@ -142,7 +146,9 @@ def _copy(plan: ActivationPlan) -> ActivationPlan:
                            for st in plan.stages], bd(plan.loss_saved), bd(plan.forward_end_transient),
                           bd(plan.loss_backward_transient), bd(plan.head_backward_transient),
                           bd(plan.layer_backward_transient), plan.input_leaf_bytes, plan.head_input,
-                          plan.head_linear_saved)
+                          plan.head_linear_saved,
+                          None if plan.stage_forward_transient is None
+                          else [bd(b) for b in plan.stage_forward_transient])
 
 
 def _plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> ActivationPlan:
@@ -164,13 +170,14 @@ def _plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Activ
         x = Sym(x.name, x.shape, x.dtype, True, x.storage)
         input_leaf = x.storage.nbytes
     stages = [Stage("embedding", rec.saved_items(), [])]
-    cache: dict[tuple, tuple[list, bool, tuple | None, str]] = {}
+    cache: dict[tuple, tuple[list, bool, tuple | None, str, tuple]] = {}
     gc = spec.gradient_checkpointing
+    f8_layer: tuple = ()
     for i in range(desc.num_layers):
         key = _signature(ctx, i, x)
         if key not in cache:
             cache[key] = _layer(ctx, spec, i, x, b, s, seen, gc is Checkpointing.OP_SELECTIVE)
-        saved, out_rg, op_split, out_dtype = cache[key]
+        saved, out_rg, op_split, out_dtype, f8_layer = cache[key]
         # torchtitan <= 0.2 `_apply_layer_sac`: with selective_ac_option = N only every N-th
         # block (a global count from 1) is wrapped; checkpoint_every = 1 wraps them all.
         wrapped = (i + 1) % spec.checkpoint_every == 0
@@ -182,7 +189,7 @@ def _plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Activ
             keep, redo, dropped = op_split
             stages.append(Stage(f"layer {i}", keep, redo, _MLP_OUT_INPUTS[desc.mlp] + dropped))
         elif gc is Checkpointing.SELECTIVE:
-            keep, redo = _split_attention_core(saved)
+            keep, redo = split_attention_core(saved)
             stages.append(Stage(f"layer {i}", keep, redo, _MLP_OUT_INPUTS[desc.mlp]))
         else:
             stages.append(Stage(f"layer {i}", saved, [], _MLP_OUT_INPUTS[desc.mlp]))
@@ -196,6 +203,11 @@ def _plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Activ
     head_w = ctx.params.get("lm_head.weight") or ctx.params.get("model.embed_tokens.weight")
     plan = _with_loss(desc, spec, stages, logits, x, bool(head_w and head_w.trainable))
     plan.input_leaf_bytes = input_leaf
+    if spec.float8 is not None:
+        from vramplan.components.float8 import apply
+        res = dtypes_of(spec).weights
+        apply(plan, spec, f8_layer, head_rec.float8_linears, desc.hidden_size, res, _MLP_OUT_INPUTS[desc.mlp],
+              dtypes_of(spec).gradients)
     if _autocast(spec) and spec.gradient_checkpointing is not Checkpointing.NONE:
         # autocast caches the low-precision copy of a weight only when it is a leaf that
         # requires grad (aten/src/ATen/autocast_mode.cpp `cached_cast`: `arg.is_leaf() &&
@@ -217,20 +229,6 @@ def _plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Activ
         # is computed even when the head does not save it (frozen head, autocast copy).
         plan.forward_end_transient.add("logits/head_input", head_in.storage.nbytes)
     return plan
-
-
-_CORE_WORDS = ("scores", "softmax", "probs", "dropped", "softcap", "core.dropout")
-
-
-def _split_attention_core(saved: list[tuple[str, int]]) -> tuple[list, list]:
-    """Selective recomputation (Korthikanti et al. 2022, section 4.2; Megatron-LM
-    `--recompute-granularity selective`): the attention core's (b, a, s, s) tensors --
-    scores, softmax, its dropout mask and output -- are recomputed in backward instead of
-    kept; everything else is saved as without checkpointing. Fused attention (sdpa, flash)
-    saves no such tensor, so there it changes nothing."""
-    core = [(n, v) for n, v in saved if n.startswith("attn/") and any(w in n for w in _CORE_WORDS)]
-    names = {n for n, _ in core}
-    return [(n, v) for n, v in saved if n not in names], core
 
 
 def _signature(ctx: Ctx, i: int, x: Sym) -> tuple:
@@ -276,14 +274,16 @@ def _layer_keys(ctx: Ctx) -> dict[int, tuple]:
 
 def _layer(ctx: Ctx, spec: JobSpec, i: int, x: Sym, b: int, s: int, seen: set[int], op_selective: bool = False):
     """Replay one layer; returns (saved items, output requires_grad, under op-selective
-    checkpointing what the layer keeps and recomputes (op_checkpoint.split_layer), output dtype).
+    checkpointing what the layer keeps and recomputes (op_checkpoint.split_layer), output dtype,
+    the linears torchao's float8 converts).
     Rotary cos/sin are shared by all layers: reported once, under the embedding stage."""
     rec = _recorder(spec, set(seen))
     if op_selective:
         rec.ops = []
     out = layer_fn(ctx.desc)(rec, ctx, x, i, b, s)
     items = [(name, st.nbytes) for name, st in rec.saved.values() if not name.startswith("rotary/")]
-    return items, out.requires_grad, split_layer(rec, x) if op_selective else None, out.dtype
+    return (items, out.requires_grad, split_layer(rec, x) if op_selective else None, out.dtype,
+            tuple(rec.float8_linears))
 
 
 def _family_backward_peak(desc: ModelDesc, spec: JobSpec, params: ParamSet, i: int, stage: Stage) -> None:

@@ -32,6 +32,10 @@ class Ctx:
     gqa_native: bool
     """SDPA called with enable_gqa (k/v not repeated): transformers' use_gqa_in_sdpa."""
     training_dropout: bool = True
+    packed: bool = False
+    """Packed rows (spec.packing): position_ids restart per document and no attention_mask,
+    so transformers' create_causal_mask builds a block-causal mask for SDPA
+    (masking_utils.find_packed_sequence_indices; `allow_is_causal_skip = False`)."""
     shared: dict[str, Sym] = field(default_factory=dict)
     """Tensors made once per forward (rotary cos/sin)."""
     shared_keys: dict = field(default_factory=dict)
@@ -131,6 +135,7 @@ def attention_core(rec: Recorder, ctx: Ctx, q: Sym, k: Sym, v: Sym, name: str, m
     b, a, s, d = q.shape
     drop = desc.attention_dropout if ctx.training_dropout else 0.0
     sdpa = ctx.attention != "eager"
+    masked = masked or (ctx.packed and ctx.attention == "sdpa")
     if sdpa and ctx.gqa_native and not masked:
         return rec.sdpa(q, k, v, (b, s, a, d), name, dropout=drop)  # output laid out (b, s, a, d)
     if desc.num_kv_heads != desc.num_heads:

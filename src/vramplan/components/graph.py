@@ -67,6 +67,12 @@ class Recorder:
     ops: list | None = None
     """When a list: (aten op, outputs) of the matmuls and attention kernels, in call order,
     for policies that choose by op what to keep (components/op_checkpoint.py)."""
+    float8: tuple[bool, bool] | None = None
+    """torchao float8 training: (on, output head converted); None when off."""
+    float8_linears: list = field(default_factory=list)
+    """The converted linears seen, as (input name, tokens, in, out, input dtype, is head,
+    bytes the recorder had saved by then, the linear's input included)
+    (components/float8.py turns them into the casts' transients)."""
     seen: set[int] = field(default_factory=set)
     """Storages already saved by an earlier stage (shared tensors are counted once)."""
 
@@ -125,7 +131,10 @@ class Recorder:
         weight (an autocast copy under amp) when the input needs a gradient."""
         self.last_linear_input = x
         xin = self._autocast_input(x)
-        wc = self._cast_param(w)
+        converted = self._float8(x, xin, w, name)
+        # torchao Float8Linear saves the weight parameter itself (`self.weight.t()`), no
+        # autocast copy: it calls its own autograd.Function, not F.linear
+        wc = self._cast_param(w) if not converted else Sym(w.name, w.shape, w.dtype, w.trainable, Storage(0))
         if w.trainable:
             self.save(xin)
         if xin.requires_grad and wc.name.startswith("autocast_weight/"):
@@ -139,6 +148,20 @@ class Recorder:
         # or addmm with a bias (aten/src/ATen/native/Linear.cpp `_flatten_nd_linear`)
         self.log_op("addmm" if bias is not None else "mm", out)
         return out
+
+    def _float8(self, x: Sym, xin: Sym, w: Param, name: str) -> bool:
+        """Whether torchao converts this nn.Linear (measure/build.py convert_float8: both
+        dimensions multiples of 16, the output head only when asked; GPT-2's Conv1D is no
+        nn.Linear); records it for components/float8.py."""
+        if self.float8 is None or name.startswith("conv1d") or len(w.shape) != 2 or w.dtype in QUANT_DTYPES:
+            return False
+        head = name == "logits"
+        if (head and not self.float8[1]) or w.shape[0] % 16 or w.shape[1] % 16:
+            return False
+        # what this stage has saved by now, the linear's own input included
+        upto = self.saved_bytes() + (0 if id(xin.storage) in self.saved else xin.storage.nbytes)
+        self.float8_linears.append((xin.name, _numel(x.shape[:-1]), w.shape[1], w.shape[0], xin.dtype, head, upto))
+        return True
 
     def bmm(self, x: Sym, w: Param, out_features: int, name: str = "bmm") -> Sym:
         """torch.bmm of (E, T, in) with a whole (E, in, out) parameter: saves as linear does;

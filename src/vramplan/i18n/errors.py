@@ -66,6 +66,16 @@ TEMPLATES = (
     N_("videos of LLaVA-OneVision are not modelled yet; set it to 0"),
     N_("LLaVA-OneVision with features other than the last layer's, all patches kept (-1, full), is not modelled"),
     N_("expected anyres_max_N, got {value}"),
+    # vramplan.spec: float8 training and NEFTune (spec/float8.py, spec/job.py)
+    N_("float8 training converts the trained nn.Linear layers; with {method} it is not modelled; "
+       "use method full or freeze"),
+    N_("torchao's Float8Linear follows CUDA autocast only; on cpu use precision fp32 or bf16"),
+    N_("FSDP2's float8 all-gather is not modelled yet; drop it (the estimate then gathers the weights in "
+       "their own dtype, more memory)"),
+    N_("needs recipe tensorwise (torchao casts the weight before the all-gather only with one scale per tensor)"),
+    N_("expected a recipe name (tensorwise, rowwise, rowwise-with-gw-hp) or a mapping, got {value}"),
+    N_("expected a positive number (5 in the NEFTune paper), got {value}"),
+    N_("unknown key; choose from {keys}"),
     # vramplan.spec: the quantization section (spec/sections.py QuantConfig, spec/job.py)
     N_("{qtype} does not go with bits={bits}; {qtype2} stores {widths} bits"),
     N_("{qtype} has no groups; drop group_size (bitsandbytes blocks are block_size)"),

@@ -212,13 +212,27 @@ def _lora(v, out, rep, name):
         rep.use(name, "method = lora")
 
 
+def _neftune(v, out, rep, name):
+    if v is not None:  # None is TrainingArguments' default: off
+        out["neftune_noise_alpha"] = v
+        rep.use(name, "neftune_noise_alpha")
+
+
+def _packing(v, out, rep, name):
+    # TRL SFTConfig `packing` and `padding_free`: rows without padding, documents told apart
+    # by position_ids (trl/trainer/sft_trainer.py DataCollatorForLanguageModeling padding_free)
+    if need_bool(rep, name, v) and v:
+        out["packing"] = True
+        rep.use(name, "packing")
+
+
 _FIELDS = {
     "per_device_train_batch_size": _batch, "gradient_accumulation_steps": _accum,
     "gradient_checkpointing": _gc, "bf16": _bf16, "fp16": _bf16, "optim": _optim,
     "fsdp": _fsdp, "fsdp_config": _fsdp_config, "deepspeed": _deepspeed,
     "max_seq_length": _seq, "max_length": _seq, "use_peft": _lora,
     "model_init_kwargs": _model_init_kwargs, "optim_target_modules": _optim_target_modules,
-    "optim_args": _optim_args,
+    "optim_args": _optim_args, "neftune_noise_alpha": _neftune, "packing": _packing, "padding_free": _packing,
 }
 
 # Fields only TRL's configs have (trl/trainer/*_config.py): the file is a TRL config.

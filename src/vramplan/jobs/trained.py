@@ -217,4 +217,5 @@ def prefixed(plan: StepPlan, prefix: str) -> StepPlan:
                     grads_alive_in_forward=plan.grads_alive_in_forward,
                     labels=[f"{prefix} {label}" for label in plan.labels],
                     sharded_prefixes=tuple(p + x for x in plan.sharded_prefixes), parallel=plan.parallel,
-                    in_backward=each(plan.in_backward))
+                    in_backward=each(plan.in_backward),
+                    stage_forward_transient=each(plan.stage_forward_transient))

@@ -190,6 +190,29 @@ def _apply_freeze(model, freeze: dict):
     return model
 
 
+def convert_float8(model, float8: dict) -> None:
+    """torchao float8 training as torchtitan and accelerate apply it
+    (torchao.float8.convert_to_float8_training with the recipe's Float8LinearConfig); the
+    filter keeps what Float8Linear can run (both dimensions multiples of 16, torchtitan's
+    `_is_linear_float8_compatible`) and leaves the output head alone unless asked."""
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    recipe = str(float8.get("recipe", "tensorwise")).replace("-", "_")
+    config = Float8LinearConfig.from_recipe_name(recipe)
+    if float8.get("fsdp_float8_all_gather"):
+        from dataclasses import replace
+        config = replace(config, enable_fsdp_float8_all_gather=True)
+    head = bool(float8.get("convert_lm_head", False))
+    heads = {"lm_head", "score", "classifier"}
+
+    def keep(module, fqn: str) -> bool:
+        if fqn.rsplit(".", 1)[-1] in heads and not head:
+            return False
+        return module.in_features % 16 == 0 and module.out_features % 16 == 0
+
+    convert_to_float8_training(model, config=config, module_filter_fn=keep)
+
+
 def apply_checkpointing(model, job: dict) -> None:
     gc = job.get("gradient_checkpointing", "none")
     every = int(job.get("checkpoint_every", 1) or 1)
@@ -289,6 +312,13 @@ def build(job: Any, device: str = "cpu") -> Built:
     model_dtype, autocast_dtype = DTYPES[dt.weights], DTYPES[dt.autocast] if dt.autocast else None
     model = build_model(job, device, model_dtype)
     model = apply_method(model, job, device)
+    if job.get("float8"):
+        convert_float8(model, job["float8"])
+    if job.get("neftune_noise_alpha"):
+        # what Trainer does when neftune_noise_alpha is set (transformers/integrations/neftune.py
+        # activate_neftune: a forward hook on the input embeddings)
+        from transformers.integrations.neftune import activate_neftune
+        activate_neftune(model, float(job["neftune_noise_alpha"]))
     if job.get("method") == "lora" and dt.adapters != "fp32":
         # frameworks that cast the whole module (DeepSpeed's engine, torchtune's builder)
         # keep the adapters in the model's dtype instead of PEFT's fp32 upcast

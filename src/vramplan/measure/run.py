@@ -116,7 +116,19 @@ def make_inputs(job: dict, vocab_size: int, device: str) -> dict:
     ids = torch.randint(0, vocab_size, (b, s), generator=g).to(device)
     if job.get("task") == "sequence-classification":
         return {"input_ids": ids, "labels": torch.zeros(b, dtype=torch.long, device=device)}
+    if job.get("packing"):
+        return {"input_ids": ids, "labels": ids.clone(), "position_ids": packed_position_ids(b, s).to(device)}
     return {"input_ids": ids, "labels": ids.clone()}
+
+
+def packed_position_ids(b: int, s: int) -> torch.Tensor:
+    """Position ids of rows packed with several documents and no attention mask, as TRL's
+    padding-free batches and transformers' DataCollatorWithFlattening give them (positions
+    restart at 0 at each document; transformers masking_utils.find_packed_sequence_indices
+    reads the boundaries from them). Documents of s/4 tokens (at least one per row); only
+    the boundaries' places, not the memory, depend on the lengths."""
+    doc = max(1, s // 4)
+    return (torch.arange(s) % doc).unsqueeze(0).repeat(b, 1)
 
 
 # --------------------------------------------------------------------- steps

@@ -138,7 +138,10 @@ def _stage_plan(desc, spec, params, plan: StepPlan, lay: Layout, stage: int, lay
                                lambda: step_temporaries(spec, sets.states)),
                    grads_alive_in_forward=plan.grads_alive_in_forward, labels=labels,
                    in_backward=None if plan.in_backward is None
-                   else _select(plan.in_backward, stage, lay.pp, layers))
+                   else _select(plan.in_backward, stage, lay.pp, layers),
+                   stage_forward_transient=None if plan.stage_forward_transient is None
+                   else [acts.scale(b, lay, desc.num_kv_heads)
+                         for b in _select(plan.stage_forward_transient, stage, lay.pp, layers)])
     _engine_buffers(desc, spec, lay, sets, out, stage, layers)
     return out, sets
 

@@ -16,6 +16,7 @@ from vramplan.spec.sections import (
     FreezeConfig, LoraConfig, ParallelConfig, QuantConfig, boolean, fraction, positive_int, quant_facts,
 )
 from vramplan.spec.low_rank import LowRankConfig
+from vramplan.spec.float8 import Float8Config, parse_float8, parse_neftune
 from vramplan.spec import tasks as _tasks
 from vramplan.spec.stack import Framework, StackConfig, parse_dtype, parse_stack
 
@@ -77,7 +78,14 @@ class JobSpec:
     seq_len: int = 2048
     grad_accum_steps: int = 1
     packing: bool = False
-    """Rows packed to `seq_len` tokens with a per-document mask."""
+    """Rows packed to `seq_len` tokens, documents told apart by restarting `position_ids`
+    and no attention mask (TRL `padding_free`, DataCollatorWithFlattening): flash attention
+    runs varlen; SDPA and eager get a (b, 1, s, s) block-causal mask (masking_utils.py)."""
+    neftune_noise_alpha: float | None = None
+    """NEFTune (TrainingArguments.neftune_noise_alpha): uniform noise added to the input
+    embeddings in training (components/activations.py: a transient, nothing saved)."""
+    float8: Float8Config | None = None
+    """torchao float8 training of the linear layers (spec/float8.py); None: off."""
     loss_impl: LossImpl = LossImpl.STANDARD
     """standard | chunked (torchtune CEWithChunkedOutputLoss, components/chunked_loss.py) |
     fused-linear-cross-entropy (Liger)."""
@@ -155,6 +163,8 @@ class JobSpec:
         if self.cuda_version is not None:
             set_("cuda_version", _cuda_version(self.cuda_version))
         set_("weight_decay", fraction("weight_decay", self.weight_decay, high=10.0))
+        set_("float8", parse_float8(self.float8))
+        set_("neftune_noise_alpha", parse_neftune(self.neftune_noise_alpha))
         self._check_model()
         if self.alloc_conf is not None:
             from vramplan.spec.alloc_conf import parse_alloc_conf
@@ -174,6 +184,7 @@ class JobSpec:
         self._fill_method_defaults()
         from vramplan.spec.optimizers import check_optimizer_fields
         check_optimizer_fields(self)
+        self._check_float8()
         if self.optimizer_impl is None:
             # torch.optim._default_to_fused_or_foreach: foreach when every tensor is on a
             # CUDA device, the per-parameter loop otherwise (CPU).
@@ -233,6 +244,20 @@ class JobSpec:
         if q is not None and self.backend is Backend.CPU and q.type not in _CPU_QUANT:
             raise SpecError("backend", f"{q.type.value} kernels are modelled on cuda only; "
                             f"on cpu: {', '.join(t.value for t in _CPU_QUANT)}")
+
+    def _check_float8(self):
+        if self.float8 is None:
+            return
+        if self.method not in (Method.FULL, Method.FREEZE):
+            raise SpecError("float8", f"float8 training converts the trained nn.Linear layers; with "
+                            f"{self.method.value} it is not modelled; use method full or freeze")
+        if self.float8.fsdp_float8_all_gather:
+            raise SpecError("float8.fsdp_float8_all_gather", "FSDP2's float8 all-gather is not modelled yet; "
+                            "drop it (the estimate then gathers the weights in their own dtype, more memory)")
+        if self.precision.is_autocast and self.backend is Backend.CPU:
+            # torchao Float8Linear.forward reads torch.is_autocast_enabled() (CUDA's state) only
+            raise SpecError("float8", "torchao's Float8Linear follows CUDA autocast only; on cpu use "
+                            "precision fp32 or bf16")
 
     def to_dict(self) -> dict:
         out: dict[str, Any] = {}

@@ -74,6 +74,8 @@ def build_step(desc: ModelDesc, spec: JobSpec, params: ParamSet, acts: Activatio
         # paged optimizer state is CUDA managed memory, outside the caching allocator
         (managed if managed is not None and key.startswith("optimizer_paged") else static).add(key, value)
     static.add("batch/input_ids", nbytes(spec.micro_batch_size * spec.seq_len, "int64"))
+    if spec.packing:  # padding-free rows carry position_ids (DataCollatorWithFlattening)
+        static.add("batch/position_ids", nbytes(spec.micro_batch_size * spec.seq_len, "int64"))
     # registered buffers that are no parameters (GPTBigCode's causal-mask table)
     static.add("weights/buffers", getattr(desc, "buffer_bytes", 0))
     grads = cached(params, ("grads", dtypes_of(spec)), lambda: gradient_stages(desc, spec, params))
@@ -126,7 +128,8 @@ def build_step(desc: ModelDesc, spec: JobSpec, params: ParamSet, acts: Activatio
                     stage_grads_at_peak=grads_at_peak,
                     optimizer_temporaries=_optimizer_extras(spec, params, acts),
                     grads_alive_in_forward=spec.grad_accum_steps > 1, labels=labels,
-                    in_backward=_in_backward(desc, spec, params))
+                    in_backward=_in_backward(desc, spec, params),
+                    stage_forward_transient=acts.stage_forward_transient)
 
 
 def _in_backward(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> list[Breakdown] | None:

@@ -172,7 +172,11 @@ def build_events(plan: StepPlan, pieces: Pieces | None = None) -> StepEvents:
     grad_cache: dict[int, tuple[list, list]] = {}
     for micro in range(2 if plan.grads_alive_in_forward else 1):
         have_grads = micro > 0
-        saved = [b.alloc(b.items(acts), "forward") for acts in plan.stage_acts]
+        saved = []
+        for i, acts in enumerate(plan.stage_acts):
+            saved.append(b.alloc(b.items(acts), "forward"))
+            if plan.stage_forward_transient and plan.stage_forward_transient[i].terms:
+                b.free(b.alloc(b.items(plan.stage_forward_transient[i]), "forward"), "forward")
         fwd_end = b.alloc(b.items(plan.forward_end_transient), "forward")
         loss = b.alloc(b.items(plan.loss_saved), "forward")
         b.free(fwd_end, "forward")
