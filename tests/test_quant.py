@@ -167,7 +167,9 @@ def test_gptq_config_as_transformers_writes_it():
     except (ImportError, ValueError) as exc:  # GPTQConfig.post_init asks for optimum / gptqmodel
         pytest.skip(f"GPTQConfig cannot be built here: {exc}")
     q = _from_config(qc).quantization
-    assert (q.type.value, q.bits, q.group_size, q.desc_act, q.compute_dtype) == ("gptq", 3, 64, True, "fp16")
+    # GPTQ computes in its input's dtype: the job's (bf16 here: plain stack, default precision),
+    # not the fp16 the checkpoint was saved in (catalog/quant_config.py input_dtype_compute)
+    assert (q.type.value, q.bits, q.group_size, q.desc_act, q.compute_dtype) == ("gptq", 3, 64, True, "bf16")
 
 
 def test_unmodelled_quant_method_is_refused():
@@ -220,3 +222,22 @@ def test_moe_experts_quantize_only_as_transformers_4_linears():
     assert q(v4) - q(v5) == experts
     # in 5.x the unquantized experts are upcast to fp32 by prepare_model_for_kbit_training
     assert v5.components.total("weights/frozen") - v4.components.total("weights/frozen") == 4 * 3 * 128 * 64 * 4
+
+
+def test_input_dtype_kernels_compute_in_the_models_dtype():
+    # GPTQModel's TorchLinear multiplies in its input's dtype (`weights.to(x.dtype)`), so a
+    # GPTQ base under fp16 computes in fp16 whatever compute_dtype says; a mismatch would add
+    # fp16 and bf16 in the residual stream, which torch promotes to fp32
+    cfg = {"model_type": "llama", "vocab_size": 512, "hidden_size": 128, "intermediate_size": 256,
+           "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}
+    job = {"model": cfg, "method": "qlora", "precision": "mixed-fp16", "micro_batch_size": 1, "seq_len": 64,
+           "gradient_checkpointing": "full", "lora": {"r": 8, "target_modules": ["q_proj", "v_proj"]}}
+    said = vramplan.estimate({**job, "quantization": {"type": "gptq", "bits": 4, "compute_dtype": "bf16"}})
+    fp16 = vramplan.estimate({**job, "quantization": {"type": "gptq", "bits": 4, "compute_dtype": "fp16"}})
+    assert said.spec.quantization.compute_dtype == "fp16"
+    assert said.peak_allocated_bytes == fp16.peak_allocated_bytes
+    layer_input = [v for k, v in fp16.components.terms.items() if "checkpoint" in k]
+    assert layer_input and sum(layer_input) == 2 * 64 * 128 * 2  # two layers' fp16 inputs
+    # bitsandbytes keeps its own compute dtype (bnb_4bit_compute_dtype)
+    nf4 = vramplan.estimate({**job, "quantization": {"type": "nf4", "compute_dtype": "bf16"}})
+    assert nf4.spec.quantization.compute_dtype == "bf16"

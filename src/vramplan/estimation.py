@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from vramplan.breakdown import Breakdown
 from vramplan.components.activations import plan_activations
-from vramplan.catalog.quant_config import resolve as resolve_quantization
+from vramplan.catalog.quant_config import input_dtype_compute, resolve as resolve_quantization
 from vramplan.components.dtypes import resolve_load_dtype
 from vramplan.components.runtime import blas_workspace_terms
 from vramplan.components.trainable import ParamSet, param_set
@@ -47,7 +47,7 @@ def estimate(spec: JobSpec) -> Estimate:
 
 
 def estimate_model(desc: ModelDesc, spec: JobSpec, gpu=None) -> Estimate:
-    spec = resolve_quantization(spec, desc.checkpoint_quantization, desc.checkpoint_dtype)
+    spec = input_dtype_compute(resolve_quantization(spec, desc.checkpoint_quantization, desc.checkpoint_dtype))
     spec = resolve_load_dtype(spec, desc.checkpoint_dtype)
     from vramplan.validity import check_job
     checked = check_job(desc, spec)  # SpecError for a job the libraries refuse

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from vramplan.spec import JobSpec, Method, QuantConfig, SpecError, Task
+from vramplan.spec import JobSpec, Method, QuantConfig, QuantType, SpecError, Task
 
 _DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 _TORCHAO = {"Int8WeightOnlyConfig": "torchao-int8", "int8_weight_only": "torchao-int8",
@@ -77,6 +77,22 @@ def _torchao(qc: dict) -> dict:
 
 
 _READERS = {"gptq": _gptq, "awq": _awq, "bitsandbytes": _bnb, "hqq": _hqq, "torchao": _torchao}
+
+
+# Kernels that compute in their input's dtype, the model's (GPTQModel TorchLinear:
+# `torch.matmul(x, weights.to(x.dtype))`; AutoAWQ WQLinear; HQQLinear's compute_dtype, set to
+# the model's dtype by transformers' HqqHfQuantizer; torchao's weight-only tensors dequantize
+# to their original dtype): a compute dtype other than the precision's does not exist for them.
+_INPUT_DTYPE_KERNELS = (QuantType.GPTQ, QuantType.AWQ, QuantType.HQQ, QuantType.TORCHAO_INT8,
+                        QuantType.TORCHAO_INT4, QuantType.TORCHAO_FP8)
+
+
+def input_dtype_compute(spec: JobSpec) -> JobSpec:
+    """The spec with such a kernel's compute dtype set to the precision's compute dtype."""
+    q = spec.quantization
+    if q is None or q.type not in _INPUT_DTYPE_KERNELS or q.compute_dtype == spec.precision.compute_dtype:
+        return spec
+    return replace(spec, quantization=replace(q, compute_dtype=spec.precision.compute_dtype))
 
 
 def resolve(spec: JobSpec, checkpoint: tuple[tuple[str, object], ...], dtype: str | None = None) -> JobSpec:
