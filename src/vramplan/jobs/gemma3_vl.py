@@ -17,12 +17,13 @@ from __future__ import annotations
 from dataclasses import replace
 
 from vramplan.breakdown import Breakdown
-from vramplan.components.arch_vit import VitCtx, vit_embed, vit_layer
+from vramplan.components.arch_vit import VitCtx
 from vramplan.components.graph import Param, Recorder
 from vramplan.components.trainable import HeldParam, ParamSet
 from vramplan.families.common import TowerCtx
 from vramplan.families.gemma3_vl import forward
 from vramplan.families.gemma3_vl.vision import Gemma3VisionDesc
+from vramplan.jobs.vit_tower import trained_tower
 from vramplan.jobs.vlm import TowerPlan, grads_where, refuse_trained_tower_with_lora, saved_items, within_positions
 from vramplan.model import ModelDesc
 from vramplan.spec import JobSpec, SpecError
@@ -56,14 +57,7 @@ def tower_plan(vis: Gemma3VisionDesc, spec: JobSpec, S: int, lm: ModelDesc) -> T
     seen.add(id(pixels.storage))  # the batch's own tensor, counted under batch/
     stages = []
     if train:
-        x = vit_embed(recs[0], vit, pixels)
-        stages.append(("vision embeddings", saved_items(recs[0], "vision_tower/activations/embeddings"),
-                       grads_where(held, lambda p: p.layer is None and p.name.startswith("vision_tower."))))
-        for i in range(vis.tower.num_layers):
-            recs.append(Recorder(backend=spec.backend.value, seen=seen))
-            x = vit_layer(recs[-1], vit, x, i)
-            stages.append((f"vision layer {i}", saved_items(recs[-1], "vision_tower/activations/layers"),
-                           grads_where(held, lambda p, i=i: p.layer == i)))
+        x = trained_tower(recs, vit, pixels, vis.tower.num_layers, held, spec.backend.value, seen, stages)
     else:
         x = recs[0].new("vision/last_layer", (n, t, e), w, False)
     recs.append(Recorder(backend=spec.backend.value, seen=seen))

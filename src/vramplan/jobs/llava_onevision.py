@@ -14,11 +14,12 @@ Legend: b micro-batch, m images per sample, P tower inputs per image, n = b m P,
 from __future__ import annotations
 
 from vramplan.breakdown import Breakdown
-from vramplan.components.arch_vit import VitCtx, vit_embed, vit_layer
+from vramplan.components.arch_vit import VitCtx
 from vramplan.components.graph import Param, Recorder
 from vramplan.components.trainable import HeldParam, ParamSet
 from vramplan.families.llava_onevision import forward
 from vramplan.families.llava_onevision.vision import OnevisionDesc, image_tokens, tiles
+from vramplan.jobs.vit_tower import trained_tower
 from vramplan.jobs.vlm import TowerPlan, grads_where, refuse_trained_tower_with_lora, saved_items, within_positions
 from vramplan.model import ModelDesc
 from vramplan.spec import JobSpec, SpecError
@@ -57,14 +58,7 @@ def tower_plan(vis: OnevisionDesc, spec: JobSpec, S: int, lm: ModelDesc) -> Towe
     stages = []
     if train:
         recs[0].save(pixels)  # the patch Conv2d's input
-        x = vit_embed(recs[0], ctx, pixels)
-        stages.append(("vision embeddings", saved_items(recs[0], "vision_tower/activations/embeddings"),
-                       grads_where(held, lambda p: p.layer is None and p.name.startswith("vision_tower."))))
-        for i in range(vis.tower.num_layers):
-            recs.append(Recorder(backend=spec.backend.value, seen=seen))
-            x = vit_layer(recs[-1], ctx, x, i)
-            stages.append((f"vision layer {i}", saved_items(recs[-1], "vision_tower/activations/layers"),
-                           grads_where(held, lambda p, i=i: p.layer == i)))
+        x = trained_tower(recs, ctx, pixels, vis.tower.num_layers, held, spec.backend.value, seen, stages)
     else:
         x = recs[0].new("vision/last_layer", (n, t, e), w, False)
     recs.append(Recorder(backend=spec.backend.value, seen=seen))
