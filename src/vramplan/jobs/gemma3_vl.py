@@ -19,12 +19,11 @@ from dataclasses import replace
 from vramplan.breakdown import Breakdown
 from vramplan.components.arch_vit import VitCtx
 from vramplan.components.graph import Param, Recorder
-from vramplan.components.trainable import HeldParam, ParamSet
 from vramplan.families.common import TowerCtx
 from vramplan.families.gemma3_vl import forward
 from vramplan.families.gemma3_vl.vision import Gemma3VisionDesc
-from vramplan.jobs.vit_tower import trained_tower
-from vramplan.jobs.vlm import TowerPlan, grads_where, refuse_trained_tower_with_lora, saved_items, within_positions
+from vramplan.jobs.vit_tower import held_tower, trained_tower
+from vramplan.jobs.vlm import TowerPlan, grads_where, saved_items, within_positions
 from vramplan.model import ModelDesc
 from vramplan.spec import JobSpec, SpecError
 from vramplan.units import nbytes
@@ -36,18 +35,11 @@ def visual_tokens(vis: Gemma3VisionDesc, spec: JobSpec, lm: ModelDesc) -> int:
     return within_positions(spec.vision.num_images * vis.mm_tokens_per_image, spec, lm)
 
 
-def _held(vis: Gemma3VisionDesc, spec: JobSpec, train_tower: bool) -> ParamSet:
-    refuse_trained_tower_with_lora(spec, train_tower)
-    w = spec.precision.weight_dtype
-    out = [HeldParam("vision_tower." + n, s, w, train_tower, "base", layer) for n, s, layer in vis.params()]
-    out += [HeldParam("projector." + n, s, w, True, "base", None) for n, s in vis.projector_params()]
-    return ParamSet(tuple(out))
-
 
 def tower_plan(vis: Gemma3VisionDesc, spec: JobSpec, S: int, lm: ModelDesc) -> TowerPlan:
     b, c, w = spec.micro_batch_size, spec.precision.compute_dtype, spec.precision.weight_dtype
     train = not spec.vision.freeze_vision_tower
-    held = _held(vis, spec, train)
+    held = held_tower(vis, spec, train)
     n, t, e, side = b * spec.vision.num_images, vis.patches, vis.tower.hidden_size, vis.tower.image_size
     params = {p.name.split(".", 1)[1]: Param(p.name, p.shape, p.dtype, p.trainable) for p in held.params}
     vit, ctx = VitCtx(vis.tower, params, {}), TowerCtx(vis, params)

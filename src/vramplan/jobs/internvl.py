@@ -15,11 +15,11 @@ from __future__ import annotations
 
 from vramplan.breakdown import Breakdown
 from vramplan.components.graph import Param, Recorder
-from vramplan.components.trainable import HeldParam, ParamSet
 from vramplan.families.internvl import forward
 from vramplan.families.internvl.vision import MAX_TILES, InternVisionDesc, num_tiles
+from vramplan.jobs.vit_tower import held_tower
 from vramplan.jobs.vlm import (
-    TowerPlan, grads_where, refuse_trained_tower_with_lora, saved_items, within_positions,
+    TowerPlan, grads_where, saved_items, within_positions,
 )
 from vramplan.model import ModelDesc
 from vramplan.spec import JobSpec, SpecError
@@ -38,18 +38,11 @@ def visual_tokens(vis: InternVisionDesc, spec: JobSpec, lm: ModelDesc) -> int:
     return within_positions(total, spec, lm)
 
 
-def _held(vis: InternVisionDesc, spec: JobSpec, train_tower: bool) -> ParamSet:
-    refuse_trained_tower_with_lora(spec, train_tower)
-    w = spec.precision.weight_dtype
-    out = [HeldParam("vision_tower." + n, s, w, train_tower, "base", layer) for n, s, layer in vis.params()]
-    out += [HeldParam("projector." + n, s, w, True, "base", None) for n, s in vis.projector_params()]
-    return ParamSet(tuple(out))
-
 
 def tower_plan(vis: InternVisionDesc, spec: JobSpec, S: int, lm: ModelDesc) -> TowerPlan:
     b, c, w = spec.micro_batch_size, spec.precision.compute_dtype, spec.precision.weight_dtype
     train = not spec.vision.freeze_vision_tower
-    held = _held(vis, spec, train)
+    held = held_tower(vis, spec, train)
     n = b * spec.vision.num_images * tiles_per_image(vis, spec)
     t, side = vis.patches + 1, vis.image_size
     ctx = forward.TowerCtx(vis, {p.name.split(".", 1)[1]: Param(p.name, p.shape, p.dtype, p.trainable)

@@ -16,11 +16,10 @@ from __future__ import annotations
 from vramplan.breakdown import Breakdown
 from vramplan.components.arch_vit import VitCtx
 from vramplan.components.graph import Param, Recorder
-from vramplan.components.trainable import HeldParam, ParamSet
 from vramplan.families.llava_onevision import forward
 from vramplan.families.llava_onevision.vision import OnevisionDesc, image_tokens, tiles
-from vramplan.jobs.vit_tower import trained_tower
-from vramplan.jobs.vlm import TowerPlan, grads_where, refuse_trained_tower_with_lora, saved_items, within_positions
+from vramplan.jobs.vit_tower import held_tower, trained_tower
+from vramplan.jobs.vlm import TowerPlan, grads_where, saved_items, within_positions
 from vramplan.model import ModelDesc
 from vramplan.spec import JobSpec, SpecError
 from vramplan.units import nbytes
@@ -33,21 +32,11 @@ def visual_tokens(vis: OnevisionDesc, spec: JobSpec, lm: ModelDesc) -> int:
     return within_positions(v.num_images * image_tokens(vis, v.height, v.width), spec, lm)
 
 
-def _held(vis: OnevisionDesc, spec: JobSpec, train_tower: bool) -> ParamSet:
-    """The tower (post_layernorm gets no gradient: the features are taken before it) and
-    the projector with image_newline, always trained."""
-    refuse_trained_tower_with_lora(spec, train_tower)
-    w = spec.precision.weight_dtype
-    out = [HeldParam("vision_tower." + n, s, w, train_tower and not n.startswith("post_layernorm"), "base", layer)
-           for n, s, layer in vis.params()]
-    out += [HeldParam("projector." + n, s, w, True, "base", None) for n, s in vis.projector_params()]
-    return ParamSet(tuple(out))
-
 
 def tower_plan(vis: OnevisionDesc, spec: JobSpec, S: int, lm: ModelDesc) -> TowerPlan:
     b, c, w = spec.micro_batch_size, spec.precision.compute_dtype, spec.precision.weight_dtype
     v, train = spec.vision, not spec.vision.freeze_vision_tower
-    held = _held(vis, spec, train)
+    held = held_tower(vis, spec, train, untrained=("post_layernorm",))  # features taken before it
     per, side, ch = tiles(vis, v.height, v.width), vis.tower.image_size, vis.tower.num_channels
     n, t, e = b * v.num_images * per, vis.side ** 2, vis.tower.hidden_size
     ctx = VitCtx(vis.tower, {p.name.split(".", 1)[1]: Param(p.name, p.shape, p.dtype, p.trainable)
