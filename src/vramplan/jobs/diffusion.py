@@ -80,10 +80,10 @@ def denoiser_params(pipe: dict, spec: JobSpec) -> ParamSet:
         out.append(HeldParam(f"blocks.{i}", (per - ff,), w, full, "base", max(i - 1, 0) if ff else i))
     out.append(HeldParam("embeddings_and_head", (den["num_params"] - per * layers,), w, full, "base"))
     if spec.method in (Method.LORA, Method.QLORA):
-        h, r = _hidden(den), spec.lora.r
+        r = spec.lora.r
         for i in range(layers):
-            out += [HeldParam(f"blocks.{i}.{m}.lora", (2 * r * h,), adapter_dtype(spec), True, "lora", i)
-                    for m in lora_targets(den, i)]
+            out += [HeldParam(f"blocks.{i}.{m}.lora", (r * width,), adapter_dtype(spec), True, "lora", i)
+                    for m, width in lora_targets(den, i)]
     return ParamSet(tuple(out))
 
 

@@ -1,0 +1,167 @@
+"""Per-block saved tensors of the LTX-Video, HunyuanVideo and Mochi denoisers (one stage per
+block, then the output stage), replayed on the recorder from components/arch_video.py; the
+parameters that split each block (its feed-forwards) and the modules PEFT adapts.
+
+What every block reads once per forward is counted once, in the first block: the timestep
+embedding, the projected text states (LTX), the rotary tables (LTX's are per sample,
+(b, n, h) fp32 cos and sin from LTXVideoRotaryPosEmbed; HunyuanVideoRotaryPosEmbed's
+(n, d); MochiRoPE's (n, a, d/2), whose `pos_frequencies` is a parameter, so under full
+fine-tuning the einsum's fp32 frequencies are kept for cos/sin's backward). HunyuanVideo's
+token refiner runs over the text before the blocks and is counted with the first block;
+Mochi's text pooler and caption projection likewise, and its patch embedding's input
+(Conv2d over the (b * F, C, H, W) permuted copy of the latents) when it trains.
+Legend: b batch, n video tokens, m text tokens, h hidden, a heads, d head dim, c compute dtype.
+"""
+from __future__ import annotations
+
+from vramplan.breakdown import Breakdown
+from vramplan.components.arch_dit import DitCtx
+from vramplan.components.arch_mmdit import modulate
+from vramplan.components.arch_video import (hunyuan_double_block, hunyuan_single_block, ltx_block, mochi_block,
+                                            refiner_block)
+from vramplan.components.graph import Recorder
+from vramplan.units import nbytes
+
+LTX, HUNYUAN, MOCHI = "LTXVideoTransformer3DModel", "HunyuanVideoTransformer3DModel", "MochiTransformer3DModel"
+VIDEO_CLASSES = (LTX, HUNYUAN, MOCHI)
+
+
+def _stage(rec: Recorder, prefix: str) -> Breakdown:
+    out = Breakdown()
+    for name, size in rec.saved_items():
+        out.add(f"denoiser/activations/{prefix}/{name.replace('/', '.')}", size)
+    return out
+
+
+def text_width(den: dict) -> int:
+    """Width of the text stream inside the blocks: Mochi's own (pooled_projection_dim), else h."""
+    if den["class"] == MOCHI:
+        return den.get("pooled_projection_dim", 1536)
+    return den["num_attention_heads"] * den["attention_head_dim"]
+
+
+def video_stages(den: dict, ctx: DitCtx, backend: str, b: int, n: int, m: int) -> list[Breakdown]:
+    """Saved tensors per block in forward order (the output stage is the caller's)."""
+    cls, h, c, full = den["class"], ctx.hidden, ctx.dtype, ctx.trainable
+    layers = den["num_layers"] + (den.get("num_single_layers", 0) if cls == HUNYUAN else 0)
+    p = text_width(den)
+    stages = []
+    for i in range(layers):
+        rec = Recorder(backend=backend)
+        # the text stream requires grad where something before it trains: Hunyuan's refiner
+        # carries LoRA adapters; LTX's projected caption is read by every block
+        x = rec.new("hidden", (b, n, h), c, full or i > 0)
+        txt = rec.new("text", (b, m, p), c, full or i > 0 or (cls == HUNYUAN and ctx.lora_rank > 0))
+        # Mochi's conditioning adds the text pooler's output, whose `to_q` PEFT adapts
+        temb = rec.new("temb", (b, h), c, full or (cls == MOCHI and ctx.lora_rank > 0))
+        rec.seen.add(id(temb.storage))
+        if cls == LTX:
+            if i > 0:
+                rec.seen.add(id(txt.storage))
+            ltx_block(rec, ctx, x, txt, temb)
+        elif cls == HUNYUAN and i < den["num_layers"]:
+            if i == 0:
+                _refiner(rec, ctx, den, b, m, temb)
+            hunyuan_double_block(rec, ctx, x, txt, temb)
+        elif cls == HUNYUAN:
+            hunyuan_single_block(rec, ctx, x, txt, temb)
+        else:
+            if i == 0 and full:
+                _mochi_embeddings(rec, den, c, b, n, m)
+            mochi_block(rec, ctx, x, txt, temb, last=i == layers - 1, rope_grad=full)
+        stages.append(_stage(rec, f"blocks.{i}"))
+    stages[0].merge(video_rotary(den, c, full, b, n))
+    return stages
+
+
+def _refiner(rec: Recorder, ctx: DitCtx, den: dict, b: int, m: int, temb) -> None:
+    """HunyuanVideoTokenRefiner: proj_in over the text embeddings (saved when it trains),
+    then the refiner blocks over b x m tokens."""
+    h = ctx.hidden
+    emb = rec.new("text_embeds", (b, m, den.get("text_embed_dim", 4096)), ctx.dtype, False)
+    if ctx.trainable:
+        rec.save(emb)
+    x = rec.new("refiner.proj_in", (b, m, h), ctx.dtype, ctx.trainable)
+    for _ in range(den.get("num_refiner_layers", 2)):
+        x = refiner_block(rec, ctx, x, temb)
+
+
+def _mochi_embeddings(rec: Recorder, den: dict, c: str, b: int, n: int, m: int) -> None:
+    """Trained: the patch embedding's Conv2d keeps its input, the permuted copy of the
+    latents (b x C x F x H x W elements); MochiAttentionPool keeps cat(mean, text) (for
+    to_kv) and its k/v projection (for SDPA)."""
+    pe = den.get("patch_size", 2)
+    rec.save(rec.new("patch_embed.input", (b * n * pe * pe * den.get("in_channels", 12),), c, False))
+    dt = den.get("text_embed_dim", 4096)
+    rec.save(rec.new("pooler.cat", (b, m + 1, dt), c, True), rec.new("pooler.kv", (b, m + 1, 2 * dt), c, True))
+
+
+def video_rotary(den: dict, c: str, full: bool, b: int, n: int) -> Breakdown:
+    """The rotary tables every block's products keep, made once per forward in fp32."""
+    h, d = den["num_attention_heads"] * den["attention_head_dim"], den["attention_head_dim"]
+    key = "denoiser/activations/rope/cos_sin"
+    if den["class"] == LTX:
+        return Breakdown().add(key, 2 * nbytes(b * n * h, "fp32"))
+    if den["class"] == HUNYUAN:
+        return Breakdown().add(key, 2 * nbytes(n * d, "fp32"))
+    out = Breakdown().add(key, 2 * nbytes(n * h // 2, "fp32"))
+    if full:  # cos and sin of the trained frequencies keep their input
+        out.add("denoiser/activations/rope/freqs", nbytes(n * h // 2, "fp32"))
+    return out
+
+
+def ltx_output_stage(ctx: DitCtx, backend: str, b: int, n: int) -> Breakdown:
+    """LTX's output: `scale_shift_table + embedded_timestep` (b, 1, 2, h), LayerNorm without
+    weights (saves the last block's output), `* (1 + scale) + shift`, proj_out (saves the
+    modulated tensor when it trains); the prediction is already in token layout."""
+    rec = Recorder(backend=backend)
+    last = rec.new("last_block_output", (b, n, ctx.hidden), ctx.dtype, True)
+    emb = rec.new("norm_out.emb", (b, 1, 2 * ctx.hidden), ctx.dtype, ctx.trainable)
+    mod = modulate(rec, ctx, last, emb, "norm_out")
+    if ctx.trainable:
+        rec.save(mod)
+    return _stage(rec, "output")
+
+
+def video_feed_forward_params(den: dict, i: int) -> int:
+    """Weights of block i's feed-forwards: LTX one GELU FeedForward (h -> 4h -> h, biases);
+    Hunyuan's dual blocks two (video and text), its single blocks none (the MLP runs beside
+    the attention); Mochi's SwiGLU without biases, (4 w * 2) // 3 wide, for the video (w = h)
+    and, but in the last block, the text (w = pooled_projection_dim)."""
+    h = den["num_attention_heads"] * den["attention_head_dim"]
+    if den["class"] == MOCHI:
+        def swi(w: int) -> int:
+            return 3 * w * ((4 * w * 2) // 3)
+        return swi(h) + (swi(text_width(den)) if i < den["num_layers"] - 1 else 0)
+    f = int(den.get("mlp_ratio", 4) * h)
+    one = 2 * h * f + f + h
+    if den["class"] == LTX:
+        return one
+    return 2 * one if i < den["num_layers"] else 0
+
+
+def video_lora_targets(den: dict, i: int) -> tuple[tuple[str, int], ...]:
+    """(module, in + out features) of every Linear PEFT adapts in block i under the
+    `to_q, to_k, to_v, to_out.0` suffixes: LTX's attn1 and attn2, Hunyuan's dual blocks'
+    four and single blocks' three (no to_out), Mochi's attn1; with block 0 the modules
+    outside the blocks that match: Hunyuan's refiner blocks' four each, Mochi's text
+    pooler `to_q` (text_embed_dim square)."""
+    h = den["num_attention_heads"] * den["attention_head_dim"]
+    four = ("to_q", "to_k", "to_v", "to_out.0")
+    cls = den["class"]
+    if cls == LTX:
+        return tuple((f"attn{j}.{t}", 2 * h) for j in (1, 2) for t in four)
+    if cls == HUNYUAN:
+        out = tuple((f"attn.{t}", 2 * h) for t in (four if i < den["num_layers"] else four[:3]))
+        if i == 0:
+            out += tuple((f"context_embedder.refiner.{j}.attn.{t}", 2 * h)
+                         for j in range(den.get("num_refiner_layers", 2)) for t in four)
+        return out
+    out = tuple((f"attn1.{t}", 2 * h) for t in four)
+    if i == 0:
+        out += (("time_embed.pooler.to_q", 2 * den.get("text_embed_dim", 4096)),)
+    return out
+
+
+__all__ = ["VIDEO_CLASSES", "ltx_output_stage", "text_width", "video_feed_forward_params", "video_lora_targets",
+           "video_rotary", "video_stages"]
