@@ -30,7 +30,9 @@ from vramplan.jobs.compose import Step, finish
 from vramplan.jobs.diffusion_frozen import frozen_modules
 from vramplan.jobs.diffusion_unet import unet_lora_params, unet_lora_transients, unet_stages
 from vramplan.jobs.diffusion_scripts import adapter_dtype, script_loss, scripts_stack
-from vramplan.jobs.diffusion_blocks import (BLOCK_CLASSES, block_stages, block_transients, feed_forward_params,
+from vramplan.jobs.diffusion_video import VIDEO_CLASSES, checkpointed
+from vramplan.jobs.diffusion_video import forward_transient as video_forward_transient
+from vramplan.jobs.diffusion_blocks import (BLOCK_CLASSES, block_ctx, block_stages, block_transients, feed_forward_params,
                                             lora_targets, output_backward_transient)
 from vramplan.jobs.diffusion_blocks import buffers as block_buffers
 from vramplan.spec import Checkpointing, JobSpec, Method
@@ -203,8 +205,11 @@ def diffusion_estimate(pipe: dict, spec: JobSpec, gpu=None):
             # the recomputed block saves its inputs again, but they are the kept ones
             stages = [Breakdown(terms={k: v for k, v in s.terms.items() if not k.endswith(("/hidden", "/text"))})
                       for s in stages]
+        outside = [Breakdown() for _ in stages]
+        if den.get("class") in VIDEO_CLASSES:
+            outside, stages = checkpointed(stages)
         transient = [t.merge(s, prefix="recomputed/") for t, s in zip(transient, stages)]
-        stages = [Breakdown().add("denoiser/activations/checkpoint/block_input", kept) for _ in stages]
+        stages = [Breakdown().add("denoiser/activations/checkpoint/block_input", kept).merge(o) for o in outside]
     plan = StepPlan(static=static, grads_by_stage=grads, stage_acts=stages, loss_saved=loss_saved,
                     forward_end_transient=fwd_end, loss_backward_transient=bwd0,
                     stage_backward_transient=transient, optimizer_temporaries=step_temporaries(spec, params),
@@ -215,6 +220,9 @@ def diffusion_estimate(pipe: dict, spec: JobSpec, gpu=None):
     if pipe["kind"] == "video-dit" and den.get("class") not in BLOCK_CLASSES and spec.method is not Method.FULL:
         step.after_forward.append(("forward", "last block feed-forward (frozen)", _frozen_ff_forward(den, b, n + m, c),
                                    False))
+    if den.get("class") in VIDEO_CLASSES and spec.gradient_checkpointing is not Checkpointing.FULL:
+        step.after_forward.append(("forward", "last block's working set", video_forward_transient(
+            den, block_ctx(den, spec), b, n, m or tokens["context"]), False))
     total, notes = {"denoiser": pipe["denoiser"]["num_params"]}, [f"latents {shape}; tokens {tokens}"]
     total.update(frozen_modules(pipe, spec, step, b, c, w, notes, n + m))
     return finish(spec, _desc_stub(pipe), step, num_params=total,

@@ -60,18 +60,37 @@ def video_stages(den: dict, ctx: DitCtx, backend: str, b: int, n: int, m: int) -
                 rec.seen.add(id(txt.storage))
             ltx_block(rec, ctx, x, txt, temb)
         elif cls == HUNYUAN and i < den["num_layers"]:
-            if i == 0:
-                _refiner(rec, ctx, den, b, m, temb)
             hunyuan_double_block(rec, ctx, x, txt, temb)
         elif cls == HUNYUAN:
             hunyuan_single_block(rec, ctx, x, txt, temb)
         else:
-            if i == 0 and full:
-                _mochi_embeddings(rec, den, c, b, n, m)
             mochi_block(rec, ctx, x, txt, temb, last=i == layers - 1, rope_grad=full)
         stages.append(_stage(rec, f"blocks.{i}"))
-    stages[0].merge(video_rotary(den, c, full, b, n))
+    stages[0].merge(video_rotary(den, c, full, b, n)).merge(_embeddings(den, ctx, backend, b, n, m))
     return stages
+
+
+def _embeddings(den: dict, ctx: DitCtx, backend: str, b: int, n: int, m: int) -> Breakdown:
+    """What runs before the blocks and keeps tensors (outside any checkpointed block)."""
+    rec = Recorder(backend=backend)
+    temb = rec.new("temb", (b, ctx.hidden), ctx.dtype, ctx.trainable)
+    rec.seen.add(id(temb.storage))
+    if den["class"] == HUNYUAN:
+        _refiner(rec, ctx, den, b, m, temb)
+    elif den["class"] == MOCHI and ctx.trainable:
+        _mochi_embeddings(rec, den, ctx.dtype, b, n, m)
+    return _stage(rec, "embed")
+
+
+def checkpointed(stages: list[Breakdown]) -> tuple[list[Breakdown], list[Breakdown]]:
+    """Under diffusers' gradient checkpointing (each block in torch.utils.checkpoint) split
+    the stages into what stays saved, the parts outside the blocks (rotary tables, the
+    embeddings before and the output stage after them), and what the blocks recompute in
+    backward."""
+    outside = ("/rope/", "/embed/", "/output/")
+    kept = [Breakdown(terms={k: v for k, v in s.terms.items() if any(o in k for o in outside)}) for s in stages]
+    again = [Breakdown(terms={k: v for k, v in s.terms.items() if not any(o in k for o in outside)}) for s in stages]
+    return kept, again
 
 
 def _refiner(rec: Recorder, ctx: DitCtx, den: dict, b: int, m: int, temb) -> None:
@@ -163,5 +182,43 @@ def video_lora_targets(den: dict, i: int) -> tuple[tuple[str, int], ...]:
     return out
 
 
-__all__ = ["VIDEO_CLASSES", "ltx_output_stage", "text_width", "video_feed_forward_params", "video_lora_targets",
+def forward_transient(den: dict, ctx: DitCtx, b: int, n: int, m: int) -> Breakdown:
+    """What the last block holds above the saved tensors at its end in forward (measured
+    with the exact CPU meter): the feed-forward's hidden activation (not saved when the
+    next linear is frozen, alive as a local until the block returns) and the gated product
+    before the residual add. Hunyuan's last single block also holds the attention output
+    re-cat over the joint sequence and, when its weights are frozen, the modulated norm,
+    cat(attention, mlp) and proj_out's output, which nothing saves."""
+    h, c, lora = ctx.hidden, ctx.dtype, not ctx.trainable
+    f = ctx.ff_dim or ctx.ff_mult * h
+    cls = den["class"]
+    out = Breakdown()
+    if cls == HUNYUAN:
+        t = b * (n + m)
+        out.add("denoiser/forward/act_mlp", nbytes(t * f, c)).add("denoiser/forward/attn_cat", nbytes(t * h, c))
+        out.add("denoiser/forward/gated", nbytes(t * h, c))
+        if lora:
+            out.add("denoiser/forward/frozen_norm_cat_proj", nbytes(t * (h + h + f + h), c))
+        return out
+    if cls == MOCHI:
+        f = (4 * h * 2) // 3
+        if lora:  # SwiGLU's product `hidden * silu(gate)`: net.2 is frozen, nothing saves it
+            out.add("denoiser/forward/glu", nbytes(b * n * f, c))
+        return out
+    if lora:
+        out.add("denoiser/forward/gelu_out", nbytes(b * n * f, c)).add("denoiser/forward/ff_out", nbytes(b * n * h, c))
+    return out.add("denoiser/forward/gated", nbytes(b * n * h, c))
+
+
+def mochi_lora_transient(ctx: DitCtx, b: int, n: int) -> Breakdown:
+    """A Mochi block's backward peak with LoRA (measured with the exact CPU meter): in its
+    SwiGLU, MmBackward's gradient of the product and MulBackward's two results (b x n x f
+    each, f = (4h * 2) // 3) beside the residual stream's gradient (b x n x h), once norm4's
+    normalized tensor and net.2's output (b x n x h each) were released by their backward."""
+    f = (4 * ctx.hidden * 2) // 3
+    bnh = nbytes(b * n * ctx.hidden, ctx.dtype)
+    return Breakdown().add("denoiser/backward/grad_swiglu", 3 * nbytes(b * n * f, ctx.dtype) + bnh - 2 * bnh)
+
+
+__all__ = ["VIDEO_CLASSES", "checkpointed", "forward_transient", "mochi_lora_transient", "ltx_output_stage", "text_width", "video_feed_forward_params", "video_lora_targets",
            "video_rotary", "video_stages"]
