@@ -30,7 +30,8 @@ from vramplan.jobs.compose import Step, finish
 from vramplan.jobs.diffusion_frozen import frozen_modules
 from vramplan.jobs.diffusion_unet import unet_lora_params, unet_lora_transients, unet_stages
 from vramplan.jobs.diffusion_scripts import adapter_dtype, script_loss, scripts_stack
-from vramplan.jobs.diffusion_video import VIDEO_CLASSES, checkpointed
+from vramplan.jobs.diffusion_video import (VIDEO_CLASSES, checkpointed, checkpointed_backward_transient,
+                                           checkpointed_forward_transient)
 from vramplan.jobs.diffusion_video import forward_transient as video_forward_transient
 from vramplan.jobs.diffusion_blocks import (BLOCK_CLASSES, block_ctx, block_stages, block_transients, feed_forward_params,
                                             lora_targets, output_backward_transient)
@@ -208,6 +209,8 @@ def diffusion_estimate(pipe: dict, spec: JobSpec, gpu=None):
         outside = [Breakdown() for _ in stages]
         if den.get("class") in VIDEO_CLASSES:
             outside, stages = checkpointed(stages)
+            own = checkpointed_backward_transient(den, block_ctx(den, spec), b, n)
+            transient = [Breakdown().merge(own) for _ in stages[:-1]] + transient[-1:] if own else transient
         transient = [t.merge(s, prefix="recomputed/") for t, s in zip(transient, stages)]
         stages = [Breakdown().add("denoiser/activations/checkpoint/block_input", kept).merge(o) for o in outside]
     plan = StepPlan(static=static, grads_by_stage=grads, stage_acts=stages, loss_saved=loss_saved,
@@ -220,8 +223,10 @@ def diffusion_estimate(pipe: dict, spec: JobSpec, gpu=None):
     if pipe["kind"] == "video-dit" and den.get("class") not in BLOCK_CLASSES and spec.method is not Method.FULL:
         step.after_forward.append(("forward", "last block feed-forward (frozen)", _frozen_ff_forward(den, b, n + m, c),
                                    False))
-    if den.get("class") in VIDEO_CLASSES and spec.gradient_checkpointing is not Checkpointing.FULL:
-        step.after_forward.append(("forward", "last block's working set", video_forward_transient(
+    if den.get("class") in VIDEO_CLASSES:
+        gc = spec.gradient_checkpointing is Checkpointing.FULL
+        working = checkpointed_forward_transient if gc else video_forward_transient
+        step.after_forward.append(("forward", "a block's working set", working(
             den, block_ctx(den, spec), b, n, m or tokens["context"]), False))
     total, notes = {"denoiser": pipe["denoiser"]["num_params"]}, [f"latents {shape}; tokens {tokens}"]
     total.update(frozen_modules(pipe, spec, step, b, c, w, notes, n + m))

@@ -182,6 +182,38 @@ def video_lora_targets(den: dict, i: int) -> tuple[tuple[str, int], ...]:
     return out
 
 
+def checkpointed_forward_transient(den: dict, ctx: DitCtx, b: int, n: int, m: int) -> Breakdown:
+    """Under checkpointing a block's forward keeps nothing, so the forward peaks inside one
+    block's feed-forward, where its projection, activation and (SwiGLU) product are alive
+    at once (measured with the exact CPU meter: Mochi's ff.net.0.proj, silu and mul)."""
+    h, c = ctx.hidden, ctx.dtype
+    if den["class"] == MOCHI:
+        f = (4 * h * 2) // 3
+        return Breakdown().add("denoiser/forward/checkpointed_ff", 4 * nbytes(b * n * f, c))
+    f = ctx.ff_dim or ctx.ff_mult * h
+    if den["class"] == HUNYUAN:  # a single block at proj_out: cat(attention, mlp), the GELU
+        # output, the re-cat attention output and proj_out's output, over the joint sequence
+        return Breakdown().add("denoiser/forward/checkpointed_single", nbytes(b * (n + m) * (2 * f + 3 * h), c))
+    return Breakdown().add("denoiser/forward/checkpointed_ff", 2 * nbytes(b * n * f, c))
+
+
+def checkpointed_backward_transient(den: dict, ctx: DitCtx, b: int, n: int) -> Breakdown | None:
+    """Above a recomputed block's tensors (all alive until its backward ends, measured with
+    the exact CPU meter): LTX peaks at its first backward op, the GELU output's gradient
+    (b x n x f) beside the residual stream's; Mochi at its last, norm1's fp32 RMSNorm
+    backward (MulBackward's result, MeanBackward's div and PowBackward's three temporaries,
+    (b, n, h) fp32 each) beside the input's gradient. None: the block's own transient."""
+    h, c = ctx.hidden, ctx.dtype
+    if den["class"] == LTX:
+        f = ctx.ff_dim or ctx.ff_mult * h
+        return (Breakdown().add("denoiser/backward/grad_ff", nbytes(b * n * f, c))
+                .add("denoiser/backward/grad_hidden", nbytes(b * n * h, c)))
+    if den["class"] == MOCHI:
+        return (Breakdown().add("denoiser/backward/rms_norm_fp32", 5 * nbytes(b * n * h, "fp32"))
+                .add("denoiser/backward/grad_hidden", nbytes(b * n * h, c)))
+    return None
+
+
 def forward_transient(den: dict, ctx: DitCtx, b: int, n: int, m: int) -> Breakdown:
     """What the last block holds above the saved tensors at its end in forward (measured
     with the exact CPU meter): the feed-forward's hidden activation (not saved when the
@@ -220,5 +252,5 @@ def mochi_lora_transient(ctx: DitCtx, b: int, n: int) -> Breakdown:
     return Breakdown().add("denoiser/backward/grad_swiglu", 3 * nbytes(b * n * f, ctx.dtype) + bnh - 2 * bnh)
 
 
-__all__ = ["VIDEO_CLASSES", "checkpointed", "forward_transient", "mochi_lora_transient", "ltx_output_stage", "text_width", "video_feed_forward_params", "video_lora_targets",
+__all__ = ["VIDEO_CLASSES", "checkpointed", "checkpointed_backward_transient", "checkpointed_forward_transient", "forward_transient", "mochi_lora_transient", "ltx_output_stage", "text_width", "video_feed_forward_params", "video_lora_targets",
            "video_rotary", "video_stages"]
