@@ -243,13 +243,21 @@ def forward_transient(den: dict, ctx: DitCtx, b: int, n: int, m: int) -> Breakdo
 
 
 def mochi_lora_transient(ctx: DitCtx, b: int, n: int) -> Breakdown:
-    """A Mochi block's backward peak with LoRA (measured with the exact CPU meter): in its
-    SwiGLU, MmBackward's gradient of the product and MulBackward's two results (b x n x f
-    each, f = (4h * 2) // 3) beside the residual stream's gradient (b x n x h), once norm4's
-    normalized tensor and net.2's output (b x n x h each) were released by their backward."""
+    """A Mochi block's backward peak with LoRA (measured with the exact CPU meter), the
+    larger of: in its SwiGLU, MmBackward's gradient of the product and MulBackward's two
+    results (b x n x f each, f = (4h * 2) // 3) beside the residual stream's gradient
+    (b x n x h), once norm4's normalized tensor and net.2's output (b x n x h each) were
+    released by their backward (the fp32 peak); at norm4's fp32 RMSNorm backward,
+    MulBackward's result, MeanBackward's div and PowBackward's three temporaries ((b, n, h)
+    fp32 each) beside the incoming gradient, its fp32 normalized tensor already released
+    (the bf16 peak, where the fp32 temporaries outweigh the 16-bit SwiGLU)."""
     f = (4 * ctx.hidden * 2) // 3
     bnh = nbytes(b * n * ctx.hidden, ctx.dtype)
-    return Breakdown().add("denoiser/backward/grad_swiglu", 3 * nbytes(b * n * f, ctx.dtype) + bnh - 2 * bnh)
+    swiglu = 3 * nbytes(b * n * f, ctx.dtype) + bnh - 2 * bnh
+    rms = 5 * nbytes(b * n * ctx.hidden, "fp32") + bnh - nbytes(b * n * ctx.hidden, "fp32")
+    if rms > swiglu:
+        return Breakdown().add("denoiser/backward/rms_norm_fp32", rms)
+    return Breakdown().add("denoiser/backward/grad_swiglu", swiglu)
 
 
 __all__ = ["VIDEO_CLASSES", "checkpointed", "checkpointed_backward_transient", "checkpointed_forward_transient", "forward_transient", "mochi_lora_transient", "ltx_output_stage", "text_width", "video_feed_forward_params", "video_lora_targets",
