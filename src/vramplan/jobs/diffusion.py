@@ -216,7 +216,8 @@ def diffusion_estimate(pipe: dict, spec: JobSpec, gpu=None):
     plan = StepPlan(static=static, grads_by_stage=grads, stage_acts=stages, loss_saved=loss_saved,
                     forward_end_transient=fwd_end, loss_backward_transient=bwd0,
                     stage_backward_transient=transient, optimizer_temporaries=step_temporaries(spec, params),
-                    labels=[f"denoiser stage {i} backward" for i in range(len(stages))])
+                    labels=[f"denoiser stage {i} backward" for i in range(len(stages))],
+                    stage_grads_at_peak=first_block_grads(den, params, grads))
     step = Step(plan)
     if pipe["kind"] == "unet" and unet_fwd.total():
         step.after_forward.append(("forward", "last up level feed-forward (frozen)", unet_fwd, False))
@@ -263,6 +264,19 @@ def _frozen_ff_forward(den: dict, b: int, tokens: int, c: str) -> Breakdown:
             .add("denoiser/forward/ff_out", nbytes(b * tokens * h, c)))
 
 
+def first_block_grads(den: dict, params: ParamSet, grads: list[Breakdown]) -> list[Breakdown] | None:
+    """The gradients alive at each stage's backward peak where the first block's comes at
+    its first op (LTX's and Hunyuan's feed-forward backward, measured with the exact CPU
+    meter): the first block's other weights get theirs after it (denoiser_params puts them
+    in stage 0, the last in backward order). None: every stage's own gradients."""
+    if den.get("class") not in VIDEO_CLASSES or den["class"] == "MochiTransformer3DModel":
+        return None
+    later = sum(nbytes(p.numel, p.dtype) for p in params.trainable() if p.name == "blocks.0")
+    if not later:
+        return None
+    return [Breakdown().add("denoiser/gradients", grads[0].total() - later)] + grads[1:]
+
+
 def _grads_by_stage(params: ParamSet, n_stages: int, spec: JobSpec) -> list[Breakdown]:
     out = [Breakdown() for _ in range(n_stages)]
     for p in params.trainable():
@@ -277,4 +291,4 @@ def _desc_stub(pipe: dict):
     return SimpleNamespace(name=pipe.get("name", "pipeline"))
 
 
-__all__ = ["check_spec_shape", "denoiser_params", "diffusion_estimate", "resolve_pipeline", "transformer_stages"]
+__all__ = ["check_spec_shape", "denoiser_params", "first_block_grads", "diffusion_estimate", "resolve_pipeline", "transformer_stages"]
