@@ -13,7 +13,8 @@ The denoiser's activations: transformer denoisers replay one block on the record
 `offload_frozen` (diffusers enable_model_cpu_offload: one model on the GPU at a time, moved
 in at its forward), count only in their own forward event.
 Measured against vramplan.measure.diffusion (a tiny CogVideoXTransformer3DModel, full /
-LoRA / frozen copy, fp32 / bf16; bench/jobs): peaks within 1.5%.
+LoRA / frozen copy, fp32 / bf16; bench/jobs): peaks within 1.5%; LTX-Video, HunyuanVideo
+and Mochi (jobs/diffusion_video.py; bench/video): peaks within 1.0%.
 Legend: b batch, C latent channels, F latent frames, H, W latent side, n video tokens,
 m text tokens, h hidden, c compute dtype.
 """
@@ -31,7 +32,7 @@ from vramplan.jobs.diffusion_frozen import frozen_modules
 from vramplan.jobs.diffusion_unet import unet_lora_params, unet_lora_transients, unet_stages
 from vramplan.jobs.diffusion_scripts import adapter_dtype, script_loss, scripts_stack
 from vramplan.jobs.diffusion_video import (VIDEO_CLASSES, checkpointed, checkpointed_backward_transient,
-                                           checkpointed_forward_transient)
+                                           checkpointed_forward_transient, first_block_grads)
 from vramplan.jobs.diffusion_video import forward_transient as video_forward_transient
 from vramplan.jobs.diffusion_blocks import (BLOCK_CLASSES, block_ctx, block_stages, block_transients, feed_forward_params,
                                             lora_targets, output_backward_transient)
@@ -264,19 +265,6 @@ def _frozen_ff_forward(den: dict, b: int, tokens: int, c: str) -> Breakdown:
             .add("denoiser/forward/ff_out", nbytes(b * tokens * h, c)))
 
 
-def first_block_grads(den: dict, params: ParamSet, grads: list[Breakdown]) -> list[Breakdown] | None:
-    """The gradients alive at each stage's backward peak where the first block's comes at
-    its first op (LTX's and Hunyuan's feed-forward backward, measured with the exact CPU
-    meter): the first block's other weights get theirs after it (denoiser_params puts them
-    in stage 0, the last in backward order). None: every stage's own gradients."""
-    if den.get("class") not in VIDEO_CLASSES or den["class"] == "MochiTransformer3DModel":
-        return None
-    later = sum(nbytes(p.numel, p.dtype) for p in params.trainable() if p.name == "blocks.0")
-    if not later:
-        return None
-    return [Breakdown().add("denoiser/gradients", grads[0].total() - later)] + grads[1:]
-
-
 def _grads_by_stage(params: ParamSet, n_stages: int, spec: JobSpec) -> list[Breakdown]:
     out = [Breakdown() for _ in range(n_stages)]
     for p in params.trainable():
@@ -291,4 +279,4 @@ def _desc_stub(pipe: dict):
     return SimpleNamespace(name=pipe.get("name", "pipeline"))
 
 
-__all__ = ["check_spec_shape", "denoiser_params", "first_block_grads", "diffusion_estimate", "resolve_pipeline", "transformer_stages"]
+__all__ = ["check_spec_shape", "denoiser_params", "diffusion_estimate", "resolve_pipeline", "transformer_stages"]

@@ -20,6 +20,7 @@ from vramplan.components.arch_mmdit import modulate
 from vramplan.components.arch_video import (hunyuan_double_block, hunyuan_single_block, ltx_block, mochi_block,
                                             refiner_block)
 from vramplan.components.graph import Recorder
+from vramplan.components.trainable import ParamSet
 from vramplan.units import nbytes
 
 LTX, HUNYUAN, MOCHI = "LTXVideoTransformer3DModel", "HunyuanVideoTransformer3DModel", "MochiTransformer3DModel"
@@ -260,5 +261,18 @@ def mochi_lora_transient(ctx: DitCtx, b: int, n: int) -> Breakdown:
     return Breakdown().add("denoiser/backward/grad_swiglu", swiglu)
 
 
-__all__ = ["VIDEO_CLASSES", "checkpointed", "checkpointed_backward_transient", "checkpointed_forward_transient", "forward_transient", "mochi_lora_transient", "ltx_output_stage", "text_width", "video_feed_forward_params", "video_lora_targets",
+def first_block_grads(den: dict, params: ParamSet, grads: list[Breakdown]) -> list[Breakdown] | None:
+    """The gradients alive at each stage's backward peak where the first block's comes at
+    its first op (LTX's and Hunyuan's feed-forward backward, measured with the exact CPU
+    meter): the first block's other weights get theirs after it (denoiser_params puts them
+    in stage 0, the last in backward order). None: every stage's own gradients."""
+    if den.get("class") not in VIDEO_CLASSES or den["class"] == MOCHI:
+        return None
+    later = sum(nbytes(p.numel, p.dtype) for p in params.trainable() if p.name == "blocks.0")
+    if not later:
+        return None
+    return [Breakdown().add("denoiser/gradients", grads[0].total() - later)] + grads[1:]
+
+
+__all__ = ["VIDEO_CLASSES", "checkpointed", "checkpointed_backward_transient", "checkpointed_forward_transient", "first_block_grads", "forward_transient", "mochi_lora_transient", "ltx_output_stage", "text_width", "video_feed_forward_params", "video_lora_targets",
            "video_rotary", "video_stages"]
