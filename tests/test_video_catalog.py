@@ -132,3 +132,11 @@ def test_committed_measurements_within_two_percent():
     for name, row in rows.items():
         measured = row["measured"]["peak_allocated_bytes"]
         assert abs(vramplan.estimate(row["job"]).peak_allocated_bytes / measured - 1) < 0.02, name
+
+
+def test_live_cpu_measurement_of_the_real_ltx_transformer():
+    pytest.importorskip("diffusers")
+    from conftest import measure_fresh  # the meter counts what earlier tests left alive
+    job = _bench().CASES["ltx/fp32/full"]
+    m, e = measure_fresh(job), vramplan.estimate(job)
+    assert abs(e.peak_allocated_bytes / m["peak_allocated_bytes"] - 1) < 0.02, (e.peak_allocated_bytes, m)

@@ -70,12 +70,15 @@ def case(model: str, precision: str, method: str, **extra) -> tuple[str, dict]:
            "precision": "pure-bf16" if precision == "bf16" else precision, **extra}
     if method == "lora":
         job["lora"] = {"r": 8}
-    tail = "".join(f"/{k}" for k in extra if k in ("gradient_checkpointing",)) and "/gc"
+    tail = ("/gc" if extra.get("gradient_checkpointing") else "") + (
+        f"/b{extra['micro_batch_size']}" if "micro_batch_size" in extra else "")
     return f"{model}/{precision}/{method}{tail}", job
 
 
 CASES = dict([case(m, p, meth) for m in SIZES for p, meth in (("fp32", "full"), ("bf16", "lora"), ("fp32", "lora"))]
-             + [case(m, "bf16", "full", gradient_checkpointing="full") for m in SIZES])
+             + [case(m, "bf16", "full", gradient_checkpointing="full") for m in SIZES]
+             # one sample: the joint attention's slices are views, not copies (b > 1)
+             + [case(m, "fp32", "lora", micro_batch_size=1) for m in SIZES])
 
 
 def measure(job: dict) -> dict:
