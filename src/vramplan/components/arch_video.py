@@ -100,9 +100,11 @@ def hunyuan_double_block(rec: Recorder, ctx: DitCtx, x: Sym, txt: Sym, temb: Sym
     m = txt.shape[1]
     ex, et = ada_emb(rec, ctx, temb, 6, "norm1"), ada_emb(rec, ctx, temb, 6, "norm1_context")
     hx, ht = modulate(rec, ctx, x, ex, "norm1"), modulate(rec, ctx, txt, et, "norm1_context")
-    q, k, v = _hunyuan_qk(rec, ctx, hx, "attn", n)
-    tq, tk = (rms_norm(rec, ctx, lin(rec, ctx, ht, h, f"attn.add_{p}_proj"), f"attn.norm_added_{p}") for p in "qk")
+    _hunyuan_qk(rec, ctx, hx, "attn", n)  # the video rows' q (rotated), k (rotated), v
+    for p in "qk":
+        rms_norm(rec, ctx, lin(rec, ctx, ht, h, f"attn.add_{p}_proj"), f"attn.norm_added_{p}")
     lin(rec, ctx, ht, h, "attn.add_v_proj")
+    # torch.cat([video, text]) of q, k and v: what SDPA saves
     q, k, v = (rec.new(f"attn.cat_{p}", (b, n + m, h), x.dtype, True) for p in "qkv")
     o = _attention(rec, ctx, q, k, v, "attn", mask=b * (n + m))
     ao = lin(rec, ctx, sliced(rec, o, n, "attn.image_out"), h, "attn.to_out.0", True)
