@@ -54,6 +54,19 @@ TINY_MOCHI = {"name": "tiny-mochi", "kind": "mmdit",
                            "num_params": 740048},
               "vae": {"latent_channels": 4, "spatial_compression": 8, "temporal_compression": 6, "num_params": 0},
               "text_encoders": [dict(_T5[0], joins_sequence=True)]}
+# Wider and deeper (8 heads, 3-4 blocks; Mochi's text stream 96 wide, Hunyuan 2 refiner
+# layers), one sample of 4 latent frames (1,024 video tokens): the same mechanisms at other
+# shapes than the ones they were read from.
+WIDE = {
+    "ltx": dict(TINY_LTX, name="wide-ltx-video", denoiser=dict(
+        TINY_LTX["denoiser"], num_attention_heads=8, cross_attention_dim=256, num_layers=4, num_params=4831496)),
+    "hunyuan": dict(TINY_HUNYUAN, name="wide-hunyuanvideo", denoiser=dict(
+        TINY_HUNYUAN["denoiser"], num_attention_heads=8, num_layers=3, num_single_layers=3, num_refiner_layers=2,
+        num_params=12609872)),
+    "mochi": dict(TINY_MOCHI, name="wide-mochi", denoiser=dict(
+        TINY_MOCHI["denoiser"], num_attention_heads=8, num_layers=4, pooled_projection_dim=96, num_params=5358768)),
+}
+WIDE_FRAMES = {"ltx": 25, "hunyuan": 13, "mochi": 19}
 BASE = {"task": "diffusion", "micro_batch_size": 2, "optimizer": "adamw", "optimizer_impl": "foreach",
         "backend": "cpu"}
 SIZES = {"ltx": (TINY_LTX, {"height": 512, "width": 512, "num_frames": 17}),
@@ -61,16 +74,18 @@ SIZES = {"ltx": (TINY_LTX, {"height": 512, "width": 512, "num_frames": 17}),
          "mochi": (TINY_MOCHI, {"height": 256, "width": 256, "num_frames": 13})}
 
 
-def case(model: str, precision: str, method: str, **extra) -> tuple[str, dict]:
+def case(model: str, precision: str, method: str, wide: bool = False, **extra) -> tuple[str, dict]:
     """One job: measure/diffusion.py builds the model in the precision's dtype and runs it
     without autocast, so a 16-bit case is pure 16-bit (`pure-bf16` in the spec)."""
     pipe, size = SIZES[model]
+    if wide:
+        pipe, size = WIDE[model], dict(size, num_frames=WIDE_FRAMES[model])
     diffusion = {**size, "text_encoders": "precomputed", "vae": "precomputed", **extra.pop("diffusion", {})}
     job = {**BASE, "model": pipe, "diffusion": diffusion, "method": method,
            "precision": "pure-bf16" if precision == "bf16" else precision, **extra}
     if method == "lora":
         job["lora"] = {"r": 8}
-    tail = ("/gc" if extra.get("gradient_checkpointing") else "") + (
+    tail = ("/wide" if wide else "") + ("/gc" if extra.get("gradient_checkpointing") else "") + (
         f"/b{extra['micro_batch_size']}" if "micro_batch_size" in extra else "")
     return f"{model}/{precision}/{method}{tail}", job
 
@@ -78,7 +93,10 @@ def case(model: str, precision: str, method: str, **extra) -> tuple[str, dict]:
 CASES = dict([case(m, p, meth) for m in SIZES for p, meth in (("fp32", "full"), ("bf16", "lora"), ("fp32", "lora"))]
              + [case(m, "bf16", "full", gradient_checkpointing="full") for m in SIZES]
              # one sample: the joint attention's slices are views, not copies (b > 1)
-             + [case(m, "fp32", "lora", micro_batch_size=1) for m in SIZES])
+             + [case(m, "fp32", "lora", micro_batch_size=1) for m in SIZES]
+             + [case("ltx", "bf16", "lora", wide=True, micro_batch_size=1),
+                case("hunyuan", "bf16", "lora", wide=True, micro_batch_size=1),
+                case("mochi", "fp32", "full", wide=True, micro_batch_size=1)])
 
 
 def measure(job: dict) -> dict:
