@@ -51,3 +51,10 @@ def test_estimate_matches_a_real_step_that_keeps_its_outputs(extra):
     assert est.peak_allocated_bytes == pytest.approx(measured["peak_allocated_bytes"], rel=0.02)
     for phase in ("forward", "backward", "optimizer"):
         assert est.phases[phase] == pytest.approx(measured["phases"][phase], rel=0.02), phase
+
+
+def test_trl_sft_has_no_logits_to_keep():
+    """TRL 1.16's SFTTrainer runs its fused log-prob head (jobs/logprob.py sft_head)."""
+    spec = vramplan.load_spec({**JOB, "backend": "cuda", "stack": "trl", "keep_logits": True})
+    with pytest.raises(SpecError, match="keep_logits: TRL's SFTTrainer computes its loss in a fused log-prob head"):
+        vramplan.estimate(spec)

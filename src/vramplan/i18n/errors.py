@@ -70,6 +70,7 @@ TEMPLATES = (
     N_("is modelled for tasks sft, pretrain and sequence-classification, not {task}; drop keep_logits"),
     N_("the fused linear cross-entropy never builds the logits; drop keep_logits or use loss_impl standard"),
     N_("Megatron's GPTModel returns the per-token loss, not the logits, when given labels; drop keep_logits"),
+    N_("TRL's SFTTrainer computes its loss in a fused log-prob head that never builds the logits; drop keep_logits"),
     # vramplan.spec: float8 training and NEFTune (spec/float8.py, spec/job.py)
     N_("float8 training converts the trained nn.Linear layers; with {method} it is not modelled; "
        "use method full or freeze"),
