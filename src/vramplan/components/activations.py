@@ -170,14 +170,15 @@ def _plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Activ
         x = Sym(x.name, x.shape, x.dtype, True, x.storage)
         input_leaf = x.storage.nbytes
     stages = [Stage("embedding", rec.saved_items(), [])]
-    cache: dict[tuple, tuple[list, bool, tuple | None, str, tuple]] = {}
+    cache: dict[tuple, tuple[list, bool, tuple | None, str, tuple, list]] = {}
     gc = spec.gradient_checkpointing
     f8_layer: tuple = ()
+    fwd_peaks: dict[int, list] = {}
     for i in range(desc.num_layers):
         key = _signature(ctx, i, x)
         if key not in cache:
             cache[key] = _layer(ctx, spec, i, x, b, s, seen, gc is Checkpointing.OP_SELECTIVE)
-        saved, out_rg, op_split, out_dtype, f8_layer = cache[key]
+        saved, out_rg, op_split, out_dtype, f8_layer, fwd_peak = cache[key]
         # torchtitan <= 0.2 `_apply_layer_sac`: with selective_ac_option = N only every N-th
         # block (a global count from 1) is wrapped; checkpoint_every = 1 wraps them all.
         wrapped = (i + 1) % spec.checkpoint_every == 0
@@ -185,6 +186,7 @@ def _plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Activ
             # torch.utils.checkpoint (non-reentrant, transformers 5's default) keeps the
             # layer's inputs for the recomputation and nothing the layer saves.
             stages.append(Stage(f"layer {i}", [("checkpoint/layer_input", x.storage.nbytes)], saved, _MLP_OUT_INPUTS[desc.mlp]))
+            fwd_peaks[len(stages) - 1] = fwd_peak  # what its forward holds, none of it saved
         elif gc is Checkpointing.OP_SELECTIVE:
             keep, redo, dropped = op_split
             stages.append(Stage(f"layer {i}", keep, redo, _MLP_OUT_INPUTS[desc.mlp] + dropped))
@@ -203,6 +205,9 @@ def _plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Activ
     head_w = ctx.params.get("lm_head.weight") or ctx.params.get("model.embed_tokens.weight")
     plan = _with_loss(desc, spec, stages, logits, x, bool(head_w and head_w.trainable))
     plan.input_leaf_bytes = input_leaf
+    if any(fwd_peaks.values()):
+        plan.stage_forward_transient = [Breakdown({f"activations/checkpointed_forward/{n}": v for n, v in
+                                                   fwd_peaks.get(j, [])}) for j in range(len(stages))]
     if spec.float8 is not None:
         from vramplan.components.float8 import apply
         res = dtypes_of(spec).weights
@@ -283,7 +288,7 @@ def _layer(ctx: Ctx, spec: JobSpec, i: int, x: Sym, b: int, s: int, seen: set[in
     out = layer_fn(ctx.desc)(rec, ctx, x, i, b, s)
     items = [(name, st.nbytes) for name, st in rec.saved.values() if not name.startswith("rotary/")]
     return (items, out.requires_grad, split_layer(rec, x) if op_selective else None, out.dtype,
-            tuple(rec.float8_linears))
+            tuple(rec.float8_linears), rec.forward_peak)
 
 
 def _family_backward_peak(desc: ModelDesc, spec: JobSpec, params: ParamSet, i: int, stage: Stage) -> None:

@@ -117,6 +117,8 @@ def build_step(desc: ModelDesc, spec: JobSpec, params: ParamSet, acts: Activatio
         transients.append(t)
         labels.append(f"{st.label} backward")
     fwd_end, loss_bwd = acts.forward_end_transient, acts.loss_backward_transient
+    if spec.keep_logits:
+        static, fwd_end = _kept_output(static, fwd_end, acts)
     if spec.activation_offloading:
         stash = forward_stash([st.saved for st in acts.stages], acts.head_linear_saved)
         fwd_end = Breakdown().merge(fwd_end).add("activations/offload_stash", stash)
@@ -130,6 +132,27 @@ def build_step(desc: ModelDesc, spec: JobSpec, params: ParamSet, acts: Activatio
                     grads_alive_in_forward=spec.grad_accum_steps > 1, labels=labels,
                     in_backward=_in_backward(desc, spec, params),
                     stage_forward_transient=acts.stage_forward_transient)
+
+
+def _kept_output(static: Breakdown, fwd_end: Breakdown, acts: ActivationPlan) -> tuple[Breakdown, Breakdown]:
+    """keep_logits: the loop holds the model's output, `outputs = model(**batch); loss =
+    outputs.loss; loss.backward(); optimizer.step()` (accelerate's examples/nlp_example.py, the
+    plain PyTorch loops of the transformers docs), which transformers' Trainer.training_step
+    does not (compute_loss returns the loss only; trainer.py). `outputs.logits` is the head's
+    output (transformers loss/loss_utils.py ForCausalLMLoss upcasts a copy of it inside the
+    loss), or the fp32 logits where the model upcasts them itself (torchtune, Mamba-2). It lives
+    through backward and the optimizer step, and until the next `model(**batch)` returns, so
+    in the steady state one copy is alive in every phase and two at the end of forward. Its
+    `loss` keeps the autograd graph's nodes, whose AccumulateGrad holds enable_input_require_grads'
+    input leaf and its .grad: with checkpointing and frozen embeddings, the last step's are
+    alive until the new forward returns too."""
+    end = fwd_end.terms
+    kept = end.get("logits/logits") or end.get("logits/logits_fp32", 0)
+    static = Breakdown(dict(static.terms)).add("logits/kept_by_the_loop", kept)
+    if acts.input_leaf_bytes:
+        fwd_end = (Breakdown(dict(fwd_end.terms)).add("activations/kept_input_leaf", acts.input_leaf_bytes)
+                   .add("gradients/kept_input_leaf", acts.input_leaf_bytes))
+    return static, fwd_end
 
 
 def _in_backward(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> list[Breakdown] | None:
