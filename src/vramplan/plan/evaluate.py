@@ -11,7 +11,7 @@ from typing import Any, Mapping
 
 from vramplan.components.memo import spec_key
 from vramplan.components.trainable import param_set
-from vramplan.estimation import Estimate, estimate_model
+from vramplan.estimation import Estimate, estimate_model, model_spec
 from vramplan.model import ModelDesc
 from vramplan.plan.steptime import DEFAULT_MFU, ModelCounts, StepTime, step_time
 from vramplan.spec import JobSpec, SpecError, load_spec
@@ -159,14 +159,34 @@ class Evaluator:
 
     def step_time_bound(self, spec: JobSpec, reports_comm: bool) -> float:
         """A lower bound on step_time(spec, estimate) known before estimating: the whole
-        model when the estimator reports no communication, else everything but comm/."""
+        model when the estimator reports no communication; else the step time with each
+        collective at its least volume over the pipeline stages (parallel/plan.py
+        communication_floor: every term of step_time is then at most the estimate's, and
+        they are summed in the same order), or everything but comm/ where no floor holds."""
         if self.counts is None:
             return 0.0
-        st = step_time(self.counts, spec, self.gpu, mfu=self.mfu,
-                       trainable_params=self.trainable_params(spec))
+        trainable = self.trainable_params(spec)
+        if reports_comm:
+            floor = self.communication_floor(spec)
+            if floor is not None:
+                return step_time(self.counts, spec, self.gpu, mfu=self.mfu, trainable_params=trainable,
+                                 communication=floor).total_s
+        st = step_time(self.counts, spec, self.gpu, mfu=self.mfu, trainable_params=trainable)
         if not reports_comm:
             return st.total_s
         return sum(v for k, v in st.terms.items() if not k.startswith("comm/"))
+
+    def communication_floor(self, spec: JobSpec) -> dict | None:
+        """parallel/plan.py communication_floor for a single-model job (None otherwise, or
+        where the layout is refused: its estimate says why)."""
+        if self.desc is None or needs_several_models(spec):
+            return None
+        from vramplan.parallel.plan import communication_floor
+        try:
+            mspec = model_spec(self.desc, spec)
+            return communication_floor(self.desc, mspec, param_set(self.desc, mspec))
+        except SpecError:
+            return None
 
     def verdict(self, spec: JobSpec) -> Verdict:
         est = self.estimate(spec)
