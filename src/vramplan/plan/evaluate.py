@@ -82,6 +82,8 @@ def memory_key(spec: JobSpec, *, drop: tuple[str, ...] = ()) -> tuple:
     return _freeze(data)
 
 
+# Spec fields parallel/plan.py stage_traffic does not read (communication_floor does).
+_ACTIVATION_FIELDS = ("micro_batch_size", "seq_len", "gradient_checkpointing", "loss_impl", "attention")
 _TRAINABLE_FIELDS = ("task", "method", "lora", "freeze", "quantization", "num_labels")
 
 
@@ -108,6 +110,7 @@ class Evaluator:
         self.calls = 0
         self._cache: dict[tuple, Estimate] = {}
         self._trainable: dict[tuple, int] = {}
+        self._traffic: dict[tuple, object] = {}
 
     @classmethod
     def for_spec(cls, spec: JobSpec, gpu=None, **kwargs) -> "Evaluator":
@@ -178,14 +181,19 @@ class Evaluator:
 
     def communication_floor(self, spec: JobSpec) -> dict | None:
         """parallel/plan.py communication_floor for a single-model job (None otherwise, or
-        where the layout is refused: its estimate says why)."""
+        where the layout is refused: its estimate says why). What it reads of each pipeline
+        stage is kept per family of layouts (alike but for batch, sequence, checkpointing)."""
         if self.desc is None or needs_several_models(spec):
             return None
-        from vramplan.parallel.plan import communication_floor
+        from vramplan.parallel.plan import communication_floor, stage_traffic
         try:
             mspec = model_spec(self.desc, spec)
-            return communication_floor(self.desc, mspec, param_set(self.desc, mspec))
-        except SpecError:
+            key = memory_key(mspec, drop=_ACTIVATION_FIELDS)
+            if key not in self._traffic:
+                self._traffic[key] = stage_traffic(self.desc, mspec, param_set(self.desc, mspec))
+            traffic = self._traffic[key]
+            return None if traffic is None else communication_floor(self.desc, mspec, *traffic)
+        except (SpecError, ValueError):
             return None
 
     def verdict(self, spec: JobSpec) -> Verdict:
