@@ -160,17 +160,19 @@ class Evaluator:
         return step_time(self.counts, spec, self.gpu, mfu=self.mfu,
                          trainable_params=self.trainable_params(spec), communication=comm)
 
-    def step_time_bound(self, spec: JobSpec, reports_comm: bool) -> float:
+    def step_time_bound(self, spec: JobSpec, reports_comm: bool, family: tuple | None = None) -> float:
         """A lower bound on step_time(spec, estimate) known before estimating: the whole
         model when the estimator reports no communication; else the step time with each
         collective at its least volume over the pipeline stages (parallel/plan.py
         communication_floor: every term of step_time is then at most the estimate's, and
-        they are summed in the same order), or everything but comm/ where no floor holds."""
+        they are summed in the same order), or everything but comm/ where no floor holds.
+        `family`: a key equal for layouts alike but for batch, sequence and checkpointing
+        (see communication_floor)."""
         if self.counts is None:
             return 0.0
         trainable = self.trainable_params(spec)
         if reports_comm:
-            floor = self.communication_floor(spec)
+            floor = self.communication_floor(spec, family)
             if floor is not None:
                 return step_time(self.counts, spec, self.gpu, mfu=self.mfu, trainable_params=trainable,
                                  communication=floor).total_s
@@ -179,16 +181,18 @@ class Evaluator:
             return st.total_s
         return sum(v for k, v in st.terms.items() if not k.startswith("comm/"))
 
-    def communication_floor(self, spec: JobSpec) -> dict | None:
+    def communication_floor(self, spec: JobSpec, family: tuple | None = None) -> dict | None:
         """parallel/plan.py communication_floor for a single-model job (None otherwise, or
         where the layout is refused: its estimate says why). What it reads of each pipeline
-        stage is kept per family of layouts (alike but for batch, sequence, checkpointing)."""
+        stage (stage_traffic) depends on the layout and the parameter sets, not on batch,
+        sequence or checkpointing: it is kept per `family` (a search's key for layouts alike
+        but for those), else per the spec's other fields."""
         if self.desc is None or needs_several_models(spec):
             return None
         from vramplan.parallel.plan import communication_floor, stage_traffic
         try:
             mspec = model_spec(self.desc, spec)
-            key = memory_key(mspec, drop=_ACTIVATION_FIELDS)
+            key = ("family", family) if family is not None else memory_key(mspec, drop=_ACTIVATION_FIELDS)
             if key not in self._traffic:
                 self._traffic[key] = stage_traffic(self.desc, mspec, param_set(self.desc, mspec))
             traffic = self._traffic[key]

@@ -26,7 +26,7 @@ from typing import Callable
 
 from vramplan.estimation import Estimate
 from vramplan.i18n import Msg
-from vramplan.plan.evaluate import Evaluator, accum_key, reported_communication
+from vramplan.plan.evaluate import Evaluator, accum_key, memory_key, reported_communication
 from vramplan.plan.space import Candidate, default_axes, enumerate_candidates
 from vramplan.plan.steptime import StepTime
 from vramplan.report.emit import paste_forms
@@ -72,6 +72,9 @@ class FitReport:
     closest: FitResult | None = None
     """When nothing fits: the layout with the smallest device memory."""
     suggestions: list = field(default_factory=list)
+    candidates_checked: int = 0
+    """Layouts whose memory the walk checked (through their group's estimates or a family's
+    floor); the rest of those settled were ruled out by the step-time bound alone."""
 
     def _repr_html_(self) -> str:
         """Notebook display: the ranked layouts as an HTML table (report/answers.py)."""
@@ -83,6 +86,7 @@ class FitReport:
         return {"schema_version": FIT_SCHEMA_VERSION,
                 "candidates_evaluated": self.candidates_evaluated,
                 "candidates_total": self.candidates_total,
+                "candidates_checked": self.candidates_checked,
                 "estimates_computed": self.estimates_computed,
                 "elapsed_s": self.elapsed_s, "limit_bytes": self.limit_bytes,
                 "headroom_bytes": self.headroom_bytes,
@@ -185,13 +189,16 @@ def fit(spec: JobSpec, gpu=None, *, axes: dict | None = None, top_k: int = 5,
     space = default_axes(spec, ev.desc) if axes is None else axes
     cands = list(enumerate_candidates(spec, ev.desc, space, max_micro_batch=max_micro_batch))
     groups = _Groups(ev)
+    base_key = memory_key(spec)
     order = []
     for c in cands:
         groups.add(c)
-        order.append((ev.step_time_bound(c.spec, reports_comm), -c.spec.micro_batch_size, c.index, c))
+        # the family key: this search's spec and the axes no activation depends on
+        family = (base_key, groups.family(c))
+        order.append((ev.step_time_bound(c.spec, reports_comm, family), -c.spec.micro_batch_size, c.index, c))
     order.sort(key=lambda t: t[:3])
     found: list[tuple[float, int, int, Candidate]] = []
-    settled, interrupted = 0, False
+    settled, checked, interrupted = 0, 0, False
     try:
         for bound, neg_mb, index, c in order:
             if len(found) >= top_k and bound > found[top_k - 1][0]:
@@ -200,6 +207,7 @@ def fit(spec: JobSpec, gpu=None, *, axes: dict | None = None, top_k: int = 5,
             settled += 1
             if progress and settled % progress_every == 0:
                 progress(settled, len(order), len(found))
+            checked += 1
             if not groups.fits(c):
                 continue
             true = ev.step_time(c.spec, ev.estimate(c.spec)).total_s if reports_comm else bound
@@ -215,7 +223,7 @@ def fit(spec: JobSpec, gpu=None, *, axes: dict | None = None, top_k: int = 5,
                        estimates_computed=ev.calls - calls_before,
                        elapsed_s=0.0, limit_bytes=ev.limit_bytes, results=results,
                        headroom_bytes=ev.headroom_bytes,
-                       interrupted=interrupted)
+                       interrupted=interrupted, candidates_checked=checked)
     if not results and not interrupted:
         report.closest = _closest(ev, cands)
         if suggest:
