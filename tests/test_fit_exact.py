@@ -4,7 +4,7 @@ The full search estimates every layout of the space, keeps those whose device me
 under the limit and ranks them by step time with the estimate's own communication (ties:
 larger micro-batch, then enumeration order). fit settles most layouts without estimating
 them (the static floor of a family, the micro-batch bisection of a group, the step-time
-lower bound with each collective at its least volume over the pipeline stages); its top-k
+lower bounds, refined with each collective at its least volume over the pipeline stages); its top-k
 must be the full search's top-k, layout for layout, with the same step times."""
 from __future__ import annotations
 
@@ -51,8 +51,10 @@ def full_search(spec, axes, top_k: int) -> list[tuple]:
     for c in enumerate_candidates(spec, ev.desc, axes or default_axes(spec, ev.desc)):
         est = ev.estimate(c.spec)
         true = ev.step_time(c.spec, est).total_s
-        # what fit walks by is a lower bound, layout by layout
-        assert ev.step_time_bound(c.spec, reports_comm=est.parallel is not None) <= true, c.changes
+        # what fit walks by are lower bounds, layout by layout, the refined one the larger
+        cheap = ev.step_time_bound(c.spec, reports_comm=est.parallel is not None)
+        refined = ev.step_time_floor(c.spec) if est.parallel is not None else cheap
+        assert cheap <= refined <= true, c.changes
         if est.device_bytes <= ev.limit_bytes:
             rows.append((true, -c.spec.micro_batch_size, c.index, c, est))
     rows.sort(key=lambda r: r[:3])

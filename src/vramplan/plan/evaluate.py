@@ -160,26 +160,29 @@ class Evaluator:
         return step_time(self.counts, spec, self.gpu, mfu=self.mfu,
                          trainable_params=self.trainable_params(spec), communication=comm)
 
-    def step_time_bound(self, spec: JobSpec, reports_comm: bool, family: tuple | None = None) -> float:
+    def step_time_bound(self, spec: JobSpec, reports_comm: bool) -> float:
         """A lower bound on step_time(spec, estimate) known before estimating: the whole
-        model when the estimator reports no communication; else the step time with each
-        collective at its least volume over the pipeline stages (parallel/plan.py
-        communication_floor: every term of step_time is then at most the estimate's, and
-        they are summed in the same order), or everything but comm/ where no floor holds.
-        `family`: a key equal for layouts alike but for batch, sequence and checkpointing
-        (see communication_floor)."""
+        model when the estimator reports no communication, else everything but comm/."""
         if self.counts is None:
             return 0.0
-        trainable = self.trainable_params(spec)
-        if reports_comm:
-            floor = self.communication_floor(spec, family)
-            if floor is not None:
-                return step_time(self.counts, spec, self.gpu, mfu=self.mfu, trainable_params=trainable,
-                                 communication=floor).total_s
-        st = step_time(self.counts, spec, self.gpu, mfu=self.mfu, trainable_params=trainable)
+        st = step_time(self.counts, spec, self.gpu, mfu=self.mfu,
+                       trainable_params=self.trainable_params(spec))
         if not reports_comm:
             return st.total_s
         return sum(v for k, v in st.terms.items() if not k.startswith("comm/"))
+
+    def step_time_floor(self, spec: JobSpec, family: tuple | None = None) -> float:
+        """A tighter lower bound than step_time_bound(spec, True), also known before
+        estimating: the step time with each collective at its least volume over the pipeline
+        stages (parallel/plan.py communication_floor; every term of step_time is then at most
+        the estimate's, and they are summed in the same order); step_time_bound where no
+        floor holds. `family`: a key equal for layouts alike but for batch, sequence and
+        checkpointing (see communication_floor)."""
+        floor = self.communication_floor(spec, family) if self.counts is not None else None
+        if floor is None:
+            return self.step_time_bound(spec, True)
+        return step_time(self.counts, spec, self.gpu, mfu=self.mfu, trainable_params=self.trainable_params(spec),
+                         communication=floor).total_s
 
     def communication_floor(self, spec: JobSpec, family: tuple | None = None) -> dict | None:
         """parallel/plan.py communication_floor for a single-model job (None otherwise, or

@@ -13,13 +13,15 @@ without approximating:
      (micro-batch, checkpointing, loss, attention, sequence), so one estimate per family of
      layouts alike in everything else gives a floor that can rule the whole family out;
   4. layouts are visited in order of a step-time lower bound known before estimating (the
-     whole step-time model, or all but its communication when the estimator reports its own),
-     and the walk stops once k fitting layouts beat the next bound.
+     whole step-time model, or all but its communication when the estimator reports its own,
+     refined, for the layouts the walk reaches, with each collective at its least volume
+     over the pipeline stages), and the walk stops once k fitting layouts beat the next bound.
 Multi-model jobs (DPO reference, teacher, diffusion parts) are estimated by the job
 estimator; their step time counts the trained model's FLOPs only.
 """
 from __future__ import annotations
 
+import heapq
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -190,23 +192,31 @@ def fit(spec: JobSpec, gpu=None, *, axes: dict | None = None, top_k: int = 5,
     cands = list(enumerate_candidates(spec, ev.desc, space, max_micro_batch=max_micro_batch))
     groups = _Groups(ev)
     base_key = memory_key(spec)
-    order = []
+    heap = []
     for c in cands:
         groups.add(c)
-        # the family key: this search's spec and the axes no activation depends on
-        family = (base_key, groups.family(c))
-        order.append((ev.step_time_bound(c.spec, reports_comm, family), -c.spec.micro_batch_size, c.index, c))
-    order.sort(key=lambda t: t[:3])
+        heap.append((ev.step_time_bound(c.spec, reports_comm), -c.spec.micro_batch_size, c.index, False, c))
+    heapq.heapify(heap)
+    total = len(heap)
     found: list[tuple[float, int, int, Candidate]] = []
     settled, checked, interrupted = 0, 0, False
     try:
-        for bound, neg_mb, index, c in order:
+        while heap:
+            bound, neg_mb, index, refined, c = heapq.heappop(heap)
             if len(found) >= top_k and bound > found[top_k - 1][0]:
-                settled = len(order)          # every later bound is larger still
+                settled = total               # every later bound is larger still
                 break
+            if reports_comm and not refined:
+                # the bound with each collective at its least volume, computed only for the
+                # layouts the walk reaches; it is no less than the first, so the heap still
+                # hands out layouts in order of a lower bound (the family key: this search's
+                # spec and the axes no activation depends on)
+                floor = ev.step_time_floor(c.spec, (base_key, groups.family(c)))
+                heapq.heappush(heap, (floor, neg_mb, index, True, c))
+                continue
             settled += 1
             if progress and settled % progress_every == 0:
-                progress(settled, len(order), len(found))
+                progress(settled, total, len(found))
             checked += 1
             if not groups.fits(c):
                 continue
@@ -214,12 +224,12 @@ def fit(spec: JobSpec, gpu=None, *, axes: dict | None = None, top_k: int = 5,
             found.append((true, neg_mb, index, c))
             found.sort(key=lambda t: t[:3])
         else:
-            settled = len(order)
+            settled = total
     except KeyboardInterrupt:
         interrupted = True
     results = [_result(ev, c, True) for _, _, _, c in found[:top_k]]
     _explain(results, ev)
-    report = FitReport(candidates_evaluated=settled, candidates_total=len(order),
+    report = FitReport(candidates_evaluated=settled, candidates_total=total,
                        estimates_computed=ev.calls - calls_before,
                        elapsed_s=0.0, limit_bytes=ev.limit_bytes, results=results,
                        headroom_bytes=ev.headroom_bytes,
