@@ -145,6 +145,13 @@ class _Groups:
                 self.largest_fit[key] = self._resolve(ordered)
         return c.spec.micro_batch_size <= self.largest_fit[key]
 
+    def known(self, c: Candidate) -> bool:
+        """Whether `fits(c)` is settled without another estimate."""
+        if self.key(c) in self.largest_fit:
+            return True
+        floor = self.static_floor.get(self.family(c))
+        return floor is not None and floor > self.ev.limit_bytes
+
     def _family_too_big(self, c: Candidate) -> bool:
         """Whether memory that no activation axis changes already exceeds the limit."""
         fam = self.family(c)
@@ -206,11 +213,12 @@ def fit(spec: JobSpec, gpu=None, *, axes: dict | None = None, top_k: int = 5,
             if len(found) >= top_k and bound > found[top_k - 1][0]:
                 settled = total               # every later bound is larger still
                 break
-            if reports_comm and not refined:
+            if reports_comm and not refined and not groups.known(c):
                 # the bound with each collective at its least volume, computed only for the
-                # layouts the walk reaches; it is no less than the first, so the heap still
-                # hands out layouts in order of a lower bound (the family key: this search's
-                # spec and the axes no activation depends on)
+                # layouts the walk reaches whose memory needs an estimate (any order of the
+                # others gives the same answers); it is no less than the first, so the heap
+                # still hands out layouts in order of a lower bound (the family key: this
+                # search's spec and the axes no activation depends on)
                 floor = ev.step_time_floor(c.spec, (base_key, groups.family(c)))
                 heapq.heappush(heap, (floor, neg_mb, index, True, c))
                 continue
