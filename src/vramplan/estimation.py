@@ -46,9 +46,15 @@ def estimate(spec: JobSpec) -> Estimate:
     return est
 
 
-def estimate_model(desc: ModelDesc, spec: JobSpec, gpu=None) -> Estimate:
+def model_spec(desc: ModelDesc, spec: JobSpec) -> JobSpec:
+    """The spec as the estimate of `desc` reads it: the checkpoint's quantization and load
+    dtype filled in (what estimate_model estimates)."""
     spec = input_dtype_compute(resolve_quantization(spec, desc.checkpoint_quantization, desc.checkpoint_dtype))
-    spec = resolve_load_dtype(spec, desc.checkpoint_dtype)
+    return resolve_load_dtype(spec, desc.checkpoint_dtype)
+
+
+def estimate_model(desc: ModelDesc, spec: JobSpec, gpu=None) -> Estimate:
+    spec = model_spec(desc, spec)
     from vramplan.validity import check_job
     checked = check_job(desc, spec)  # SpecError for a job the libraries refuse
     params = param_set(desc, spec)

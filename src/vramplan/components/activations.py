@@ -15,10 +15,8 @@ from vramplan.breakdown import Breakdown
 from vramplan.components.arch import Ctx, local_window, norm
 from vramplan.components.chunked_loss import chunked_loss_terms
 from vramplan.components.megatron_loss import megatron_ce_terms
-from vramplan.components.arch_gpt2_bert import OTHER_MODEL_TYPES, layer_fn, layer_prefix, other_embed, other_head
+from vramplan.components.arch_gpt2_bert import family_forward, is_other, layer_fn, layer_prefix, other_embed, other_head
 from vramplan.components.dtypes import dtypes_of
-from vramplan.families import FAMILY_OF
-from vramplan.families import forward as family_forward
 from vramplan.components.graph import Param, Recorder, Storage, Sym
 from vramplan.components.layer_backward import layer_backward
 from vramplan.components.memo import cached_plan, spec_key
@@ -294,9 +292,8 @@ def _layer(ctx: Ctx, spec: JobSpec, i: int, x: Sym, b: int, s: int, seen: set[in
 def _family_backward_peak(desc: ModelDesc, spec: JobSpec, params: ParamSet, i: int, stage: Stage) -> None:
     """A family whose layer peaks in backward elsewhere than in its MLP (Jamba's Mamba scan)
     names that moment: its temporaries and the saved tensors released before it."""
-    if desc.model_type not in FAMILY_OF:
-        return
-    hook = getattr(family_forward(desc.model_type), "backward_peak", None)
+    forward = family_forward(desc)
+    hook = getattr(forward, "backward_peak", None) if forward is not None else None
     peak = hook(desc, spec, params, i, stage.recompute or stage.saved) if hook else None
     if peak is not None:
         stage.backward_transient, stage.freed_before_peak = peak
@@ -311,7 +308,7 @@ def _shared_rotary(ctx: Ctx, stages: list[Stage]) -> None:
 
 def _embed(rec: Recorder, ctx: Ctx, ids: Sym) -> Sym:
     desc = ctx.desc
-    if desc.model_type in OTHER_MODEL_TYPES:
+    if is_other(desc):
         return other_embed(rec, ctx, ids)
     x = rec.embedding(ids, ctx.p("model.embed_tokens.weight"), "embed/tokens")
     if desc.embed_scale:
@@ -322,7 +319,7 @@ def _embed(rec: Recorder, ctx: Ctx, ids: Sym) -> Sym:
 
 def _head(rec: Recorder, ctx: Ctx, x: Sym) -> Sym:
     desc = ctx.desc
-    if desc.model_type in OTHER_MODEL_TYPES:
+    if is_other(desc):
         return other_head(rec, ctx, x)
     h = norm(rec, ctx, x, "model.norm", "final_norm")
     head = (ctx.params.get("lm_head.weight") or ctx.params.get("score.weight")

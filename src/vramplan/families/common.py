@@ -6,6 +6,7 @@ Shapes: nn.Linear(in, out).weight is (out, in).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
+from types import ModuleType
 from typing import Any
 
 from vramplan.catalog.hf_extended import ExtendedDesc
@@ -22,6 +23,15 @@ class FamilyDesc(ExtendedDesc):
     buffer_bytes: int = 0
     """Registered buffers that are not parameters and live on the device with the model
     (GPTBigCodeModel's (n_positions, n_positions) bool causal-mask table)."""
+
+    @property
+    def family_forward(self) -> ModuleType | None:
+        """The family's forward.py (LAYER_PREFIX, layer, embed, head, optionally
+        backward_peak), which components/ records the model through
+        (components/arch_gpt2_bert.py family_forward): the description brings its forward,
+        so components/ never imports a family. None without a folder for the model type."""
+        from vramplan.families import FAMILY_OF, forward
+        return forward(self.model_type) if self.model_type in FAMILY_OF else None
 
 
 class Cfg:

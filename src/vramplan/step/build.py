@@ -99,16 +99,18 @@ def build_step(desc: ModelDesc, spec: JobSpec, params: ParamSet, acts: Activatio
             # OffloadActivations leaves there (components/offloading.py)
             keep = acts.head_linear_saved if i == n - 1 else ()
             stage_acts[-1] = _stage_breakdown(device_resident(st.saved, keep), group)
-        t = Breakdown()
-        if st.recompute:
-            rkey = (id(st.recompute), "recompute", st.freed_before_peak)
-            if rkey not in built:
-                built[rkey] = (_stage_breakdown([x for x in st.recompute if x[0] not in st.freed_before_peak],
-                                                "activations/recomputed_layer"), Breakdown())
-            t.merge(built[rkey][0])
         if st.label.startswith("layer"):
-            t.merge(acts.layer_backward_transient if st.backward_transient is None else st.backward_transient)
-        elif i == n - 1:
+            # a layer's transients: one template per signature, a copy per layer (callers
+            # add to each layer's own)
+            tkey = (id(st.recompute) if st.recompute else None, "transient", st.freed_before_peak,
+                    id(st.backward_transient))
+            if tkey not in built:
+                built[tkey] = (_transient(acts, st), Breakdown())
+            transients.append(Breakdown(dict(built[tkey][0].terms)))
+            labels.append(f"{st.label} backward")
+            continue
+        t = _transient(acts, st)
+        if i == n - 1:
             t.merge(acts.head_backward_transient)
         elif i == 0:
             t.merge(tied_embedding_grad_temp(desc, spec, params))
@@ -153,6 +155,16 @@ def _kept_output(static: Breakdown, fwd_end: Breakdown, acts: ActivationPlan) ->
         fwd_end = (Breakdown(dict(fwd_end.terms)).add("activations/kept_input_leaf", acts.input_leaf_bytes)
                    .add("gradients/kept_input_leaf", acts.input_leaf_bytes))
     return static, fwd_end
+def _transient(acts: ActivationPlan, st) -> Breakdown:
+    """A stage's backward transients from its saved list: what checkpointing recomputes,
+    then (a layer's) the backward's own temporaries."""
+    t = Breakdown()
+    if st.recompute:
+        t.merge(_stage_breakdown([x for x in st.recompute if x[0] not in st.freed_before_peak],
+                                 "activations/recomputed_layer"))
+    if st.label.startswith("layer"):
+        t.merge(acts.layer_backward_transient if st.backward_transient is None else st.backward_transient)
+    return t
 
 
 def _in_backward(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> list[Breakdown] | None:
