@@ -49,6 +49,9 @@ CASES = [
      "job": _job(TINY_LLAMA, {"fsdp": "full-shard", "fsdp_version": 2, "tp": 2, "sp": True})},
     {"name": "tiny-llama/b2s128/fp32/adamw-forloop/hsdp-2x2", "world": 4,
      "job": _job(TINY_LLAMA, {"fsdp": "hybrid-shard", "fsdp_version": 2, "extras": {"shard_group_size": 2}})},
+    {"name": "tiny-llama-v32k/b1s256/fp32/adamw-forloop/hsdp-2x4", "world": 8,
+     "job": _job({**TINY_LLAMA, "vocab_size": 32000},
+                 {"fsdp": "hybrid-shard", "fsdp_version": 2, "extras": {"shard_group_size": 4}}, b=1, s=256)},
 ]
 
 

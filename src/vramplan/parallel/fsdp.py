@@ -74,7 +74,10 @@ def fsdp_buffers(lay: Layout, out: StepPlan, unit: dict, root: list, layers: ran
         # The layer's unsharded gradients so far (unsharded_param.grad); its sharded
         # gradient appears only at its post-backward (see engines.fsdp_backward_stage).
         t.add("fsdp/unsharded_grads", grads_at_peak[first + j].total())
-        compute = t.total() + (out.stage_acts_at_peak or out.stage_acts)[first + j].total()
+        # (other micro-batches in flight on a pipeline stage stay alive past the layer's
+        # compute peak: not part of what its post-backward frees)
+        compute = (t.total() - t.terms.get("activations/pipeline_in_flight", 0)
+                   + (out.stage_acts_at_peak or out.stage_acts)[first + j].total())
         t.merge(engines.fsdp_backward_stage(sizes[i], sizes.get(i - 1, 0), gsizes.get(i + 1, 0), gsizes[i],
                                             wb, gb, compute, prefetch=not keep_all, version=lay.fsdp_version,
                                             gloo=_gloo(lay), shards=n))
