@@ -213,8 +213,9 @@ def _engine_buffers(desc, spec, lay: Layout, sets: RankSets, out: StepPlan, stag
         if lay.fsdp_version == 1 and "temporaries/optimizer/forloop_denom" in out.optimizer_temporaries.terms:
             # AdamW's per-parameter loop steps FSDP1's uneven pieces (fsdp.fsdp1_largest_piece)
             piece = fsdp1_largest_piece(unit, root, n)
-            denom = step_temporaries(spec, ParamSet((piece,), ())).terms.get("temporaries/optimizer/forloop_denom", 0)
-            out.optimizer_temporaries.terms["temporaries/optimizer/forloop_denom"] = denom
+            if piece is not None:
+                denom = step_temporaries(spec, ParamSet((piece,), ())).terms.get("temporaries/optimizer/forloop_denom", 0)
+                out.optimizer_temporaries.terms["temporaries/optimizer/forloop_denom"] = denom
     if lay.cp > 1:
         kv = 4 * nbytes(spec.micro_batch_size * (spec.seq_len // lay.seq_shards) * desc.num_kv_heads * desc.head_dim,
                         dtypes_of(spec).compute)
