@@ -21,7 +21,7 @@ def bench_job(name: str) -> dict:
 
 
 @needs_diffusers
-@pytest.mark.parametrize("case", ["cogvideox-lora/fp32", "sd-lora/fp32"])
+@pytest.mark.parametrize("case", ["cogvideox-lora/fp32", "sd-lora/fp32", "sdxl-lora/fp32"])
 def test_pipeline_counts_match_the_real_classes_on_meta(case):
     from vramplan.measure.diffusion import count_params
     from vramplan.measure.diffusers_models import count_frozen
@@ -83,3 +83,14 @@ def test_a_small_script_step_measured_fresh_matches_the_estimate():
     assert abs(e.peak_allocated_bytes / m["peak_allocated_bytes"] - 1) < 0.02
     for kind, value in m["phases"].items():
         assert abs(e.phases[kind] / value - 1) < 0.05, kind
+
+
+def test_sdxl_script_keeps_its_vae_in_fp32_and_concatenates_both_text_states():
+    job = bench_job("sdxl-lora/bf16")
+    sdxl = vramplan.estimate(job)
+    pipe = job["model"]
+    assert sdxl.components.terms["vae/weights/frozen"] == 4 * pipe["vae"]["num_params"]
+    width = sum(e["d_model"] for e in pipe["text_encoders"])
+    assert sdxl.components.terms["batch/text_embeddings"] == 2 * job["micro_batch_size"] * 77 * width
+    plain = vramplan.estimate({**job, "stack": "plain"})  # no script: the VAE in the weight dtype
+    assert plain.components.terms["vae/weights/frozen"] == 2 * pipe["vae"]["num_params"]
