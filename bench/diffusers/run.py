@@ -68,6 +68,10 @@ SDXL = {
                       {"role": "clip_g", "class": "CLIPTextModelWithProjection", "d_model": 64, "num_layers": 2,
                        "num_heads": 4, "d_ff": 128, "max_tokens": 77, "vocab_size": 1000, "projection_dim": 64,
                        "num_params": 140096}]}
+# The same SD pipeline with a ControlNet (ControlNetModel.from_unet: conditioning embedding
+# 16/32/96/256, 962,864 parameters) for examples/controlnet/train_controlnet.py.
+SD_CONTROLNET = {**SD, "name": "tiny-sd-controlnet",
+                 "controlnet": {"conditioning_embedding_out_channels": [16, 32, 96, 256], "num_params": 962864}}
 BASE = {"task": "diffusion", "stack": "diffusers-scripts", "method": "lora", "lora": {"r": 8},
         "micro_batch_size": 2, "optimizer": "adamw", "optimizer_impl": "foreach", "backend": "cpu"}
 VIDEO = {"height": 128, "width": 128, "num_frames": 9}
@@ -84,6 +88,10 @@ def cases() -> dict[str, dict]:
     for prec in ("fp32", "bf16"):
         out[f"sd-lora/{prec}"] = {**BASE, "model": SD, "precision": prec,
                                   "diffusion": {"height": 256, "width": 256, "num_frames": 1}}
+    for prec in ("fp32", "bf16"):
+        out[f"sd-controlnet/{prec}"] = {**{k: v for k, v in BASE.items() if k != "lora"}, "method": "full",
+                                        "model": SD_CONTROLNET, "precision": prec,
+                                        "diffusion": {"height": 256, "width": 256, "num_frames": 1, "controlnet": True}}
     for prec in ("fp32", "bf16"):
         out[f"sdxl-lora/{prec}"] = {**BASE, "model": SDXL, "precision": prec,
                                     "diffusion": {"height": 256, "width": 256, "num_frames": 1}}

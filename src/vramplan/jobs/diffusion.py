@@ -139,6 +139,9 @@ def diffusion_estimate(pipe: dict, spec: JobSpec, gpu=None):
     if cfg.prior_preservation:  # train_dreambooth*.py: torch.cat([instance, class]) in every batch
         b *= 2
     shape = latent_shape(pipe, b, cfg.height, cfg.width, cfg.num_frames)
+    if cfg.controlnet:
+        from vramplan.jobs.diffusion_controlnet import controlnet_estimate
+        return controlnet_estimate(pipe, spec, shape, gpu)
     tokens = denoiser_tokens(pipe, cfg.height, cfg.width, cfg.num_frames)
     n, m = tokens["image"], tokens["text"]
     params = denoiser_params(pipe, spec)

@@ -92,7 +92,7 @@ def frozen_modules(pipe, spec, step, b, c, w, notes, tokens: int) -> dict[str, i
         # the diffusers scripts' dataloader yields fp32 pixels (torchvision ToTensor/Normalize),
         # cast to weight_dtype only for the encode (`pixel_values.to(dtype=weight_dtype)`)
         pixels = b * 3 * cfg.num_frames * cfg.height * cfg.width
-        step.plan.static.add("batch/pixels", nbytes(pixels, "fp32" if scripts_stack(spec) else w))
+        step.plan.static.add("batch/pixels", nbytes(pixels, "fp32" if scripts_stack(spec) or cfg.controlnet else w))
     if cfg.frozen_copy:
         copy = frozen_block_forward(pipe, b, tokens, c)
         modules.append(("frozen_denoiser", pipe["denoiser"]["num_params"], copy, "after"))

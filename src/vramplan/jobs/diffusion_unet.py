@@ -37,7 +37,8 @@ def unet_lora_params(den: dict, spec: JobSpec) -> tuple[HeldParam, ...]:
                  for i, (ch, n) in enumerate(blocks))
 
 
-def unet_stages(pipe: dict, spec: JobSpec, b: int, lat_h: int, lat_w: int, m: int) -> list[Breakdown]:
+def unet_stages(pipe: dict, spec: JobSpec, b: int, lat_h: int, lat_w: int, m: int,
+                frozen_up: bool = False) -> list[Breakdown]:
     """One stage per resolution level: the down path, the mid block, the up path, the output
     convolution (diffusers UNet2DConditionModel). A ResnetBlock2D saves 3 tensors of its input
     width (norm1's input, SiLU's, conv1's) and 3 of its output width; a down level's
@@ -45,7 +46,10 @@ def unet_stages(pipe: dict, spec: JobSpec, b: int, lat_h: int, lat_w: int, m: in
     lower level's or this level's channels plus the skip's: `res_skip_channels` of the next
     level for the last resnet), and its Upsample2D conv saves the 2x-interpolated tensor;
     up levels run layers_per_block + 1 resnets and use reversed block_out_channels and
-    transformer_layers_per_block; UNetMidBlock2DCrossAttn is resnet, attention, resnet."""
+    transformer_layers_per_block; UNetMidBlock2DCrossAttn is resnet, attention, resnet.
+    `frozen_up`: a frozen UNet whose hidden state requires grad from the up path on (a
+    ControlNet's residuals are added to its skips and mid output): the down path and mid
+    block save nothing, the up path saves what a LoRA UNet saves without its adapters."""
     den = pipe["denoiser"]
     c = spec.precision.compute_dtype
     lpb, boc = den["layers_per_block"], den["block_out_channels"]
@@ -57,7 +61,7 @@ def unet_stages(pipe: dict, spec: JobSpec, b: int, lat_h: int, lat_w: int, m: in
     grad = [False]  # with LoRA: does the hidden state require grad yet (after the first adapter)?
 
     def level(name, ch, hw, res_in, n_attn, width, extra=0, level_heads=8):
-        if lora:
+        if lora or frozen_up:
             return _lora_level(name, ch, hw, res_in, n_attn, width, extra, level_heads)
         attn = unet_level_saved(ch, hw, b, 0, n_attn, m, ctx_dim, heads, width)["attentions"] if n_attn else 0
         resn = sum(3 * b * hw * (cin + ch) for cin in res_in)
@@ -83,8 +87,9 @@ def unet_stages(pipe: dict, spec: JobSpec, b: int, lat_h: int, lat_w: int, m: in
                 attn += (1 + conv) * bc if grad[0] else 0
                 for _ in range(width):
                     attn += unet_lora_block_saved(ch, hw, b, m, lora, grad[0])
-                    stats += 2 * b * level_heads * hw + 2 * (3 if grad[0] else 2) * b * hw
-                    grad[0] = True
+                    if lora or grad[0]:
+                        stats += 2 * b * level_heads * hw + 2 * (3 if grad[0] else 2) * b * hw
+                    grad[0] = grad[0] or bool(lora)
                 attn += conv * bc
         return (Breakdown().add(f"denoiser/activations/{name}/resnets", nbytes(resn, c))
                 .add(f"denoiser/activations/{name}/attentions", nbytes(attn, c))
@@ -101,6 +106,7 @@ def unet_stages(pipe: dict, spec: JobSpec, b: int, lat_h: int, lat_w: int, m: in
     mid_attn = 0 if den.get("mid_block_type") == "UNetMidBlock2D" else 1
     out.append(level("mid", boc[-1], hw0 // 4 ** last, [boc[-1]] * 2, mid_attn, tl[-1], 0, nh[-1]))
     rev, rtl = boc[::-1], tl[::-1]
+    grad[0] = grad[0] or frozen_up
     for j, kind in enumerate(den["up_block_types"]):
         ch, hw = rev[j], hw0 // 4 ** (last - j)
         res_in = []
@@ -117,7 +123,8 @@ def unet_stages(pipe: dict, spec: JobSpec, b: int, lat_h: int, lat_w: int, m: in
     return out
 
 
-def unet_lora_transients(pipe: dict, spec: JobSpec, b: int, lat_h: int, lat_w: int) -> tuple[Breakdown, Breakdown]:
+def unet_lora_transients(pipe: dict, spec: JobSpec, b: int, lat_h: int, lat_w: int,
+                         frozen_up: bool = False) -> tuple[Breakdown, Breakdown]:
     """(forward, backward) working sets of the last up level above what it and the levels
     before it saved, with LoRA (measured with the exact CPU meter on tiny SD and SDXL UNets).
     Forward: the skip connections that level reads and that were made before the first
@@ -134,11 +141,13 @@ def unet_lora_transients(pipe: dict, spec: JobSpec, b: int, lat_h: int, lat_w: i
     the gradients of the level's output and of the transformer's output that its residuals
     still hold (c each)."""
     den, c = pipe["denoiser"], spec.precision.compute_dtype
-    if spec.method is Method.FULL:
+    if spec.method is Method.FULL and not frozen_up:
         return Breakdown(), Breakdown()
     boc, lpb = den["block_out_channels"], den["layers_per_block"]
     bc = b * boc[0] * lat_h * lat_w
     skips = 1 + (0 if den["down_block_types"][0].startswith("CrossAttn") else lpb)
+    if frozen_up:  # every skip is `down_block_res_sample + residual`, which nothing saves
+        skips = lpb + 1
     fwd = (Breakdown().add("denoiser/forward/skips_without_grad", nbytes(skips * bc, c))
            .add("denoiser/forward/level_input", nbytes(b * boc[min(1, len(boc) - 1)] * lat_h * lat_w, c)))
     if not den["up_block_types"][-1].startswith("CrossAttn"):
@@ -155,8 +164,8 @@ def unet_lora_acts_at_peak(pipe: dict, spec: JobSpec, stages: list[Breakdown], b
     after the Transformer2DModel's proj_out backward, so a conv proj_out's saved input
     (c x hw) is gone. None: all of them (the default)."""
     den, c = pipe["denoiser"], spec.precision.compute_dtype
-    if (spec.method is Method.FULL or not den["up_block_types"][-1].startswith("CrossAttn")
-            or den.get("use_linear_projection")):
+    if (not den["up_block_types"][-1].startswith("CrossAttn") or den.get("use_linear_projection")
+            or spec.method is Method.FULL and not spec.diffusion.controlnet):
         return None
     at_peak = list(stages)
     last = Breakdown(terms=dict(stages[-2].terms))

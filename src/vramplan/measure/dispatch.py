@@ -95,6 +95,10 @@ def measure_cpu(job: Any, trace: bool = False, steps: int = 2) -> MeasureResult:
         result = run_cpu(job, trace=trace, steps=steps)
         result.runner = loop_runner()
         return result
+    if job["task"] == "diffusion" and (job.get("diffusion") or {}).get("controlnet"):
+        from .diffusers_controlnet import measure_controlnet_step
+
+        return measure_controlnet_step(job, trace=trace, steps=steps)
     if job["task"] == "diffusion" and _diffusers_script(job):
         from .diffusers_step import measure_diffusers_step
 
