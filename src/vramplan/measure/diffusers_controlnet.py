@@ -60,6 +60,8 @@ def measure_controlnet_step(job, steps: int = 2, trace: bool = False) -> Measure
     from accelerate import Accelerator
     job = dict(job.to_dict() if hasattr(job, "to_dict") else job)
     pipe, diffusion = job["model"], dict(job.get("diffusion") or {})
+    if job.get("method", "full") != "full":
+        raise ValueError("method: train_controlnet.py trains the whole ControlNet (full)")
     word = norm_precision(job.get("precision", "fp32")).split("-")[-1]
     if word not in WEIGHT_DTYPES:
         raise ValueError("precision: the ControlNet script takes fp32, bf16 or fp16 (--mixed_precision)")
