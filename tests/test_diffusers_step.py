@@ -130,3 +130,16 @@ def test_controlnet_trains_in_fp32_with_its_gradients_kept_and_autocast_copies()
     assert bf16.trainable_params == n
     peak = max(bf16.events, key=lambda e: e.total)
     assert peak.live.terms["controlnet/activations/autocast_weight_casts"] == 2 * n
+
+
+@needs_diffusers
+def test_a_small_controlnet_step_measured_fresh_matches_the_estimate():
+    from conftest import measure_fresh
+    job = bench_job("sd-controlnet/bf16")
+    job["diffusion"].update(height=128, width=128)  # the committed rows are 256 x 256
+    m = measure_fresh(job)
+    assert m["runner"]["entry"].endswith("train_controlnet.py")
+    e = vramplan.estimate(job)
+    assert abs(e.peak_allocated_bytes / m["peak_allocated_bytes"] - 1) < 0.02
+    for kind, value in m["phases"].items():
+        assert abs(e.phases[kind] / value - 1) < 0.05, kind
