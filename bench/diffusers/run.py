@@ -6,8 +6,9 @@ the exact meter and estimated with `stack: diffusers-scripts`.
 Each case runs in a fresh process through `vramplan.measure.measure` (which picks the
 diffusers runner for these jobs; the result names it: `runner.library == "diffusers"`), two
 training steps on tiny random-init pipelines built from the real classes (diffusers 0.42.1
-CogVideoXTransformer3DModel, AutoencoderKLCogVideoX, UNet2DConditionModel, AutoencoderKL;
-transformers T5EncoderModel, CLIPTextModel; PEFT LoRA; accelerate). Results go to
+CogVideoXTransformer3DModel, AutoencoderKLCogVideoX, UNet2DConditionModel, AutoencoderKL,
+ControlNetModel; transformers T5EncoderModel, CLIPTextModel, CLIPTextModelWithProjection; PEFT
+LoRA; accelerate): the LoRA scripts (CogVideoX, SD, SDXL) and train_controlnet.py. Results go to
 results.json and are printed as a table: the peak and each phase (forward, backward,
 optimizer) against the estimate.
 """
