@@ -21,7 +21,7 @@ def bench_job(name: str) -> dict:
 
 
 @needs_diffusers
-@pytest.mark.parametrize("case", ["cogvideox-lora/fp32", "sd-lora/fp32"])
+@pytest.mark.parametrize("case", ["cogvideox-lora/fp32", "sd-lora/fp32", "sdxl-lora/fp32"])
 def test_pipeline_counts_match_the_real_classes_on_meta(case):
     from vramplan.measure.diffusion import count_params
     from vramplan.measure.diffusers_models import count_frozen
@@ -79,6 +79,66 @@ def test_a_small_script_step_measured_fresh_matches_the_estimate():
     job["diffusion"].update(height=64, width=64)
     m = measure_fresh(job)
     assert m["runner"]["library"] == "diffusers" and m["runner"]["entry"].endswith("train_cogvideox_lora.py")
+    e = vramplan.estimate(job)
+    assert abs(e.peak_allocated_bytes / m["peak_allocated_bytes"] - 1) < 0.02
+    for kind, value in m["phases"].items():
+        assert abs(e.phases[kind] / value - 1) < 0.05, kind
+
+
+def test_sdxl_script_keeps_its_vae_in_fp32_and_concatenates_both_text_states():
+    job = bench_job("sdxl-lora/bf16")
+    sdxl = vramplan.estimate(job)
+    pipe = job["model"]
+    assert sdxl.components.terms["vae/weights/frozen"] == 4 * pipe["vae"]["num_params"]
+    width = sum(e["d_model"] for e in pipe["text_encoders"])
+    assert sdxl.components.terms["batch/text_embeddings"] == 2 * job["micro_batch_size"] * 77 * width
+    plain = vramplan.estimate({**job, "stack": "plain"})  # no script: the VAE in the weight dtype
+    assert plain.components.terms["vae/weights/frozen"] == 2 * pipe["vae"]["num_params"]
+
+
+@needs_diffusers
+@pytest.mark.parametrize("source", ["bench", "catalog"])
+def test_controlnet_count_is_from_unet_on_meta(source):
+    import torch
+    from diffusers import ControlNetModel
+    from vramplan.catalog.pipelines import find_pipeline
+    from vramplan.measure.diffusion import build_denoiser
+    pipe = bench_job("sd-controlnet/fp32")["model"] if source == "bench" else find_pipeline("stable-diffusion-v1-5")
+    widths = tuple(pipe["controlnet"]["conditioning_embedding_out_channels"])
+    with torch.device("meta"):
+        unet = build_denoiser(pipe, {}, torch.float32)
+        net = ControlNetModel.from_unet(unet, conditioning_embedding_out_channels=widths)
+    assert sum(p.numel() for p in net.parameters()) == pipe["controlnet"]["num_params"]
+
+
+@pytest.mark.parametrize("change,field", [
+    ({"model": "flux.1-dev"}, "diffusion.controlnet"),
+    ({"method": "lora", "lora": {"r": 8}}, "method"),
+    ({"model": {**bench_job("sd-controlnet/fp32")["model"], "controlnet": {}}}, "model.controlnet.num_params")])
+def test_controlnet_jobs_that_cannot_run_name_their_field(change, field):
+    from vramplan.spec import SpecError
+    with pytest.raises(SpecError) as err:
+        vramplan.estimate({**bench_job("sd-controlnet/fp32"), **change})
+    assert err.value.field == field
+
+
+def test_controlnet_trains_in_fp32_with_its_gradients_kept_and_autocast_copies():
+    bf16 = vramplan.estimate(bench_job("sd-controlnet/bf16"))
+    n = bench_job("sd-controlnet/bf16")["model"]["controlnet"]["num_params"]
+    terms = bf16.components.terms
+    assert terms["controlnet/weights/trainable"] == terms["controlnet/gradients"] == 4 * n
+    assert bf16.trainable_params == n
+    peak = max(bf16.events, key=lambda e: e.total)
+    assert peak.live.terms["controlnet/activations/autocast_weight_casts"] == 2 * n
+
+
+@needs_diffusers
+def test_a_small_controlnet_step_measured_fresh_matches_the_estimate():
+    from conftest import measure_fresh
+    job = bench_job("sd-controlnet/bf16")
+    job["diffusion"].update(height=128, width=128)  # the committed rows are 256 x 256
+    m = measure_fresh(job)
+    assert m["runner"]["entry"].endswith("train_controlnet.py")
     e = vramplan.estimate(job)
     assert abs(e.peak_allocated_bytes / m["peak_allocated_bytes"] - 1) < 0.02
     for kind, value in m["phases"].items():

@@ -6,8 +6,9 @@ the exact meter and estimated with `stack: diffusers-scripts`.
 Each case runs in a fresh process through `vramplan.measure.measure` (which picks the
 diffusers runner for these jobs; the result names it: `runner.library == "diffusers"`), two
 training steps on tiny random-init pipelines built from the real classes (diffusers 0.42.1
-CogVideoXTransformer3DModel, AutoencoderKLCogVideoX, UNet2DConditionModel, AutoencoderKL;
-transformers T5EncoderModel, CLIPTextModel; PEFT LoRA; accelerate). Results go to
+CogVideoXTransformer3DModel, AutoencoderKLCogVideoX, UNet2DConditionModel, AutoencoderKL,
+ControlNetModel; transformers T5EncoderModel, CLIPTextModel, CLIPTextModelWithProjection; PEFT
+LoRA; accelerate): the LoRA scripts (CogVideoX, SD, SDXL) and train_controlnet.py. Results go to
 results.json and are printed as a table: the peak and each phase (forward, backward,
 optimizer) against the estimate.
 """
@@ -50,6 +51,28 @@ SD = {
             "temporal_compression": 1, "num_params": 316695},
     "text_encoders": [{"role": "clip_l", "class": "CLIPTextModel", "d_model": 32, "num_layers": 2, "num_heads": 4,
                        "d_ff": 64, "max_tokens": 77, "vocab_size": 1000, "num_params": 51616}]}
+# A tiny SDXL pipeline: SDXL's UNet layout (a plain first level, a CrossAttn level two
+# transformer layers deep, added conditioning `text_time`: CLIP-G's pooled embedding and six
+# size/crop ids), the SD VAE above, CLIPTextModel (32 wide) and CLIPTextModelWithProjection
+# (64 wide, projection 64), whose penultimate states concatenate to the UNet's 96.
+SDXL = {
+    "name": "tiny-sdxl", "kind": "unet",
+    "denoiser": {"class": "UNet2DConditionModel", "in_channels": 4, "out_channels": 4, "block_out_channels": [32, 64],
+                 "down_block_types": ["DownBlock2D", "CrossAttnDownBlock2D"],
+                 "up_block_types": ["CrossAttnUpBlock2D", "UpBlock2D"], "layers_per_block": 2,
+                 "transformer_layers_per_block": [1, 2], "attention_head_dim": [2, 4], "cross_attention_dim": 96,
+                 "norm_num_groups": 8, "addition_embed_type": "text_time", "addition_time_embed_dim": 8,
+                 "projection_class_embeddings_input_dim": 112, "use_linear_projection": True, "sample_size": 32,
+                 "num_params": 2029764},
+    "vae": SD["vae"],
+    "text_encoders": [SD["text_encoders"][0],
+                      {"role": "clip_g", "class": "CLIPTextModelWithProjection", "d_model": 64, "num_layers": 2,
+                       "num_heads": 4, "d_ff": 128, "max_tokens": 77, "vocab_size": 1000, "projection_dim": 64,
+                       "num_params": 140096}]}
+# The same SD pipeline with a ControlNet (ControlNetModel.from_unet: conditioning embedding
+# 16/32/96/256, 962,864 parameters) for examples/controlnet/train_controlnet.py.
+SD_CONTROLNET = {**SD, "name": "tiny-sd-controlnet",
+                 "controlnet": {"conditioning_embedding_out_channels": [16, 32, 96, 256], "num_params": 962864}}
 BASE = {"task": "diffusion", "stack": "diffusers-scripts", "method": "lora", "lora": {"r": 8},
         "micro_batch_size": 2, "optimizer": "adamw", "optimizer_impl": "foreach", "backend": "cpu"}
 VIDEO = {"height": 128, "width": 128, "num_frames": 9}
@@ -66,6 +89,13 @@ def cases() -> dict[str, dict]:
     for prec in ("fp32", "bf16"):
         out[f"sd-lora/{prec}"] = {**BASE, "model": SD, "precision": prec,
                                   "diffusion": {"height": 256, "width": 256, "num_frames": 1}}
+    for prec in ("fp32", "bf16"):
+        out[f"sd-controlnet/{prec}"] = {**{k: v for k, v in BASE.items() if k != "lora"}, "method": "full",
+                                        "model": SD_CONTROLNET, "precision": prec,
+                                        "diffusion": {"height": 256, "width": 256, "num_frames": 1, "controlnet": True}}
+    for prec in ("fp32", "bf16"):
+        out[f"sdxl-lora/{prec}"] = {**BASE, "model": SDXL, "precision": prec,
+                                    "diffusion": {"height": 256, "width": 256, "num_frames": 1}}
     return out
 
 

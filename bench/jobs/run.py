@@ -123,6 +123,16 @@ TINY_SDXL = {"name": "tiny-sdxl", "kind": "unet",
                           "use_linear_projection": True, "num_params": 1976516},
              "vae": {"latent_channels": 4, "spatial_compression": 8, "temporal_compression": 1, "num_params": 0},
              "text_encoders": [dict(_CLIP, max_tokens=16), dict(_CLIP, role="clip_g", max_tokens=16)]}
+# Class-conditional DiT (diffusers DiTTransformer2DModel, DiT-XL-2-256's config at 2 layers of
+# h 128: adaLN-Zero blocks with their own timestep + class-label embedding, GELU-tanh MLP, learned
+# sigma: 8 output channels); 256 px -> 32 x 32 latents / patch 2 = 256 tokens, no text.
+TINY_DIT = {"name": "tiny-dit", "kind": "dit",
+            "denoiser": {"class": "DiTTransformer2DModel", "num_layers": 2, "num_attention_heads": 4,
+                         "attention_head_dim": 32, "in_channels": 4, "out_channels": 8, "patch_size": 2,
+                         "sample_size": 32, "num_embeds_ada_norm": 1000, "norm_type": "ada_norm_zero",
+                         "activation_fn": "gelu-approximate", "qk_norm": False, "num_params": 988064},
+            "vae": {"latent_channels": 4, "spatial_compression": 8, "temporal_compression": 1, "num_params": 0},
+            "text_encoders": []}
 IMG = {"task": "diffusion", "diffusion": {"height": 256, "width": 256, "num_frames": 1, "text_encoders": "precomputed",
                                           "vae": "precomputed"}}
 WAN = {"task": "diffusion", "model": TINY_WAN, "diffusion": dict(IMG["diffusion"], num_frames=9)}
@@ -226,6 +236,10 @@ CASES = dict([
     case("diffusion/bf16/full/wan-tiny", **WAN, precision="bf16"),
     case("diffusion/fp32/full/flux-tiny/prior-preservation", **dict(IMG, diffusion=dict(IMG["diffusion"], prior_preservation=True)),
          model=TINY_FLUX, precision="fp32", micro_batch_size=1),
+    case("diffusion/fp32/full/dit-tiny", **IMG, model=TINY_DIT, precision="fp32"),
+    case("diffusion/bf16/full/dit-tiny", **IMG, model=TINY_DIT, precision="bf16"),
+    case("diffusion/fp32/full/dit-tiny/b4-384px", **dict(IMG, diffusion=dict(IMG["diffusion"], height=384, width=384)),
+         model=TINY_DIT, precision="fp32", micro_batch_size=4),
     case("grpo/bf16/full/gc/b4", **dict(GRPO, micro_batch_size=4), precision="bf16", gradient_checkpointing="full"),
 ])
 

@@ -65,7 +65,9 @@ _DIFFUSION_FLAGS = (("num_frames", int, N_("diffusion: video frames in pixel spa
                     ("prior_preservation", _flag_bool,
                      N_("diffusion: DreamBooth prior preservation (class images double the batch)")),
                     ("vae_slicing", _flag_bool, N_("diffusion: VAE encodes one sample at a time")),
-                    ("vae_tiling", _flag_bool, N_("diffusion: VAE encodes in tiles")))
+                    ("vae_tiling", _flag_bool, N_("diffusion: VAE encodes in tiles")),
+                    ("controlnet", _flag_bool,
+                     N_("diffusion: train a ControlNet beside the frozen UNet (train_controlnet.py)")))
 
 
 def _int_word(value: str):

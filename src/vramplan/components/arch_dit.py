@@ -145,6 +145,9 @@ def unet_lora_block_saved(c: int, hw: int, b: int, ctx_tokens: int, r: int, grad
     diffusers' AttnProcessor2_0 (its CPU and flash kernels write (b, hw, heads, d)), so
     to_out's LoRA A input adds nothing (measured with the exact CPU meter)."""
     bc = b * c * hw
+    if not r:  # no adapters (a frozen UNet a ControlNet feeds): saved only once the input requires
+        # grad, and the norms' outputs feed frozen linears only: not saved
+        return (4 * bc + 3 * bc + 2 * b * ctx_tokens * c + 13 * bc) if grad_in else 0
     attn1 = (1 if grad_in else 0) * bc + 5 * bc
     attn2 = 4 * bc + 2 * b * ctx_tokens * c
     ff = 13 * bc

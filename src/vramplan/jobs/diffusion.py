@@ -29,7 +29,7 @@ from vramplan.components.trainable import HeldParam, ParamSet
 from vramplan.i18n import Msg
 from vramplan.jobs.compose import Step, finish
 from vramplan.jobs.diffusion_frozen import frozen_modules
-from vramplan.jobs.diffusion_unet import unet_lora_params, unet_lora_transients, unet_stages
+from vramplan.jobs.diffusion_unet import unet_lora_acts_at_peak, unet_lora_params, unet_lora_transients, unet_stages
 from vramplan.jobs.diffusion_scripts import adapter_dtype, script_loss, scripts_stack
 from vramplan.jobs.diffusion_video import (VIDEO_CLASSES, checkpointed, checkpointed_backward_transient,
                                            checkpointed_forward_transient, first_block_grads)
@@ -143,6 +143,9 @@ def diffusion_estimate(pipe: dict, spec: JobSpec, gpu=None):
     if cfg.prior_preservation:  # train_dreambooth*.py: torch.cat([instance, class]) in every batch
         b *= 2
     shape = latent_shape(pipe, b, cfg.height, cfg.width, cfg.num_frames)
+    if cfg.controlnet:
+        from vramplan.jobs.diffusion_controlnet import controlnet_estimate
+        return controlnet_estimate(pipe, spec, shape, gpu)
     tokens = denoiser_tokens(pipe, cfg.height, cfg.width, cfg.num_frames)
     n, m = tokens["image"], tokens["text"]
     params = denoiser_params(pipe, spec)
@@ -193,7 +196,7 @@ def diffusion_estimate(pipe: dict, spec: JobSpec, gpu=None):
     if pipe["denoiser"].get("class") in BLOCK_CLASSES and spec.method is not Method.FULL:
         transient = block_transients(pipe, spec, b, n, m) + transient[-1:]
     if pipe["kind"] == "unet":
-        unet_fwd, transient[-1] = unet_lora_transients(pipe, spec, b, shape[3], shape[4])
+        unet_fwd, transient[-2] = unet_lora_transients(pipe, spec, b, shape[3], shape[4])
     if pipe["kind"] != "unet":  # the output stage (norm_out, proj_out) has no feed-forward
         transient[-1] = Breakdown().add("denoiser/backward/grad_hidden",
                                         2 * nbytes(b * (n + m) * _hidden(pipe["denoiser"]), c))
@@ -219,9 +222,11 @@ def diffusion_estimate(pipe: dict, spec: JobSpec, gpu=None):
                     stage_backward_transient=transient, optimizer_temporaries=step_temporaries(spec, params),
                     labels=[f"denoiser stage {i} backward" for i in range(len(stages))],
                     stage_grads_at_peak=first_block_grads(den, params, grads))
+    if pipe["kind"] == "unet" and unet_fwd.total():  # the last up level, before the output stage
+        plan.stage_forward_transient = [Breakdown() for _ in stages]
+        plan.stage_forward_transient[-2] = unet_fwd
+        plan.stage_acts_at_peak = unet_lora_acts_at_peak(pipe, spec, stages, b, shape[3], shape[4])
     step = Step(plan)
-    if pipe["kind"] == "unet" and unet_fwd.total():
-        step.after_forward.append(("forward", "last up level feed-forward (frozen)", unet_fwd, False))
     if pipe["kind"] == "video-dit" and den.get("class") not in BLOCK_CLASSES and spec.method is not Method.FULL:
         step.after_forward.append(("forward", "last block feed-forward (frozen)", _frozen_ff_forward(den, b, n + m, c),
                                    False))

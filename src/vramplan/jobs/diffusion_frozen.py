@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from vramplan.breakdown import Breakdown
 from vramplan.i18n import Msg
-from vramplan.jobs.diffusion_scripts import cogvideox_encode, encodes_ahead, first_channels, scripts_stack
+from vramplan.jobs.diffusion_scripts import cogvideox_encode, encodes_ahead, first_channels, scripts_stack, sdxl_script, vae_dtype
 from vramplan.spec.tasks import PRECOMPUTED
 from vramplan.units import nbytes
 
@@ -74,7 +74,12 @@ def frozen_modules(pipe, spec, step, b, c, w, notes, tokens: int) -> dict[str, i
             modules.append((f"text_encoder_{enc['role']}", enc["num_params"], text_encoder_forward(enc, b, c), "before"))
         if scripts_stack(spec):  # the step's text states stay named (prompt_embeds) to the next step
             last = pipe["text_encoders"][-1]
-            step.plan.static.add("batch/text_embeddings", nbytes(b * last["max_tokens"] * last["d_model"], w))
+            width = last["d_model"]
+            if sdxl_script(pipe, spec):  # encode_prompt: the penultimate states concatenated, CLIP-G's pooled
+                width = sum(e["d_model"] for e in pipe["text_encoders"])
+                step.plan.static.add("batch/pooled_text_embeddings",
+                                     nbytes(b * last.get("projection_dim", last["d_model"]), w))
+            step.plan.static.add("batch/text_embeddings", nbytes(b * last["max_tokens"] * width, w))
     else:
         m = sum(e["max_tokens"] * e["d_model"] for e in pipe["text_encoders"])
         step.plan.static.add("batch/text_embeddings", nbytes(b * m, w))
@@ -86,17 +91,18 @@ def frozen_modules(pipe, spec, step, b, c, w, notes, tokens: int) -> dict[str, i
                          "distributions of {count} videos kept on the device", count=b))
     elif cfg.vae != PRECOMPUTED:
         modules.append(("vae", pipe["vae"]["num_params"],
-                        vae_encode_forward(pipe, b, cfg.num_frames, cfg.height, cfg.width, c, cfg), "before"))
+                        vae_encode_forward(pipe, b, cfg.num_frames, cfg.height, cfg.width,
+                                           vae_dtype(pipe, spec) if scripts_stack(spec) else c, cfg), "before"))
         # the diffusers scripts' dataloader yields fp32 pixels (torchvision ToTensor/Normalize),
         # cast to weight_dtype only for the encode (`pixel_values.to(dtype=weight_dtype)`)
         pixels = b * 3 * cfg.num_frames * cfg.height * cfg.width
-        step.plan.static.add("batch/pixels", nbytes(pixels, "fp32" if scripts_stack(spec) else w))
+        step.plan.static.add("batch/pixels", nbytes(pixels, "fp32" if scripts_stack(spec) or cfg.controlnet else w))
     if cfg.frozen_copy:
         copy = frozen_block_forward(pipe, b, tokens, c)
         modules.append(("frozen_denoiser", pipe["denoiser"]["num_params"], copy, "after"))
     for name, count, fwd, where in modules:
         total[name] = count
-        weights = Breakdown().add("weights/frozen", nbytes(count, w))
+        weights = Breakdown().add("weights/frozen", nbytes(count, vae_dtype(pipe, spec) if name == "vae" else w))
         if name == "frozen_denoiser" and "denoiser/buffers/pos_embedding" in step.plan.static.terms:
             weights.add("buffers/pos_embedding", step.plan.static.terms["denoiser/buffers/pos_embedding"])
         event = Breakdown().merge(fwd, prefix=f"{name}/")

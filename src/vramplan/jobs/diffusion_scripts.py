@@ -39,6 +39,20 @@ def adapter_dtype(spec: JobSpec) -> str:
     return "fp32"
 
 
+def sdxl_script(pipe: dict, spec: JobSpec) -> bool:
+    """text_to_image/train_text_to_image_lora_sdxl.py: a UNet with SDXL's added conditioning
+    (`addition_embed_type: text_time`) under the scripts' stack."""
+    return scripts_stack(spec) and pipe["denoiser"].get("addition_embed_type") == "text_time"
+
+
+def vae_dtype(pipe: dict, spec: JobSpec) -> str:
+    """The VAE's dtype: the SDXL script keeps it in fp32 ("The VAE is in float32 to avoid NaN
+    losses": `vae.to(accelerator.device, dtype=torch.float32)` without
+    --pretrained_vae_model_name_or_path) and encodes the dataloader's fp32 pixels with it;
+    elsewhere the weight dtype."""
+    return "fp32" if sdxl_script(pipe, spec) else spec.precision.weight_dtype
+
+
 def first_channels(vae: dict) -> int:
     """The width of the VAE's first level: the entry's `block_out_channels[0]` (the
     diffusers config key) or `first_channels` (128 for the SD/CogVideoX VAEs)."""
@@ -104,4 +118,4 @@ def script_loss(pipe: dict, spec: JobSpec, latent_elems: int) -> tuple[Breakdown
     return named, saved
 
 
-__all__ = ["adapter_dtype", "cogvideox_encode", "encodes_ahead", "first_channels", "script_loss", "scripts_stack"]
+__all__ = ["sdxl_script", "vae_dtype", "adapter_dtype", "cogvideox_encode", "encodes_ahead", "first_channels", "script_loss", "scripts_stack"]

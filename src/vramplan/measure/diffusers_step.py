@@ -52,8 +52,18 @@ from .run import unique_bytes
 
 SCRIPTS = {"UNet2DConditionModel": "examples/text_to_image/train_text_to_image_lora.py",
            "CogVideoXTransformer3DModel": "examples/cogvideo/train_cogvideox_lora.py"}
+SDXL_SCRIPT = "examples/text_to_image/train_text_to_image_lora_sdxl.py"
 KINDS = {"encode": "forward", "fwd": "forward", "bwd": "backward", "opt": "optimizer"}
 WEIGHT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def script_of(pipe: dict) -> str:
+    """The example script that trains this pipeline's denoiser: a UNet with SDXL's added
+    conditioning (`addition_embed_type: text_time`) is train_text_to_image_lora_sdxl.py's."""
+    den = pipe["denoiser"]
+    if den["class"] == "UNet2DConditionModel" and den.get("addition_embed_type") == "text_time":
+        return SDXL_SCRIPT
+    return SCRIPTS[den["class"]]
 
 
 def runs_script(job: dict) -> bool:
@@ -80,8 +90,11 @@ class _Pipeline:
         self.encoders = ([build_text_encoder(e) for e in pipe["text_encoders"]]
                          if diffusion.get("text_encoders", "frozen") != "precomputed" else [])
         frozen = [m for m in [self.vae, *self.encoders] if m is not None]
+        self.script = script_of(pipe)
         for m in [self.denoiser, *frozen]:  # requires_grad_(False), then .to(device, dtype=weight_dtype)
             m.requires_grad_(False).to(dtype=weight_dtype)
+        if self.vae is not None and self.script == SDXL_SCRIPT:  # "The VAE is in float32 to avoid NaN losses."
+            self.vae.to(dtype=torch.float32)
         if self.vae is not None:
             if diffusion.get("vae_slicing"):
                 self.vae.enable_slicing()
@@ -121,12 +134,12 @@ def measure_diffusers_step(job, steps: int = 2, trace: bool = False) -> MeasureR
         meter.register(m.parameters(), "frozen_parameter")
         meter.register(m.buffers(), "buffer")
     meter.register(_live_tensors(), "preexisting")
-    step = _unet_steps if cls == "UNet2DConditionModel" else _cogvideox_steps
+    step = {SDXL_SCRIPT: _sdxl_steps, SCRIPTS["UNet2DConditionModel"]: _unet_steps}.get(p.script, _cogvideox_steps)
     with meter:
         grads = step(p, model, prepared, accelerator, meter, int(job.get("micro_batch_size", 1)), steps)
     result = metered_result(meter, p.denoiser, opt, grads, KINDS, trace=trace)
     import diffusers
-    result.runner = {"library": "diffusers", "version": diffusers.__version__, "entry": SCRIPTS[cls],
+    result.runner = {"library": "diffusers", "version": diffusers.__version__, "entry": p.script,
                      "note": "the script's training step followed statement by statement around the real "
                              "diffusers, transformers, PEFT and accelerate classes (measure/diffusers_step.py)"}
     return result
@@ -173,6 +186,72 @@ def _unet_steps(p: _Pipeline, unet, optimizer, accelerator, meter, b: int, steps
             optimizer.step()
             optimizer.zero_grad()
     return grads
+
+
+def _sdxl_steps(p: _Pipeline, unet, optimizer, accelerator, meter, b: int, steps: int) -> int:
+    """train_text_to_image_lora_sdxl.py's loop body (no --pretrained_vae_model_name_or_path:
+    the VAE is fp32 and reads the dataloader's fp32 pixels). `encode_prompt` runs both CLIP
+    encoders with `output_hidden_states=True`, keeps each one's penultimate hidden state,
+    concatenates them on the feature axis and keeps the last encoder's first output (CLIP-G's
+    projected pooled embedding) as `text_embeds`; the six size/crop ids are built per image
+    in the weight dtype. The clip runs on `params_to_optimize`, a list: it clips."""
+    from diffusers import DDPMScheduler
+    noise_scheduler = DDPMScheduler(num_train_timesteps=1000)
+    g = torch.Generator().manual_seed(0)
+    f, c, h, w = latent_dims(p.pipe, p.diffusion)
+    s = p.pipe["vae"]["spatial_compression"]
+    size = h * s
+    params_to_optimize = [q for q in p.denoiser.parameters() if q.requires_grad]
+    grads = 0
+    for n in range(1, steps + 1):
+        with meter.phase(f"s{n}.fwd"):
+            if p.vae is not None:
+                pixel_values = torch.randn(b, 3, h * s, w * s, generator=g)
+                model_input = p.vae.encode(pixel_values).latent_dist.sample()
+                model_input = model_input * p.vae.config.scaling_factor
+                model_input = model_input.to(p.dtype)
+            else:
+                model_input = torch.randn(b, c, h, w, generator=g).to(p.dtype)
+            noise = torch.randn_like(model_input)
+            timesteps = torch.randint(0, noise_scheduler.config.num_train_timesteps, (b,)).long()
+            noisy_model_input = noise_scheduler.add_noise(model_input, noise, timesteps)
+            add_time_ids = torch.cat([torch.tensor([[size, size, 0, 0, size, size]]).to(dtype=p.dtype)
+                                      for _ in range(b)])
+            unet_added_conditions = {"time_ids": add_time_ids}
+            if p.encoders:
+                prompt_embeds, pooled_prompt_embeds = _sdxl_encode_prompt(p, b, g)
+            else:
+                prompt_embeds = torch.randn(b, text_tokens(p.pipe), text_dim(p.pipe), generator=g).to(p.dtype)
+                pooled_prompt_embeds = torch.randn(b, p.pipe["text_encoders"][-1]["projection_dim"],
+                                                   generator=g).to(p.dtype)
+            unet_added_conditions.update({"text_embeds": pooled_prompt_embeds})
+            model_pred = unet(noisy_model_input, timesteps, prompt_embeds, added_cond_kwargs=unet_added_conditions,
+                              return_dict=False)[0]
+            target = noise
+            loss = F.mse_loss(model_pred.float(), target.float(), reduction="mean")
+        if n == steps:
+            meter.mark("end_of_forward")
+        with meter.phase(f"s{n}.bwd"):
+            accelerator.backward(loss)
+        grads = unique_bytes([q.grad for q in p.denoiser.parameters() if q.grad is not None])
+        with meter.phase(f"s{n}.opt"):
+            accelerator.clip_grad_norm_(params_to_optimize, 1.0)
+            optimizer.step()
+            optimizer.zero_grad()
+    return grads
+
+
+def _sdxl_encode_prompt(p: _Pipeline, b: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """The SDXL script's `encode_prompt` on token ids."""
+    prompt_embeds_list = []
+    for entry, text_encoder in zip(p.pipe["text_encoders"], p.encoders):
+        prompt_embeds = text_encoder(_ids(entry, b, g), output_hidden_states=True, return_dict=False)
+        pooled_prompt_embeds = prompt_embeds[0]
+        prompt_embeds = prompt_embeds[-1][-2]
+        bs_embed, seq_len, _ = prompt_embeds.shape
+        prompt_embeds_list.append(prompt_embeds.view(bs_embed, seq_len, -1))
+    prompt_embeds = torch.concat(prompt_embeds_list, dim=-1)
+    return prompt_embeds, pooled_prompt_embeds.view(bs_embed, -1)
 
 
 def _cogvideox_steps(p: _Pipeline, transformer, optimizer, accelerator, meter, b: int, steps: int) -> int:
@@ -243,4 +322,4 @@ def _cogvideox_steps(p: _Pipeline, transformer, optimizer, accelerator, meter, b
     return grads
 
 
-__all__ = ["SCRIPTS", "measure_diffusers_step", "runs_script"]
+__all__ = ["SCRIPTS", "SDXL_SCRIPT", "measure_diffusers_step", "runs_script", "script_of"]

@@ -99,6 +99,10 @@ def measure_cpu(job: Any, trace: bool = False, steps: int = 2) -> MeasureResult:
         from .inference import measure_inference
 
         return measure_inference(job, steps=steps, trace=trace)
+    if job["task"] == "diffusion" and (job.get("diffusion") or {}).get("controlnet"):
+        from .diffusers_controlnet import measure_controlnet_step
+
+        return measure_controlnet_step(job, trace=trace, steps=steps)
     if job["task"] == "diffusion" and _diffusers_script(job):
         from .diffusers_step import measure_diffusers_step
 

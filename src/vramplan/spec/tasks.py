@@ -205,11 +205,14 @@ class DiffusionConfig:
     """Encode one sample at a time (diffusers `vae.enable_slicing()`)."""
     vae_tiling: bool = False
     """Encode in overlapping tiles of the VAE's tile size (diffusers `vae.enable_tiling()`)."""
+    controlnet: bool = False
+    """Train a ControlNet beside the frozen UNet (diffusers examples/controlnet/train_controlnet.py:
+    `ControlNetModel.from_unet`, fp32, trained whole; its residuals feed the UNet's skips)."""
 
     def __post_init__(self):
         for name in ("height", "width", "num_frames"):
             object.__setattr__(self, name, positive_int(f"diffusion.{name}", getattr(self, name)))
-        for name in ("frozen_copy", "offload_frozen", "prior_preservation", "vae_slicing", "vae_tiling"):
+        for name in ("frozen_copy", "offload_frozen", "prior_preservation", "vae_slicing", "vae_tiling", "controlnet"):
             object.__setattr__(self, name, boolean(f"diffusion.{name}", getattr(self, name)))
         for name in ("text_encoders", "vae"):
             if not isinstance(getattr(self, name), str) or getattr(self, name) not in ("frozen", PRECOMPUTED):
