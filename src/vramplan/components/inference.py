@@ -47,6 +47,11 @@ def _mlp(desc: ModelDesc, t: int, c: str, cast: int) -> int:
         return max(4 * f, f + h + cast)
     if desc.mlp is MlpKind.GATED:
         return max(3 * f, 2 * f + cast, f + h + cast)
+    if desc.hidden_act == "gelu_new":
+        # NewGELUActivation (transformers activations.py) in elementwise ops:
+        # `0.5 * input * (1.0 + tanh(c * (input + 0.044715 * pow(input, 3.0))))` holds the
+        # input, `0.5 * input`, the pow and its product at once
+        return max(4 * f, f + h + cast)
     return max(2 * f, f + h + cast)
 
 
@@ -78,7 +83,11 @@ def inference_terms(desc: ModelDesc, spec: JobSpec, new_tokens: int) -> tuple[Br
     cast = nbytes(desc.hidden_size * desc.intermediate_size, c) if autocast else 0
     hid = nbytes(t * desc.hidden_size, w)
     layer = Breakdown().add("kv_cache", kv)
-    layer.add("transient/hidden", (4 if desc.num_layers > 1 else 3) * hid)
+    # GPT2Model.forward also holds `position_embeds` (wpe) beside `inputs_embeds` (their sum
+    # is the first layer's input, another tensor), and GPT2Block.forward its `attn_output`
+    # through the MLP (modeling_gpt2.py)
+    units = 6 if desc.model_type == "gpt2" else 4 if desc.num_layers > 1 else 3
+    layer.add("transient/hidden", units * hid)
     if desc.position is PositionKind.ROPE:
         layer.add("transient/rotary_cos_sin", 2 * nbytes(t * desc.head_dim, c))
     layer.add("transient/layer", max(_mlp(desc, t, c, cast), _attention(desc, b, s, c, spec.attention)))
