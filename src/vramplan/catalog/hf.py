@@ -20,7 +20,7 @@ from dataclasses import replace
 from typing import Any
 
 from vramplan.catalog.quant_config import checkpoint_quantization
-from vramplan.families import FAMILY_OF, REMOTE_CODE_ONLY, adapter, remote_code_message
+from vramplan.families import FAMILY_OF, adapter
 from vramplan.model import MlpKind, ModelDesc, MoEDesc, NormKind, ParamEntry, PositionKind
 
 _ROPE_DECODERS = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
@@ -143,8 +143,6 @@ def _model_from_config(config: dict, name: str | None, num_labels: int | None) -
 
 
 def _build(config: dict, model_type: str, name: str | None, num_labels: int | None) -> ModelDesc:
-    if model_type in REMOTE_CODE_ONLY:
-        raise ValueError(remote_code_message(model_type))
     if model_type in FAMILY_OF:
         return adapter(model_type)(config, name or config.get("_name_or_path") or model_type, num_labels)
     if "text_config" in config or model_type == "gemma3":

@@ -24,6 +24,7 @@ from vramplan.components.layer_backward import layer_backward
 from vramplan.components.memo import cached_plan, spec_key
 from vramplan.components.op_checkpoint import split_layer
 from vramplan.components.selective import split_attention_core
+from vramplan.components.shifted_loss import shifted_loss_terms
 from vramplan.components.quant import SAVED, dequant_modes
 from vramplan.components.trainable import ParamSet
 from vramplan.model import MlpKind, ModelDesc
@@ -357,6 +358,11 @@ def _with_loss(desc: ModelDesc, spec: JobSpec, stages: list[Stage], logits: Sym,
         # Megatron-Core's vocab_parallel_cross_entropy (components/megatron_loss.py)
         saved, fwd, bwd0, head = megatron_ce_terms(tokens, v, c, grad_hidden)
         return ActivationPlan(stages, saved, fwd, bwd0, head, layer_backward(desc, spec))
+    kind = getattr(family_forward(desc.model_type), "LOSS_KIND", "") if desc.model_type in FAMILY_OF else ""
+    if kind and spec.task is not Task.SEQUENCE_CLASSIFICATION:  # repository code (components/shifted_loss.py)
+        w = (v, desc.hidden_size, dtypes_of(spec).weights) if kind == "zloss" and head_trains else None
+        return ActivationPlan(stages, *shifted_loss_terms(kind, b, s, v, c, _autocast(spec) is not None,
+                                                          grad_hidden, w), layer_backward(desc, spec))
     saved.add("logits/log_softmax", full32).add("logits/labels", nbytes(tokens, "int64"))
     if desc.final_logit_softcapping:
         # Gemma 2 (modeling_gemma2.py Gemma2ForCausalLM.forward): logits / cap, tanh, * cap;

@@ -22,6 +22,8 @@ class FamilyDesc(ExtendedDesc):
     buffer_bytes: int = 0
     """Registered buffers that are not parameters and live on the device with the model
     (GPTBigCodeModel's (n_positions, n_positions) bool causal-mask table)."""
+    z_loss_weight: float = 0.0
+    """Baichuan 2's z-loss weight (BaichuanForCausalLM.forward adds it, even at 0)."""
 
 
 class Cfg:
