@@ -47,5 +47,6 @@ def shifted_loss_terms(kind: str, b: int, s: int, v: int, c: str, autocast: bool
         hv, hh, hd = head_weight
         # linear backward writes d(normalized weight) next to d(hidden); the division's
         # backward then holds d(weight) and one temporary of the same size beside it
-        head.add("logits/grad_normalized_weight", nbytes(hv * hh, hd))
+        head.add("logits/grad_normalized_weight", nbytes(hv * hh, hd)).add("logits/normalize_div_temporary",
+                                                                          nbytes(hv * hh, hd))
     return saved, fwd, bwd0, head

@@ -55,9 +55,12 @@ def attention(rec: Recorder, ctx: Ctx, x: Sym, i: int, b: int, s: int) -> Sym:
     a, d = desc.num_heads, desc.head_dim
     qkv = lin(rec, ctx, x, f"{pre}.W_pack", "attn/qkv")
     q, k, v = (rec.view(qkv, (b, a, s, d), f"attn/{n}") for n in "qkv")
-    out = alibi_attention(rec, ctx, q, k, v, b, s) if desc.alibi else rope_attention(rec, ctx, q, k, v, b, s)
-    # attn_output.transpose(1, 2).reshape(b, s, h): a copy of the (b, a, s, d) result
-    out = rec.new("attn/out_reshaped", (b, s, a * d), out.dtype, out.requires_grad)
+    if desc.alibi:
+        out = alibi_attention(rec, ctx, q, k, v, b, s)
+        # attn_output.transpose(1, 2).reshape(b, s, h): a copy of matmul's (b, a, s, d) result
+        out = rec.new("attn/out_reshaped", (b, s, a * d), out.dtype, out.requires_grad)
+    else:  # the fused kernels lay their output out as (b, s, a, d): the reshape is a view
+        out = rec.view(rope_attention(rec, ctx, q, k, v, b, s), (b, s, a * d))
     return lin(rec, ctx, out, f"{pre}.o_proj", "attn/o")
 
 
@@ -68,7 +71,7 @@ def rope_attention(rec: Recorder, ctx: Ctx, q: Sym, k: Sym, v: Sym, b: int, s: i
     q = rec.to(rope(rec, rec.to(q, "fp32"), cos, sin, "attn/q_rope"), q.dtype, "attn/q_embed")
     k = rec.to(rope(rec, rec.to(k, "fp32"), cos, sin, "attn/k_rope"), k.dtype, "attn/k_embed")
     # the mask every layer's SDPA keeps is one tensor, recorded once by embed()
-    return rec.sdpa(q, k, v, (b, a, s, d), "attn/core")
+    return rec.sdpa(q, k, v, (b, s, a, d), "attn/core")
 
 
 def alibi_attention(rec: Recorder, ctx: Ctx, q: Sym, k: Sym, v: Sym, b: int, s: int) -> Sym:
