@@ -16,7 +16,8 @@ transformers = pytest.importorskip("transformers")
 TINY = {"vocab_size": 1000, "hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
         "intermediate_size": 256}
 CASES = {
-    "internlm2-gqa": {"model_type": "internlm2", **TINY, "num_key_value_heads": 2, "bias": False},
+    "internlm2-gqa-sdpa": {"model_type": "internlm2", **TINY, "num_key_value_heads": 2, "bias": False,
+                           "attn_implementation": "sdpa"},
     "internlm2-mha-bias": {"model_type": "internlm2", **TINY},
     "baichuan-rope": {"model_type": "baichuan", **TINY, "position_embedding_type": "rope",
                       "max_position_embeddings": 512},
@@ -60,12 +61,21 @@ def test_catalog_totals_equal_llama_with_the_same_shapes(name, total):
     assert desc.num_params() == total == llama_count(dict(catalog.find_model(name).config))
 
 
+def test_internlm2_attention_is_the_configs():
+    """INTERNLM2_ATTENTION_CLASSES[config.attn_implementation], "eager" when unset."""
+    assert catalog.model_desc("internlm2_5-7b-chat").attn_implementation == "eager"
+    assert model_from_hf_config(CASES["internlm2-mha-bias"]).attn_implementation == "eager"
+    assert model_from_hf_config(CASES["internlm2-gqa-sdpa"]).attn_implementation == "sdpa"
+    with pytest.raises(ValueError, match="attn_implementation"):
+        model_from_hf_config({**CASES["internlm2-mha-bias"], "attn_implementation": "xformers"})
+
+
 def test_baichuan_position_embedding_follows_the_size():
     assert not catalog.model_desc("baichuan2-7b-chat").alibi
     assert catalog.model_desc("baichuan2-13b-chat").alibi
 
 
-@pytest.mark.parametrize("name, precision", [("internlm2-gqa", "bf16"), ("internlm2-mha-bias", "fp32"),
+@pytest.mark.parametrize("name, precision", [("internlm2-gqa-sdpa", "bf16"), ("internlm2-mha-bias", "fp32"),
                                              ("baichuan-rope", "bf16"), ("baichuan-alibi", "fp32")])
 def test_estimate_matches_the_measured_standin_step(name, precision):
     import vramplan

@@ -136,7 +136,9 @@ class InternLM2(_Base):
     def __init__(self, d, cfg, job):
         super().__init__(d.vocab_size)
         eps = cfg.get("rms_norm_eps", 1e-6)
-        self.impl = "eager" if job.get("attention") == "eager" else "sdpa"
+        self.impl = d.attn_implementation  # the config's (INTERNLM2_ATTENTION_CLASSES), not the job's
+        if self.impl not in ("eager", "sdpa"):
+            raise ValueError("model: the internlm2 stand-in runs attn_implementation eager or sdpa on CPU")
         self.model = nn.Module()
         self.model.tok_embeddings = nn.Embedding(d.vocab_size, d.hidden_size, padding_idx=cfg.get("pad_token_id", 0))
         self.model.layers = nn.ModuleList(InternLM2Layer(d, eps) for _ in range(d.num_layers))

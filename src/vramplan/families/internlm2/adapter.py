@@ -19,7 +19,11 @@ from vramplan.model import MlpKind, ModelDesc, NormKind, ParamEntry, PositionKin
 DEFAULTS = {"vocab_size": 103168, "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
             "num_attention_heads": 32, "num_key_value_heads": None, "hidden_act": "silu",
             "max_position_embeddings": 2048, "tie_word_embeddings": False, "bias": True,
-            "rope_theta": 10000, "rope_scaling": None}
+            "rope_theta": 10000, "rope_scaling": None, "attn_implementation": None}
+# InternLM2DecoderLayer takes INTERNLM2_ATTENTION_CLASSES[config.attn_implementation], and
+# InternLM2Config sets "eager" when it is None: the config, not from_pretrained's
+# attn_implementation argument, decides (the published configs say "eager").
+ATTENTION = {"eager": "eager", "sdpa": "sdpa", "flash_attention_2": "flash"}
 
 
 def build(config: dict, name: str, num_labels: int | None) -> ModelDesc:
@@ -33,6 +37,10 @@ def build(config: dict, name: str, num_labels: int | None) -> ModelDesc:
         raise ValueError(f"internlm2 config: hidden_size {h} must divide by num_attention_heads {a}, "
                          f"and the heads by num_key_value_heads {k} (InternLM2Attention refuses it)")
     _check_rope_scaling(c["rope_scaling"])
+    attn = ATTENTION.get(c.get("attn_implementation") or "eager")
+    if attn is None:
+        raise ValueError(f"internlm2 config field 'attn_implementation' must be one of {', '.join(ATTENTION)}, "
+                         f"got {c.get('attn_implementation')!r} (INTERNLM2_ATTENTION_CLASSES)")
     d, bias = h // a, bool(c["bias"])
     desc = FamilyDesc(
         name=name, model_type="internlm2", num_layers=L, hidden_size=h, num_heads=a, num_kv_heads=k,
@@ -40,7 +48,7 @@ def build(config: dict, name: str, num_labels: int | None) -> ModelDesc:
         hidden_act=c["hidden_act"], norm=NormKind.RMSNORM, position=PositionKind.ROPE,
         max_position_embeddings=c.int("max_position_embeddings"),
         tie_word_embeddings=bool(c["tie_word_embeddings"]), qkv_bias=bias, o_bias=bias, fused_qkv=True,
-        hub_id=c.raw.get("_name_or_path"),
+        hub_id=c.raw.get("_name_or_path"), attn_implementation=attn,
         # InternLM2Attention._init_rope: every layer holds its own rotary module and its
         # `inv_freq` buffer (d/2 fp32, register_buffer(persistent=False)).
         buffer_bytes=L * (d // 2) * 4)

@@ -47,8 +47,11 @@ def attention(rec: Recorder, ctx: Ctx, x: Sym, i: int, b: int, s: int) -> Sym:
     cos = rec.new("attn/rotary_cos", (1, s, d), v.dtype, False)
     sin = rec.new("attn/rotary_sin", (1, s, d), v.dtype, False)
     q, kk = rope(rec, q, cos, sin, "attn/q_rope"), rope(rec, kk, cos, sin, "attn/k_rope")
-    # repeat_kv always (the repository code predates enable_gqa)
-    out = attention_core(rec, replace(ctx, gqa_native=False), q, kk, v, "attn/core")
+    # eager and SDPA call repeat_kv (the repository code predates enable_gqa); the class is the
+    # config's (adapter.ATTENTION), whatever the job's `attention` says
+    attn = desc.attn_implementation or ctx.attention
+    own = replace(ctx, gqa_native=attn == "flash", attention=attn)  # InternLM2FlashAttention2: no repeat_kv
+    out = attention_core(rec, own, q, kk, v, "attn/core")
     return lin(rec, ctx, rec.view(out, (b, s, a * d)), f"{pre}.wo", "attn/o")
 
 
