@@ -47,7 +47,8 @@ def build(config: dict, name: str, num_labels: int | None) -> ModelDesc:
         name=name, model_type="baichuan", num_layers=L, hidden_size=h, num_heads=a, num_kv_heads=a, head_dim=d,
         intermediate_size=f, vocab_size=c.int("vocab_size"), mlp=MlpKind.GATED, hidden_act=c["hidden_act"],
         norm=NormKind.RMSNORM, position=PositionKind.LEARNED if alibi else PositionKind.ROPE,
-        max_position_embeddings=pos, tie_word_embeddings=False, fused_qkv=True, alibi=alibi,
+        # ALiBi has no position table (training builds the bias for any length): no limit
+        max_position_embeddings=0 if alibi else pos, tie_word_embeddings=False, fused_qkv=True, alibi=alibi,
         hub_id=c.raw.get("_name_or_path"), buffer_bytes=rotary_bytes,
         z_loss_weight=float(c["z_loss_weight"]))
     out = [ParamEntry("model.embed_tokens.weight", (desc.vocab_size, h))]
