@@ -32,8 +32,10 @@ STANDINS = ("internlm2", "baichuan")
 
 
 def build_standin(model_type: str, cfg: dict, job: dict, dtype: torch.dtype) -> nn.Module:
-    if job.get("method", "full") != "full" or job.get("gradient_checkpointing") not in (None, False, "none", "off"):
-        raise ValueError(f"model: the {model_type} stand-in measures full fine-tuning without checkpointing only")
+    if job.get("method", "full") not in ("full", "lora") or job.get("gradient_checkpointing") not in (
+            None, False, "none", "off"):
+        raise ValueError(f"model: the {model_type} stand-in measures full fine-tuning and LoRA without "
+                         "checkpointing only")
     from vramplan.catalog.hf import model_from_hf_config
     desc = model_from_hf_config({"model_type": model_type, **cfg})  # the config class's defaults
     old = torch.get_default_dtype()
@@ -60,7 +62,11 @@ def repeat_kv(x, n):
 class _Base(nn.Module):
     def __init__(self, vocab_size: int):
         super().__init__()
-        self.config = SimpleNamespace(use_cache=False, vocab_size=vocab_size)
+        self.config = SimpleNamespace(use_cache=False, vocab_size=vocab_size, model_type="custom",
+                                      tie_word_embeddings=False)
+
+    def prepare_inputs_for_generation(self, *args, **kwargs):  # PeftModelForCausalLM reads it
+        raise NotImplementedError("the stand-ins only train")
 
 
 # ------------------------------------------------------------------ InternLM2
@@ -146,7 +152,7 @@ class InternLM2(_Base):
         self.output = nn.Linear(d.hidden_size, d.vocab_size, bias=False)
         self.vocab = d.vocab_size
 
-    def forward(self, input_ids, labels):
+    def forward(self, input_ids, labels, **_):  # PEFT passes attention_mask=None and the like
         x = self.model.tok_embeddings(input_ids)
         b, s = input_ids.shape
         position_ids = torch.arange(s, device=x.device).unsqueeze(0)
@@ -157,7 +163,8 @@ class InternLM2(_Base):
             mask = mask[None, None].expand(b, 1, -1, -1)
         for layer in self.model.layers:
             x = layer(x, position_ids, mask, self.impl)
-        logits = self.output(self.model.norm(x)).float()
+        hidden_states = self.model.norm(x)  # `hidden_states = outputs[0]`: alive through the loss
+        logits = self.output(hidden_states).float()
         shift_logits = logits[..., :-1, :].contiguous().view(-1, self.vocab)
         loss = F.cross_entropy(shift_logits, labels[..., 1:].contiguous().view(-1))
         return SimpleNamespace(loss=loss, logits=logits)
@@ -267,14 +274,15 @@ class Baichuan(_Base):
         inverted = 1.0 - expanded
         return inverted.masked_fill(inverted.to(torch.bool), mn) + causal
 
-    def forward(self, input_ids, labels):
+    def forward(self, input_ids, labels, **_):
         b, s = input_ids.shape
         x = self.model.embed_tokens(input_ids)
         mask = self.masks(x, b, s)
         position_ids = torch.arange(0, s, dtype=torch.long).unsqueeze(0).view(-1, s)
         for layer in self.model.layers:
             x = layer(x, mask, position_ids)
-        logits = F.linear(self.model.norm(x), F.normalize(self.lm_head.weight))  # NormHead, training
+        hidden_states = self.model.norm(x)  # `hidden_states = outputs[0]`: alive through the loss
+        logits = F.linear(hidden_states, F.normalize(self.lm_head.weight))  # NormHead, training
         shift_logits = logits[..., :-1, :].contiguous().view(-1, self.desc.vocab_size)
         shift_labels = labels[..., 1:].contiguous().view(-1)
         z_loss = self.desc.z_loss_weight * (shift_logits.max(-1).values ** 2).mean()
