@@ -75,13 +75,19 @@ def test_baichuan_position_embedding_follows_the_size():
     assert catalog.model_desc("baichuan2-13b-chat").alibi
 
 
-@pytest.mark.parametrize("name, precision", [("internlm2-gqa-sdpa", "bf16"), ("internlm2-mha-bias", "fp32"),
-                                             ("baichuan-rope", "bf16"), ("baichuan-alibi", "fp32")])
-def test_estimate_matches_the_measured_standin_step(name, precision):
+@pytest.mark.parametrize("name, precision, lora", [
+    ("internlm2-gqa-sdpa", "bf16", None), ("internlm2-mha-bias", "fp32", None), ("baichuan-rope", "bf16", None),
+    ("baichuan-alibi", "fp32", None),
+    # LoRA: the frozen `output` is all-linear's exclusion; Baichuan's frozen NormHead still
+    # keeps its normalized weight copy for the input gradient
+    ("internlm2-gqa-sdpa", "fp32", ["wqkv", "wo", "w1", "w2", "w3"]), ("baichuan-alibi", "fp32", "all-linear")])
+def test_estimate_matches_the_measured_standin_step(name, precision, lora):
     import vramplan
     from conftest import measure_fresh
     job = {"backend": "cpu", "precision": precision, "micro_batch_size": 2, "seq_len": 64,
            "optimizer_impl": "foreach", "model": CASES[name]}
+    if lora:
+        job.update(method="lora", lora={"r": 8, "target_modules": lora})
     measured = measure_fresh(job, device="cpu")
     est = vramplan.estimate(vramplan.load_spec(job))
     assert est.peak_allocated_bytes == pytest.approx(measured["peak_allocated_bytes"], rel=0.02)
