@@ -48,6 +48,15 @@ CASES = {
     "jamba-hybrid-moe": {"model": {"model_type": "jamba", **TINY, "num_key_value_heads": 2, "intermediate_size": 256,
                                    "attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2,
                                    "expert_layer_offset": 1, "num_experts": 4, "mamba_d_state": 8}},
+    # checkpointed LoRA: the forward peaks inside the Mamba scan (its three (b, I, s, N) fp32
+    # locals), over the logits; the step it missed by -11% (bench/accuracy, issue 13)
+    "jamba-lora-checkpointed-bf16": {"precision": "bf16", "gradient_checkpointing": "full", "method": "lora",
+                                     "lora": {"r": 8, "target_modules": ["q_proj", "v_proj", "in_proj", "x_proj",
+                                                                         "out_proj"]},
+                                     "model": {"model_type": "jamba", **TINY, "num_key_value_heads": 2,
+                                               "intermediate_size": 256, "attn_layer_period": 2,
+                                               "attn_layer_offset": 1, "expert_layer_period": 2,
+                                               "expert_layer_offset": 1, "num_experts": 4, "mamba_d_state": 16}},
 }
 
 

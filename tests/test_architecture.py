@@ -21,14 +21,16 @@ ORDER = (
     "units", "breakdown", "files", "i18n", "model", "timeline",
     # the validated job
     "spec",
-    # the families registry (families/__init__.py): model_type -> folder, loaded by name (importlib)
-    "families registry",
-    # where a model comes from: catalog, raw sizes, sources (name, path, hub id, config);
+    # the model catalog's data and the built-in config adapters (catalog/hf*); raw sizes;
     # importers turn other tools' files (DeepSpeed JSON, TrainingArguments, recipes) into spec data
-    "catalog", "rawsize", "sources", "importers",
-    # the terms of one model's step; the family folders (families/<name>/: adapter and forward)
-    # build on catalog/hf* and components/arch*, which reach them only through the registry
+    "catalog", "rawsize", "importers",
+    # the terms of one model's step; the family folders (families/<name>/: adapter and forward,
+    # the registry model_type -> folder) build on catalog/hf* and components/arch*; a family's
+    # description brings its forward (FamilyDesc.family_forward), so components/ never imports one
     "components", "validity", "families",
+    # where a model comes from (catalog name, path, hub id, config): the one dispatcher from a
+    # config to a ModelDesc, over catalog/hf* and every family's adapter
+    "sources",
     # sharding per rank, the caching-allocator model, the step's tensor events; device levels
     "parallel", "allocator", "step", "bounds", "device",
     # renderers take results duck-typed, so the results' notebook display (_repr_html_) may call them
@@ -51,9 +53,7 @@ ORDER = (
 IMPORT_ORDER_ALLOWED: dict[tuple[str, str, str], str] = {}
 
 # module path relative to src/vramplan: reason. Over 400 lines.
-LONG_MODULES_ALLOWED = {
-    "catalog/hf.py": "the config adapters of every family in one module; they move to families/<name>/adapter.py",
-}
+LONG_MODULES_ALLOWED: dict[str, str] = {}
 
 # module path: reason. Named *_more / *_other.
 NAMES_ALLOWED: dict[str, str] = {}
@@ -75,8 +75,6 @@ def _unit(dotted: str) -> str | None:
     parts = dotted.split(".")
     if parts[0] != "vramplan":
         return None
-    if parts[1:] == ["families"]:
-        return "families registry"
     return parts[1] if len(parts) > 1 else "vramplan"
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from vramplan import catalog
-from vramplan.catalog.hf import model_from_hf_config
+from vramplan import catalog, sources
+from vramplan.sources import model_from_hf_config
 from vramplan.model import MlpKind, NormKind, PositionKind
 
 torch = pytest.importorskip("torch")
@@ -122,7 +122,7 @@ def test_bert_and_gpt2_classification():
     assert desc.is_encoder and desc.num_labels == 5
     assert [p.name for p in desc.params[-2:]] == ["classifier.weight", "classifier.bias"]
     # bert-base-uncased with a 2-way head: 109,482,240 encoder+pooler + 1,538 classifier
-    assert catalog.model_desc("bert-base-uncased").num_params() == 109_483_778
+    assert sources.model_desc("bert-base-uncased").num_params() == 109_483_778
     _assert_matches(catalog.find_model("gpt2").config, num_labels=2)
 
 
@@ -138,28 +138,28 @@ def test_bert_and_gpt2_classification():
     ("mixtral-8x7b", 46_702_792_704),
 ])
 def test_published_parameter_totals(name, total):
-    assert catalog.model_desc(name).num_params() == total
+    assert sources.model_desc(name).num_params() == total
 
 
 def test_architecture_flags():
-    gemma2 = catalog.model_desc("gemma-2-2b")
+    gemma2 = sources.model_desc("gemma-2-2b")
     assert gemma2.embed_scale and gemma2.sandwich_norm and gemma2.final_logit_softcapping == 30.0
     assert gemma2.sliding_window == 4096 and gemma2.sliding_window_layers[:2] == (0, 2)
-    gemma3 = catalog.model_desc("gemma-3-27b")
+    gemma3 = sources.model_desc("gemma-3-27b")
     assert gemma3.model_type == "gemma3_text" and gemma3.qk_norm and gemma3.head_dim == 128
     assert gemma3.vocab_size == 262208 and len(gemma3.sliding_window_layers) == 62 - 10
-    qwen3 = catalog.model_desc("qwen3-0.6b")
+    qwen3 = sources.model_desc("qwen3-0.6b")
     assert qwen3.qk_norm and qwen3.head_dim == 128 and qwen3.tie_word_embeddings
-    assert not qwen3.qkv_bias and catalog.model_desc("qwen2.5-7b").qkv_bias
-    moe = catalog.model_desc("qwen3-30b-a3b")
+    assert not qwen3.qkv_bias and sources.model_desc("qwen2.5-7b").qkv_bias
+    moe = sources.model_desc("qwen3-30b-a3b")
     assert moe.moe.num_experts == 128 and moe.moe.top_k == 8 and len(moe.moe_layers) == 48
-    phi3 = catalog.model_desc("phi-3-mini")
+    phi3 = sources.model_desc("phi-3-mini")
     assert phi3.fused_qkv and phi3.fused_gate_up and phi3.mlp is MlpKind.GATED
-    gpt2 = catalog.model_desc("gpt2")
+    gpt2 = sources.model_desc("gpt2")
     assert gpt2.position is PositionKind.LEARNED and gpt2.norm is NormKind.LAYERNORM
     assert gpt2.mlp is MlpKind.PLAIN and gpt2.hidden_dropout == 0.1 and gpt2.fused_qkv
-    assert catalog.model_desc("mistral-7b-v0.1").sliding_window == 4096
-    assert catalog.model_desc("qwen2.5-7b").sliding_window is None  # use_sliding_window false
+    assert sources.model_desc("mistral-7b-v0.1").sliding_window == 4096
+    assert sources.model_desc("qwen2.5-7b").sliding_window is None  # use_sliding_window false
 
 
 # ---------------------------------------------------------------- adapter errors
@@ -189,7 +189,7 @@ def test_catalog_size_and_lookup():
     assert catalog.find_model("meta-llama/Llama-3.1-8B") is by_name
     assert catalog.find_model("META-LLAMA/llama-3.1-8b") is by_name
     assert catalog.find_model("llama3.1-8b") is by_name  # alias
-    assert catalog.model_desc("Llama-3.1-8B").hub_id == "meta-llama/Llama-3.1-8B"
+    assert sources.model_desc("Llama-3.1-8B").hub_id == "meta-llama/Llama-3.1-8B"
 
 
 def test_unknown_names_suggest_the_nearest():

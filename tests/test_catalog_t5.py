@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from vramplan.catalog import find_model
-from vramplan.catalog.hf import model_from_hf_config
+from vramplan.sources import model_from_hf_config
 from vramplan.catalog.hf_extended import ExtendedDesc
 
 torch = pytest.importorskip("torch")

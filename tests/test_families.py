@@ -10,8 +10,8 @@ import math
 
 import pytest
 
-from vramplan import catalog
-from vramplan.catalog.hf import model_from_hf_config
+from vramplan import sources
+from vramplan.sources import model_from_hf_config
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -108,7 +108,7 @@ def test_phi_sequence_classification_head():
 
 
 def test_phi_rotary_dims():
-    phi2 = catalog.model_desc("phi-2")
+    phi2 = sources.model_desc("phi-2")
     assert phi2.head_dim == 80 and phi2.rotary_dim == 32  # partial_rotary_factor 0.4
     assert model_from_hf_config(CASES["phi-default"]).rotary_dim == 8  # PhiConfig default 0.5
 
@@ -138,7 +138,7 @@ def test_phi_rotary_dims():
     ("jamba-1.5-mini", 51_570_323_328),
 ])
 def test_published_parameter_totals(name, total):
-    assert catalog.model_desc(name).num_params() == total
+    assert sources.model_desc(name).num_params() == total
 
 
 def test_llama4_layer_lists_follow_the_config_class():

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from vramplan import catalog
-from vramplan.catalog.hf import model_from_hf_config
+from vramplan.sources import model_from_hf_config
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

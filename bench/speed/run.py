@@ -86,7 +86,8 @@ def measure_fit(job: dict, axes: dict | None, top_k: int) -> dict:
     report = fit(spec, axes=axes, top_k=top_k, suggest=False)
     cpu = time.process_time() - c
     return {"layouts": report.candidates_total, "settled": report.candidates_evaluated,
-            "estimator_calls": report.estimates_computed, "wall_s": report.elapsed_s, "cpu_s": cpu,
+            "checked": getattr(report, "candidates_checked", None), "estimator_calls": report.estimates_computed,
+            "wall_s": report.elapsed_s, "cpu_s": cpu,
             "found": len(report.results), "best": report.results[0].changes if report.results else None}
 
 

@@ -79,13 +79,14 @@ def allocator_replayer(spec: JobSpec, gpu, plan: StepPlan, desc: ModelDesc, para
     GPU named, the allocator may reserve its memory less the CUDA context and `outside`
     (managed memory): a step that needs more frees its cached blocks and retries, as malloc
     does; one that still does not fit reports its unconstrained reserve."""
-    from vramplan.allocator import replay
-    from vramplan.spec.alloc_conf import parse_alloc_conf
-    from vramplan.step import build_events
     capacity = replay_capacity(spec, gpu, outside)
     ops: list = []
 
     def run(default: bool = False):
+        # imported when replayed: most estimates (a search's) never replay
+        from vramplan.allocator import replay
+        from vramplan.spec.alloc_conf import parse_alloc_conf
+        from vramplan.step import build_events
         if not ops:
             pieces = tensor_pieces(desc, params, plan) if params is not None else None
             ops.extend(build_events(plan, pieces).compact())

@@ -16,7 +16,7 @@ from vramplan.jobs.logprob import head_note, resolve_head, sft_head
 from vramplan.jobs.trained import head_grads_after_fold, with_loss
 from vramplan.model import ModelDesc
 from vramplan.result import SCHEMA_VERSION, Estimate  # noqa: F401 (re-exported: Estimate lived here)
-from vramplan.spec import Backend, JobSpec, LogprobHead, Task
+from vramplan.spec import Backend, JobSpec, LogprobHead, SpecError, Task
 from vramplan.step.build import rank_step
 from vramplan.timeline import Event, peak_event, phase_peaks, walk
 from vramplan.units import nbytes
@@ -46,9 +46,15 @@ def estimate(spec: JobSpec) -> Estimate:
     return est
 
 
-def estimate_model(desc: ModelDesc, spec: JobSpec, gpu=None) -> Estimate:
+def model_spec(desc: ModelDesc, spec: JobSpec) -> JobSpec:
+    """The spec as the estimate of `desc` reads it: the checkpoint's quantization and load
+    dtype filled in (what estimate_model estimates)."""
     spec = input_dtype_compute(resolve_quantization(spec, desc.checkpoint_quantization, desc.checkpoint_dtype))
-    spec = resolve_load_dtype(spec, desc.checkpoint_dtype)
+    return resolve_load_dtype(spec, desc.checkpoint_dtype)
+
+
+def estimate_model(desc: ModelDesc, spec: JobSpec, gpu=None) -> Estimate:
+    spec = model_spec(desc, spec)
     from vramplan.validity import check_job
     checked = check_job(desc, spec)  # SpecError for a job the libraries refuse
     params = param_set(desc, spec)
@@ -60,6 +66,9 @@ def estimate_model(desc: ModelDesc, spec: JobSpec, gpu=None) -> Estimate:
         acts = plan_activations(desc, spec, params)
         head = sft_head(spec, desc.hidden_size, desc.vocab_size, bool(desc.final_logit_softcapping))
         if head is not None:  # TRL's SFTTrainer: the chunked log-prob head, not the model's loss
+            if spec.keep_logits:
+                raise SpecError("keep_logits", "TRL's SFTTrainer computes its loss in a fused log-prob head that "
+                                "never builds the logits; drop keep_logits")
             with_loss(acts, head, params)
         plan = rank_step(desc, spec, params, acts, managed)
         if head is not None:

@@ -28,7 +28,8 @@ def model_rows(kind: str | None = None, name: str | None = None) -> list[dict]:
 
 
 def _llm_rows() -> list[dict]:
-    from vramplan.catalog import list_models, model_desc
+    from vramplan.catalog import list_models
+    from vramplan.sources import model_desc
     out = []
     for m in list_models():
         desc = model_desc(m.name)

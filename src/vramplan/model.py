@@ -1,7 +1,7 @@
 """ModelDesc: the normalized architecture every estimator component reads.
 
-One adapter (`vramplan.catalog.hf`) builds it from a Hugging Face config with explicit
-fields; nothing here guesses from ratios. Parameters are listed by their real module path
+One dispatcher (`vramplan.sources.model_from_hf_config`) builds it from a Hugging Face
+config with explicit fields; nothing here guesses from ratios. Parameters are listed by their real module path
 (the names `model.named_parameters()` yields in transformers), so LoRA targets,
 `modules_to_save` and frozen layers are matched against the same names PEFT matches.
 

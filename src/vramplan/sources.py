@@ -7,6 +7,7 @@ fetch one config.json; nothing executes code from a model repository.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 from typing import Any
@@ -156,7 +157,6 @@ def _resolve_model(spec: JobSpec) -> ModelDesc:
         from vramplan.rawsize import model_from_size
         return model_from_size(spec.num_params, num_layers=spec.num_layers, hidden_size=spec.hidden_size)
     name, config = resolve_hf_config(spec.model, online=spec.online)
-    from vramplan.catalog.hf import model_from_hf_config
     labels = spec.num_labels if spec.task is Task.SEQUENCE_CLASSIFICATION else None
     try:
         return model_from_hf_config(config, name=name, num_labels=labels)
@@ -164,3 +164,75 @@ def _resolve_model(spec: JobSpec) -> ModelDesc:
         raise
     except (ValueError, KeyError, TypeError) as exc:
         raise SpecError("model", _plain(exc)) from None
+
+
+# ---------------------------------------------------------------- config -> ModelDesc
+def model_from_hf_config(config: dict, name: str | None = None, *,
+                         num_labels: int | None = None) -> ModelDesc:
+    """The ModelDesc of a Hugging Face config.json dict: every parameter tensor that
+    `AutoModelForCausalLM.from_config(cfg).named_parameters()` yields (or
+    `AutoModelForSequenceClassification` with `num_labels`), with its exact module path and
+    shape. The one dispatcher over the adapters: a family with a folder under
+    vramplan/families (families.FAMILY_OF) builds its own; the Llama-layout decoders,
+    GPT-2, BERT (vramplan.catalog.hf) and GPT-NeoX, BLOOM, OPT, Qwen-1, Falcon, T5
+    (catalog/hf_extended.py) are built in the catalog."""
+    from dataclasses import replace
+    from vramplan.catalog.hf_config import checkpoint_dtype
+    from vramplan.catalog.quant_config import checkpoint_quantization
+    if not isinstance(config, dict):
+        raise ValueError(f"config must be a dict, got {type(config).__name__}")
+    desc = _model_from_config(config, name, num_labels)
+    return replace(desc, checkpoint_dtype=checkpoint_dtype(config) or desc.checkpoint_dtype,
+                   checkpoint_quantization=checkpoint_quantization(config))
+
+
+def supported_model_types() -> tuple[str, ...]:
+    """Every model_type model_from_hf_config builds."""
+    from vramplan.catalog.hf import BUILTIN_MODEL_TYPES
+    from vramplan.families import FAMILY_OF
+    return (*BUILTIN_MODEL_TYPES, *(t for t in FAMILY_OF if t not in BUILTIN_MODEL_TYPES))
+
+
+def _model_from_config(config: dict, name: str | None, num_labels: int | None) -> ModelDesc:
+    model_type = config.get("model_type")
+    if model_type is None:
+        raise ValueError("config is missing required field 'model_type'")
+    if not isinstance(model_type, str):
+        raise ValueError(f"config field 'model_type' must be a string like 'llama', got {model_type!r}")
+    from vramplan.catalog.hf_check import check_config, check_desc
+    check_config(config)
+    return check_desc(_build(config, model_type, name, num_labels))
+
+
+def _build(config: dict, model_type: str, name: str | None, num_labels: int | None) -> ModelDesc:
+    from vramplan.catalog.hf import builds, builtin_desc
+    from vramplan.families import FAMILY_OF, adapter
+    if model_type in FAMILY_OF:
+        return adapter(model_type)(config, name or config.get("_name_or_path") or model_type, num_labels)
+    if "text_config" in config or model_type == "gemma3":
+        return _from_text_config(config, model_type, name, num_labels)
+    if not builds(model_type):
+        raise ValueError(f"unsupported model_type {model_type!r}; supported: "
+                         + ", ".join(supported_model_types()))
+    return builtin_desc(config, model_type, name or config.get("_name_or_path") or model_type, num_labels)
+
+
+def _from_text_config(config: dict, model_type: str, name: str | None,
+                      num_labels: int | None) -> ModelDesc:
+    text = config.get("text_config")
+    if model_type != "gemma3":
+        raise ValueError(f"multimodal config (text_config) of model_type {model_type!r} is "
+                         "not supported yet; pass its language model's config instead")
+    if not isinstance(text, dict):
+        raise ValueError("gemma3 config is missing required field 'text_config'")
+    text = {"model_type": "gemma3_text", **text}
+    return model_from_hf_config(text, name or config.get("_name_or_path"), num_labels=num_labels)
+
+
+@functools.lru_cache(maxsize=None)
+def model_desc(name: str) -> ModelDesc:
+    """The ModelDesc of a catalog model (causal LM; BERT: sequence classification)."""
+    from dataclasses import replace
+    from vramplan.catalog import find_model
+    entry = find_model(name)
+    return replace(model_from_hf_config(entry.config, entry.name), hub_id=entry.hub_id)

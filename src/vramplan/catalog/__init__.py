@@ -1,8 +1,9 @@
 """Built-in catalogs: models (`models/*.json`) and GPUs (`gpus.json`).
 
 Data files, read lazily on first use and cached (nothing is read at import). Each model
-file holds the model's real Hugging Face `config.json` fields under `config`; `hf.py` turns
-them into a ModelDesc. Lookups match name, hub id and aliases case-insensitively.
+file holds the model's real Hugging Face `config.json` fields under `config`;
+`vramplan.sources.model_desc` turns them into a ModelDesc. Lookups match name, hub id and
+aliases case-insensitively.
 """
 from __future__ import annotations
 
@@ -10,11 +11,10 @@ import difflib
 import functools
 import json
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
-from vramplan.model import ModelDesc
 
 
 class UnknownNameError(KeyError):
@@ -151,15 +151,6 @@ def find_model(name_or_hub_id: str) -> CatalogModel:
     return _lookup("model", _model_index(), name_or_hub_id)
 
 
-@functools.lru_cache(maxsize=None)
-def model_desc(name: str) -> ModelDesc:
-    """The ModelDesc of a catalog model (causal LM; BERT: sequence classification)."""
-    from vramplan.catalog.hf import model_from_hf_config
-
-    entry = find_model(name)
-    return replace(model_from_hf_config(entry.config, entry.name), hub_id=entry.hub_id)
-
-
 # ---------------------------------------------------------------- GPUs
 @functools.lru_cache(maxsize=1)
 def _gpus() -> tuple[GPU, ...]:
@@ -226,4 +217,4 @@ def gpu_by_size(text: str) -> GPU | None:
 
 
 __all__ = ["AmbiguousNameError", "CatalogModel", "GPU", "UnknownNameError", "find_gpu", "gpu_by_size", "find_model", "list_gpus",
-           "list_models", "model_desc"]
+           "list_models"]

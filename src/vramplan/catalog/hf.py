@@ -1,7 +1,8 @@
-"""The one Hugging Face adapter: a `config.json` dict -> ModelDesc.
+"""The Hugging Face adapter of the Llama-layout decoders, GPT-2 and BERT: a `config.json`
+dict -> ModelDesc (vramplan.sources.model_from_hf_config dispatches every config).
 
 Every field is read from an explicit config key or from the default that the
-transformers config class declares for that key (`_CLASS_DEFAULTS`, copied from
+transformers config class declares for that key (catalog/hf_config.py, copied from
 `transformers/models/<family>/configuration_<family>.py`, transformers 5.23). Nothing
 is inferred from ratios: a gated MLP comes from the family, never from
 `intermediate_size / hidden_size`.
@@ -17,172 +18,38 @@ Legend: h hidden, a heads, k KV heads, d head_dim, f MLP width, v vocab, E exper
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
-
-from vramplan.catalog.quant_config import checkpoint_quantization
-from vramplan.families import FAMILY_OF, adapter
+from vramplan.catalog.hf_config import CLASS_DEFAULTS, HFCfg, gpt2_names
 from vramplan.model import MlpKind, ModelDesc, MoEDesc, NormKind, ParamEntry, PositionKind
 
 _ROPE_DECODERS = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
                   "gemma", "gemma2", "gemma3_text", "phi3", "phi")
 _MORE = ("gpt_neox", "bloom", "opt", "qwen", "falcon", "t5", "mt5")
 """Families built by `vramplan.catalog.hf_extended` (same rules; kept apart for file size)."""
-SUPPORTED_MODEL_TYPES = (*_ROPE_DECODERS, "gpt2", "bert", "gemma3", *_MORE,
-                         *(t for t in FAMILY_OF if t not in _ROPE_DECODERS))
-"""Families with a folder under vramplan/families are dispatched there (FAMILY_OF)."""
-"""`gemma3` (multimodal) is read through its `text_config` (the language model only)."""
+BUILTIN_MODEL_TYPES = (*_ROPE_DECODERS, "gpt2", "bert", "gemma3", *_MORE)
+"""The model types this module and hf_extended build (`gemma3`, multimodal, is read
+through its `text_config`: the language model only). vramplan.sources.model_from_hf_config
+dispatches every config, these and the families under vramplan/families."""
 
-_COMMON = {"num_key_value_heads": None, "head_dim": None, "attention_dropout": 0.0,
-           "attention_bias": False, "mlp_bias": False, "hidden_act": "silu",
-           "sliding_window": None}
-# Defaults of the transformers config classes for the keys read below (transformers 5.23).
-# A key absent from a family's table (and from _COMMON) is required in the config.
-_CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
-    "llama": {"max_position_embeddings": 2048, "tie_word_embeddings": False},
-    "mistral": {"max_position_embeddings": 131072, "tie_word_embeddings": False,
-                "num_key_value_heads": 8, "sliding_window": 4096},
-    "mixtral": {"max_position_embeddings": 131072, "tie_word_embeddings": False,
-                "num_key_value_heads": 8, "num_local_experts": 8, "num_experts_per_tok": 2},
-    "qwen2": {"max_position_embeddings": 32768, "tie_word_embeddings": False,
-              "use_sliding_window": False, "sliding_window": 4096, "max_window_layers": 28},
-    "qwen2_moe": {"max_position_embeddings": 32768, "tie_word_embeddings": False,
-                  "qkv_bias": True, "num_experts": 60, "num_experts_per_tok": 4,
-                  "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632,
-                  "norm_topk_prob": False, "decoder_sparse_step": 1, "mlp_only_layers": []},
-    "qwen3": {"max_position_embeddings": 32768, "tie_word_embeddings": False, "head_dim": 128,
-              "use_sliding_window": False, "sliding_window": None, "max_window_layers": 28},
-    "qwen3_moe": {"max_position_embeddings": 32768, "tie_word_embeddings": False,
-                  "num_key_value_heads": 4, "num_experts": 128, "num_experts_per_tok": 8,
-                  "moe_intermediate_size": 768, "norm_topk_prob": False,
-                  "decoder_sparse_step": 1, "mlp_only_layers": []},
-    "gemma": {"max_position_embeddings": 8192, "tie_word_embeddings": True, "head_dim": 256,
-              "hidden_act": "gelu_pytorch_tanh"},
-    "gemma2": {"max_position_embeddings": 8192, "tie_word_embeddings": True, "head_dim": 256,
-               "num_key_value_heads": 4, "hidden_activation": "gelu_pytorch_tanh",
-               "sliding_window": 4096, "final_logit_softcapping": 30.0,
-               "attn_logit_softcapping": 50.0},
-    # Google's Gemma 3 text_config files are sparse and rely on these class defaults.
-    "gemma3_text": {"max_position_embeddings": 131072, "tie_word_embeddings": True,
-                    "head_dim": 256, "vocab_size": 262208, "num_attention_heads": 8,
-                    "num_key_value_heads": 4, "hidden_activation": "gelu_pytorch_tanh",
-                    "sliding_window": 4096, "sliding_window_pattern": 6,
-                    "final_logit_softcapping": None, "attn_logit_softcapping": None},
-    "phi3": {"max_position_embeddings": 4096, "tie_word_embeddings": False,
-             "resid_pdrop": 0.0, "sliding_window": None},
-    "phi": {"max_position_embeddings": 2048, "tie_word_embeddings": False,
-            "hidden_act": "gelu_new", "resid_pdrop": 0.0, "embd_pdrop": 0.0,
-            "qk_layernorm": False},
-    "gpt2": {"n_positions": 1024, "n_inner": None, "activation_function": "gelu_new",
-             "attn_pdrop": 0.1, "resid_pdrop": 0.1, "embd_pdrop": 0.1,
-             "tie_word_embeddings": True},
-    "bert": {"max_position_embeddings": 512, "type_vocab_size": 2, "hidden_act": "gelu",
-             "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1,
-             "num_labels": 2},
-}
-# GPT2Config.attribute_map: generic names a config may use instead of GPT-2's own.
-_GPT2_ALIASES = {"hidden_size": "n_embd", "num_hidden_layers": "n_layer",
-                 "num_attention_heads": "n_head", "max_position_embeddings": "n_positions"}
+def builds(model_type: str) -> bool:
+    """Whether `builtin_desc` builds this model type (the text model of a multimodal
+    config is read by the dispatcher, vramplan.sources.model_from_hf_config)."""
+    return model_type in _MORE or model_type in CLASS_DEFAULTS
 
 
-class _Cfg:
-    """Config lookup: explicit key, else the class default, else a one-line ValueError."""
-
-    def __init__(self, config: dict, model_type: str):
-        self.raw = config
-        self.model_type = model_type
-        self.defaults = {**_COMMON, **_CLASS_DEFAULTS[model_type]}
-
-    def __getitem__(self, key: str) -> Any:
-        if key in self.raw:
-            return self.raw[key]
-        if key in self.defaults:
-            return self.defaults[key]
-        raise ValueError(f"{self.model_type} config is missing required field {key!r}")
-
-    def int(self, key: str) -> int:
-        value = self[key]
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise ValueError(f"{self.model_type} config field {key!r} must be a positive "
-                             f"integer, got {value!r}")
-        return value
-
-
-def model_from_hf_config(config: dict, name: str | None = None, *,
-                         num_labels: int | None = None) -> ModelDesc:
-    """Build the ModelDesc of a Hugging Face config.json dict (see module docstring)."""
-    if not isinstance(config, dict):
-        raise ValueError(f"config must be a dict, got {type(config).__name__}")
-    desc = _model_from_config(config, name, num_labels)
-    return replace(desc, checkpoint_dtype=checkpoint_dtype(config) or desc.checkpoint_dtype,
-                   checkpoint_quantization=checkpoint_quantization(config))
-
-
-_CONFIG_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
-
-
-def checkpoint_dtype(config: dict) -> str | None:
-    """The checkpoint's dtype: `dtype` (transformers 5) or `torch_dtype` (4.x), also inside a
-    multimodal `text_config`; None when unstated or not a float dtype we model."""
-    for cfg in (config, config.get("text_config") if isinstance(config.get("text_config"), dict) else {}):
-        for key in ("dtype", "torch_dtype"):
-            value = str(cfg.get(key) or "").replace("torch.", "")
-            if value in _CONFIG_DTYPES:
-                return _CONFIG_DTYPES[value]
-    return None
-
-
-def _model_from_config(config: dict, name: str | None, num_labels: int | None) -> ModelDesc:
-    model_type = config.get("model_type")
-    if model_type is None:
-        raise ValueError("config is missing required field 'model_type'")
-    if not isinstance(model_type, str):
-        raise ValueError(f"config field 'model_type' must be a string like 'llama', got {model_type!r}")
-    from vramplan.catalog.hf_check import check_config, check_desc
-    check_config(config)
-    return check_desc(_build(config, model_type, name, num_labels))
-
-
-def _build(config: dict, model_type: str, name: str | None, num_labels: int | None) -> ModelDesc:
-    if model_type in FAMILY_OF:
-        return adapter(model_type)(config, name or config.get("_name_or_path") or model_type, num_labels)
-    if "text_config" in config or model_type == "gemma3":
-        return _from_text_config(config, model_type, name, num_labels)
+def builtin_desc(config: dict, model_type: str, name: str, num_labels: int | None) -> ModelDesc:
+    """The ModelDesc of a model type this module (or hf_extended) builds (`builds`)."""
     if model_type in _MORE:
         from vramplan.catalog.hf_extended import model_from_more
-        return model_from_more(config, name or config.get("_name_or_path") or model_type, num_labels)
-    if model_type not in _CLASS_DEFAULTS:
-        raise ValueError(f"unsupported model_type {model_type!r}; supported: "
-                         + ", ".join(SUPPORTED_MODEL_TYPES))
-    name = name or config.get("_name_or_path") or model_type
+        return model_from_more(config, name, num_labels)
     if model_type == "gpt2":
-        return _gpt2(_Cfg(_gpt2_names(config), "gpt2"), name, num_labels)
+        return _gpt2(HFCfg(gpt2_names(config), "gpt2"), name, num_labels)
     if model_type == "bert":
-        return _bert(_Cfg(config, "bert"), name, num_labels)
-    return _decoder(_Cfg(config, model_type), name, num_labels)
-
-
-def _from_text_config(config: dict, model_type: str, name: str | None,
-                      num_labels: int | None) -> ModelDesc:
-    text = config.get("text_config")
-    if model_type != "gemma3":
-        raise ValueError(f"multimodal config (text_config) of model_type {model_type!r} is "
-                         "not supported yet; pass its language model's config instead")
-    if not isinstance(text, dict):
-        raise ValueError("gemma3 config is missing required field 'text_config'")
-    text = {"model_type": "gemma3_text", **text}
-    return model_from_hf_config(text, name or config.get("_name_or_path"), num_labels=num_labels)
-
-
-def _gpt2_names(config: dict) -> dict:
-    out = dict(config)
-    for generic, own in _GPT2_ALIASES.items():
-        if generic in out and own not in out:
-            out[own] = out.pop(generic)
-    return out
+        return _bert(HFCfg(config, "bert"), name, num_labels)
+    return _decoder(HFCfg(config, model_type), name, num_labels)
 
 
 # ---------------------------------------------------------------- RoPE decoders
-def _decoder(c: _Cfg, name: str, num_labels: int | None) -> ModelDesc:
+def _decoder(c: HFCfg, name: str, num_labels: int | None) -> ModelDesc:
     mt = c.model_type
     h, L, a = c.int("hidden_size"), c.int("num_hidden_layers"), c.int("num_attention_heads")
     k = c["num_key_value_heads"] or a
@@ -224,7 +91,7 @@ _ATTN_BIAS_ALL = ("llama", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text
 """Families whose q/k/v/o projections all take `bias=config.attention_bias`."""
 
 
-def _qkv_bias(c: _Cfg) -> bool:
+def _qkv_bias(c: HFCfg) -> bool:
     mt = c.model_type
     if mt in ("qwen2", "phi"):
         return True  # Qwen2Attention / PhiAttention: bias=True on q, k, v unconditionally
@@ -233,7 +100,7 @@ def _qkv_bias(c: _Cfg) -> bool:
     return mt in _ATTN_BIAS_ALL and bool(c["attention_bias"])
 
 
-def _activation(c: _Cfg) -> str:
+def _activation(c: HFCfg) -> str:
     if c.model_type in ("gemma2", "gemma3_text"):
         return c["hidden_activation"] or "gelu_pytorch_tanh"
     act = c["hidden_act"]
@@ -241,7 +108,7 @@ def _activation(c: _Cfg) -> str:
     return "gelu_pytorch_tanh" if c.model_type == "gemma" and act == "gelu" else act
 
 
-def _sliding(c: _Cfg, L: int) -> tuple[int | None, tuple[int, ...]]:
+def _sliding(c: HFCfg, L: int) -> tuple[int | None, tuple[int, ...]]:
     """The sliding window and the layers it applies to, as each config class decides."""
     mt = c.model_type
     types = c.raw.get("layer_types")
@@ -266,7 +133,7 @@ def _sliding(c: _Cfg, L: int) -> tuple[int | None, tuple[int, ...]]:
     return (window, layers) if window and layers else (None, ())
 
 
-def _moe(c: _Cfg, L: int, f: int) -> tuple[MoEDesc | None, tuple[int, ...]]:
+def _moe(c: HFCfg, L: int, f: int) -> tuple[MoEDesc | None, tuple[int, ...]]:
     mt = c.model_type
     if mt == "mixtral":
         # MixtralTopKRouter: softmax over all experts, top-k, renormalized to sum 1.
@@ -297,7 +164,7 @@ def _norm(name: str, dim: int, layernorm: bool, layer: int | None) -> list[Param
     return entries + ([ParamEntry(f"{name}.bias", (dim,), layer)] if layernorm else [])
 
 
-def _decoder_params(m: ModelDesc, c: _Cfg) -> list[ParamEntry]:
+def _decoder_params(m: ModelDesc, c: HFCfg) -> list[ParamEntry]:
     ln = m.norm is NormKind.LAYERNORM
     out = [ParamEntry("model.embed_tokens.weight", (m.vocab_size, m.hidden_size))]
     for i in range(m.num_layers):
@@ -314,7 +181,7 @@ def _decoder_params(m: ModelDesc, c: _Cfg) -> list[ParamEntry]:
     return out + _head(m, "lm_head", bias=m.model_type == "phi")
 
 
-def _attention_params(m: ModelDesc, c: _Cfg, i: int) -> list[ParamEntry]:
+def _attention_params(m: ModelDesc, c: HFCfg, i: int) -> list[ParamEntry]:
     p, h, d = f"model.layers.{i}.self_attn.", m.hidden_size, m.head_dim
     q, kv = m.num_heads * d, m.num_kv_heads * d
     if m.fused_qkv:  # Phi3Attention: o_proj is declared before qkv_proj
@@ -370,7 +237,7 @@ def _head(m: ModelDesc, lm_head: str, bias: bool) -> list[ParamEntry]:
 
 
 # ---------------------------------------------------------------- GPT-2, BERT
-def _gpt2(c: _Cfg, name: str, num_labels: int | None) -> ModelDesc:
+def _gpt2(c: HFCfg, name: str, num_labels: int | None) -> ModelDesc:
     h, L, a = c.int("n_embd"), c.int("n_layer"), c.int("n_head")
     f = c["n_inner"] or 4 * h  # GPT2MLP: inner_dim = n_inner if set else 4 * n_embd
     desc = ModelDesc(
@@ -398,7 +265,7 @@ def _conv1d(name: str, inp: int, out: int, layer: int) -> list[ParamEntry]:
     return [ParamEntry(f"{name}.weight", (inp, out), layer), ParamEntry(f"{name}.bias", (out,), layer)]
 
 
-def _bert(c: _Cfg, name: str, num_labels: int | None) -> ModelDesc:
+def _bert(c: HFCfg, name: str, num_labels: int | None) -> ModelDesc:
     """BertForSequenceClassification: encoder + pooler + `classifier` (with bias)."""
     h, L, a = c.int("hidden_size"), c.int("num_hidden_layers"), c.int("num_attention_heads")
     f, v = c.int("intermediate_size"), c.int("vocab_size")
@@ -433,7 +300,6 @@ def _with_params(desc: ModelDesc, params: list[ParamEntry]) -> ModelDesc:
     return replace(desc, params=tuple(params))
 
 
-# Public names for the family adapters under vramplan/families that start from the Llama-layout
-# decoder (families/phi/adapter.py): the config reader and the decoder's ModelDesc.
-HFCfg = _Cfg
+# Public name for the family adapters under vramplan/families that start from the Llama-layout
+# decoder (families/phi/adapter.py): the decoder's ModelDesc.
 decoder_desc = _decoder

@@ -1,7 +1,7 @@
 """Hugging Face adapter, continued: GPT-NeoX, BLOOM, OPT and Qwen-1 configs -> ModelDesc.
 
-`vramplan.catalog.hf.model_from_hf_config` dispatches here; the rules are the same as
-there (explicit config keys or the defaults of the transformers 5.23 config class, never
+`vramplan.sources.model_from_hf_config` dispatches here (through catalog.hf builtin_desc);
+the rules are the same as there (explicit config keys or the defaults of the transformers 5.23 config class, never
 ratio guesses; `params` lists `AutoModelForCausalLM.from_config(cfg).named_parameters()`).
 These families need a few architecture facts ModelDesc has no field for (partial rotary,
 parallel residual, ALiBi, OPT's embedding projection), carried by `ExtendedDesc`.
@@ -16,7 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from vramplan.catalog.hf import _Cfg, _head, _linear, _norm, _with_params
+from vramplan.catalog.hf import _head, _linear, _norm, _with_params
+from vramplan.catalog.hf_config import HFCfg
 from vramplan.model import MlpKind, ModelDesc, NormKind, ParamEntry, PositionKind
 
 
@@ -87,7 +88,7 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
 _BLOOM_ALIASES = {"n_layer": "num_hidden_layers", "n_head": "num_attention_heads", "n_embed": "hidden_size"}
 
 
-class _MoreCfg(_Cfg):
+class _MoreCfg(HFCfg):
     def __init__(self, config: dict, model_type: str):
         self.raw, self.model_type = config, model_type
         self.defaults = _DEFAULTS[model_type]
@@ -108,14 +109,14 @@ def model_from_more(config: dict, name: str, num_labels: int | None) -> ModelDes
     return build(_MoreCfg(config, mt), name)
 
 
-def _common(c: _Cfg, name: str, h: int, L: int, a: int, f: int) -> dict:
+def _common(c: HFCfg, name: str, h: int, L: int, a: int, f: int) -> dict:
     return dict(name=name, model_type=c.model_type, num_layers=L, hidden_size=h, num_heads=a,
                 num_kv_heads=a, head_dim=h // a, intermediate_size=f, vocab_size=c.int("vocab_size"),
                 tie_word_embeddings=bool(c["tie_word_embeddings"]), hub_id=c.raw.get("_name_or_path"))
 
 
 # ---------------------------------------------------------------- GPT-NeoX (Pythia)
-def _gpt_neox(c: _Cfg, name: str) -> ModelDesc:
+def _gpt_neox(c: HFCfg, name: str) -> ModelDesc:
     """GPTNeoXForCausalLM (models/gpt_neox/modeling_gpt_neox.py)."""
     h, L, a = c.int("hidden_size"), c.int("num_hidden_layers"), c.int("num_attention_heads")
     f, bias = c.int("intermediate_size"), bool(c["attention_bias"])
@@ -142,7 +143,7 @@ def _gpt_neox(c: _Cfg, name: str) -> ModelDesc:
 
 
 # ---------------------------------------------------------------- BLOOM
-def _bloom(c: _Cfg, name: str) -> ModelDesc:
+def _bloom(c: HFCfg, name: str) -> ModelDesc:
     """BloomForCausalLM (models/bloom/modeling_bloom.py): the MLP is always 4h wide."""
     h, L, a = c.int("hidden_size"), c.int("num_hidden_layers"), c.int("num_attention_heads")
     if c["pretraining_tp"] > 1 and c["slow_but_exact"]:
@@ -166,7 +167,7 @@ def _bloom(c: _Cfg, name: str) -> ModelDesc:
 
 
 # ---------------------------------------------------------------- OPT
-def _opt(c: _Cfg, name: str) -> ModelDesc:
+def _opt(c: HFCfg, name: str) -> ModelDesc:
     """OPTForCausalLM (models/opt/modeling_opt.py)."""
     h, L, a = c.int("hidden_size"), c.int("num_hidden_layers"), c.int("num_attention_heads")
     f, bias, pos = c.int("ffn_dim"), bool(c["enable_bias"]), c.int("max_position_embeddings")
@@ -202,7 +203,7 @@ def _opt(c: _Cfg, name: str) -> ModelDesc:
 
 
 # ---------------------------------------------------------------- Qwen-1 (remote code)
-def _qwen(c: _Cfg, name: str) -> ModelDesc:
+def _qwen(c: HFCfg, name: str) -> ModelDesc:
     """QWenLMHeadModel (Qwen/Qwen-7B modeling_qwen.py): QWenAttention's `c_attn` is one
     Linear(h, 3 * a * kv_channels, bias=True), `c_proj` has bias = not no_bias; QWenMLP is
     SwiGLU with w1 (up), w2 (gate, through silu) of width intermediate_size // 2 and
@@ -230,7 +231,7 @@ def _qwen(c: _Cfg, name: str) -> ModelDesc:
 
 
 # ---------------------------------------------------------------- Falcon
-def _falcon(c: _Cfg, name: str) -> ModelDesc:
+def _falcon(c: HFCfg, name: str) -> ModelDesc:
     """FalconForCausalLM (models/falcon/modeling_falcon.py) with rotary (alibi=False):
     Falcon-7B (multi_query, parallel_attn, one norm) and the new decoder architecture of
     Falcon-40B/180B (num_kv_heads groups, ln_attn and ln_mlp)."""
@@ -266,7 +267,7 @@ def _falcon(c: _Cfg, name: str) -> ModelDesc:
 
 
 # ---------------------------------------------------------------- T5, mT5 (encoder-decoder)
-def _t5(c: _Cfg, name: str) -> ModelDesc:
+def _t5(c: HFCfg, name: str) -> ModelDesc:
     """T5ForConditionalGeneration / MT5ForConditionalGeneration (models/t5/modeling_t5.py,
     models/mt5/modeling_mt5.py): `shared` embedding, encoder and decoder T5Stacks of T5Blocks
     (self-attention, the decoder's cross-attention `EncDecAttention`, T5LayerFF), each layer

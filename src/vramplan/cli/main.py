@@ -134,6 +134,9 @@ def _add_spec_args(p: argparse.ArgumentParser) -> None:
                    help=_("optimizer step per parameter inside backward (torchtune optimizer_in_bwd)"))
     p.add_argument("--compile", action="store_true", default=None,
                    help=_("torch.compile (accepted; its fusion is not modelled)"))
+    p.add_argument("--keep-logits", action="store_true", default=None,
+                   help=_("the training loop keeps the model's output, so its logits live through backward and the "
+                          "optimizer step (a plain loop's outputs = model(**batch)); Trainer does not"))
     for name, typ, help_ in _PARALLEL_FLAGS:
         p.add_argument("--" + name.replace("_", "-"), dest="parallel_" + name, type=typ, help=_(help_))
     for name, help_ in (("deepspeed", N_("DeepSpeed config JSON")), ("training_args", N_("HF TrainingArguments / TRL config")),
@@ -203,7 +206,7 @@ def flags_to_data(args, data: dict, *, imply: bool = True) -> dict:
         data["model"] = args.model
         data.pop("num_params", None)
     for name in list(_SPEC_FLAGS) + ["packing", "trust_remote_code", "online", "activation_offloading",
-                                      "optimizer_in_backward", "compile"]:
+                                      "optimizer_in_backward", "compile", "keep_logits"]:
         value = getattr(args, name, None)
         if value is not None:
             data[name] = value

@@ -15,16 +15,14 @@ from vramplan.breakdown import Breakdown
 from vramplan.components.arch import Ctx, local_window, norm
 from vramplan.components.chunked_loss import chunked_loss_terms
 from vramplan.components.megatron_loss import megatron_ce_terms
-from vramplan.components.arch_gpt2_bert import OTHER_MODEL_TYPES, layer_fn, layer_prefix, other_embed, other_head
+from vramplan.components.arch_gpt2_bert import family_forward, is_other, layer_fn, layer_prefix, other_embed, other_head
 from vramplan.components.dtypes import dtypes_of
-from vramplan.families import FAMILY_OF
-from vramplan.families import forward as family_forward
 from vramplan.components.graph import Param, Recorder, Storage, Sym
 from vramplan.components.layer_backward import layer_backward
 from vramplan.components.memo import cached_plan, spec_key
 from vramplan.components.op_checkpoint import split_layer
 from vramplan.components.selective import split_attention_core
-from vramplan.components.shifted_loss import shifted_loss_terms
+from vramplan.components.shifted_loss import loss_kind, shifted_loss_terms
 from vramplan.components.quant import SAVED, dequant_modes
 from vramplan.components.trainable import ParamSet
 from vramplan.model import MlpKind, ModelDesc
@@ -171,14 +169,15 @@ def _plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Activ
         x = Sym(x.name, x.shape, x.dtype, True, x.storage)
         input_leaf = x.storage.nbytes
     stages = [Stage("embedding", rec.saved_items(), [])]
-    cache: dict[tuple, tuple[list, bool, tuple | None, str, tuple]] = {}
+    cache: dict[tuple, tuple[list, bool, tuple | None, str, tuple, list]] = {}
     gc = spec.gradient_checkpointing
     f8_layer: tuple = ()
+    fwd_peaks: dict[int, list] = {}
     for i in range(desc.num_layers):
         key = _signature(ctx, i, x)
         if key not in cache:
             cache[key] = _layer(ctx, spec, i, x, b, s, seen, gc is Checkpointing.OP_SELECTIVE)
-        saved, out_rg, op_split, out_dtype, f8_layer = cache[key]
+        saved, out_rg, op_split, out_dtype, f8_layer, fwd_peak = cache[key]
         # torchtitan <= 0.2 `_apply_layer_sac`: with selective_ac_option = N only every N-th
         # block (a global count from 1) is wrapped; checkpoint_every = 1 wraps them all.
         wrapped = (i + 1) % spec.checkpoint_every == 0
@@ -186,6 +185,7 @@ def _plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Activ
             # torch.utils.checkpoint (non-reentrant, transformers 5's default) keeps the
             # layer's inputs for the recomputation and nothing the layer saves.
             stages.append(Stage(f"layer {i}", [("checkpoint/layer_input", x.storage.nbytes)], saved, _MLP_OUT_INPUTS[desc.mlp]))
+            fwd_peaks[len(stages) - 1] = fwd_peak  # what its forward holds, none of it saved
         elif gc is Checkpointing.OP_SELECTIVE:
             keep, redo, dropped = op_split
             stages.append(Stage(f"layer {i}", keep, redo, _MLP_OUT_INPUTS[desc.mlp] + dropped))
@@ -204,6 +204,9 @@ def _plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Activ
     head_w = ctx.params.get("lm_head.weight") or ctx.params.get("model.embed_tokens.weight")
     plan = _with_loss(desc, spec, stages, logits, x, bool(head_w and head_w.trainable))
     plan.input_leaf_bytes = input_leaf
+    if any(fwd_peaks.values()):
+        plan.stage_forward_transient = [Breakdown({f"activations/checkpointed_forward/{n}": v for n, v in
+                                                   fwd_peaks.get(j, [])}) for j in range(len(stages))]
     if spec.float8 is not None:
         from vramplan.components.float8 import apply
         res = dtypes_of(spec).weights
@@ -284,15 +287,14 @@ def _layer(ctx: Ctx, spec: JobSpec, i: int, x: Sym, b: int, s: int, seen: set[in
     out = layer_fn(ctx.desc)(rec, ctx, x, i, b, s)
     items = [(name, st.nbytes) for name, st in rec.saved.values() if not name.startswith("rotary/")]
     return (items, out.requires_grad, split_layer(rec, x) if op_selective else None, out.dtype,
-            tuple(rec.float8_linears))
+            tuple(rec.float8_linears), rec.forward_peak)
 
 
 def _family_backward_peak(desc: ModelDesc, spec: JobSpec, params: ParamSet, i: int, stage: Stage) -> None:
     """A family whose layer peaks in backward elsewhere than in its MLP (Jamba's Mamba scan)
     names that moment: its temporaries and the saved tensors released before it."""
-    if desc.model_type not in FAMILY_OF:
-        return
-    hook = getattr(family_forward(desc.model_type), "backward_peak", None)
+    forward = family_forward(desc)
+    hook = getattr(forward, "backward_peak", None) if forward is not None else None
     peak = hook(desc, spec, params, i, stage.recompute or stage.saved) if hook else None
     if peak is not None:
         stage.backward_transient, stage.freed_before_peak = peak
@@ -307,7 +309,7 @@ def _shared_rotary(ctx: Ctx, stages: list[Stage]) -> None:
 
 def _embed(rec: Recorder, ctx: Ctx, ids: Sym) -> Sym:
     desc = ctx.desc
-    if desc.model_type in OTHER_MODEL_TYPES:
+    if is_other(desc):
         return other_embed(rec, ctx, ids)
     x = rec.embedding(ids, ctx.p("model.embed_tokens.weight"), "embed/tokens")
     if desc.embed_scale:
@@ -318,7 +320,7 @@ def _embed(rec: Recorder, ctx: Ctx, ids: Sym) -> Sym:
 
 def _head(rec: Recorder, ctx: Ctx, x: Sym) -> Sym:
     desc = ctx.desc
-    if desc.model_type in OTHER_MODEL_TYPES:
+    if is_other(desc):
         return other_head(rec, ctx, x)
     h = norm(rec, ctx, x, "model.norm", "final_norm")
     head = (ctx.params.get("lm_head.weight") or ctx.params.get("score.weight")
@@ -358,11 +360,9 @@ def _with_loss(desc: ModelDesc, spec: JobSpec, stages: list[Stage], logits: Sym,
         # Megatron-Core's vocab_parallel_cross_entropy (components/megatron_loss.py)
         saved, fwd, bwd0, head = megatron_ce_terms(tokens, v, c, grad_hidden)
         return ActivationPlan(stages, saved, fwd, bwd0, head, layer_backward(desc, spec))
-    kind = getattr(family_forward(desc.model_type), "LOSS_KIND", "") if desc.model_type in FAMILY_OF else ""
-    if kind and spec.task is not Task.SEQUENCE_CLASSIFICATION:  # repository code (components/shifted_loss.py)
-        w = (v, desc.hidden_size, dtypes_of(spec).weights) if kind == "zloss" and head_trains else None
-        return ActivationPlan(stages, *shifted_loss_terms(kind, b, s, v, c, _autocast(spec) is not None,
-                                                          grad_hidden, w), layer_backward(desc, spec))
+    if loss_kind(desc, spec):  # repository code's own loss (components/shifted_loss.py)
+        terms = shifted_loss_terms(desc, spec, v, c, _autocast(spec) is not None, grad_hidden, head_trains)
+        return ActivationPlan(stages, *terms, layer_backward(desc, spec))
     saved.add("logits/log_softmax", full32).add("logits/labels", nbytes(tokens, "int64"))
     if desc.final_logit_softcapping:
         # Gemma 2 (modeling_gemma2.py Gemma2ForCausalLM.forward): logits / cap, tanh, * cap;

@@ -9,39 +9,50 @@ from __future__ import annotations
 from vramplan.components.arch import Ctx, activation, attention_core, lin, llama_layer
 from vramplan.components.arch_extended import MORE_EMBEDS, MORE_HEADS, MORE_LAYER_PREFIX, MORE_LAYERS
 from vramplan.components.graph import Recorder, Sym
-from vramplan.families import FAMILY_OF
-from vramplan.families import forward as family_forward
 from vramplan.model import ModelDesc
 
 
-OTHER_MODEL_TYPES = frozenset({"gpt2", "bert", *MORE_LAYERS, *FAMILY_OF})
-"""Families whose embedding and head are not Llama's (dispatched by other_embed/other_head);
-those with a folder under vramplan/families bring their own (families.forward)."""
+OTHER_MODEL_TYPES = frozenset({"gpt2", "bert", *MORE_LAYERS})
+"""Families whose embedding and head are not Llama's (dispatched by other_embed/other_head)."""
+
+
+def family_forward(desc: ModelDesc):
+    """The forward module a family's description brings (LAYER_PREFIX, layer, embed, head,
+    optionally backward_peak): a family with a folder under vramplan/families describes its
+    model with a FamilyDesc, whose `family_forward` is that folder's forward.py (the family
+    depends on components/, never the reverse). None for the architectures recorded here
+    and in components/arch*.py."""
+    return getattr(desc, "family_forward", None)
+
+
+def is_other(desc: ModelDesc) -> bool:
+    """Whether the embedding and head are not Llama's: other_embed / other_head record them."""
+    return desc.model_type in OTHER_MODEL_TYPES or family_forward(desc) is not None
 
 
 def layer_prefix(desc: ModelDesc) -> str:
-    if desc.model_type in FAMILY_OF:
-        return family_forward(desc.model_type).LAYER_PREFIX
+    if family_forward(desc) is not None:
+        return family_forward(desc).LAYER_PREFIX
     return {"gpt2": "transformer.h", "bert": "bert.encoder.layer", **MORE_LAYER_PREFIX}.get(desc.model_type, "model.layers")
 
 
 def layer_fn(desc: ModelDesc):
-    if desc.model_type in FAMILY_OF:
-        return family_forward(desc.model_type).layer
+    if family_forward(desc) is not None:
+        return family_forward(desc).layer
     return {"gpt2": gpt2_block, "bert": bert_layer, **MORE_LAYERS}.get(desc.model_type, llama_layer)
 
 
 def other_embed(rec: Recorder, ctx: Ctx, ids: Sym) -> Sym:
-    if ctx.desc.model_type in FAMILY_OF:
-        return family_forward(ctx.desc.model_type).embed(rec, ctx, ids)
+    if family_forward(ctx.desc) is not None:
+        return family_forward(ctx.desc).embed(rec, ctx, ids)
     if ctx.desc.model_type in MORE_EMBEDS:
         return MORE_EMBEDS[ctx.desc.model_type](rec, ctx, ids)
     return bert_embed(rec, ctx, ids) if ctx.desc.model_type == "bert" else gpt2_embed(rec, ctx, ids)
 
 
 def other_head(rec: Recorder, ctx: Ctx, x: Sym) -> Sym:
-    if ctx.desc.model_type in FAMILY_OF:
-        return family_forward(ctx.desc.model_type).head(rec, ctx, x)
+    if family_forward(ctx.desc) is not None:
+        return family_forward(ctx.desc).head(rec, ctx, x)
     if ctx.desc.model_type in MORE_HEADS:
         return MORE_HEADS[ctx.desc.model_type](rec, ctx, x)
     return bert_head(rec, ctx, x) if ctx.desc.model_type == "bert" else gpt2_head(rec, ctx, x)

@@ -70,7 +70,7 @@ class Dtypes:
         states = self.optimizer_states if self.master_weights else self.adapters
         return replace(self, gradients=grads, optimizer_states=states, trains_adapters=True)
 
-    def describe(self, optimizer_states: bool = True) -> str:
+    def describe(self, optimizer_states: bool = True, training: bool = True) -> str:
         """Plain words: 'weights bf16, autocast bf16, gradients bf16, optimizer states bf16
         (HF Trainer bf16=True)'."""
         # Msg: English text the report edge can print translated (vramplan.i18n.tr)
@@ -79,6 +79,8 @@ class Dtypes:
             parts.append(Msg("adapters {dtype}", dtype=self.adapters))
         parts.append(Msg("autocast {dtype}", dtype=self.autocast) if self.autocast
                      else Msg("compute {dtype}", dtype=self.compute))
+        if not training:  # inference: nothing else is held in a dtype of its own
+            return Msg("{parts} ({source})", parts=Msg.join(", ", parts), source=self.source)
         parts.append(Msg("gradients {dtype}", dtype=self.gradients))
         if optimizer_states:
             parts.append(Msg("optimizer states {dtype}", dtype=self.optimizer_states))

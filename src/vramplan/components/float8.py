@@ -93,9 +93,12 @@ def apply(plan, spec, layer_linears, head_linears, hidden: int, res: str, mlp_ou
     """Add the float8 casts to an ActivationPlan: per stage forward transients, and what the
     layer's and the head's backward hold beyond what the plan counts already."""
     layer_fwd, head_fwd = forward_peak(layer_linears), forward_peak(head_linears)
+    # beside a family's checkpointed-forward peak (Jamba's scan), counted as both at once
+    before = plan.stage_forward_transient or [Breakdown() for _ in plan.stages]
     plan.stage_forward_transient = [
-        Breakdown().add("float8/forward_casts", layer_fwd if st.label.startswith("layer") else
-                        head_fwd if st.label == "head" else 0) for st in plan.stages]
+        Breakdown(dict(prev.terms)).add("float8/forward_casts", layer_fwd if st.label.startswith("layer") else
+                                        head_fwd if st.label == "head" else 0)
+        for st, prev in zip(plan.stages, before)]
     layer = next((st for st in reversed(plan.stages) if st.label.startswith("layer")), None)
     if layer is not None and not layer.recompute:
         kept = sum(v for n, v in layer.saved if n not in layer.freed_before_peak)

@@ -75,6 +75,10 @@ class Recorder:
     (components/float8.py turns them into the casts' transients)."""
     seen: set[int] = field(default_factory=set)
     """Storages already saved by an earlier stage (shared tensors are counted once)."""
+    forward_peak: list = field(default_factory=list)
+    """(name, bytes) a layer holds at the peak of its own forward beyond its input, when
+    nothing it saves is kept (torch.utils.checkpoint's forward): recorded by families whose
+    layer peaks inside a loop of temporaries (Jamba's Mamba scan, families/jamba/forward.py)."""
 
     # -- bookkeeping --------------------------------------------------------------------
     def new(self, name: str, shape, dtype: str, requires_grad: bool) -> Sym:

@@ -15,17 +15,36 @@ _SIZE = 256
 
 
 def cached(owner: object, key: tuple, compute: Callable[[], "Breakdown | list[Breakdown]"]):
+    """`compute()` for (owner, key), kept while `owner` is alive; a fresh copy each call.
+    A list (per-stage gradients) is kept with its equal entries (same terms in the same
+    order: identical layers) as one Breakdown, and handed out the same way, one copy per
+    distinct entry: the timeline then sums each once, times its count (timeline._sum),
+    which gives the same terms in the same order as summing every entry."""
     full = (id(owner),) + key
     hit = _CACHE.get(full)
     if hit is None or hit[0] is not owner:
         if len(_CACHE) >= _SIZE:
             _CACHE.pop(next(iter(_CACHE)))
-        hit = (owner, compute())
+        value = compute()
+        hit = (owner, value if isinstance(value, Breakdown) else _shared_entries(value))
         _CACHE[full] = hit
     value = hit[1]
     if isinstance(value, Breakdown):
         return Breakdown(dict(value.terms))
-    return [Breakdown(dict(b.terms)) for b in value]
+    copies: dict[int, Breakdown] = {}
+    out = []
+    for b in value:
+        c = copies.get(id(b))
+        if c is None:
+            c = copies[id(b)] = Breakdown(dict(b.terms))
+        out.append(c)
+    return out
+
+
+def _shared_entries(items: list[Breakdown]) -> list[Breakdown]:
+    """`items` with entries of equal content (terms and their order) as one object."""
+    seen: dict[tuple, Breakdown] = {}
+    return [seen.setdefault(tuple(b.terms.items()), b) for b in items]
 
 
 # JobSpec fields that no term of one model's saved activations reads (no module of

@@ -15,13 +15,27 @@ Legend: T' = b * (s - 1) tokens with a target, v vocab, c logits dtype.
 from __future__ import annotations
 
 from vramplan.breakdown import Breakdown
+from vramplan.components.dtypes import dtypes_of
+from vramplan.families import FAMILY_OF
+from vramplan.families import forward as family_forward
+from vramplan.model import ModelDesc
+from vramplan.spec import JobSpec, Task
 from vramplan.units import nbytes
 
 
-def shifted_loss_terms(kind: str, b: int, s: int, v: int, c: str, autocast: bool, grad_hidden: int,
-                       head_weight: tuple[int, int, str] | None = None):
-    """(loss_saved, forward_end_transient, loss_backward_transient, head_backward_transient).
-    `head_weight`: (v, h, dtype) of a trained NormHead weight, else None."""
+def loss_kind(desc: ModelDesc, spec: JobSpec) -> str:
+    """The family forward module's LOSS_KIND ("" for transformers' ForCausalLMLoss)."""
+    if desc.model_type not in FAMILY_OF or spec.task is Task.SEQUENCE_CLASSIFICATION:
+        return ""
+    return getattr(family_forward(desc.model_type), "LOSS_KIND", "")
+
+
+def shifted_loss_terms(desc: ModelDesc, spec: JobSpec, v: int, c: str, autocast: bool, grad_hidden: int,
+                       head_trains: bool):
+    """(loss_saved, forward_end_transient, loss_backward_transient, head_backward_transient)."""
+    kind, b, s = loss_kind(desc, spec), spec.micro_batch_size, spec.seq_len
+    # a trained NormHead's weight: (v, h, dtype)
+    head_weight = (v, desc.hidden_size, dtypes_of(spec).weights) if kind == "zloss" and head_trains else None
     tokens = b * (s - 1)
     saved, fwd, bwd0, head = Breakdown(), Breakdown(), Breakdown(), Breakdown()
     # F.cross_entropy: log_softmax runs in fp32 under autocast (autocast's fp32 op list)

@@ -6,6 +6,7 @@ Shapes: nn.Linear(in, out).weight is (out, in).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
+from types import ModuleType
 from typing import Any
 
 from vramplan.catalog.hf_extended import ExtendedDesc
@@ -28,6 +29,15 @@ class FamilyDesc(ExtendedDesc):
     unset); "" follows the job's `attention`."""
     z_loss_weight: float = 0.0
     """Baichuan 2's z-loss weight (BaichuanForCausalLM.forward adds it, even at 0)."""
+
+    @property
+    def family_forward(self) -> ModuleType | None:
+        """The family's forward.py (LAYER_PREFIX, layer, embed, head, optionally
+        backward_peak), which components/ records the model through
+        (components/arch_gpt2_bert.py family_forward): the description brings its forward,
+        so components/ never imports a family. None without a folder for the model type."""
+        from vramplan.families import FAMILY_OF, forward
+        return forward(self.model_type) if self.model_type in FAMILY_OF else None
 
 
 class Cfg:

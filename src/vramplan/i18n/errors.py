@@ -66,6 +66,11 @@ TEMPLATES = (
     N_("videos of LLaVA-OneVision are not modelled yet; set it to 0"),
     N_("LLaVA-OneVision with features other than the last layer's, all patches kept (-1, full), is not modelled"),
     N_("expected anyres_max_N, got {value}"),
+    # vramplan.spec: keep_logits (spec/tasks.py check_keep_logits)
+    N_("is modelled for tasks sft, pretrain and sequence-classification, not {task}; drop keep_logits"),
+    N_("the fused linear cross-entropy never builds the logits; drop keep_logits or use loss_impl standard"),
+    N_("Megatron's GPTModel returns the per-token loss, not the logits, when given labels; drop keep_logits"),
+    N_("TRL's SFTTrainer computes its loss in a fused log-prob head that never builds the logits; drop keep_logits"),
     # vramplan.spec: float8 training and NEFTune (spec/float8.py, spec/job.py)
     N_("float8 training converts the trained nn.Linear layers; with {method} it is not modelled; "
        "use method full or freeze"),

@@ -34,6 +34,8 @@ TERM_PARTS = {
     "grad_log_softmax": N_("log-softmax gradient"), "grad_logits": N_("logits gradient"),
     "grad_logits_fp32": N_("logits gradient (fp32)"), "labels": N_("labels"),
     "input_ids": N_("token ids"), "attention_mask": N_("attention mask"),
+    "kept_by_the_loop": N_("kept by the training loop"), "kept_input_leaf": N_("kept input leaf"),
+    "checkpointed_forward": N_("a checkpointed layer's forward"),
     "completion_mask": N_("completion mask"), "advantages": N_("advantages"), "latents": N_("latents"),
     "noise": N_("noise"), "noisy_latents": N_("noisy latents"), "pixels": N_("pixels"),
     "prompt_completion_ids": N_("prompt and completion ids"),

@@ -13,7 +13,7 @@ from vramplan.spec.tasks import PRECOMPUTED, needs_several_models
 
 
 def _desc(model, num_labels: int | None = None) -> ModelDesc:
-    from vramplan.catalog.hf import model_from_hf_config
+    from vramplan.sources import model_from_hf_config
     from vramplan.sources import resolve_hf_config
     name, config = resolve_hf_config(model)
     return model_from_hf_config(config, name=name, num_labels=num_labels)

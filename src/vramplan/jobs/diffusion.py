@@ -13,7 +13,8 @@ The denoiser's activations: transformer denoisers replay one block on the record
 `offload_frozen` (diffusers enable_model_cpu_offload: one model on the GPU at a time, moved
 in at its forward), count only in their own forward event.
 Measured against vramplan.measure.diffusion (a tiny CogVideoXTransformer3DModel, full /
-LoRA / frozen copy, fp32 / bf16; bench/jobs): peaks within 1.5%.
+LoRA / frozen copy, fp32 / bf16; bench/jobs): peaks within 1.5%; LTX-Video, HunyuanVideo
+and Mochi (jobs/diffusion_video.py; bench/video): peaks within 1.0%.
 Legend: b batch, C latent channels, F latent frames, H, W latent side, n video tokens,
 m text tokens, h hidden, c compute dtype.
 """
@@ -30,7 +31,10 @@ from vramplan.jobs.compose import Step, finish
 from vramplan.jobs.diffusion_frozen import frozen_modules
 from vramplan.jobs.diffusion_unet import unet_lora_params, unet_lora_transients, unet_stages
 from vramplan.jobs.diffusion_scripts import adapter_dtype, script_loss, scripts_stack
-from vramplan.jobs.diffusion_blocks import (BLOCK_CLASSES, block_stages, block_transients, feed_forward_params,
+from vramplan.jobs.diffusion_video import (VIDEO_CLASSES, checkpointed, checkpointed_backward_transient,
+                                           checkpointed_forward_transient, first_block_grads)
+from vramplan.jobs.diffusion_video import forward_transient as video_forward_transient
+from vramplan.jobs.diffusion_blocks import (BLOCK_CLASSES, block_ctx, block_stages, block_transients, feed_forward_params,
                                             lora_targets, output_backward_transient)
 from vramplan.jobs.diffusion_blocks import buffers as block_buffers
 from vramplan.spec import Checkpointing, JobSpec, Method
@@ -80,10 +84,10 @@ def denoiser_params(pipe: dict, spec: JobSpec) -> ParamSet:
         out.append(HeldParam(f"blocks.{i}", (per - ff,), w, full, "base", max(i - 1, 0) if ff else i))
     out.append(HeldParam("embeddings_and_head", (den["num_params"] - per * layers,), w, full, "base"))
     if spec.method in (Method.LORA, Method.QLORA):
-        h, r = _hidden(den), spec.lora.r
+        r = spec.lora.r
         for i in range(layers):
-            out += [HeldParam(f"blocks.{i}.{m}.lora", (2 * r * h,), adapter_dtype(spec), True, "lora", i)
-                    for m in lora_targets(den, i)]
+            out += [HeldParam(f"blocks.{i}.{m}.lora", (r * width,), adapter_dtype(spec), True, "lora", i)
+                    for m, width in lora_targets(den, i)]
     return ParamSet(tuple(out))
 
 
@@ -203,18 +207,29 @@ def diffusion_estimate(pipe: dict, spec: JobSpec, gpu=None):
             # the recomputed block saves its inputs again, but they are the kept ones
             stages = [Breakdown(terms={k: v for k, v in s.terms.items() if not k.endswith(("/hidden", "/text"))})
                       for s in stages]
+        outside = [Breakdown() for _ in stages]
+        if den.get("class") in VIDEO_CLASSES:
+            outside, stages = checkpointed(stages)
+            own = checkpointed_backward_transient(den, block_ctx(den, spec), b, n)
+            transient = [Breakdown().merge(own) for _ in stages[:-1]] + transient[-1:] if own else transient
         transient = [t.merge(s, prefix="recomputed/") for t, s in zip(transient, stages)]
-        stages = [Breakdown().add("denoiser/activations/checkpoint/block_input", kept) for _ in stages]
+        stages = [Breakdown().add("denoiser/activations/checkpoint/block_input", kept).merge(o) for o in outside]
     plan = StepPlan(static=static, grads_by_stage=grads, stage_acts=stages, loss_saved=loss_saved,
                     forward_end_transient=fwd_end, loss_backward_transient=bwd0,
                     stage_backward_transient=transient, optimizer_temporaries=step_temporaries(spec, params),
-                    labels=[f"denoiser stage {i} backward" for i in range(len(stages))])
+                    labels=[f"denoiser stage {i} backward" for i in range(len(stages))],
+                    stage_grads_at_peak=first_block_grads(den, params, grads))
     step = Step(plan)
     if pipe["kind"] == "unet" and unet_fwd.total():
         step.after_forward.append(("forward", "last up level feed-forward (frozen)", unet_fwd, False))
     if pipe["kind"] == "video-dit" and den.get("class") not in BLOCK_CLASSES and spec.method is not Method.FULL:
         step.after_forward.append(("forward", "last block feed-forward (frozen)", _frozen_ff_forward(den, b, n + m, c),
                                    False))
+    if den.get("class") in VIDEO_CLASSES:
+        gc = spec.gradient_checkpointing is Checkpointing.FULL
+        working = checkpointed_forward_transient if gc else video_forward_transient
+        step.after_forward.append(("forward", "a block's working set", working(
+            den, block_ctx(den, spec), b, n, m or tokens["context"]), False))
     total, notes = {"denoiser": pipe["denoiser"]["num_params"]}, [f"latents {shape}; tokens {tokens}"]
     total.update(frozen_modules(pipe, spec, step, b, c, w, notes, n + m))
     return finish(spec, _desc_stub(pipe), step, num_params=total,

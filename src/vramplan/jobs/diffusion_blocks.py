@@ -15,13 +15,15 @@ from vramplan.components.arch_dit import DitCtx
 from vramplan.components.arch_mmdit import double_block, modulate, single_block, wan_block
 from vramplan.components.graph import Recorder
 from vramplan.jobs.diffusion_scripts import adapter_dtype
+from vramplan.jobs.diffusion_video import (HUNYUAN, LTX, MOCHI, VIDEO_CLASSES, ltx_output_stage, mochi_lora_transient,
+                                           video_feed_forward_params, video_lora_targets, video_stages)
 from vramplan.spec import JobSpec, Method
 from vramplan.units import nbytes
 
-BLOCK_CLASSES = ("FluxTransformer2DModel", "SD3Transformer2DModel", "WanTransformer3DModel")
+BLOCK_CLASSES = ("FluxTransformer2DModel", "SD3Transformer2DModel", "WanTransformer3DModel") + VIDEO_CLASSES
 
 
-def _ctx(den: dict, spec: JobSpec) -> DitCtx:
+def block_ctx(den: dict, spec: JobSpec) -> DitCtx:
     full = spec.method is Method.FULL
     h = den["num_attention_heads"] * den["attention_head_dim"]
     return DitCtx(hidden=h, heads=den["num_attention_heads"], ff_mult=den.get("ff_mult", 4),
@@ -40,8 +42,13 @@ def _stage(rec: Recorder, prefix: str) -> Breakdown:
 def block_stages(pipe: dict, spec: JobSpec, b: int, n: int, m: int) -> list[Breakdown]:
     """Saved tensors per block in forward order, the output stage last."""
     den = pipe["denoiser"]
-    cls, ctx = den["class"], _ctx(den, spec)
+    cls, ctx = den["class"], block_ctx(den, spec)
     h, c, full = ctx.hidden, ctx.dtype, ctx.trainable
+    if cls in VIDEO_CLASSES:  # LTX-Video, HunyuanVideo, Mochi: jobs/diffusion_video.py
+        stages = video_stages(den, ctx, spec.backend.value, b, n, m)
+        if cls == LTX:
+            return stages + [ltx_output_stage(ctx, spec.backend.value, b, n)]
+        return stages + [output_stage(den, ctx, spec, b, n, n + m if cls == HUNYUAN else n)]
     stages = []
     doubles = den["num_layers"]
     singles = den.get("num_single_layers", 0) if cls == "FluxTransformer2DModel" else 0
@@ -100,6 +107,8 @@ def feed_forward_params(den: dict, i: int) -> int:
     """Weights and biases of block i's feed-forwards (h -> f -> h each): the image stream's
     and, in a joint block that keeps its text stream, the text's (ff_context); none counted
     for Flux's single blocks, whose MLP runs beside the attention."""
+    if den["class"] in VIDEO_CLASSES:
+        return video_feed_forward_params(den, i)
     h = den["num_attention_heads"] * den["attention_head_dim"]
     f = den.get("ffn_dim") or den.get("ff_mult", 4) * h
     one = 2 * h * f + f + h
@@ -111,10 +120,18 @@ def feed_forward_params(den: dict, i: int) -> int:
     return one if last_pre_only else 2 * one
 
 
-def lora_targets(den: dict, i: int) -> tuple[str, ...]:
-    """The modules of block i that PEFT adapts with diffusers' training scripts' default
-    targets (`to_q`, `to_k`, `to_v`, `to_out.0`, matched by name suffix): Wan's self- and
-    cross-attention both have them; Flux's single blocks have no `to_out`."""
+def lora_targets(den: dict, i: int) -> tuple[tuple[str, int], ...]:
+    """(module, in + out features) of block i's Linears that PEFT adapts with diffusers'
+    training scripts' default targets (`to_q`, `to_k`, `to_v`, `to_out.0`, matched by name
+    suffix): Wan's self- and cross-attention both have them; Flux's single blocks have no
+    `to_out`; the video classes: jobs/diffusion_video.video_lora_targets."""
+    if den.get("class") in VIDEO_CLASSES:
+        return video_lora_targets(den, i)
+    h = den["num_attention_heads"] * den["attention_head_dim"]
+    return tuple((name, 2 * h) for name in _lora_names(den, i))
+
+
+def _lora_names(den: dict, i: int) -> tuple[str, ...]:
     four = ("to_q", "to_k", "to_v", "to_out.0")
     if den.get("class") == "WanTransformer3DModel":
         return tuple(f"attn{j}.{t}" for j in (1, 2) for t in four)
@@ -130,10 +147,12 @@ def block_transients(pipe: dict, spec: JobSpec, b: int, n: int, m: int) -> list[
     with the exact CPU meter (Wan: mm, gelu_backward, native_layer_norm_backward alive at
     the peak). Flux's single blocks: below."""
     den = pipe["denoiser"]
-    ctx = _ctx(den, spec)
+    ctx = block_ctx(den, spec)
+    if den["class"] == MOCHI:
+        return [mochi_lora_transient(ctx, b, n) for _ in range(den["num_layers"])]
     f = ctx.ff_dim or ctx.ff_mult * ctx.hidden
     doubles = den["num_layers"]
-    singles = den.get("num_single_layers", 0) if den["class"] == "FluxTransformer2DModel" else 0
+    singles = den.get("num_single_layers", 0) if den["class"] in ("FluxTransformer2DModel", HUNYUAN) else 0
     out = []
     for i in range(doubles + singles):
         if i < doubles:
@@ -176,7 +195,9 @@ def output_stage(den: dict, ctx: DitCtx, spec: JobSpec, b: int, n: int, last_tok
     temb = rec.new("temb", (b, ctx.hidden), ctx.dtype, full)
     rec.seen.add(id(temb.storage))
     wan = den["class"] == "WanTransformer3DModel"
-    emb = rec.new("norm_out.emb", (b, 2 * ctx.hidden), "fp32" if wan else ctx.dtype, full)
+    # Mochi's conditioning requires grad under LoRA too (its text pooler's to_q is adapted)
+    emb_grad = full or (den["class"] == MOCHI and ctx.lora_rank > 0)
+    emb = rec.new("norm_out.emb", (b, 2 * ctx.hidden), "fp32" if wan else ctx.dtype, emb_grad)
     if not wan:  # AdaLayerNormContinuous: linear(silu(temb)) saves silu's output
         rec.save(rec.new("norm_out.silu", (b, ctx.hidden), ctx.dtype, full)) if full else None
     mod = modulate(rec, ctx, rec.view(last, (b, n, ctx.hidden)), emb, "norm_out", fp32=wan)
@@ -185,4 +206,4 @@ def output_stage(den: dict, ctx: DitCtx, spec: JobSpec, b: int, n: int, last_tok
     return _stage(rec, "output")
 
 
-__all__ = ["BLOCK_CLASSES", "block_stages", "buffers", "feed_forward_params", "output_backward_transient", "rotary_tables", "block_transients", "lora_targets", "output_stage"]
+__all__ = ["BLOCK_CLASSES", "block_ctx", "block_stages", "buffers", "feed_forward_params", "output_backward_transient", "rotary_tables", "block_transients", "lora_targets", "output_stage"]

@@ -47,7 +47,9 @@ def vae_encode_forward(pipe: dict, b: int, frames: int, height: int, width: int,
     that encodes in frame chunks (`encode_chunk_frames`: AutoencoderKLWan._encode runs the
     first frame, then 4 at a time, with a cache of past frames) holds one chunk; slicing
     (`enable_slicing`) one sample; tiling (`enable_tiling`) one tile of `tile_size` pixels a
-    side (AutoencoderKL.tiled_encode: tile_sample_min_size, 512 unless the entry says)."""
+    side (AutoencoderKL.tiled_encode: tile_sample_min_size, 512 unless the entry says).
+    LTX-Video's encoder folds `first_level_stride`^2 pixels into channels before its first
+    level (AutoencoderKLLTXVideo patch_size 4), which then runs at 1/4 of each side."""
     vae = pipe["vae"]
     ch = first_channels(vae)
     frames = min(frames, vae.get("encode_chunk_frames", frames))
@@ -56,7 +58,9 @@ def vae_encode_forward(pipe: dict, b: int, frames: int, height: int, width: int,
     if cfg is not None and cfg.vae_tiling:
         tile = vae.get("tile_size", 512)
         height, width = min(height, tile), min(width, tile)
-    return Breakdown().add("forward/level0", 4 * nbytes(b * ch * frames * height * width, c))
+    stride = vae.get("first_level_stride", 1)
+    pixels = (height // stride) * (width // stride)
+    return Breakdown().add("forward/level0", 4 * nbytes(b * ch * frames * pixels, c))
 
 
 

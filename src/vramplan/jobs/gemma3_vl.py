@@ -90,7 +90,7 @@ def resolve(cfg: dict, name: str | None = None) -> tuple[Gemma3VisionDesc, Model
     """Gemma 3: the SigLIP side, and the language model of its text_config (catalog/hf.py
     reads a `gemma3` config that way); tie_word_embeddings is the outer config's
     (Gemma3Config, default true), which ties lm_head to the embeddings."""
-    from vramplan.catalog.hf import model_from_hf_config
+    from vramplan.sources import model_from_hf_config
     text = {"model_type": "gemma3_text", **cfg.get("text_config", {}),
             "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", True))}
     lm = model_from_hf_config(text, name=name or "gemma3")

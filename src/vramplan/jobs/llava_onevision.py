@@ -75,7 +75,7 @@ def resolve(cfg: dict, name: str | None = None) -> tuple[OnevisionDesc, ModelDes
     """LLaVA-OneVision: the SigLIP side, and the language model of its text_config (Qwen2
     by default); lm_head is tied when the outer or the text config says so
     (LlavaOnevisionConfig.__post_init__ copies the text config's flag)."""
-    from vramplan.catalog.hf import model_from_hf_config
+    from vramplan.sources import model_from_hf_config
     from vramplan.families.llava_onevision.vision import vision_from_config
     text = {"model_type": "qwen2", **cfg.get("text_config", {})}
     text["tie_word_embeddings"] = bool(cfg.get("tie_word_embeddings", False) or text.get("tie_word_embeddings", False))

@@ -313,7 +313,7 @@ def _from_config(cfg: dict, name: str | None = None):
 
 def resolve_vlm(model):
     """An edge: the VLM's vision description and its language model's ModelDesc."""
-    from vramplan.catalog.hf import model_from_hf_config
+    from vramplan.sources import model_from_hf_config
     if isinstance(model, dict):
         own = _from_config(model)
         if own is not None:
@@ -343,7 +343,7 @@ def vlm_num_params(entry: dict) -> int:
     """A catalog VLM's parameters: language model + tower + projector (a published-config
     entry counted from its description; an older entry from its recorded part counts)."""
     if "config" not in entry:
-        from vramplan.catalog import model_desc
+        from vramplan.sources import model_desc
         return model_desc(entry["language_model"]).num_params() + entry["vision"]["num_params"] + \
             entry["projector"]["num_params"]
     vis, lm = resolve_vlm(entry["name"])
@@ -355,7 +355,7 @@ def _internvl(cfg: dict, name: str | None = None):
     """InternVL: InternViT + projector, and the language model of its text_config (Qwen2
     by default, InternVLConfig's sub-config default); tie_word_embeddings is the outer
     config's (InternVLConfig, default true)."""
-    from vramplan.catalog.hf import model_from_hf_config
+    from vramplan.sources import model_from_hf_config
     from vramplan.families.internvl.vision import vision_from_config
     text = {"model_type": "qwen2", **cfg.get("text_config", {}),
             "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", True))}
@@ -368,7 +368,7 @@ def _qwen_vl(cfg: dict, name: str | None = None):
     (Qwen2VLTextConfig defaults; M-RoPE changes only cos/sin, not the parameters). The
     published configs keep the text fields at the top level; transformers moves them into
     text_config (Qwen2VLConfig.__post_init__), and so does this."""
-    from vramplan.catalog.hf import model_from_hf_config
+    from vramplan.sources import model_from_hf_config
     from vramplan.families.qwen2_vl.vision import TEXT_DEFAULTS, vision_from_config
     text = {k: v for k, v in cfg.items() if k in TEXT_DEFAULTS}
     text = {**TEXT_DEFAULTS, **text, **cfg.get("text_config", {}), "model_type": "qwen2",

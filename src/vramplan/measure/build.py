@@ -300,7 +300,7 @@ def job_dtypes(job: dict):
     precision word read on the job's stack, over the load dtype the stack would use for
     this config), so a measurement runs the precision the estimate assumes."""
     from vramplan import load_spec
-    from vramplan.catalog.hf import checkpoint_dtype
+    from vramplan.catalog.hf_config import checkpoint_dtype
     from vramplan.components.dtypes import dtypes_of, resolve_load_dtype
 
     spec = resolve_load_dtype(load_spec(job), checkpoint_dtype(hf_config_dict(job["model"])))

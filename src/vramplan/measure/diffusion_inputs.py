@@ -31,7 +31,7 @@ FLOW_MATCHING = {"FluxTransformer2DModel", "SD3Transformer2DModel", "WanTransfor
 def text_dim(pipe: dict) -> int:
     """Width of the text states the denoiser reads (its config's name for it)."""
     den = pipe["denoiser"]
-    for key in ("joint_attention_dim", "text_embed_dim", "text_dim", "cross_attention_dim", "caption_channels"):
+    for key in ("joint_attention_dim", "text_embed_dim", "text_dim", "caption_channels", "cross_attention_dim"):
         value = den.get(key)
         if isinstance(value, int):
             return value

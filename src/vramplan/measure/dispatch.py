@@ -105,6 +105,10 @@ def measure_cpu(job: Any, trace: bool = False, steps: int = 2) -> MeasureResult:
         result = run_cpu(job, trace=trace, steps=steps)
         result.runner = loop_runner(job)
         return result
+    if job["task"] == "inference":
+        from .inference import measure_inference
+
+        return measure_inference(job, steps=steps, trace=trace)
     if job["task"] == "diffusion" and _diffusers_script(job):
         from .diffusers_step import measure_diffusers_step
 

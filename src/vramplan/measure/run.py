@@ -138,12 +138,13 @@ def _autocast(built: Built, device: str):
     return torch.autocast(device_type=device, dtype=built.autocast_dtype)
 
 
-def _forward(built: Built, batch: dict, device: str, scale: float) -> torch.Tensor:
+def _forward(built: Built, batch: dict, device: str, scale: float):
+    """(loss, the model's output object); the caller drops the output before backward, as
+    Trainer does, unless the job keeps its logits."""
     with _autocast(built, device):
         out = built.model(**batch)
         loss = out.loss
-    del out  # Trainer drops the output object before backward
-    return loss / scale if scale != 1 else loss
+    return (loss / scale if scale != 1 else loss), out
 
 
 def _optimizer_step(built: Built) -> None:
@@ -175,10 +176,14 @@ def train_steps(built: Built, job: dict, meter, device: str, steps: int = 2) -> 
     vocab = int(getattr(built.model.config, "vocab_size", 32000))
     accum = max(1, int(job.get("grad_accum_steps", 1) or 1))
     batch = make_inputs(job, vocab, device)
+    keep, outputs = bool(job.get("keep_logits")), None
     for step in range(1, steps + 1):
         for micro in range(accum):
             with meter.phase(f"s{step}.fwd"):
-                loss = _forward(built, batch, device, float(accum))
+                loss, out = _forward(built, batch, device, float(accum))
+                if keep:  # a plain loop's `outputs = model(**batch)`: the last step's go only now
+                    outputs = out
+                del out  # Trainer drops the output object before backward
             if step == steps and micro == accum - 1:
                 _record_end_of_forward(built, meter, stats, batch)
             with meter.phase(f"s{step}.bwd"):
@@ -187,6 +192,7 @@ def train_steps(built: Built, job: dict, meter, device: str, steps: int = 2) -> 
         with meter.phase(f"s{step}.opt"):
             _optimizer_step(built)
         del loss
+    del outputs
     stats.params_bytes = unique_bytes(param_tensors(built))
     stats.optimizer_state_bytes = unique_bytes(state_tensors(built))
     return stats

@@ -36,7 +36,7 @@ def build_standin(model_type: str, cfg: dict, job: dict, dtype: torch.dtype) -> 
             None, False, "none", "off"):
         raise ValueError(f"model: the {model_type} stand-in measures full fine-tuning and LoRA without "
                          "checkpointing only")
-    from vramplan.catalog.hf import model_from_hf_config
+    from vramplan.sources import model_from_hf_config
     desc = model_from_hf_config({"model_type": model_type, **cfg})  # the config class's defaults
     old = torch.get_default_dtype()
     torch.set_default_dtype(dtype)  # what from_config(dtype=...) does while modules are built

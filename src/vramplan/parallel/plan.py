@@ -51,15 +51,50 @@ def rank_plan(desc: ModelDesc, spec: JobSpec, params: ParamSet, plan: StepPlan) 
     peaks = [peak_total(p) for p, _ in plans]
     worst = max(range(lay.pp), key=lambda r: peaks[r])
     best_plan, sets = plans[worst]
-    w = memo(sets, "weight_bytes", lambda: sum(nbytes(p.numel, p.dtype) for p in sets.full.params))
-    g = grad_bytes(spec, sets)
-    layers = ranges[worst]
-    moe = len([i for i in layers if i in desc.moe_layers])
-    comm = volumes(desc, spec, lay, w, g, len(layers), moe)
+    comm = _volumes(desc, spec, lay, sets, ranges[worst])
     host = _host(spec, lay, sets)
     report = ParallelReport(lay, worst, peaks, comm, host, notes=host_notes(lay, host.total()))
     best_plan.sharded_prefixes, best_plan.parallel = ("",), report
     return best_plan, report
+
+
+def _volumes(desc: ModelDesc, spec: JobSpec, lay: Layout, sets: RankSets, layers: range) -> dict[str, dict]:
+    """The communication of the rank holding `sets` and `layers` (parallel/comm.py volumes)."""
+    return volumes(desc, spec, lay, *_traffic(desc, spec, sets, layers))
+
+
+def _traffic(desc: ModelDesc, spec: JobSpec, sets: RankSets, layers: range) -> tuple[int, int, int, int]:
+    """What parallel/comm.py volumes reads of a rank: its parameter and gradient bytes, its
+    layers and MoE layers."""
+    w = memo(sets, "weight_bytes", lambda: sum(nbytes(p.numel, p.dtype) for p in sets.full.params))
+    moe = len([i for i in layers if i in desc.moe_layers])
+    return w, grad_bytes(spec, sets), len(layers), moe
+
+
+def stage_traffic(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> tuple[Layout, list[tuple]] | None:
+    """The layout and, per pipeline stage, what its communication reads (`_traffic`); these
+    depend on the layout and the parameter sets, not on batch, sequence or checkpointing,
+    so a search keeps them per family of layouts. None where rank_plan is not run (one
+    GPU, no sharding)."""
+    if spec.parallel.is_trivial and spec.num_gpus <= 1:
+        return None
+    lay = Layout.of(spec, desc.hidden_size)
+    ranges = pp_layers(desc.num_layers, lay.pp, lay.extras.get("pp_layers"))
+    return lay, [_traffic(desc, spec, rank_sets(desc, spec, params, lay, r, ranges[r]), ranges[r])
+                 for r in range(lay.pp)]
+
+
+def communication_floor(desc: ModelDesc, spec: JobSpec, lay: Layout, stages: list[tuple]) -> dict[str, dict] | None:
+    """A lower bound, per collective, on the `communication` rank_plan reports for `spec`,
+    known without planning the step: the least volume of any pipeline stage (`stages`:
+    stage_traffic's; the reported rank is the stage with the highest memory peak, which
+    only the step's plan knows). None where the stages' collectives differ in name (then
+    no per-name floor holds) or there are none."""
+    per_stage = [volumes(desc, spec, lay, *t) for t in stages]
+    names = list(per_stage[0])
+    if not names or any(list(v) != names for v in per_stage):
+        return None
+    return {k: {"bytes": min(v[k]["bytes"] for v in per_stage)} for k in names}
 
 
 def _select(items: list, stage: int, pp: int, layers: range) -> list:

@@ -11,7 +11,7 @@ from typing import Any, Mapping
 
 from vramplan.components.memo import spec_key
 from vramplan.components.trainable import param_set
-from vramplan.estimation import Estimate, estimate_model
+from vramplan.estimation import Estimate, estimate_model, model_spec
 from vramplan.model import ModelDesc
 from vramplan.plan.steptime import DEFAULT_MFU, ModelCounts, StepTime, step_time
 from vramplan.spec import JobSpec, SpecError, load_spec
@@ -82,6 +82,8 @@ def memory_key(spec: JobSpec, *, drop: tuple[str, ...] = ()) -> tuple:
     return _freeze(data)
 
 
+# Spec fields parallel/plan.py stage_traffic does not read (communication_floor does).
+_ACTIVATION_FIELDS = ("micro_batch_size", "seq_len", "gradient_checkpointing", "loss_impl", "attention")
 _TRAINABLE_FIELDS = ("task", "method", "lora", "freeze", "quantization", "num_labels")
 
 
@@ -108,6 +110,7 @@ class Evaluator:
         self.calls = 0
         self._cache: dict[tuple, Estimate] = {}
         self._trainable: dict[tuple, int] = {}
+        self._traffic: dict[tuple, object] = {}
 
     @classmethod
     def for_spec(cls, spec: JobSpec, gpu=None, **kwargs) -> "Evaluator":
@@ -167,6 +170,38 @@ class Evaluator:
         if not reports_comm:
             return st.total_s
         return sum(v for k, v in st.terms.items() if not k.startswith("comm/"))
+
+    def step_time_floor(self, spec: JobSpec, family: tuple | None = None) -> float:
+        """A tighter lower bound than step_time_bound(spec, True), also known before
+        estimating: the step time with each collective at its least volume over the pipeline
+        stages (parallel/plan.py communication_floor; every term of step_time is then at most
+        the estimate's, and they are summed in the same order); step_time_bound where no
+        floor holds. `family`: a key equal for layouts alike but for batch, sequence and
+        checkpointing (see communication_floor)."""
+        floor = self.communication_floor(spec, family) if self.counts is not None else None
+        if floor is None:
+            return self.step_time_bound(spec, True)
+        return step_time(self.counts, spec, self.gpu, mfu=self.mfu, trainable_params=self.trainable_params(spec),
+                         communication=floor).total_s
+
+    def communication_floor(self, spec: JobSpec, family: tuple | None = None) -> dict | None:
+        """parallel/plan.py communication_floor for a single-model job (None otherwise, or
+        where the layout is refused: its estimate says why). What it reads of each pipeline
+        stage (stage_traffic) depends on the layout and the parameter sets, not on batch,
+        sequence or checkpointing: it is kept per `family` (a search's key for layouts alike
+        but for those), else per the spec's other fields."""
+        if self.desc is None or needs_several_models(spec):
+            return None
+        from vramplan.parallel.plan import communication_floor, stage_traffic
+        try:
+            mspec = model_spec(self.desc, spec)
+            key = ("family", family) if family is not None else memory_key(mspec, drop=_ACTIVATION_FIELDS)
+            if key not in self._traffic:
+                self._traffic[key] = stage_traffic(self.desc, mspec, param_set(self.desc, mspec))
+            traffic = self._traffic[key]
+            return None if traffic is None else communication_floor(self.desc, mspec, *traffic)
+        except (SpecError, ValueError):
+            return None
 
     def verdict(self, spec: JobSpec) -> Verdict:
         est = self.estimate(spec)

@@ -13,20 +13,22 @@ without approximating:
      (micro-batch, checkpointing, loss, attention, sequence), so one estimate per family of
      layouts alike in everything else gives a floor that can rule the whole family out;
   4. layouts are visited in order of a step-time lower bound known before estimating (the
-     whole step-time model, or all but its communication when the estimator reports its own),
-     and the walk stops once k fitting layouts beat the next bound.
+     whole step-time model, or all but its communication when the estimator reports its own,
+     refined, for the layouts the walk reaches, with each collective at its least volume
+     over the pipeline stages), and the walk stops once k fitting layouts beat the next bound.
 Multi-model jobs (DPO reference, teacher, diffusion parts) are estimated by the job
 estimator; their step time counts the trained model's FLOPs only.
 """
 from __future__ import annotations
 
+import heapq
 import time
 from dataclasses import dataclass, field
 from typing import Callable
 
 from vramplan.estimation import Estimate
 from vramplan.i18n import Msg
-from vramplan.plan.evaluate import Evaluator, accum_key, reported_communication
+from vramplan.plan.evaluate import Evaluator, accum_key, memory_key, reported_communication
 from vramplan.plan.space import Candidate, default_axes, enumerate_candidates
 from vramplan.plan.steptime import StepTime
 from vramplan.report.emit import paste_forms
@@ -72,6 +74,9 @@ class FitReport:
     closest: FitResult | None = None
     """When nothing fits: the layout with the smallest device memory."""
     suggestions: list = field(default_factory=list)
+    candidates_checked: int = 0
+    """Layouts whose memory the walk checked (through their group's estimates or a family's
+    floor); the rest of those settled were ruled out by the step-time bound alone."""
 
     def _repr_html_(self) -> str:
         """Notebook display: the ranked layouts as an HTML table (report/answers.py)."""
@@ -83,6 +88,7 @@ class FitReport:
         return {"schema_version": FIT_SCHEMA_VERSION,
                 "candidates_evaluated": self.candidates_evaluated,
                 "candidates_total": self.candidates_total,
+                "candidates_checked": self.candidates_checked,
                 "estimates_computed": self.estimates_computed,
                 "elapsed_s": self.elapsed_s, "limit_bytes": self.limit_bytes,
                 "headroom_bytes": self.headroom_bytes,
@@ -139,6 +145,13 @@ class _Groups:
                 self.largest_fit[key] = self._resolve(ordered)
         return c.spec.micro_batch_size <= self.largest_fit[key]
 
+    def known(self, c: Candidate) -> bool:
+        """Whether `fits(c)` is settled without another estimate."""
+        if self.key(c) in self.largest_fit:
+            return True
+        floor = self.static_floor.get(self.family(c))
+        return floor is not None and floor > self.ev.limit_bytes
+
     def _family_too_big(self, c: Candidate) -> bool:
         """Whether memory that no activation axis changes already exceeds the limit."""
         fam = self.family(c)
@@ -185,37 +198,50 @@ def fit(spec: JobSpec, gpu=None, *, axes: dict | None = None, top_k: int = 5,
     space = default_axes(spec, ev.desc) if axes is None else axes
     cands = list(enumerate_candidates(spec, ev.desc, space, max_micro_batch=max_micro_batch))
     groups = _Groups(ev)
-    order = []
+    base_key = memory_key(spec)
+    heap = []
     for c in cands:
         groups.add(c)
-        order.append((ev.step_time_bound(c.spec, reports_comm), -c.spec.micro_batch_size, c.index, c))
-    order.sort(key=lambda t: t[:3])
+        heap.append((ev.step_time_bound(c.spec, reports_comm), -c.spec.micro_batch_size, c.index, False, c))
+    heapq.heapify(heap)
+    total = len(heap)
     found: list[tuple[float, int, int, Candidate]] = []
-    settled, interrupted = 0, False
+    settled, checked, interrupted = 0, 0, False
     try:
-        for bound, neg_mb, index, c in order:
+        while heap:
+            bound, neg_mb, index, refined, c = heapq.heappop(heap)
             if len(found) >= top_k and bound > found[top_k - 1][0]:
-                settled = len(order)          # every later bound is larger still
+                settled = total               # every later bound is larger still
                 break
+            if reports_comm and not refined and not groups.known(c):
+                # the bound with each collective at its least volume, computed only for the
+                # layouts the walk reaches whose memory needs an estimate (any order of the
+                # others gives the same answers); it is no less than the first, so the heap
+                # still hands out layouts in order of a lower bound (the family key: this
+                # search's spec and the axes no activation depends on)
+                floor = ev.step_time_floor(c.spec, (base_key, groups.family(c)))
+                heapq.heappush(heap, (floor, neg_mb, index, True, c))
+                continue
             settled += 1
             if progress and settled % progress_every == 0:
-                progress(settled, len(order), len(found))
+                progress(settled, total, len(found))
+            checked += 1
             if not groups.fits(c):
                 continue
             true = ev.step_time(c.spec, ev.estimate(c.spec)).total_s if reports_comm else bound
             found.append((true, neg_mb, index, c))
             found.sort(key=lambda t: t[:3])
         else:
-            settled = len(order)
+            settled = total
     except KeyboardInterrupt:
         interrupted = True
     results = [_result(ev, c, True) for _, _, _, c in found[:top_k]]
     _explain(results, ev)
-    report = FitReport(candidates_evaluated=settled, candidates_total=len(order),
+    report = FitReport(candidates_evaluated=settled, candidates_total=total,
                        estimates_computed=ev.calls - calls_before,
                        elapsed_s=0.0, limit_bytes=ev.limit_bytes, results=results,
                        headroom_bytes=ev.headroom_bytes,
-                       interrupted=interrupted)
+                       interrupted=interrupted, candidates_checked=checked)
     if not results and not interrupted:
         report.closest = _closest(ev, cands)
         if suggest:

@@ -36,6 +36,8 @@ def batch_text(spec) -> str:
         return Msg("b={b} pairs ({rows} rows: chosen + rejected) s={s}", b=b, rows=2 * b, s=s)
     if spec.task is Task.KTO:
         return Msg("b={b} unpaired rows s={s}", b=b, s=s)
+    if spec.task is Task.INFERENCE and spec.max_new_tokens:
+        return Msg("b={b} prompt s={s} + {new} new tokens", b=b, s=s, new=spec.max_new_tokens)
     if spec.task in (Task.PPO, Task.GRPO):
         if spec.max_new_tokens:
             return Msg("b={b} completions, prompt s={s} + {new} new", b=b, s=s, new=spec.max_new_tokens)
@@ -45,6 +47,10 @@ def batch_text(spec) -> str:
 
 def job_header(est) -> str:
     spec = est.spec
+    if spec.task is Task.INFERENCE:  # no gradients, no optimizer, no checkpointing
+        return Msg("{model}: {params} | inference, {precision} | {batch} | attention {attention}",
+                   model=est.model.name, params=params_text(est), precision=spec.precision.value,
+                   batch=batch_text(spec), attention=spec.attention.value)
     return Msg("{model}: {params}, {trainable} M trainable | {method}, {precision}, {optimizer} ({impl}) | {batch} | "
                "checkpointing {ckpt}, attention {attention}", model=est.model.name, params=params_text(est),
                trainable=f"{est.trainable_params / 1e6:,.2f}", method=spec.method.value,

@@ -28,7 +28,8 @@ def render_estimate(est, console=None, depth: int = 2) -> None:
     from vramplan.report.header import job_header
     title = tr(job_header(est))
     title += "\n" + _("precision: {dtypes}").format(
-        dtypes=tr(est.dtypes.describe(spec.optimizer.value not in ('sgd',) or spec.momentum > 0)))
+        dtypes=tr(est.dtypes.describe(spec.optimizer.value not in ('sgd',) or spec.momentum > 0,
+                                      training=spec.task.value != "inference")))
     labels = get_language() != DEFAULT_LANGUAGE
     table = Table(title=title, title_justify="left")
     table.add_column(_("term at the peak"))

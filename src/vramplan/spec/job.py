@@ -33,7 +33,8 @@ _SECTIONS = {"lora": LoraConfig, "quantization": QuantConfig, "freeze": FreezeCo
              "parallel": ParallelConfig, "low_rank": LowRankConfig}
 _SECTION_ALIASES = {"lora": {"lora_alpha": "alpha", "lora_dropout": "dropout", "rank": "r"}}
 _INTS = ("micro_batch_size", "seq_len", "grad_accum_steps", "num_gpus", "num_labels", "checkpoint_every")
-_BOOLS = ("packing", "trust_remote_code", "online", "activation_offloading", "optimizer_in_backward", "compile")
+_BOOLS = ("packing", "trust_remote_code", "online", "activation_offloading", "optimizer_in_backward", "compile",
+          "keep_logits")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -95,6 +96,10 @@ class JobSpec:
     compile: bool = False
     """torch.compile of model and loss. Accepted, not modelled: fusion saves fewer
     activations, so the estimate stays on the high side (the answer says so)."""
+    keep_logits: bool = False
+    """The loop keeps the model's output (`outputs = model(**batch)`, `loss = outputs.loss`), so
+    its logits live through backward and the optimizer step into the next forward (step/build.py);
+    transformers' Trainer.training_step does not (compute_loss returns the loss only)."""
     logprob_head: LogprobHead = LogprobHead.AUTO
     """Preference/RL log-prob head: auto (what TRL 1.16 does), full, selective or chunked."""
     gradient_checkpointing: Checkpointing = Checkpointing.NONE
@@ -367,6 +372,8 @@ def _load(source, overrides: dict) -> JobSpec:
 
 
 _SLOTS = tuple(f.name for f in fields(JobSpec))
+_SLOT_SET = frozenset(_SLOTS)
+_SET = object.__setattr__
 
 
 def copy_with(spec: JobSpec, **values) -> JobSpec:
@@ -375,7 +382,10 @@ def copy_with(spec: JobSpec, **values) -> JobSpec:
     them. About 5 us where dataclasses.replace re-validates every field (~0.1 ms)."""
     out = object.__new__(JobSpec)
     for name in _SLOTS:
-        object.__setattr__(out, name, values[name] if name in values else getattr(spec, name))
+        _SET(out, name, getattr(spec, name))
+    for name, value in values.items():
+        if name in _SLOT_SET:
+            _SET(out, name, value)
     return out
 
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
-from vramplan.spec.enums import Precision, SpecError, Task
+from vramplan.spec.enums import LossImpl, Precision, SpecError, Task
 from vramplan.spec.sections import boolean, fraction, positive_int
+from vramplan.spec.stack import Framework
 
 PRECOMPUTED = "precomputed"
 """A frozen model whose outputs were computed ahead of time (reference log-probs, text
@@ -286,7 +287,28 @@ def check_task_fields(spec) -> dict[str, Any]:
         raise SpecError("diffusion", "set task diffusion to train a denoiser")
     if task is Task.DIFFUSION and out["diffusion"] is None:
         out["diffusion"] = DiffusionConfig()
+    if spec.keep_logits:
+        check_keep_logits(spec)
     return out
+
+
+KEEP_LOGITS_TASKS = (Task.SFT, Task.PRETRAIN, Task.SEQUENCE_CLASSIFICATION)
+
+
+def check_keep_logits(spec) -> None:
+    """keep_logits needs a step whose model returns the logits: a single model's
+    (preference, RL and distillation trainers hold their logits in their own terms, jobs/);
+    Liger's fused loss never builds them, nor does Megatron's GPTModel given labels (it
+    returns the per-token loss, megatron/core/models/gpt/gpt_model.py)."""
+    if spec.task not in KEEP_LOGITS_TASKS:
+        raise SpecError("keep_logits", f"is modelled for tasks sft, pretrain and sequence-classification, "
+                        f"not {spec.task.value}; drop keep_logits")
+    if spec.loss_impl is LossImpl.FUSED_LINEAR_CROSS_ENTROPY:
+        raise SpecError("keep_logits", "the fused linear cross-entropy never builds the logits; drop keep_logits "
+                        "or use loss_impl standard")
+    if spec.stack.framework is Framework.MEGATRON:
+        raise SpecError("keep_logits", "Megatron's GPTModel returns the per-token loss, not the logits, when "
+                        "given labels; drop keep_logits")
 
 
 def needs_several_models(spec) -> bool:

@@ -101,16 +101,18 @@ def build_step(desc: ModelDesc, spec: JobSpec, params: ParamSet, acts: Activatio
             # OffloadActivations leaves there (components/offloading.py)
             keep = acts.head_linear_saved if i == n - 1 else ()
             stage_acts[-1] = _stage_breakdown(device_resident(st.saved, keep), group)
-        t = Breakdown()
-        if st.recompute:
-            rkey = (id(st.recompute), "recompute", st.freed_before_peak)
-            if rkey not in built:
-                built[rkey] = (_stage_breakdown([x for x in st.recompute if x[0] not in st.freed_before_peak],
-                                                "activations/recomputed_layer"), Breakdown())
-            t.merge(built[rkey][0])
         if st.label.startswith("layer"):
-            t.merge(acts.layer_backward_transient if st.backward_transient is None else st.backward_transient)
-        elif i == n - 1:
+            # a layer's transients: one template per signature, a copy per layer (callers
+            # add to each layer's own)
+            tkey = (id(st.recompute) if st.recompute else None, "transient", st.freed_before_peak,
+                    id(st.backward_transient))
+            if tkey not in built:
+                built[tkey] = (_transient(acts, st), Breakdown())
+            transients.append(Breakdown(dict(built[tkey][0].terms)))
+            labels.append(f"{st.label} backward")
+            continue
+        t = _transient(acts, st)
+        if i == n - 1:
             t.merge(acts.head_backward_transient)
         elif i == 0:
             t.merge(tied_embedding_grad_temp(desc, spec, params))
@@ -119,6 +121,8 @@ def build_step(desc: ModelDesc, spec: JobSpec, params: ParamSet, acts: Activatio
         transients.append(t)
         labels.append(f"{st.label} backward")
     fwd_end, loss_bwd = acts.forward_end_transient, acts.loss_backward_transient
+    if spec.keep_logits:
+        static, fwd_end = _kept_output(static, fwd_end, acts)
     if spec.activation_offloading:
         stash = forward_stash([st.saved for st in acts.stages], acts.head_linear_saved)
         fwd_end = Breakdown().merge(fwd_end).add("activations/offload_stash", stash)
@@ -132,6 +136,37 @@ def build_step(desc: ModelDesc, spec: JobSpec, params: ParamSet, acts: Activatio
                     grads_alive_in_forward=spec.grad_accum_steps > 1, labels=labels,
                     in_backward=_in_backward(desc, spec, params),
                     stage_forward_transient=acts.stage_forward_transient)
+
+
+def _kept_output(static: Breakdown, fwd_end: Breakdown, acts: ActivationPlan) -> tuple[Breakdown, Breakdown]:
+    """keep_logits: the loop holds the model's output, `outputs = model(**batch); loss =
+    outputs.loss; loss.backward(); optimizer.step()` (accelerate's examples/nlp_example.py, the
+    plain PyTorch loops of the transformers docs), which transformers' Trainer.training_step
+    does not (compute_loss returns the loss only; trainer.py). `outputs.logits` is the head's
+    output (transformers loss/loss_utils.py ForCausalLMLoss upcasts a copy of it inside the
+    loss), or the fp32 logits where the model upcasts them itself (torchtune, Mamba-2). It lives
+    through backward and the optimizer step, and until the next `model(**batch)` returns, so
+    in the steady state one copy is alive in every phase and two at the end of forward. Its
+    `loss` keeps the autograd graph's nodes, whose AccumulateGrad holds enable_input_require_grads'
+    input leaf and its .grad: with checkpointing and frozen embeddings, the last step's are
+    alive until the new forward returns too."""
+    end = fwd_end.terms
+    kept = end.get("logits/logits") or end.get("logits/logits_fp32", 0)
+    static = Breakdown(dict(static.terms)).add("logits/kept_by_the_loop", kept)
+    if acts.input_leaf_bytes:
+        fwd_end = (Breakdown(dict(fwd_end.terms)).add("activations/kept_input_leaf", acts.input_leaf_bytes)
+                   .add("gradients/kept_input_leaf", acts.input_leaf_bytes))
+    return static, fwd_end
+def _transient(acts: ActivationPlan, st) -> Breakdown:
+    """A stage's backward transients from its saved list: what checkpointing recomputes,
+    then (a layer's) the backward's own temporaries."""
+    t = Breakdown()
+    if st.recompute:
+        t.merge(_stage_breakdown([x for x in st.recompute if x[0] not in st.freed_before_peak],
+                                 "activations/recomputed_layer"))
+    if st.label.startswith("layer"):
+        t.merge(acts.layer_backward_transient if st.backward_transient is None else st.backward_transient)
+    return t
 
 
 def _in_backward(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> list[Breakdown] | None:

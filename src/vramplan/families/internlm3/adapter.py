@@ -7,7 +7,8 @@ with those defaults, and the forward is Llama's (model_type "llama").
 """
 from __future__ import annotations
 
-from vramplan.catalog.hf import HFCfg, decoder_desc
+from vramplan.catalog.hf import decoder_desc
+from vramplan.catalog.hf_config import HFCfg
 from vramplan.model import ModelDesc
 
 # InternLM3Config fields and defaults (the internlm3-8b-instruct model).

@@ -16,6 +16,9 @@ discrete_A = exp(A * dt), discrete_B = dt * B.float(), deltaB_u = discrete_B * x
 state_t = discrete_A[:, :, t] * state_{t-1} + deltaB_u[:, :, t] (each (b, I, N) fp32
 state kept by the next product) and state_t.to(dtype) @ C_t (keeps the cast state);
 + x * D.float(), * silu(z); out_proj of the transposed output, reshaped into a copy.
+Under full checkpointing nothing of this is kept, but the layer's own forward still peaks
+inside the scan with all its locals alive (three (b, I, s, N) fp32 tensors, recorded in
+rec.forward_peak): over the logits, this is the checkpointed step's forward peak.
 The same path is recorded for backend cuda: it is what runs there without mamba_ssm;
 mamba_ssm's fused `mamba_inner_fn` (MambaInnerFn, which keeps xz, x_dbl, B, C, the scan's
 chunk intermediates and its output and recomputes the rest) is not modelled yet.
@@ -80,6 +83,11 @@ def mamba(rec: Recorder, ctx: Ctx, x: Sym, pre: str, b: int, s: int) -> Sym:
     C = rms_norm(rec, ctx, rec.view(dbc, (b, s, N)), f"{pre}.c_layernorm", "ssm/C_norm")
     dt = rec.linear(dt, ctx.p(f"{pre}.dt_proj.weight"), name="ssm/dt_proj")  # weight @ dt^T (b, I, s)
     y = selective_scan(rec, ctx, act, dt, A, B, C, gate, pre, dtype)
+    # JambaMambaMixer.forward's locals while mamba_selective_scan runs: the normed input
+    # (the decoder layer's and the mixer's `hidden_states`), projected_states (in_proj's
+    # output; the conv input and the gate are views of it), A, the conv's silu output, the
+    # dt_proj product `time_step` and the normed B and C
+    _live(rec, x, proj, A, act, dt, B, C)
     yt = rec.new("ssm/out_proj_in", (b * s, inner), dtype, y.requires_grad)  # .to(dtype), reshape copy
     return rec.view(lin(rec, ctx, yt, f"{pre}.out_proj", "ssm/out_proj"), (b, s, d.hidden_size))
 
@@ -89,8 +97,8 @@ def selective_scan(rec: Recorder, ctx: Ctx, xs: Sym, dt: Sym, A: Sym, B: Sym, C:
     """mamba_selective_scan's recurrent loop (delta_softplus, D and z given)."""
     b, inner, s = xs.shape
     N = B.shape[-1]
-    bias = ctx.p(f"{pre}.dt_proj.bias")
-    dt = rec.add(dt, param_sym(rec, bias), name="ssm/dt_biased")
+    bias = rec.to(param_sym(rec, ctx.p(f"{pre}.dt_proj.bias")), "fp32", "ssm/dt_bias_fp32")  # .float()
+    dt = rec.add(dt, rec.to(bias, dt.dtype), name="ssm/dt_biased")
     dt = rec.unary_saving_input(dt, "ssm/dt_softplus")
     full = (b, inner, s, N)
     dA = rec.unary_saving_output(_broadcast_mul(rec, A, dt, full, "ssm/A_dt"), "ssm/discrete_A")
@@ -107,10 +115,19 @@ def selective_scan(rec: Recorder, ctx: Ctx, xs: Sym, dt: Sym, A: Sym, B: Sym, C:
             rec.save(cast)
         if cast.requires_grad:
             rec.save(C)
-    y = rec.new("ssm/scan", (b, inner, s), dtype, state.requires_grad)
-    D = ctx.p(f"{pre}.D")
-    Dsym = rec.to(param_sym(rec, D), "fp32", "ssm/D_fp32")
-    y = rec.add(y, rec.mul(xs, Dsym, name="ssm/x_D"), name="ssm/scan_D")
+    stacked = rec.new("ssm/scan", (b, inner, s), dtype, state.requires_grad)
+    D = rec.to(param_sym(rec, ctx.p(f"{pre}.D")), "fp32", "ssm/D_fp32")  # the mixer's self.D.float()
+    x_D = rec.mul(xs, D, name="ssm/x_D")
+    y = rec.add(stacked, x_D, name="ssm/scan_D")
+    # The layer's forward peak when nothing is saved (checkpointing): at `scan_output +
+    # hidden_states * D[None, :, None]` the scan's locals are all alive -- the softplus dt,
+    # discrete_A, discrete_B, deltaB_u (three (b, I, s, N) fp32), the last fp32 state, the
+    # list `scan_outputs` of s matmul outputs (b, I, 1), their torch.stack, the product and
+    # the sum (fp32: D is fp32) -- beside the fp32 copies of the bias and D; the gated
+    # product after it holds as much, and the function's return frees the four-dimensional
+    # ones (transformers 5.24 models/jamba/modeling_jamba.py mamba_selective_scan).
+    outs = rec.new("ssm/scan_outputs", (b, inner, s), dtype, False)
+    _live(rec, bias, dt, dA, dB, dBu, state, outs, stacked, x_D, y, D)
     z = rec.unary_saving_input(gate, "ssm/gate_silu")
     return rec.mul(y, z, name="ssm/scan_gated")
 
@@ -150,6 +167,15 @@ def backward_peak(desc, spec, params, i: int, saved: list[tuple[str, int]]):
             t.add("gradients/before_scan_backward", nbytes(p.numel, grad_dtype(spec, p)))
     freed = tuple(n for n, _ in saved if n in _AFTER_SCAN or n.startswith(_AFTER_SCAN_PREFIXES))
     return t, freed
+
+
+def _live(rec: Recorder, *tensors: Sym) -> None:
+    """Count each storage once in the layer's forward peak (a parameter operand has none)."""
+    seen: set[int] = set()
+    for t in tensors:
+        if id(t.storage) not in seen and t.storage.nbytes:
+            seen.add(id(t.storage))
+            rec.forward_peak.append((t.name, t.storage.nbytes))
 
 
 def _broadcast_mul(rec: Recorder, a: Sym, b: Sym, shape, name: str) -> Sym:

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from dataclasses import fields, replace
 
-from vramplan.catalog.hf import HFCfg, decoder_desc
-from vramplan.catalog.hf_extended import ExtendedDesc
+from vramplan.catalog.hf import decoder_desc
+from vramplan.catalog.hf_config import HFCfg
 from vramplan.families import rotary_factor
+from vramplan.families.common import FamilyDesc
 from vramplan.model import ModelDesc, ParamEntry
 
 
@@ -25,5 +26,6 @@ def build(config: dict, name: str, num_labels: int | None) -> ModelDesc:
         base = replace(base, params=base.params + (ParamEntry("lm_head.bias", (base.vocab_size,)),))
     # PhiModel applies its residual dropout (resid_pdrop) to attention and MLP outputs, and
     # embd_pdrop after the embedding; the base desc carries both.
-    return ExtendedDesc(**{f.name: getattr(base, f.name) for f in fields(ModelDesc)},
-                        rotary_dim=rotary, parallel_residual=True, num_layer_norms=1)
+    # a FamilyDesc: it brings this folder's forward.py (FamilyDesc.family_forward)
+    return FamilyDesc(**{f.name: getattr(base, f.name) for f in fields(ModelDesc)},
+                      rotary_dim=rotary, parallel_residual=True, num_layer_norms=1)
