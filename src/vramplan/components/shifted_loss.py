@@ -15,9 +15,8 @@ Legend: T' = b * (s - 1) tokens with a target, v vocab, c logits dtype.
 from __future__ import annotations
 
 from vramplan.breakdown import Breakdown
+from vramplan.components.arch_gpt2_bert import family_forward
 from vramplan.components.dtypes import dtypes_of
-from vramplan.families import FAMILY_OF
-from vramplan.families import forward as family_forward
 from vramplan.model import ModelDesc
 from vramplan.spec import JobSpec, Task
 from vramplan.units import nbytes
@@ -25,9 +24,10 @@ from vramplan.units import nbytes
 
 def loss_kind(desc: ModelDesc, spec: JobSpec) -> str:
     """The family forward module's LOSS_KIND ("" for transformers' ForCausalLMLoss)."""
-    if desc.model_type not in FAMILY_OF or spec.task is Task.SEQUENCE_CLASSIFICATION:
+    forward = family_forward(desc)
+    if forward is None or spec.task is Task.SEQUENCE_CLASSIFICATION:
         return ""
-    return getattr(family_forward(desc.model_type), "LOSS_KIND", "")
+    return getattr(forward, "LOSS_KIND", "")
 
 
 def shifted_loss_terms(desc: ModelDesc, spec: JobSpec, v: int, c: str, autocast: bool, grad_hidden: int,
