@@ -111,3 +111,15 @@ def test_build_follows_the_stack(extra, model_dtype, autocast):
     built = build(job(precision="bf16", **extra))
     assert {p.dtype for p in built.model.parameters()} == {model_dtype}
     assert built.autocast_dtype == autocast
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cuda"])
+def test_a_raw_job_without_optimizer_impl_steps_as_the_spec_assumes(backend):
+    # bench/parallel passes plain dicts: the optimizer built for a job that names no
+    # optimizer_impl must be the one the estimate resolves (spec/job.py), not foreach on CPU.
+    from vramplan.measure.build import build_optimizer
+    from vramplan.spec import load_spec
+    raw = {k: v for k, v in job(backend=backend).items() if k != "optimizer_impl"}
+    resolved = load_spec(raw).optimizer_impl.value
+    opt = build_optimizer([torch.nn.Parameter(torch.zeros(4))], raw)
+    assert ("foreach" if opt.defaults["foreach"] else "forloop") == resolved

@@ -50,6 +50,19 @@ CASES = [
      "job": {"model": TINY_LLAMA, "precision": "fp32", "optimizer": "adamw", "micro_batch_size": 2,
              "seq_len": 128, "backend": "cpu", "attention": "sdpa",
              "parallel": {"fsdp": "shard-grad-op", "fsdp_version": 2}}},
+    # FSDP1 (FlatParameter per layer, use_orig_params): the fake backend serves it too.
+    {"name": "tiny-llama/b2s128/fp32/adamw-forloop/fsdp1-full-shard",
+     "job": {"model": TINY_LLAMA, "precision": "fp32", "optimizer": "adamw", "micro_batch_size": 2,
+             "seq_len": 128, "backend": "cpu", "attention": "sdpa",
+             "parallel": {"fsdp": "full-shard", "fsdp_version": 1}}},
+    {"name": "tiny-llama-v32k/b1s256/fp32/adamw-foreach/fsdp1-full-shard",
+     "job": {"model": {**TINY_LLAMA, "vocab_size": 32000}, "precision": "fp32", "optimizer": "adamw",
+             "optimizer_impl": "foreach", "micro_batch_size": 1, "seq_len": 256, "backend": "cpu",
+             "attention": "sdpa", "parallel": {"fsdp": "full-shard", "fsdp_version": 1}}},
+    {"name": "tiny-llama/b2s128/fp32/adamw-forloop/fsdp1-shard-grad-op",
+     "job": {"model": TINY_LLAMA, "precision": "fp32", "optimizer": "adamw", "micro_batch_size": 2,
+             "seq_len": 128, "backend": "cpu", "attention": "sdpa",
+             "parallel": {"fsdp": "shard-grad-op", "fsdp_version": 1}}},
 ]
 
 

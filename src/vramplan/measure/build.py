@@ -265,7 +265,10 @@ def build_optimizer(params: list[torch.Tensor], job: dict, model=None) -> torch.
 
 
 def _build_one(name: str, params: list[torch.Tensor], job: dict, model) -> torch.optim.Optimizer:
-    impl = str(job.get("optimizer_impl", "foreach") or "foreach").lower()
+    # A job without optimizer_impl takes the spec's default (spec/job.py, torch's
+    # _default_to_fused_or_foreach): foreach on CUDA, the per-parameter loop on CPU.
+    default = "foreach" if str(job.get("backend", "cpu")).lower() == "cuda" else "forloop"
+    impl = str(job.get("optimizer_impl") or default).lower()
     lr = float(job.get("learning_rate", 1e-4))
     wd = float(job.get("weight_decay", WEIGHT_DECAY_DEFAULT))
     flags = {"foreach": impl == "foreach", "fused": impl == "fused"}

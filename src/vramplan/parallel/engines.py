@@ -149,42 +149,45 @@ def padded(numel_rows: list[tuple[int, int]], n: int) -> int:
 
 
 def fsdp_backward_stage(unit: int, prev_unit: int, next_unit: int, grad_unit: int,
-                        wbytes: int, gbytes: int, own_acts: int, prefetch: bool,
-                        version: int = 2, gloo: bool = False) -> Breakdown:
+                        wbytes: int, gbytes: int, compute: int, prefetch: bool,
+                        version: int = 2, gloo: bool = False, shards: int = 1) -> Breakdown:
     """One wrapped layer's backward under FSDP full-shard, in bytes:
     * its unsharded parameters (FSDPParamGroup.pre_backward -> unshard -> wait_for_unshard:
       `alloc_storage` of every unsharded param, _fsdp_param.py);
     * the previous layer's all-gather output, prefetched by `_backward_prefetch`
       (_fsdp_param_group.py) and held in `_all_gather_result` until that layer's
       wait_for_unshard copies it out (FSDP1: backward_prefetch=BACKWARD_PRE);
-    * its unsharded gradients, then the reduce-scatter input they are copied into
-      (_fsdp_collectives.py foreach_reduce: `reduce_scatter_input` of the padded unsharded
-      numel, allocated before `unsharded_grads.clear()`);
     * the later layer's reduce-scatter input, kept in comm_ctx.reduce_scatter_states until
-      this layer's post_backward (reduce_scatter_max_input_buffers = 1).
-    The stage peaks either at the start of its backward (all its saved activations alive,
-    the later layer's RS input still held, no gradient of this layer yet) or at its
-    post-backward (full gradients + its own RS input, its saved activations `own_acts`
-    already freed); the larger excess over the start is one term.
-    FSDP2 reshards before it reduces (_fsdp_param_group.py FSDPParamGroup.post_backward:
-    self.reshard() and only then foreach_reduce), so its unsharded parameters are gone when
-    the reduce-scatter input is allocated: the moments are the end of the layer's compute
-    (later RS input + full gradients) and after the reshard (gradients + RS input, minus the
-    parameters). FSDP1 (use_orig_params) concatenates the original parameters' gradients into
-    the flat gradient in SplitWithSizesBackward0 while the unsharded FlatParameter is alive
-    (_flat_param.py _use_unsharded_views), and then reduce-scatters the flat gradient itself
-    (_runtime_utils.py _reduce_grad). On gloo the reduce-scatter holds one more buffer of the
-    input size (ProcessGroupGloo.cpp reduce_scatter_tensor_coalesced)."""
+      this layer's post_backward (reduce_scatter_max_input_buffers = 1);
+    * its unsharded gradients, then the reduce-scatter input they are copied into and the
+      sharded gradient, the reduce-scatter output (_fsdp_collectives.py foreach_reduce:
+      `reduce_scatter_input` of the padded unsharded numel, copy-in, `unsharded_grads.clear()`,
+      then the output of 1/n of it, which the sharded parameter's .grad views).
+    `compute` is what the layer holds at its compute peak beyond the parameters and buffers
+    above (its activations still saved, the unsharded gradients made so far, the activation
+    gradients): the layer's sharded gradient does not exist yet there. The later moments,
+    with the layer's activations gone: the end of its compute (later RS input + full
+    gradients) and its post-backward. FSDP2 reshards before it reduces
+    (_fsdp_param_group.py FSDPParamGroup.post_backward: self.reshard(), then it pops the
+    later layer's reduce-scatter state, then foreach_reduce), so its unsharded parameters
+    are gone when the reduce-scatter input is allocated: gradients + RS input at the copy-in,
+    RS input + output while it reduces. FSDP1 (use_orig_params) concatenates the original
+    parameters' gradients into the flat gradient in SplitWithSizesBackward0 while the
+    unsharded FlatParameter is alive (_flat_param.py _use_unsharded_views), and then
+    reduce-scatters the flat gradient itself (_runtime_utils.py _reduce_grad). On gloo the
+    reduce-scatter holds one more buffer of the input size (ProcessGroupGloo.cpp
+    reduce_scatter_tensor_coalesced). The term is the largest excess over the compute
+    peak."""
     out = Breakdown()
     out.add("fsdp/unsharded_params", unit * wbytes)
     if prefetch:
         out.add("fsdp/prefetch_all_gather", prev_unit * wbytes)
     start = next_unit * gbytes
     g = grad_unit * gbytes
+    reducing = (1 + gloo) * g + g // shards - unit * wbytes
     if version == 2:
-        post = max(start + g, (2 + gloo) * g - unit * wbytes) - own_acts
+        post = max(start + g, 2 * g - unit * wbytes, reducing)
     else:
-        post = max(2 * g, (1 + gloo) * g - unit * wbytes) - own_acts
-    out.add("fsdp/reduce_scatter_or_unsharded_grads", max(start, post, 0))
+        post = max(2 * g, reducing)
+    out.add("fsdp/reduce_scatter_or_unsharded_grads", max(start, post - compute, 0))
     return out
-

@@ -7,12 +7,13 @@ from dataclasses import dataclass, field, replace
 from vramplan.breakdown import Breakdown
 from vramplan.components.dtypes import dtypes_of
 from vramplan.components.optimizer import heads_of, optimizer_states, state_key, step_temporaries
-from vramplan.components.trainable import HeldParam, grad_dtype
+from vramplan.components.trainable import ParamSet, grad_dtype
 from vramplan.components.memo import cached
 from vramplan.components.weights import gradient_stages, gradient_stages_at_peak, weight_terms
 from vramplan.model import ModelDesc
 from vramplan.parallel import activations as acts
 from vramplan.parallel import engines
+from vramplan.parallel.fsdp import dtensor_embedding_grad, fsdp1_largest_piece, fsdp_buffers
 from vramplan.parallel.comm import volumes
 from vramplan.parallel.host import host_notes, host_per_node
 from vramplan.parallel.layout import Layout
@@ -177,7 +178,7 @@ def _stage_plan(desc, spec, params, plan: StepPlan, lay: Layout, stage: int, lay
                    stage_forward_transient=None if plan.stage_forward_transient is None
                    else [acts.scale(b, lay, desc.num_kv_heads)
                          for b in _select(plan.stage_forward_transient, stage, lay.pp, layers)])
-    _engine_buffers(desc, spec, lay, sets, out, stage, layers)
+    _engine_buffers(desc, spec, lay, sets, out, stage, layers, params)
     return out, sets
 
 
@@ -227,7 +228,8 @@ def _wbytes(spec: JobSpec, params: ParamSet) -> int:
     return nbytes(1, ps[0].dtype) if ps else 2
 
 
-def _engine_buffers(desc, spec, lay: Layout, sets: RankSets, out: StepPlan, stage: int, layers: range) -> None:
+def _engine_buffers(desc, spec, lay: Layout, sets: RankSets, out: StepPlan, stage: int, layers: range,
+                    params: ParamSet) -> None:
     full = sets.full
     train = full.trainable()
     gdt = grad_dtype(spec, train[0]) if train else dtypes_of(spec).weights
@@ -239,7 +241,16 @@ def _engine_buffers(desc, spec, lay: Layout, sets: RankSets, out: StepPlan, stag
     elif lay.engine == "zero":
         _zero(spec, lay, sets, out, unit, root, gdt, gb)
     elif lay.engine == "fsdp" and lay.fsdp != "no-shard":
-        _fsdp(lay, out, unit, root, layers, stage, wb, gb, n)
+        at_peak = _select(cached(sets.full, ("grads_at_peak", dtypes_of(spec)), lambda: (
+            gradient_stages_at_peak(desc, spec, sets.full))), stage, lay.pp, layers)
+        whole = dtensor_embedding_grad(spec, params) if lay.tp > 1 and lay.dtensor_tp and lay.fsdp_version == 2 else 0
+        fsdp_buffers(lay, out, unit, root, layers, stage, wb, gb, n, at_peak, whole)
+        if lay.fsdp_version == 1 and "temporaries/optimizer/forloop_denom" in out.optimizer_temporaries.terms:
+            # AdamW's per-parameter loop steps FSDP1's uneven pieces (fsdp.fsdp1_largest_piece)
+            piece = fsdp1_largest_piece(unit, root, n)
+            if piece is not None:
+                denom = step_temporaries(spec, ParamSet((piece,), ())).terms.get("temporaries/optimizer/forloop_denom", 0)
+                out.optimizer_temporaries.terms["temporaries/optimizer/forloop_denom"] = denom
     if lay.cp > 1:
         kv = 4 * nbytes(spec.micro_batch_size * (spec.seq_len // lay.seq_shards) * desc.num_kv_heads * desc.head_dim,
                         dtypes_of(spec).compute)
@@ -291,97 +302,3 @@ def _zero(spec, lay: Layout, sets: RankSets, out: StepPlan, unit: dict, root: li
         t.merge(live)
     for t in out.stage_backward_transient:
         t.add("zero/unsharded_grads", biggest * gb)
-
-
-def _padded(params, n: int, dim0: bool) -> int:
-    if dim0:
-        total = 0
-        for p in params:
-            rows = p.shape[0] if p.shape else 1
-            total += -(-rows // n) * n * (p.numel // max(rows, 1))
-        return total
-    count = numel(params)
-    return -(-count // n) * n
-
-
-def _fsdp(lay: Layout, out: StepPlan, unit: dict, root: list, layers: range, stage: int,
-          wb: int, gb: int, n: int) -> None:
-    """FSDP with every decoder layer wrapped and the root wrapping the rest (the
-    transformer auto-wrap policy of accelerate / torchtitan's per-block fully_shard).
-    The root is not resharded after forward (FSDP2 _fsdp_state.py _lazy_init sets the
-    root's post_forward_mesh_info to None; FSDP1 _runtime_utils.py skips the root in
-    _post_forward_reshard), so its unsharded parameters live from forward to the end of
-    backward, and its full gradients until its post-backward reduce-scatter at the end."""
-    dim0 = lay.fsdp_version == 2
-    sizes = {i: _padded(unit[i], n, dim0) for i in layers}
-    gsizes = {i: _padded([p for p in unit[i] if p.trainable], n, dim0) for i in layers}
-    root_w = _padded(root, n, dim0) * wb
-    root_g = _padded([p for p in root if p.trainable], n, dim0) * gb
-    # Backward writes the head's (and final norm's) gradients first, the untied
-    # embedding's last (components/weights.py stage_of).
-    head_g = _padded([p for p in root if p.trainable and not _is_embedding(p)], n, dim0) * gb
-    keep_all = lay.fsdp == "shard-grad-op"
-    root_terms = Breakdown().add("fsdp/root_unsharded_params", root_w)
-    fwd = Breakdown().merge(root_terms)
-    if keep_all:
-        fwd.add("fsdp/unsharded_layers", sum(sizes.values()) * wb)
-    out.forward_end_transient.merge(fwd)
-    out.loss_backward_transient.merge(fwd)
-    order = list(layers)
-    first = 1 if stage == 0 else 0
-    for j, i in enumerate(order):
-        t = out.stage_backward_transient[first + j]
-        prev = sizes.get(i - 1, 0)
-        nxt = gsizes.get(i + 1, 0)
-        own_acts = out.stage_acts[first + j].total()
-        t.merge(engines.fsdp_backward_stage(sizes[i], prev, nxt, gsizes[i], wb, gb, own_acts,
-                                            prefetch=not keep_all, version=lay.fsdp_version, gloo=_gloo(lay)))
-        t.merge(root_terms).add("fsdp/root_unsharded_grads", head_g)
-        if keep_all:
-            t.add("fsdp/unsharded_layers", sum(sizes[k] for k in order if k < i) * wb)
-    if stage == lay.pp - 1:
-        out.stage_backward_transient[-1].merge(root_terms).add("fsdp/root_unsharded_grads", head_g)
-    if lay.pp == 1 and not out.grads_alive_in_forward:
-        # The root's sharded gradients (views of its reduce-scatter output) exist only after
-        # its post-backward, which runs after the last backward stage: alive in the step.
-        for k in (0, -1):
-            out.optimizer_temporaries.merge(out.grads_by_stage[k])
-            out.grads_by_stage[k] = Breakdown()
-    if stage == 0:
-        # The root's post-backward at the end of backward. Both versions reshard before they
-        # reduce: FSDP2 _fsdp_param_group.py FSDPParamGroup.post_backward calls
-        # self.reshard() and only then foreach_reduce (_fsdp_collectives.py), which
-        # allocates the padded reduce-scatter input, copies the unsharded gradients in
-        # (foreach_reduce_scatter_copy_in) and clears them; FSDP1 _runtime_utils.py
-        # _post_backward_hook calls _post_backward_reshard before _reduce_grad, which
-        # reduce-scatters the padded flat gradient itself (_get_reduce_scatter_tensors:
-        # no copy when no padding is needed). So the root's unsharded gradients meet either
-        # its unsharded parameters (and the first layer's reduce-scatter input, still held in
-        # reduce_scatter_states) or the reduce-scatter buffers, never both.
-        # FSDP1 with use_orig_params: the original parameters are views of the unsharded
-        # FlatParameter (_flat_param.py FlatParamHandle._use_unsharded_views, split_with_sizes),
-        # so autograd's SplitWithSizesBackward0 concatenates their gradients into the flat
-        # gradient while the views' gradients and the unsharded FlatParameter are still alive:
-        # one more gradient-sized tensor before the reshard.
-        t = out.stage_backward_transient[0]
-        t.add("fsdp/root_unsharded_grads", root_g)
-        held = root_w + (gsizes.get(order[0], 0) * gb if order else 0)
-        if lay.fsdp_version == 1:
-            held = max(held, root_w + root_g)
-        copies = (1 if lay.fsdp_version == 2 else 0) + (1 if _gloo(lay) else 0)
-        t.add("fsdp/root_params_then_reduce_scatter", max(held, copies * root_g))
-
-
-def _gloo(lay: Layout) -> bool:
-    """Collectives on gloo (parallel.extras.dist_backend; the CPU runs of bench/parallel).
-    ProcessGroupGloo has no native reduce-scatter: torch/csrc/distributed/c10d/
-    ProcessGroupGloo.cpp ProcessGroupGloo::_reduce_scatter_base -> reduce_scatter_tensor_coalesced
-    reduces a full-size buffer and copies each rank's chunk out of it, so one more buffer of the
-    unsharded gradient size is alive while the reduce-scatter runs (seen by the exact meter as
-    an `aten.split` output of the input's size at the root's post-backward)."""
-    return str(lay.extras.get("dist_backend", "")).lower() == "gloo"
-
-
-def _is_embedding(p: HeldParam) -> bool:
-    base = p.name.split("#", 1)[0]
-    return any(w in base for w in ("embed_tokens", "wte", "wpe", "embeddings"))

@@ -33,8 +33,7 @@ _SECTIONS = {"lora": LoraConfig, "quantization": QuantConfig, "freeze": FreezeCo
              "parallel": ParallelConfig, "low_rank": LowRankConfig}
 _SECTION_ALIASES = {"lora": {"lora_alpha": "alpha", "lora_dropout": "dropout", "rank": "r"}}
 _INTS = ("micro_batch_size", "seq_len", "grad_accum_steps", "num_gpus", "num_labels", "checkpoint_every")
-_BOOLS = ("packing", "trust_remote_code", "online", "activation_offloading", "optimizer_in_backward", "compile",
-          "keep_logits")
+_BOOLS = ("packing", "trust_remote_code", "online", "activation_offloading", "optimizer_in_backward", "compile", "keep_logits")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -94,12 +93,9 @@ class JobSpec:
     """torchtune `enable_activation_offloading`: saved tensors of >= 1 KiB move to pinned CPU
     memory in forward and come back for their backward (components/offloading.py)."""
     compile: bool = False
-    """torch.compile of model and loss. Accepted, not modelled: fusion saves fewer
-    activations, so the estimate stays on the high side (the answer says so)."""
+    """torch.compile of model and loss: accepted, not modelled (fusion saves fewer; the answer says so)."""
     keep_logits: bool = False
-    """The loop keeps the model's output (`outputs = model(**batch)`, `loss = outputs.loss`), so
-    its logits live through backward and the optimizer step into the next forward (step/build.py);
-    transformers' Trainer.training_step does not (compute_loss returns the loss only)."""
+    """The loop keeps `outputs = model(**batch)`: its logits live into the next forward (step/build.py)."""
     logprob_head: LogprobHead = LogprobHead.AUTO
     """Preference/RL log-prob head: auto (what TRL 1.16 does), full, selective or chunked."""
     gradient_checkpointing: Checkpointing = Checkpointing.NONE
