@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from vramplan import catalog
+from vramplan import catalog, sources
 from vramplan.sources import model_from_hf_config
 
 torch = pytest.importorskip("torch")
@@ -57,13 +57,13 @@ def test_params_match_the_standin_and_llama(name):
     ("internlm2_5-1_8b", 1_889_110_016), ("baichuan2-7b-chat", 7_505_973_248),
     ("baichuan2-13b-chat", 13_896_668_160)])
 def test_catalog_totals_equal_llama_with_the_same_shapes(name, total):
-    desc = catalog.model_desc(name)
+    desc = sources.model_desc(name)
     assert desc.num_params() == total == llama_count(dict(catalog.find_model(name).config))
 
 
 def test_internlm2_attention_is_the_configs():
     """INTERNLM2_ATTENTION_CLASSES[config.attn_implementation], "eager" when unset."""
-    assert catalog.model_desc("internlm2_5-7b-chat").attn_implementation == "eager"
+    assert sources.model_desc("internlm2_5-7b-chat").attn_implementation == "eager"
     assert model_from_hf_config(CASES["internlm2-mha-bias"]).attn_implementation == "eager"
     assert model_from_hf_config(CASES["internlm2-gqa-sdpa"]).attn_implementation == "sdpa"
     with pytest.raises(ValueError, match="attn_implementation"):
@@ -71,8 +71,8 @@ def test_internlm2_attention_is_the_configs():
 
 
 def test_baichuan_position_embedding_follows_the_size():
-    assert not catalog.model_desc("baichuan2-7b-chat").alibi
-    assert catalog.model_desc("baichuan2-13b-chat").alibi
+    assert not sources.model_desc("baichuan2-7b-chat").alibi
+    assert sources.model_desc("baichuan2-13b-chat").alibi
 
 
 @pytest.mark.parametrize("name, precision, lora", [
