@@ -57,7 +57,13 @@ def _numel(shape: tuple[int, ...]) -> int:
     return n
 
 
-@pytest.mark.parametrize("entry", catalog.list_models(), ids=lambda e: e.name)
+# families that exist only as repository code have no transformers class to build: their
+# entries are checked against the stand-ins and LlamaForCausalLM in test_families_remote.py
+REPOSITORY_CODE = {"internlm2", "baichuan"}
+
+
+@pytest.mark.parametrize("entry", [e for e in catalog.list_models() if e.config["model_type"] not in REPOSITORY_CODE],
+                         ids=lambda e: e.name)
 def test_catalog_model_params_match_transformers(entry):
     _assert_matches(entry.config)
 

@@ -180,14 +180,6 @@ def test_llama4_router_is_refused_as_a_lora_target():
     assert vramplan.estimate(vramplan.load_spec(job)).peak_allocated_bytes > 0
 
 
-@pytest.mark.parametrize("model_type, word", [("internlm2", "wqkv"), ("baichuan", "W_pack")])
-def test_remote_code_families_are_refused_with_the_reason(model_type, word):
-    config = {"model_type": model_type, **TINY, "intermediate_size": 96}
-    with pytest.raises(ValueError, match="exists only as remote code") as err:
-        model_from_hf_config(config)
-    assert word in str(err.value)
-
-
 def test_jamba_layer_kinds_follow_the_config_class():
     """JambaConfig.layers_block_type and layers_num_experts decide each layer's mixer and
     feed-forward."""

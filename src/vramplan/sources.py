@@ -206,9 +206,7 @@ def _model_from_config(config: dict, name: str | None, num_labels: int | None) -
 
 def _build(config: dict, model_type: str, name: str | None, num_labels: int | None) -> ModelDesc:
     from vramplan.catalog.hf import builds, builtin_desc
-    from vramplan.families import FAMILY_OF, REMOTE_CODE_ONLY, adapter, remote_code_message
-    if model_type in REMOTE_CODE_ONLY:
-        raise ValueError(remote_code_message(model_type))
+    from vramplan.families import FAMILY_OF, adapter
     if model_type in FAMILY_OF:
         return adapter(model_type)(config, name or config.get("_name_or_path") or model_type, num_labels)
     if "text_config" in config or model_type == "gemma3":

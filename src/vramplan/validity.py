@@ -20,6 +20,7 @@ def check_job(desc: ModelDesc, spec: JobSpec) -> list[str]:
     """Raise SpecError for a job the libraries refuse; return notes for suspicious ones."""
     notes: list[str] = []
     notes += _positions(desc, spec)
+    notes += _repository_code(desc, spec)
     notes += _trainable(desc, spec)
     if not spec.parallel.is_trivial or spec.num_gpus > 1:
         notes += _parallel(desc, spec)
@@ -57,6 +58,24 @@ def _positions(desc: ModelDesc, spec: JobSpec) -> list[str]:
     return [Msg("seq_len: {what} are past {model}'s max_position_embeddings {limit:,}: "
                 "rotary positions run, but the model was not trained that long (rope_scaling?)",
                 what=what, model=desc.name, limit=limit)]
+
+
+def _repository_code(desc: ModelDesc, spec: JobSpec) -> list[str]:
+    """What the repository code of InternLM2 and Baichuan 2 (families/internlm2, baichuan)
+    decides itself, whatever the job says."""
+    own = getattr(desc, "attn_implementation", "")
+    if desc.model_type == "internlm2" and own and own != spec.attention.value:
+        # modeling_internlm2.py: INTERNLM2_ATTENTION_CLASSES[config.attn_implementation]
+        return [Msg("attention: {model} runs the attention its config.json names (attn_implementation: "
+                    "{own}), not {job}; set attn_implementation there to change it",
+                    model=desc.name, own=own, job=spec.attention.value)]
+    if desc.model_type == "baichuan" and getattr(desc, "alibi", False):
+        # modeling_baichuan.py (13B) BaichuanAttention: xops.memory_efficient_attention when
+        # xformers imports, else torch matmuls that keep two (b, a, s, s) matrices per layer
+        return [Msg("attention: {model} is estimated on its path without xformers (two batch x heads x "
+                    "seq_len x seq_len matrices kept per layer); with xformers installed its code uses "
+                    "memory_efficient_attention, which is not modelled yet", model=desc.name)]
+    return []
 
 
 def _trainable(desc: ModelDesc, spec: JobSpec) -> list[str]:

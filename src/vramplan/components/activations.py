@@ -22,6 +22,7 @@ from vramplan.components.layer_backward import layer_backward
 from vramplan.components.memo import cached_plan, spec_key
 from vramplan.components.op_checkpoint import split_layer
 from vramplan.components.selective import split_attention_core
+from vramplan.components.shifted_loss import loss_kind, shifted_loss_terms
 from vramplan.components.quant import SAVED, dequant_modes
 from vramplan.components.trainable import ParamSet
 from vramplan.model import MlpKind, ModelDesc
@@ -359,6 +360,9 @@ def _with_loss(desc: ModelDesc, spec: JobSpec, stages: list[Stage], logits: Sym,
         # Megatron-Core's vocab_parallel_cross_entropy (components/megatron_loss.py)
         saved, fwd, bwd0, head = megatron_ce_terms(tokens, v, c, grad_hidden)
         return ActivationPlan(stages, saved, fwd, bwd0, head, layer_backward(desc, spec))
+    if loss_kind(desc, spec):  # repository code's own loss (components/shifted_loss.py)
+        terms = shifted_loss_terms(desc, spec, v, c, _autocast(spec) is not None, grad_hidden, head_trains)
+        return ActivationPlan(stages, *terms, layer_backward(desc, spec))
     saved.add("logits/log_softmax", full32).add("logits/labels", nbytes(tokens, "int64"))
     if desc.final_logit_softcapping:
         # Gemma 2 (modeling_gemma2.py Gemma2ForCausalLM.forward): logits / cap, tanh, * cap;

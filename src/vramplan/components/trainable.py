@@ -19,7 +19,7 @@ from vramplan.spec.stack import Framework
 
 # Output heads that PEFT's "all-linear" leaves out (peft/tuners/tuners_utils.py,
 # `_maybe_include_all_linear_layers` excludes the model's output embedding).
-_HEADS = ("lm_head", "score", "classifier", "qa_outputs")
+_HEADS = ("lm_head", "score", "classifier", "qa_outputs", "output")  # InternLM2's head is `output`
 _EMBED_WORDS = ("embed", "wte", "wpe")
 
 

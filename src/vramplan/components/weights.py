@@ -63,7 +63,7 @@ def quantized_linear_bytes(spec: JobSpec, p: HeldParam) -> tuple[int, int]:
 
 # Token embedding tables (Llama/Qwen embed_tokens, GPT-2/Qwen-1 wte, BERT/BLOOM
 # word_embeddings, GPT-NeoX embed_in) and other input-side embeddings.
-_TOKEN_EMBED = ("embed_tokens", "wte", "word_embeddings", "embed_in")
+_TOKEN_EMBED = ("embed_tokens", "tok_embeddings", "wte", "word_embeddings", "embed_in")
 _EMBED = _TOKEN_EMBED + ("wpe", "embed_positions", "embeddings")
 
 

@@ -22,28 +22,10 @@ FAMILY_OF: dict[str, str] = {
     "internlm3": "internlm3",
     "mamba2": "mamba2",
     "jamba": "jamba",
+    "internlm2": "internlm2",
+    "baichuan": "baichuan",
 }
 """HF `model_type` -> folder under vramplan/families."""
-
-
-REMOTE_CODE_ONLY: dict[str, str] = {
-    "internlm2": "InternLM2 (internlm/internlm2-*, InternLM2ForCausalLM in the repo's "
-                 "modeling_internlm2.py) fuses q, k and v into one grouped `wqkv` and names its "
-                 "modules tok_embeddings/attention/feed_forward/output, so it is not exactly the "
-                 "Llama architecture",
-    "baichuan": "Baichuan 2 (baichuan-inc/Baichuan2-*, the repo's modeling_baichuan.py) fuses "
-                "q, k and v into `W_pack`, normalizes its LM head (NormHead) and uses ALiBi in the "
-                "13B model, so it is not exactly the Llama architecture",
-}
-"""Families that exist only as repository code (trust_remote_code). vramplan never runs a
-repository's code, and maps such a config to a known architecture only where it is exactly
-that architecture; these are not, so they are refused with the reason."""
-
-
-def remote_code_message(model_type: str) -> str:
-    return (f"model_type {model_type!r} exists only as remote code: {REMOTE_CODE_ONLY[model_type]}; "
-            "vramplan does not run repository code and does not model it yet (InternLM3 is "
-            "supported by transformers itself as model_type 'internlm3', and by vramplan)")
 
 
 def _module(model_type: str, part: str) -> ModuleType:
@@ -69,4 +51,13 @@ def rotary_factor(config: dict, default: float) -> float:
     return float(rope.get("partial_rotary_factor", config.get("partial_rotary_factor", default)))
 
 
-__all__ = ["FAMILY_OF", "REMOTE_CODE_ONLY", "adapter", "forward", "remote_code_message", "rotary_factor"]
+def step_buffers(desc, spec) -> int:
+    """Bytes a family's code keeps on the device across steps that depend on the job, not
+    the config (Baichuan 2 13B's cached ALiBi mask): the forward module's `step_buffers`."""
+    if desc.model_type not in FAMILY_OF:
+        return 0
+    hook = getattr(forward(desc.model_type), "step_buffers", None)
+    return hook(desc, spec) if hook else 0
+
+
+__all__ = ["FAMILY_OF", "adapter", "forward", "rotary_factor", "step_buffers"]

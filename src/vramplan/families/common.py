@@ -23,6 +23,12 @@ class FamilyDesc(ExtendedDesc):
     buffer_bytes: int = 0
     """Registered buffers that are not parameters and live on the device with the model
     (GPTBigCodeModel's (n_positions, n_positions) bool causal-mask table)."""
+    attn_implementation: str = ""
+    """eager | sdpa | flash when the family's code picks its attention class from its own
+    config rather than from the job (InternLM2: `config.attn_implementation`, "eager" when
+    unset); "" follows the job's `attention`."""
+    z_loss_weight: float = 0.0
+    """Baichuan 2's z-loss weight (BaichuanForCausalLM.forward adds it, even at 0)."""
 
     @property
     def family_forward(self) -> ModuleType | None:

@@ -33,9 +33,19 @@ def _vramplan_runner(entry: str, note: str) -> dict:
     return {"library": "vramplan", "version": __version__, "entry": entry, "note": note}
 
 
-def loop_runner() -> dict:
-    """The runner record of measure/run.py's single-model loop."""
+def loop_runner(job: dict | None = None) -> dict:
+    """The runner record of measure/run.py's single-model loop (a repository-code family's
+    written-here stand-in named as such: measure/standin_remote.py)."""
     import transformers
+
+    if job is not None:
+        from .build import hf_config_dict
+        from .standin_remote import STANDINS
+        model_type = hf_config_dict(job["model"]).get("model_type")
+        if model_type in STANDINS:
+            return _vramplan_runner(f"vramplan.measure.standin_remote ({model_type})",
+                                    "a stand-in of the repository's modules written from its modeling file "
+                                    "(never its code), in measure/run.py's plain loop")
 
     return {"library": "transformers", "version": transformers.__version__,
             "entry": "PreTrainedModel.forward + loss.backward + torch.optim step",
@@ -93,7 +103,7 @@ def measure_cpu(job: Any, trace: bool = False, steps: int = 2) -> MeasureResult:
         from .run_modes import run_cpu
 
         result = run_cpu(job, trace=trace, steps=steps)
-        result.runner = loop_runner()
+        result.runner = loop_runner(job)
         return result
     if job["task"] == "inference":
         from .inference import measure_inference

@@ -16,6 +16,7 @@ from vramplan.components.offloading import device_resident, forward_stash
 from vramplan.components.optimizer import heads_of, optimizer_states, state_key, step_temporaries
 from vramplan.components.optimizer_in_backward import stage_step_terms, steps_in_backward
 from vramplan.components.trainable import ParamSet
+from vramplan.families import step_buffers
 from vramplan.components.weights import (
     gradient_stages, gradient_stages_at_peak, num_stages, stage_of, tied_embedding_grad_temp, weight_terms,
 )
@@ -78,6 +79,7 @@ def build_step(desc: ModelDesc, spec: JobSpec, params: ParamSet, acts: Activatio
         static.add("batch/position_ids", nbytes(spec.micro_batch_size * spec.seq_len, "int64"))
     # registered buffers that are no parameters (GPTBigCode's causal-mask table)
     static.add("weights/buffers", getattr(desc, "buffer_bytes", 0))
+    static.add("weights/family_step_buffers", step_buffers(desc, spec))
     grads = cached(params, ("grads", dtypes_of(spec)), lambda: gradient_stages(desc, spec, params))
     grads_at_peak = cached(params, ("grads_at_peak", dtypes_of(spec)),
                            lambda: gradient_stages_at_peak(desc, spec, params))
