@@ -87,6 +87,34 @@ def test_awq_bytes(m, n):
     assert _unique(ql.buffers()) == _bytes({"type": "awq", "group_size": 128}, m, n)
 
 
+_HQQ = importlib.util.find_spec("hqq") is not None
+
+
+@pytest.mark.skipif(not _HQQ, reason="hqq (the measure extra) is not installed")
+@pytest.mark.parametrize("m,n", SHAPES)
+@pytest.mark.parametrize("bits,group", [(8, 64), (4, 64), (3, 64), (2, 16), (1, 8)])
+def test_hqq_linear_bytes(m, n, bits, group):
+    torch = pytest.importorskip("torch")
+    from hqq.core.quantize import BaseQuantizeConfig, HQQLinear
+
+    q = HQQLinear(torch.nn.Linear(n, m, bias=False), BaseQuantizeConfig(nbits=bits, group_size=group, axis=1),
+                  compute_dtype=torch.bfloat16, device="cpu", initialize=True)
+    held = [q.W_q] + [v for v in q.meta.values() if isinstance(v, torch.Tensor)]
+    assert _unique(held) == _bytes({"type": "hqq", "bits": bits, "group_size": group}, m, n)
+
+
+def test_committed_storage_measurements_are_estimated_exactly():
+    """bench/quant/results.json: each library's quantized linear, measured (GPTQModel and hqq
+    included, which CI does not install), against today's storage model."""
+    import json
+    from pathlib import Path
+
+    rows = json.loads((Path(__file__).resolve().parents[1] / "bench" / "quant" / "results.json").read_text())["storage"]
+    assert {r["quantization"]["type"] for r in rows} >= {"nf4", "fp4", "int8", "gptq", "awq", "hqq", "torchao-int8"}
+    for r in rows:
+        assert _bytes(r["quantization"], r["out_features"], r["in_features"]) == r["measured_bytes"], r
+
+
 # -- spec validation --------------------------------------------------------------------
 _TINY = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 688, "num_hidden_layers": 2,
          "num_attention_heads": 4, "vocab_size": 2048}

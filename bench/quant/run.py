@@ -93,6 +93,17 @@ def _torchao(kind: str, m: int, n: int) -> int:
     return _unique([lin[0].weight])
 
 
+def _hqq(m: int, n: int, bits: int, group: int) -> int:
+    import torch
+    from hqq.core.quantize import BaseQuantizeConfig, HQQLinear
+
+    # transformers' HqqConfig passes axis=1, hqq's default; compute dtype bf16
+    lin = torch.nn.Linear(n, m, bias=False)
+    q = HQQLinear(lin, BaseQuantizeConfig(nbits=bits, group_size=group, axis=1), compute_dtype=torch.bfloat16,
+                  device="cpu", initialize=True)
+    return _unique([q.W_q] + [v for v in q.meta.values() if isinstance(v, torch.Tensor)])
+
+
 def storage_cases():
     for m, n in SHAPES:
         for kind in ("nf4", "fp4"):
@@ -109,16 +120,29 @@ def storage_cases():
             yield {"type": "awq", "group_size": group}, (m, n), lambda g=group, m=m, n=n: _awq(m, n, g)
         for kind in ("torchao-int8", "torchao-fp8"):
             yield {"type": kind}, (m, n), lambda k=kind, m=m, n=n: _torchao(k, m, n)
+        for bits, group in ((8, 64), (4, 64), (3, 64), (2, 16), (1, 8)):
+            q = {"type": "hqq", "bits": bits, "group_size": group}
+            yield q, (m, n), lambda b=bits, g=group, m=m, n=n: _hqq(m, n, b, g)
 
 
-def run_storage() -> list[dict]:
+def run_storage(old: list[dict] = ()) -> list[dict]:
+    """Every storage case; one whose library is not installed here keeps its committed
+    measurement (GPTQModel wants torch>=2.14 and is installed only for its run)."""
     from vramplan.components.quant import storage
     from vramplan.spec import QuantConfig
 
+    kept = {(json.dumps(r["quantization"], sort_keys=True), r["out_features"], r["in_features"]): r["measured_bytes"]
+            for r in old}
     rows = []
     for quant, (m, n), real in storage_cases():
         codes, state = storage(QuantConfig(**quant), m, n)
-        measured = real()
+        try:
+            measured = real()
+        except ImportError:
+            key = (json.dumps(quant, sort_keys=True), m, n)
+            if key not in kept:
+                raise
+            measured = kept[key]
         rows.append({"quantization": quant, "out_features": m, "in_features": n, "measured_bytes": measured,
                      "estimated_bytes": codes + state, "exact": measured == codes + state})
         print(f"{json.dumps(quant):70s} ({m}, {n}) measured {measured:>8} estimated {codes + state:>8}")
@@ -167,10 +191,17 @@ def reestimate(rows: list[dict]) -> list[dict]:
     return rows
 
 
-def versions() -> dict:
-    from importlib.metadata import version
+def versions(old: dict) -> dict:
+    """The releases measured with (a library not installed now keeps its committed release)."""
+    from importlib.metadata import PackageNotFoundError, version
 
-    return {p: version(p) for p in ("torch", "transformers", "peft", "bitsandbytes", "gptqmodel", "torchao")}
+    out = dict(old)
+    for p in ("torch", "transformers", "peft", "bitsandbytes", "gptqmodel", "torchao", "hqq"):
+        try:
+            out[p] = version(p)
+        except PackageNotFoundError:
+            pass
+    return out
 
 
 def main(argv: list[str]) -> None:
@@ -183,8 +214,8 @@ def main(argv: list[str]) -> None:
     if what == "--reestimate":
         out = dict(old, steps=reestimate(old.get("steps", [])))
     else:
-        out = {"versions": versions(),
-               "storage": run_storage() if what in ("all", "storage") else old.get("storage", []),
+        out = {"versions": versions(old.get("versions", {})),
+               "storage": run_storage(old.get("storage", [])) if what in ("all", "storage") else old.get("storage", []),
                "steps": run_steps() if what in ("all", "steps") else old.get("steps", [])}
     with open(path, "w") as fh:
         json.dump(out, fh, indent=1)

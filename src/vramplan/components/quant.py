@@ -80,12 +80,13 @@ def _awq(q: QuantConfig, m: int, n: int) -> tuple[int, int]:
 
 
 def _hqq(q: QuantConfig, m: int, n: int) -> tuple[int, int]:
-    # hqq/core/quantize.py Quantizer.pack: 8/4/2/1 bits pack 1/2/4/8 codes per uint8; 3 bits
-    # pack 10 codes per int32 (pack_3bit_32). meta: scale and zero, one each per group of
-    # the flattened weight, in the compute dtype (16-bit) when not themselves quantized.
-    numel, b = m * n, q.bits
-    codes = 4 * _ceil(numel, 10) if b == 3 else _ceil(numel * b, 8)
-    return codes, 2 * 2 * _ceil(numel, q.group_size)
+    # hqq 0.2.7 hqq/core/quantize.py Quantizer.quantize (axis 1: the weight as (numel/g, g)
+    # rows) then Quantizer.pack: 8/4/2/1 bits pack 1/2/4/8 codes per uint8; 3 bits pack 10
+    # rows into one int32 row (pack_3bit_32, rows padded to a multiple of 10). meta: scale
+    # and zero, one each per group, in the compute dtype (16-bit) when not quantized.
+    numel, b, g = m * n, q.bits, q.group_size
+    codes = 4 * g * _ceil(_ceil(numel, g), 10) if b == 3 else _ceil(numel * b, 8)
+    return codes, 2 * 2 * _ceil(numel, g)
 
 
 def _torchao_int8(q: QuantConfig, m: int, n: int) -> tuple[int, int]:
