@@ -201,7 +201,8 @@ def _walk(plan: StepPlan, build: bool) -> list:
             out.append(total)
         moment = plan.stage_backward_moment[i] if plan.stage_backward_moment else None
         if moment is not None:
-            event("backward", f"{plan.labels[i] if plan.labels else f'stage {i}'} (later)",
+            # the same stage's label: a later moment of its backward (translated like it)
+            event("backward", plan.labels[i] if plan.labels else f"stage {i} backward",
                   lambda: [plan.static, *done, *plan.stage_acts[:i], moment], static_tot + done_tot + prefix[i] + moment.total())
         if fused is not None and fused[i].terms:
             # the stage's activations are gone; its largest parameter steps in the hook
