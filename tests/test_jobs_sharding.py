@@ -16,7 +16,11 @@ def test_zero_stages_shard_states_then_grads_then_weights():
     ends = {z: est(num_gpus=4, parallel={"zero_stage": z}) for z in (1, 2, 3)}
     opt = lambda e: [x for x in e.events if x.phase == "optimizer"][0].live  # noqa: E731
     assert opt(ends[1]).total("policy/optimizer") * 4 == pytest.approx(opt(single).total("policy/optimizer"), rel=1e-6)
-    assert opt(ends[1]).total("policy/gradients") == opt(single).total("policy/gradients")
+    # ZeRO-1 makes whole gradients in backward but keeps only its partition at the step
+    # (DeepSpeed stage_1_and_2.py epilogue; bench/parallel/results-deepspeed-cpu.json)
+    bwd = lambda e: max(x.live.total("policy/gradients") for x in e.events if x.phase == "backward")  # noqa: E731
+    assert bwd(ends[1]) == bwd(single)
+    assert opt(ends[1]).total("policy/gradients") == opt(ends[2]).total("policy/gradients")
     assert opt(ends[2]).total("policy/gradients") * 4 == pytest.approx(opt(single).total("policy/gradients"), rel=1e-6)
     assert opt(ends[3]).total("reference/weights") * 4 == pytest.approx(opt(single).total("reference/weights"), rel=1e-6)
     peaks = [single.peak_allocated_bytes] + [ends[z].peak_allocated_bytes for z in (1, 2, 3)]

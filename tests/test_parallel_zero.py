@@ -63,3 +63,48 @@ def test_zero12_step_works_on_the_flat_fp32_partition():
     part = NUMEL * 4 / 2
     assert step.total("temporaries/optimizer/forloop_denom") == pytest.approx(2 * part, rel=1e-3)
     assert step.total("zero/flat_grad_partition") == pytest.approx(part, rel=1e-3)
+
+
+def test_zero1_step_holds_only_the_gradient_partition_like_zero2():
+    # stage_1_and_2.py: the epilogue keeps the partition (copy_grads_in_partition) and sets
+    # every .grad to None before step
+    one, two = est(1).events[-1].live, est(2).events[-1].live
+    assert one.total("gradients/") == pytest.approx(NUMEL * 4 / 2, rel=1e-3)
+    assert one.total("gradients/") == two.total("gradients/")
+    # backward still makes the whole gradients under ZeRO-1
+    assert max(ev.live.total("gradients/") for ev in est(1).events if ev.phase == "backward") == NUMEL * 4
+
+
+def test_zero2_partition_buffer_appears_whole_at_the_first_bucket_reduction():
+    # (head + final norm) = 524,544 elements < 1e6 <= adding the last layer: its backward
+    # reduces the first bucket and allocates the whole partition (grads_in_partition)
+    e = est(2, reduce_bucket_size=1_000_000)
+    bwd = [ev for ev in e.events if ev.phase == "backward"]
+    later = next(i for i, ev in enumerate(bwd) if ev.live.total("zero/grad_partition_buffer"))
+    assert bwd[later].label == bwd[later - 1].label == "layer 3 backward"  # a later moment of that layer
+    assert all(ev.live.total("gradients/") == 0 and ev.live.total("zero/grad_partition_buffer") == 0
+               for ev in bwd[:later])
+    assert bwd[later].live.total("zero/grad_partition_buffer") == pytest.approx(NUMEL * 4 / 2, rel=1e-3)
+    assert bwd[later].live.total("zero/reducing_param_grad") == 256 * 688 * 4
+    assert all(ev.live.total("gradients/") == pytest.approx(NUMEL * 4 / 2, rel=1e-3) for ev in bwd[later + 1:])
+    # one bucket for the whole model: reduced in the epilogue, no such moment
+    big = est(2, reduce_bucket_size=10 * NUMEL)
+    assert not any(ev.live.total("zero/grad_partition_buffer") for ev in big.events)
+    assert len([ev for ev in big.events if ev.label == "layer 3 backward"]) == 1
+
+
+def test_deepspeed_measured_ground_truth_within_2_percent_and_5_per_phase():
+    # bench/parallel/deepspeed_cpu.py: the real DeepSpeed 0.19 on 2 gloo ranks (issue 10's bar)
+    import json
+    import pathlib
+    path = pathlib.Path(__file__).parents[1] / "bench/parallel/results-deepspeed-cpu.json"
+    rows = json.loads(path.read_text())["results"]
+    assert rows
+    for row in rows:
+        e = estimate(load_spec(row["job"]))
+        ranks = row["measured"]
+        worst = max(r["peak"] for r in ranks)
+        assert abs(e.peak_allocated_bytes / worst - 1) < 0.02, row["name"]
+        for kind, key in (("fwd", "forward"), ("bwd", "backward"), ("opt", "optimizer")):
+            measured = max(v for r in ranks for k, v in r["phase_peaks"].items() if k.endswith("." + kind))
+            assert abs(e.phases[key] / measured - 1) < 0.05, (row["name"], key)

@@ -100,6 +100,15 @@ class StepPlan:
     stage_forward_transient: list[Breakdown] | None = None
     """Per stage, held only while its forward runs, with the activations saved so far
     (float8 casts, components/float8.py); None: nothing beyond the saved activations."""
+    stage_backward_moment: list[Breakdown | None] | None = None
+    """Per stage, a second backward moment after its compute peak (None: none): what is
+    alive then beyond the static set, the earlier stages' activations and the gradients of
+    the stages before it (DeepSpeed ZeRO-2's first bucket reduction,
+    parallel/engines.zero2_first_reduction)."""
+    step_grads: Breakdown | None = None
+    """The gradients alive at the optimizer step when they are not all that backward made:
+    DeepSpeed ZeRO-1 keeps only the rank's partition once backward ends
+    (parallel/engines.zero1_step_grads); None: every stage's gradients."""
 
 
 def _sum(parts) -> Breakdown:
@@ -190,6 +199,11 @@ def _walk(plan: StepPlan, build: bool) -> list:
             out.append(Event("backward", plan.labels[i] if plan.labels else f"stage {i} backward", parts, total))
         else:
             out.append(total)
+        moment = plan.stage_backward_moment[i] if plan.stage_backward_moment else None
+        if moment is not None:
+            # the same stage's label: a later moment of its backward (translated like it)
+            event("backward", plan.labels[i] if plan.labels else f"stage {i} backward",
+                  lambda: [plan.static, *done, *plan.stage_acts[:i], moment], static_tot + done_tot + prefix[i] + moment.total())
         if fused is not None and fused[i].terms:
             # the stage's activations are gone; its largest parameter steps in the hook
             event("backward", f"stage {i} step in backward", lambda: [plan.static, *plan.stage_acts[:i], fused[i]],
@@ -203,8 +217,9 @@ def _walk(plan: StepPlan, build: bool) -> list:
     if fused is not None:  # stepped in backward: optimizer.step() has nothing left to do
         event("optimizer", "optimizer step (done in backward)", lambda: [plan.static], static_tot)
     else:
-        event("optimizer", "optimizer step", lambda: [plan.static, *stage_grads, plan.optimizer_temporaries],
-              static_tot + grads_tot + plan.optimizer_temporaries.total())
+        held = stage_grads if plan.step_grads is None else [plan.step_grads]
+        event("optimizer", "optimizer step", lambda: [plan.static, *held, plan.optimizer_temporaries],
+              static_tot + sum(totals(held)) + plan.optimizer_temporaries.total())
     return out
 
 

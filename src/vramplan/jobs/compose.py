@@ -36,6 +36,9 @@ def merge_trained(plan: StepPlan, other: StepPlan, role: str) -> None:
     Its graph is built first, so its backward runs after the policy's: one backward stage
     holding all of its saved activations and gradients, before the policy's first."""
     plan.static.merge(other.static)
+    if plan.step_grads is not None or other.step_grads is not None:  # ZeRO-1's partitions
+        plan.step_grads = Breakdown().merge(plan.step_grads or _sum(plan.grads_by_stage)).merge(
+            other.step_grads or _sum(other.grads_by_stage))
     plan.stage_acts.insert(0, _sum(other.stage_acts))
     plan.grads_by_stage.insert(0, _sum(other.grads_by_stage))
     plan.stage_backward_transient.insert(0, other.stage_backward_transient[-1])

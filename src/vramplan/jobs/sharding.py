@@ -107,6 +107,8 @@ def shard_step(step, spec: JobSpec, desc, stages: int):
     if plan.stage_grads_at_peak is not None:
         plan.stage_grads_at_peak = [_shard(b, lay, rules, done) for b in plan.stage_grads_at_peak]
     plan.optimizer_temporaries = _shard(plan.optimizer_temporaries, lay, rules, done)
+    if plan.step_grads is not None:
+        plan.step_grads = _shard(plan.step_grads, lay, rules, done)
     if lay.tp > 1 or lay.seq_shards > 1:
         step.before = [(ph, label, acts.scale(x, lay)) for ph, label, x in step.before]
         step.after_forward = [(ph, label, acts.scale(x, lay), keep) for ph, label, x, keep in step.after_forward]

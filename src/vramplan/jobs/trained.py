@@ -218,4 +218,5 @@ def prefixed(plan: StepPlan, prefix: str) -> StepPlan:
                     labels=[f"{prefix} {label}" for label in plan.labels],
                     sharded_prefixes=tuple(p + x for x in plan.sharded_prefixes), parallel=plan.parallel,
                     in_backward=each(plan.in_backward),
-                    stage_forward_transient=each(plan.stage_forward_transient))
+                    stage_forward_transient=each(plan.stage_forward_transient),
+                    step_grads=None if plan.step_grads is None else re(plan.step_grads))

@@ -63,6 +63,64 @@ def zero12_step_grad(states_numel: int) -> Breakdown:
     return Breakdown().add("zero/flat_grad_partition", nbytes(states_numel, "fp32"))
 
 
+def zero1_step_grads(partition_grads: list[Breakdown]) -> Breakdown:
+    """ZeRO-1 holds only the rank's gradient partition at the step, like ZeRO-2 (0.19,
+    stage_1_and_2.py): with contiguous_gradients, reduce_ipg_grads copies each reduced
+    gradient of the rank's partition into `grads_in_partition` (copy_grads_in_partition,
+    "zero stage 1 - partition only optimizer state" branch), the epilogue
+    (independent_gradient_partition_epilogue) points `averaged_gradients` at those views
+    (get_flat_partition) and `_clear_param_grad_only` sets every parameter's `.grad` to
+    None, so the other ranks' gradients are freed before DeepSpeedZeroOptimizer.step.
+    Without contiguous_gradients `averaged_gradients` are views of the partition's own
+    `.grad` tensors, the same bytes. `partition_grads`: the gradient stages over the rank's
+    partitioned (optimizer-state) set. Measured: bench/parallel/results-deepspeed-cpu.json
+    (ZeRO-1's step equal to ZeRO-2's to the byte)."""
+    out = Breakdown()
+    for g in partition_grads:
+        out.merge(g)
+    return out
+
+
+def zero2_first_bucket(lay: Layout, stage_numels: list[int]) -> int | None:
+    """The stage (forward index) whose backward first fills a ZeRO-2 reduce bucket, or None
+    when the whole model fits in one (then it is reduced in the backward epilogue).
+    stage_1_and_2.py reduce_independent_p_g_buckets_and_remove_grads: a gradient hook that
+    would overflow `reduce_bucket_size` elements calls reduce_ipg_grads first; backward
+    makes the gradients last stage first. `stage_numels`: every stage's whole (unsharded)
+    trainable elements, forward order."""
+    bucket, filled = int(lay.knob("reduce_bucket_size", DS_REDUCE_BUCKET)), 0
+    for i in range(len(stage_numels) - 1, -1, -1):
+        filled += stage_numels[i]
+        if filled > bucket:
+            return i
+    return None
+
+
+def zero2_first_reduction(own_acts: Breakdown, transient: Breakdown, partition_bytes: int,
+                          param_grad_bytes: int) -> Breakdown:
+    """ZeRO-2 with contiguous_gradients (stage_1_and_2.py, 0.19): a gradient hook copies
+    the parameter's gradient into the ipg bucket and points `.grad` at it, so until the
+    first bucket is reduced a rank holds no gradient of its own beyond the bucket. At the
+    first reduction (reduce_ipg_grads -> copy_grads_in_partition) the rank owning the
+    gradients reduced first (the last partition: it holds the head) allocates its whole
+    gradient partition at once (`grads_in_partition = torch.empty(total_size)`); every
+    later gradient of its partition is a view into it, the others' are freed
+    (clear_grad_attribute). The meter's trace (rank 1, bench/parallel/
+    results-deepspeed-cpu.json) shows the moment inside a layer's backward, at the hook of
+    an MLP input projection: the MLP's intermediates and their gradients are freed, the
+    rest of the layer's saved activations, the hidden-size activation gradient, that
+    weight's whole gradient (`param_grad_bytes`, the stage's largest) and the new
+    partition (`partition_bytes`) are alive."""
+    out = Breakdown()
+    for name, value in own_acts:
+        if "/mlp/" not in name:
+            out.add(name, value)
+    for name, value in transient:
+        if name != "backward/grad_mlp":
+            out.add(name, value)
+    return out.add("zero/grad_partition_buffer", partition_bytes).add("zero/reducing_param_grad", param_grad_bytes)
+
+
 def zero_flat_step(temporaries: Breakdown, states_numel: int) -> Breakdown:
     """The wrapped optimizer steps one flat fp32 partition per parameter group, not the
     model's parameters (stage_1_and_2.py: `param_group['params'] = [single_partition_of_fp32_

@@ -9,7 +9,7 @@ from vramplan.components.dtypes import dtypes_of
 from vramplan.components.optimizer import heads_of, optimizer_states, state_key, step_temporaries
 from vramplan.components.trainable import ParamSet, grad_dtype
 from vramplan.components.memo import cached
-from vramplan.components.weights import gradient_stages, gradient_stages_at_peak, weight_terms
+from vramplan.components.weights import gradient_stages, gradient_stages_at_peak, stage_of, weight_terms
 from vramplan.model import ModelDesc
 from vramplan.parallel import activations as acts
 from vramplan.parallel import engines
@@ -240,6 +240,13 @@ def _engine_buffers(desc, spec, lay: Layout, sets: RankSets, out: StepPlan, stag
         out.static.merge(engines.ddp_buckets(lay, grad_bytes(spec, sets)))
     elif lay.engine == "zero":
         _zero(spec, lay, sets, out, unit, root, gdt, gb)
+        if lay.zero_stage == 1 and not _grads_offloaded(lay):
+            out.step_grads = engines.zero1_step_grads(_select(cached(
+                sets.states, ("grads", dtypes_of(spec)), lambda: gradient_stages(desc, spec, sets.states)),
+                stage, lay.pp, layers))
+        if (lay.zero_stage == 2 and lay.knob("contiguous_gradients", True) and not _grads_offloaded(lay)
+                and not out.grads_alive_in_forward and lay.pp == 1):
+            _zero2_first_reduction(desc, spec, sets, out, lay, gb)
     elif lay.engine == "fsdp" and lay.fsdp != "no-shard":
         at_peak = _select(cached(sets.full, ("grads_at_peak", dtypes_of(spec)), lambda: (
             gradient_stages_at_peak(desc, spec, sets.full))), stage, lay.pp, layers)
@@ -258,6 +265,28 @@ def _engine_buffers(desc, spec, lay: Layout, sets: RankSets, out: StepPlan, stag
             t.add("cp/ring_kv_buffers", kv)
     if lay.pp > 1:
         pipeline_buffers(desc, spec, lay, out, stage)
+
+
+def _zero2_first_reduction(desc, spec, sets: RankSets, out: StepPlan, lay: Layout, gb: int) -> None:
+    """ZeRO-2's gradients on the rank that owns the head: none beyond the ipg bucket until
+    the first bucket is reduced, then the whole partition buffer (engines.zero2_first_bucket,
+    engines.zero2_first_reduction); with one bucket for the whole model nothing changes."""
+    full = cached(sets.full, ("grads", dtypes_of(spec)), lambda: gradient_stages(desc, spec, sets.full))
+    if len(full) != len(out.grads_by_stage):
+        return
+    at = engines.zero2_first_bucket(lay, [g.total() // gb for g in full])
+    if at is None:
+        return
+    part = Breakdown()
+    for g in out.grads_by_stage:
+        part.merge(g)
+    largest = max((p.numel for p in sets.full.trainable() if stage_of(desc, p) == at), default=0)
+    own = (out.stage_acts_at_peak or out.stage_acts)[at]
+    out.stage_backward_moment = [None] * len(out.grads_by_stage)
+    out.stage_backward_moment[at] = engines.zero2_first_reduction(own, out.stage_backward_transient[at],
+                                                                  part.total(), largest * gb)
+    out.grads_by_stage = [part if i == at else Breakdown() for i in range(len(out.grads_by_stage))]
+    out.stage_grads_at_peak = [Breakdown() for _ in out.grads_by_stage]
 
 
 def _zero(spec, lay: Layout, sets: RankSets, out: StepPlan, unit: dict, root: list, gdt: str, gb: int) -> None:
