@@ -236,8 +236,6 @@ CASES = dict([
     case("diffusion/bf16/full/wan-tiny", **WAN, precision="bf16"),
     case("diffusion/bf16/lora/sd3-tiny/gc", **IMG, model=TINY_SD3, precision="bf16", method="lora", lora={"r": 8},
          gradient_checkpointing="full"),
-    case("diffusion/bf16/lora/wan-tiny/gc", **WAN, precision="bf16", method="lora", lora={"r": 8},
-         gradient_checkpointing="full"),
     case("diffusion/fp32/full/flux-tiny/gc", **IMG, model=TINY_FLUX, precision="fp32", gradient_checkpointing="full"),
     case("diffusion/fp32/full/flux-tiny/prior-preservation", **dict(IMG, diffusion=dict(IMG["diffusion"], prior_preservation=True)),
          model=TINY_FLUX, precision="fp32", micro_batch_size=1),
