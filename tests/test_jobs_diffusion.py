@@ -74,3 +74,15 @@ def test_inline_tiny_dit_matches_committed_and_live_cpu_measurements():
     job = dict(rows["diffusion/fp32/full/cogvideox-tiny/128px"]["job"])
     m, e = measure_fresh(job), vramplan.estimate(job)
     assert abs(e.peak_allocated_bytes / m["peak_allocated_bytes"] - 1) < 0.03, (e.peak_allocated_bytes, m)
+
+
+def test_forward_phase_of_every_committed_diffusion_row_within_five_percent():
+    """The forward's own peak (inside the last block, or a checkpointed block's no-grad
+    working set) against the exact CPU meter's forward phase of the real diffusers step."""
+    import json
+    from pathlib import Path
+    rows = json.loads((Path(__file__).resolve().parents[1] / "bench" / "jobs" / "results.json").read_text())
+    for name, row in rows.items():
+        if name.startswith("diffusion/"):
+            m = row["measured"]["phases"]["forward"]
+            assert abs(vramplan.estimate(row["job"]).phases["forward"] / m - 1) < 0.05, name

@@ -31,11 +31,10 @@ from vramplan.jobs.compose import Step, finish
 from vramplan.jobs.diffusion_frozen import frozen_modules
 from vramplan.jobs.diffusion_unet import unet_lora_acts_at_peak, unet_lora_params, unet_lora_transients, unet_stages
 from vramplan.jobs.diffusion_scripts import adapter_dtype, script_loss, scripts_stack
-from vramplan.jobs.diffusion_video import (VIDEO_CLASSES, checkpointed, checkpointed_backward_transient,
-                                           checkpointed_forward_transient, first_block_grads)
-from vramplan.jobs.diffusion_video import forward_transient as video_forward_transient
-from vramplan.jobs.diffusion_blocks import (BLOCK_CLASSES, block_ctx, block_stages, block_transients, feed_forward_params,
-                                            lora_targets, output_backward_transient)
+from vramplan.jobs.diffusion_video import VIDEO_CLASSES, checkpointed, checkpointed_backward_transient, first_block_grads
+from vramplan.jobs.diffusion_blocks import (BLOCK_CLASSES, block_ctx, block_forward_transient, block_stages,
+                                            block_transients, feed_forward_params, lora_targets,
+                                            output_backward_transient)
 from vramplan.jobs.diffusion_blocks import buffers as block_buffers
 from vramplan.spec import Checkpointing, JobSpec, Method
 from vramplan.timeline import StepPlan
@@ -226,15 +225,20 @@ def diffusion_estimate(pipe: dict, spec: JobSpec, gpu=None):
         plan.stage_forward_transient = [Breakdown() for _ in stages]
         plan.stage_forward_transient[-2] = unet_fwd
         plan.stage_acts_at_peak = unet_lora_acts_at_peak(pipe, spec, stages, b, shape[3], shape[4])
+    working = Breakdown()
+    if den.get("class") in BLOCK_CLASSES:
+        gc = spec.gradient_checkpointing is Checkpointing.FULL
+        working = block_forward_transient(den, block_ctx(den, spec), b, n, m or tokens["context"], gc)
+    if working.terms and den["class"] not in VIDEO_CLASSES:
+        # Flux, SD3, Wan: inside the last block, before the output stage saves anything
+        plan.stage_forward_transient = [Breakdown() for _ in stages]
+        plan.stage_forward_transient[-2] = working
     step = Step(plan)
     if pipe["kind"] == "video-dit" and den.get("class") not in BLOCK_CLASSES and spec.method is not Method.FULL:
         step.after_forward.append(("forward", "last block feed-forward (frozen)", _frozen_ff_forward(den, b, n + m, c),
                                    False))
     if den.get("class") in VIDEO_CLASSES:
-        gc = spec.gradient_checkpointing is Checkpointing.FULL
-        working = checkpointed_forward_transient if gc else video_forward_transient
-        step.after_forward.append(("forward", "a block's working set", working(
-            den, block_ctx(den, spec), b, n, m or tokens["context"]), False))
+        step.after_forward.append(("forward", "a block's working set", working, False))
     total, notes = {"denoiser": pipe["denoiser"]["num_params"]}, [f"latents {shape}; tokens {tokens}"]
     total.update(frozen_modules(pipe, spec, step, b, c, w, notes, n + m))
     return finish(spec, _desc_stub(pipe), step, num_params=total,

@@ -15,12 +15,14 @@ from vramplan.components.arch_dit import DitCtx
 from vramplan.components.arch_mmdit import double_block, modulate, single_block, wan_block
 from vramplan.components.graph import Recorder
 from vramplan.jobs.diffusion_scripts import adapter_dtype
-from vramplan.jobs.diffusion_video import (HUNYUAN, LTX, MOCHI, VIDEO_CLASSES, ltx_output_stage, mochi_lora_transient,
+from vramplan.jobs.diffusion_video import (HUNYUAN, LTX, MOCHI, VIDEO_CLASSES, checkpointed_forward_transient,
+                                           forward_transient, ltx_output_stage, mochi_lora_transient,
                                            video_feed_forward_params, video_lora_targets, video_stages)
 from vramplan.spec import JobSpec, Method
 from vramplan.units import nbytes
 
-BLOCK_CLASSES = ("FluxTransformer2DModel", "SD3Transformer2DModel", "WanTransformer3DModel") + VIDEO_CLASSES
+FLUX, SD3, WAN = "FluxTransformer2DModel", "SD3Transformer2DModel", "WanTransformer3DModel"
+BLOCK_CLASSES = (FLUX, SD3, WAN) + VIDEO_CLASSES
 
 
 def block_ctx(den: dict, spec: JobSpec) -> DitCtx:
@@ -206,4 +208,61 @@ def output_stage(den: dict, ctx: DitCtx, spec: JobSpec, b: int, n: int, last_tok
     return _stage(rec, "output")
 
 
-__all__ = ["BLOCK_CLASSES", "block_ctx", "block_stages", "buffers", "feed_forward_params", "output_backward_transient", "rotary_tables", "block_transients", "lora_targets", "output_stage"]
+def block_forward_transient(den: dict, ctx: DitCtx, b: int, n: int, m: int, checkpointed: bool) -> Breakdown:
+    """The forward's own peak, inside one block, above the tensors saved before it (measured
+    with the exact CPU meter; bench/jobs). The video classes: jobs/diffusion_video.py. Flux,
+    SD3 and Wan: without checkpointing the last block's feed-forward with it frozen (LoRA;
+    trained, its intermediates are saved and the end of forward is the peak), under
+    checkpointing a block's whole no-grad working set, where nothing is saved."""
+    cls = den["class"]
+    if cls in VIDEO_CLASSES:
+        return (checkpointed_forward_transient if checkpointed else forward_transient)(den, ctx, b, n, m)
+    if not checkpointed and ctx.trainable:
+        return Breakdown()
+    h, c = ctx.hidden, ctx.dtype
+    f = ctx.ff_dim or ctx.ff_mult * h
+    if cls == FLUX and den.get("num_single_layers", 0):
+        return _flux_single(ctx, b * (n + m), f, checkpointed)
+    out = Breakdown()
+    # The locals the block holds through its feed-forward: Wan's cross-attention output
+    # `attn_output` and the norm3-modulated input (transformer_wan.py WanTransformerBlock.
+    # forward); SD3's gated `attn_output`, the norm2-modulated input, its text stream's
+    # `norm_encoder_hidden_states` and `context_attn_output`, with the last block
+    # (context_pre_only) a view that keeps JointAttnProcessor2_0's whole (b, n + m, h)
+    # reshape copy (attention.py JointTransformerBlock.forward, attention_processor.py).
+    out.add("denoiser/forward/attn_output", nbytes(b * n * h, c)).add("denoiser/forward/norm_ff_in", nbytes(b * n * h, c))
+    if cls == SD3:
+        pre_only = den.get("context_pre_only_last", True)
+        out.add("denoiser/forward/norm_context", nbytes(b * m * h, c))
+        out.add("denoiser/forward/context_attn_output", nbytes(b * ((n + m) if pre_only else m) * h, c))
+    if checkpointed:
+        # no_grad: the residual stream after the attention (its input is the checkpoint's),
+        # and in FeedForward (attention.py) net.0.proj's output beside the GELU's
+        return (out.add("denoiser/forward/hidden_after_attention", nbytes(b * n * h, c))
+                .add("denoiser/forward/ff_proj", nbytes(b * n * f, c)).add("denoiser/forward/gelu_out", nbytes(b * n * f, c)))
+    # frozen net.2 saves nothing: the GELU output (b, n, f) is alive while net.2 writes its own
+    return out.add("denoiser/forward/gelu_out", nbytes(b * n * f, c)).add("denoiser/forward/ff_out", nbytes(b * n * h, c))
+
+
+def _flux_single(ctx: DitCtx, t: int, f: int, checkpointed: bool) -> Breakdown:
+    """Flux's last single block over t = b x (n + m) tokens (transformer_flux.py
+    FluxSingleTransformerBlock.forward; the caller's loop still holds the previous block's
+    output slices). With LoRA, at `gate * self.proj_out(cat(attn_output, mlp_hidden_states))`:
+    the previous output, the modulated norm, the GELU output, the cat, proj_out's output and
+    the product, none saved (proj_out and proj_mlp are frozen). Under checkpointing (no
+    grad) the larger of that moment (with the block's own input cat and the attention
+    output) and the rotary products in attention (embeddings.py apply_rotary_emb:
+    `x.float() * cos + x_rotated.float() * sin`, fp32, beside the block's input cat, the
+    norm, the GELU output, v, the normed q and k and `x_rotated`)."""
+    h, c = ctx.hidden, ctx.dtype
+    if not checkpointed:
+        return Breakdown().add("denoiser/forward/single_block", nbytes(t * (2 * f + 5 * h), c))
+    at_proj = nbytes(t * (2 * f + 6 * h), c)
+    upcast = 2 if c == "fp32" else 3  # .float() of a 16-bit x is a copy
+    at_rotary = nbytes(t * (f + 6 * h), c) + nbytes(upcast * t * h, "fp32")
+    if at_rotary > at_proj:
+        return Breakdown().add("denoiser/forward/single_block_rotary", at_rotary)
+    return Breakdown().add("denoiser/forward/single_block", at_proj)
+
+
+__all__ = ["BLOCK_CLASSES", "block_ctx", "block_forward_transient", "block_stages", "buffers", "feed_forward_params", "output_backward_transient", "rotary_tables", "block_transients", "lora_targets", "output_stage"]
