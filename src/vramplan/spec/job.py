@@ -252,9 +252,12 @@ class JobSpec:
         if self.method not in (Method.FULL, Method.FREEZE):
             raise SpecError("float8", f"float8 training converts the trained nn.Linear layers; with "
                             f"{self.method.value} it is not modelled; use method full or freeze")
-        if self.float8.fsdp_float8_all_gather:
-            raise SpecError("float8.fsdp_float8_all_gather", "FSDP2's float8 all-gather is not modelled yet; "
-                            "drop it (the estimate then gathers the weights in their own dtype, more memory)")
+        if self.float8.fsdp_float8_all_gather and (self.parallel.fsdp in ("none", "no-shard")
+                                                   or self.parallel.fsdp_version != 2):
+            # torchao/float8/fsdp_utils.py WeightWithDynamicFloat8CastTensor implements FSDP2's
+            # fsdp_pre_all_gather / fsdp_post_all_gather extension only
+            raise SpecError("float8.fsdp_float8_all_gather", "needs FSDP2 sharding (parallel.fsdp full-shard, "
+                            "shard-grad-op or hybrid-shard with fsdp_version 2); drop it otherwise")
         if self.precision.is_autocast and self.backend is Backend.CPU:
             # torchao Float8Linear.forward reads torch.is_autocast_enabled() (CUDA's state) only
             raise SpecError("float8", "torchao's Float8Linear follows CUDA autocast only; on cpu use "
