@@ -102,6 +102,10 @@ def fsdp_buffers(lay: Layout, out: StepPlan, unit: dict, root: list, layers: ran
             t.add("fsdp/unsharded_layers", sum(sizes[k] for k in order if k < i))
     if stage == lay.pp - 1:
         out.stage_backward_transient[-1].merge(root_terms).add("fsdp/root_unsharded_grads", head_g)
+        if order and not keep_all:
+            # the last layer's prefetched all-gather output (above) waits for that layer's
+            # pre-backward copy-out, so the head's backward runs beside it too
+            out.stage_backward_transient[-1].add("fsdp/prefetch_all_gather", sizes[order[-1]])
     if lay.pp == 1 and not out.grads_alive_in_forward:
         # The root's sharded gradients (views of its reduce-scatter output) exist only after
         # its post-backward, which runs after the last backward stage: alive in the step.
