@@ -85,6 +85,8 @@ def fsdp_buffers(lay: Layout, out: StepPlan, unit: dict, root: list, layers: ran
         fwd.add("fsdp/forward_all_gather_output", sizes[order[-1]])
     out.forward_end_transient.merge(fwd)
     first = 1 if stage == 0 else 0
+    if out.stage_forward_transient is not None:
+        _forward_stages(out.stage_forward_transient, first, order, sizes, root_terms, dim0, keep_all)
     for j, i in enumerate(order):
         t = out.stage_backward_transient[first + j]
         # The layer's unsharded gradients so far (unsharded_param.grad); its sharded
@@ -147,6 +149,27 @@ def fsdp_buffers(lay: Layout, out: StepPlan, unit: dict, root: list, layers: ran
             held = max(held, root_w + root_g)
         copies = (1 if lay.fsdp_version == 2 else 0) + (1 if _gloo(lay) else 0)
         t.add("fsdp/root_params_then_reduce_scatter", max(held, copies * root_g))
+
+
+def _forward_stages(trans: list[Breakdown], first: int, order: list, sizes: dict, root_terms: Breakdown,
+                    dim0: bool, keep_all: bool) -> None:
+    """What FSDP holds at a stage's forward transient (float8 casts, a checkpointed
+    forward): the root's unsharded parameters (from the root's pre-forward on); in a layer,
+    its unsharded parameters and, on FSDP2, its all-gather output, kept until the next unit's
+    wait_for_unshard (see fsdp_buffers); in the head, the last layer's all-gather output."""
+    for k, t in enumerate(trans):
+        if not t.terms:
+            continue
+        t.merge(root_terms)
+        j = k - first
+        if 0 <= j < len(order):
+            i = order[j]
+            t.add("fsdp/unsharded_layers" if keep_all else "fsdp/unsharded_params",
+                  sum(sizes[m] for m in order[:j + 1]) if keep_all else sizes[i])
+            if dim0:
+                t.add("fsdp/forward_all_gather_output", sizes[i])
+        elif j >= len(order) and order and dim0:
+            t.add("fsdp/forward_all_gather_output", sizes[order[-1]])
 
 
 def _gloo(lay: Layout) -> bool:
