@@ -56,8 +56,17 @@ def test_float8_spec_words():
         load_spec({**JOB, "float8": {"scale": 1}})
     with pytest.raises(SpecError, match="^float8: "):
         load_spec({**JOB, "float8": "tensorwise", "method": "lora"})
+    # torchao's float8 all-gather is an FSDP2 extension (fsdp_pre_all_gather): without FSDP2
+    # sharding, or on FSDP1, it is refused; with it, it is estimated
+    for parallel in (None, {"fsdp": "full-shard", "fsdp_version": 1}, {"fsdp": "no-shard"}):
+        with pytest.raises(SpecError, match="fsdp_float8_all_gather"):
+            load_spec({**JOB, "float8": {"fsdp_float8_all_gather": True},
+                       **({"parallel": parallel, "num_gpus": 4} if parallel else {})})
     with pytest.raises(SpecError, match="fsdp_float8_all_gather"):
-        load_spec({**JOB, "float8": {"fsdp_float8_all_gather": True}})
+        load_spec({**JOB, "float8": {"recipe": "rowwise", "fsdp_float8_all_gather": True},
+                   "parallel": {"fsdp": "full-shard"}, "num_gpus": 4})
+    assert load_spec({**JOB, "float8": {"fsdp_float8_all_gather": True}, "parallel": {"fsdp": "full-shard"},
+                      "num_gpus": 4}).float8.fsdp_float8_all_gather
     with pytest.raises(SpecError, match="^float8: "):
         load_spec({**JOB, "float8": "tensorwise", "precision": "amp-bf16"})
 

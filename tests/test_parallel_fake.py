@@ -23,7 +23,7 @@ def _errors(row) -> tuple[float, dict]:
     return (e.peak_allocated_bytes - m["peak_allocated_bytes"]) / m["peak_allocated_bytes"], phases
 
 
-@pytest.mark.parametrize("results", ["results-fake.json", "results-fsdp-tp.json"])
+@pytest.mark.parametrize("results", ["results-fake.json", "results-fsdp-tp.json", "results-fake-float8.json"])
 def test_fake_pg_results_within_2_percent_and_5_per_phase(results):
     # fsdp2_fake.py (FSDP2 and FSDP1 at world 4 and 8) and fsdp_tp_cpu.py (2-D FSDP2 + TP, HSDP)
     rows = json.loads((BENCH / results).read_text())["results"]
@@ -32,6 +32,51 @@ def test_fake_pg_results_within_2_percent_and_5_per_phase(results):
         peak, phases = _errors(row)
         assert abs(peak) < 0.02, (row["name"], row["world_size"])
         assert all(abs(v) < 0.05 for v in phases.values()), (row["name"], row["world_size"], phases)
+
+
+def test_float8_all_gather_measured_saving_and_the_estimate_follows():
+    # the same FSDP2 float8 job measured with and without torchao's float8 all-gather: the
+    # gathered weights hold one byte per element instead of four, and the estimate moves by
+    # the measured amount (within 2% of the saving)
+    rows = {(r["name"], r["world_size"]): r for r in json.loads((BENCH / "results-fake-float8.json").read_text())["results"]}
+    base = "tiny-llama/b2s128/fp32/adamw-forloop/fsdp2-full-shard/float8"
+    for world in (4, 8):
+        plain, gathered = rows[(base, world)], rows[(base + "-all-gather", world)]
+        saved = plain["measured"][0]["peak_allocated_bytes"] - gathered["measured"][0]["peak_allocated_bytes"]
+        assert saved > 0.05 * gathered["measured"][0]["peak_allocated_bytes"]
+        est = [estimate(load_spec({**r["job"], "num_gpus": world})).peak_allocated_bytes for r in (plain, gathered)]
+        assert abs((est[0] - est[1]) - saved) < 0.02 * saved
+
+
+def test_float8_gathered_weights_are_the_ones_torchao_wraps():
+    # the estimate's predicate against the real conversion: the weights torchao wraps in
+    # WeightWithDynamicFloat8CastTensor (the ones FSDP2 all-gathers in float8)
+    pytest.importorskip("torchao.float8")
+    from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor
+
+    from vramplan.components.float8 import gathered_in_float8
+    from vramplan.components.trainable import param_set
+    from vramplan.estimation import model_spec
+    from vramplan.sources import resolve_model
+    from vramplan.measure.build import build_model, convert_float8
+    sys.path.insert(0, str(BENCH))
+    try:
+        from fsdp2_fake import FLOAT8_CASES
+    finally:
+        sys.path.remove(str(BENCH))
+    import torch
+    for case in FLOAT8_CASES[1:4:2]:  # without and with the output head converted
+        # intermediate 680: its projections are no multiple of 16 and stay nn.Linear
+        job = {**case["job"], "model": {**case["job"]["model"], "intermediate_size": 680}}
+        model = build_model(job, "meta", torch.float32)
+        convert_float8(model, job["float8"])
+        real = {n for n, p in model.named_parameters() if isinstance(p, WeightWithDynamicFloat8CastTensor)}
+        spec = load_spec({**job, "num_gpus": 4})
+        desc = resolve_model(spec)
+        spec = model_spec(desc, spec)
+        pred = gathered_in_float8(spec, desc.model_type)
+        ours = {p.name for p in param_set(desc, spec).params if pred(p)}
+        assert real and ours == real, (sorted(real ^ ours))
 
 
 def test_fake_pg_world_8_live():

@@ -23,28 +23,71 @@ Backward (the same function's backward), with the incoming gradient (n_go = T*ou
 The recipe rowwise-with-gw-hp computes grad_weight in high precision (its
 `cast_config_input_for_grad_weight` / `..._grad_output_for_grad_weight` are DISABLED), so
 steps 4 and 5 cast nothing.
+
+FSDP2's float8 all-gather (`float8.fsdp_float8_all_gather`, Float8LinearConfig.
+enable_fsdp_float8_all_gather): torchao/float8/float8_linear.py Float8Linear.from_float wraps
+each converted weight in WeightWithDynamicFloat8CastTensor (torchao/float8/fsdp_utils.py),
+whose `fsdp_pre_all_gather` casts the rank's shard to float8 (dynamic tensorwise scale, amax
+all-reduced over the mesh, or torchtitan's precompute_float8_dynamic_scale_for_fsdp scale)
+and hands FSDP2 its float8 `_data` to gather; `fsdp_post_all_gather` wraps the gathered bytes
+(FSDP2's per-parameter all-gather output) in a Float8TrainingTensor, and that is the
+unsharded weight. So FSDP's all-gather buffers and unsharded weights hold one byte per
+element of a converted weight (parallel/fsdp.py gathered_bytes), and the matmuls find the
+weight already in float8 (`tensor_already_casted_to_fp8` in matmul_with_hp_or_float8_args):
+the weight's cast in forward and in backward (forward `n_in + 9 n_w`, step 2) is gone, and the
+float8 weight the later steps hold (n_w) is FSDP's unsharded parameter, counted there.
 """
 from __future__ import annotations
 
 from vramplan.breakdown import Breakdown
+from vramplan.components.quant import QUANT_DTYPES
 from vramplan.units import nbytes
 
 _CAST = 9
 """Bytes per element at a cast's peak: fp32 scaled (4) + fp32 clamped (4) + float8 (1)."""
 
 
-def forward_peak(linears) -> int:
-    """The largest forward cast transient among the converted linears of one stage."""
+_HEADS = ("lm_head", "score", "classifier")
+_EMBEDDINGS = ("embed_tokens", "wte", "wpe", "embeddings")
+
+
+def gathered_in_float8(spec, model_type: str):
+    """None without the float8 all-gather, else a predicate over the held parameters: the
+    weights torchao converts (measure/build.py convert_float8 and graph.py Recorder._float8:
+    an nn.Linear weight with both dimensions multiples of 16, the output head only with
+    `convert_lm_head`; GPT-2's Conv1D (`c_*`, components/arch.py lin) and nn.Embedding are no
+    nn.Linear), which FSDP2 all-gathers in float8."""
+    f8 = spec.float8
+    if f8 is None or not f8.fsdp_float8_all_gather:
+        return None
+
+    def converted(p) -> bool:
+        module = p.name.split("#", 1)[0].removesuffix(".weight")
+        leaf = module.rsplit(".", 1)[-1]
+        shape = p.full_shape or p.shape
+        if p.kind != "base" or len(shape) != 2 or p.dtype in QUANT_DTYPES or shape[0] % 16 or shape[1] % 16:
+            return False
+        if any(w in module for w in _EMBEDDINGS) or (model_type == "gpt2" and leaf.startswith("c_")):
+            return False
+        return f8.convert_lm_head if p.layer is None and leaf in _HEADS else p.layer is not None
+    return converted
+
+
+def forward_peak(linears, weight_gathered: bool = False) -> int:
+    """The largest forward cast transient among the converted linears of one stage (with the
+    float8 all-gather the weight arrives in float8: the input's cast only)."""
     best = 0
     for _, tokens, i, o, _, _, _ in linears:
-        best = max(best, _CAST * tokens * i, tokens * i + _CAST * i * o)
+        best = max(best, _CAST * tokens * i, 0 if weight_gathered else tokens * i + _CAST * i * o)
     return best
 
 
-def backward_moment(tokens: int, i: int, o: int, c: str, recipe: str) -> int:
+def backward_moment(tokens: int, i: int, o: int, c: str, recipe: str, weight_gathered: bool = False) -> int:
     """Bytes the backward of one converted linear holds at its peak beyond its incoming
-    gradient (steps 1-5 of the module docstring)."""
-    n_go, n_in, n_w = tokens * o, tokens * i, i * o
+    gradient (steps 1-5 of the module docstring); with the float8 all-gather the weight's
+    cast (step 2) is gone and its float8 copy is FSDP's unsharded parameter."""
+    n_go, n_in = tokens * o, tokens * i
+    n_w = 0 if weight_gathered else i * o
     grad_in = nbytes(n_in, c)
     steps = [_CAST * n_go, n_go + _CAST * n_w, n_go + n_w + grad_in]
     if recipe != "rowwise-with-gw-hp":
@@ -62,13 +105,13 @@ def layer_backward_term(linears, spec, hidden: int, res: str, at_peak: int, mlp_
     (out != h), and its casts. The timeline counts the MLP output projection's weight
     gradient at a layer's peak (components/weights.py gradient_stages_at_peak); during that
     projection's casts it does not exist yet (made after them), so it is taken off there."""
-    recipe = spec.float8.recipe.value
+    recipe, gathered = spec.float8.recipe.value, spec.float8.fsdp_float8_all_gather
     worst = 0
     for name, tokens, i, o, c, head, upto in linears:
         if head:
             continue
         go = 0 if o == hidden else nbytes(tokens * o, c)
-        moment = upto + nbytes(tokens * hidden, res) + go + backward_moment(tokens, i, o, c, recipe)
+        moment = upto + nbytes(tokens * hidden, res) + go + backward_moment(tokens, i, o, c, recipe, gathered)
         if name.split(".")[0] in mlp_out:
             moment -= nbytes(i * o, grad)
         worst = max(worst, moment)
@@ -83,7 +126,8 @@ def head_backward_term(linears, spec, grad_logits: int, current: int, grad: str)
     worst = 0
     for _, tokens, i, o, c, head, _ in linears:
         if head:
-            moment = grad_logits + backward_moment(tokens, i, o, c, spec.float8.recipe.value) - nbytes(i * o, grad)
+            moment = grad_logits + backward_moment(tokens, i, o, c, spec.float8.recipe.value,
+                                                   spec.float8.fsdp_float8_all_gather) - nbytes(i * o, grad)
             worst = max(worst, moment)
     return max(0, worst - current)
 
@@ -92,7 +136,8 @@ def apply(plan, spec, layer_linears, head_linears, hidden: int, res: str, mlp_ou
           grad: str) -> None:
     """Add the float8 casts to an ActivationPlan: per stage forward transients, and what the
     layer's and the head's backward hold beyond what the plan counts already."""
-    layer_fwd, head_fwd = forward_peak(layer_linears), forward_peak(head_linears)
+    gathered = spec.float8.fsdp_float8_all_gather
+    layer_fwd, head_fwd = forward_peak(layer_linears, gathered), forward_peak(head_linears, gathered)
     # beside a family's checkpointed-forward peak (Jamba's scan), counted as both at once
     before = plan.stage_forward_transient or [Breakdown() for _ in plan.stages]
     plan.stage_forward_transient = [

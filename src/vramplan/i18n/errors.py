@@ -75,8 +75,8 @@ TEMPLATES = (
     N_("float8 training converts the trained nn.Linear layers; with {method} it is not modelled; "
        "use method full or freeze"),
     N_("torchao's Float8Linear follows CUDA autocast only; on cpu use precision fp32 or bf16"),
-    N_("FSDP2's float8 all-gather is not modelled yet; drop it (the estimate then gathers the weights in "
-       "their own dtype, more memory)"),
+    N_("needs FSDP2 sharding (parallel.fsdp full-shard, shard-grad-op or hybrid-shard with fsdp_version 2); "
+       "drop it otherwise"),
     N_("needs recipe tensorwise (torchao casts the weight before the all-gather only with one scale per tensor)"),
     N_("expected a recipe name (tensorwise, rowwise, rowwise-with-gw-hp) or a mapping, got {value}"),
     N_("expected a positive number (5 in the NEFTune paper), got {value}"),

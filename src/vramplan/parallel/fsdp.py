@@ -27,8 +27,23 @@ def padded(params, n: int, dim0: bool) -> int:
     return -(-count // n) * n
 
 
+def gathered_bytes(params, n: int, dim0: bool, wb: int, float8=None) -> int:
+    """Bytes of `params` once gathered (FSDP's all-gather output, the unsharded parameters):
+    `wb` per padded element, one for a weight FSDP2 gathers in float8 (`float8`, a predicate
+    from components/float8.py gathered_in_float8: torchao's fsdp_pre_all_gather hands FSDP the
+    shard's float8 `_data`, and fsdp_post_all_gather makes the unsharded weight a
+    Float8TrainingTensor over the gathered bytes, torchao/float8/fsdp_utils.py). FSDP2 pads
+    each parameter on dim 0 (padded); a group of mixed dtypes is gathered as one uint8 buffer
+    of the same total bytes (_fsdp_collectives.py foreach_all_gather)."""
+    if float8 is None:
+        return padded(params, n, dim0) * wb
+    fp8 = [p for p in params if float8(p)]
+    return padded(fp8, n, dim0) + padded([p for p in params if not float8(p)], n, dim0) * wb
+
+
 def fsdp_buffers(lay: Layout, out: StepPlan, unit: dict, root: list, layers: range, stage: int,
-                 wb: int, gb: int, n: int, grads_at_peak: list[Breakdown], whole_embedding_grad: int = 0) -> None:
+                 wb: int, gb: int, n: int, grads_at_peak: list[Breakdown], whole_embedding_grad: int = 0,
+                 float8=None) -> None:
     """FSDP with every decoder layer wrapped and the root wrapping the rest (the
     transformer auto-wrap policy of accelerate / torchtitan's per-block fully_shard).
     The root is not resharded after forward (FSDP2 _fsdp_state.py _lazy_init sets the
@@ -38,11 +53,12 @@ def fsdp_buffers(lay: Layout, out: StepPlan, unit: dict, root: list, layers: ran
     `grads_at_peak`: per forward stage, the unsharded gradients its backward has made by
     its peak (components/weights.py gradient_stages_at_peak over the unsharded set).
     `whole_embedding_grad`: bytes of the whole-vocabulary embedding gradient a DTensor
-    tensor-parallel embedding makes (dtensor_embedding_grad), else 0."""
+    tensor-parallel embedding makes (dtensor_embedding_grad), else 0. `float8`: the
+    gathered_bytes predicate of FSDP2's float8 all-gather, else None. `sizes` are bytes."""
     dim0 = lay.fsdp_version == 2
-    sizes = {i: padded(unit[i], n, dim0) for i in layers}
+    sizes = {i: gathered_bytes(unit[i], n, dim0, wb, float8) for i in layers}
     gsizes = {i: padded([p for p in unit[i] if p.trainable], n, dim0) for i in layers}
-    root_w = padded(root, n, dim0) * wb
+    root_w = gathered_bytes(root, n, dim0, wb, float8)
     root_g = padded([p for p in root if p.trainable], n, dim0) * gb
     # Backward writes the head's (and final norm's) gradients first, the untied
     # embedding's last (components/weights.py stage_of).
@@ -51,7 +67,7 @@ def fsdp_buffers(lay: Layout, out: StepPlan, unit: dict, root: list, layers: ran
     root_terms = Breakdown().add("fsdp/root_unsharded_params", root_w)
     fwd = Breakdown().merge(root_terms)
     if keep_all:
-        fwd.add("fsdp/unsharded_layers", sum(sizes.values()) * wb)
+        fwd.add("fsdp/unsharded_layers", sum(sizes.values()))
     out.loss_backward_transient.merge(fwd)
     order = list(layers)
     if order and not keep_all:
@@ -59,16 +75,18 @@ def fsdp_buffers(lay: Layout, out: StepPlan, unit: dict, root: list, layers: ran
         # layer (FSDP2 _fsdp_param_group.py pre_backward -> _backward_prefetch: its
         # all-gather output; FSDP1 BACKWARD_PRE _runtime_utils.py _pre_backward_hook ->
         # _prefetch_handle: its unsharded FlatParameter), alive through the loss backward.
-        out.loss_backward_transient.add("fsdp/prefetch_all_gather", sizes[order[-1]] * wb)
+        out.loss_backward_transient.add("fsdp/prefetch_all_gather", sizes[order[-1]])
     if dim0 and order:
         # FSDP2 frees a layer's all-gather output in forward only at the next unit's
         # wait_for_unshard (_fsdp_param_group.py: with a synchronous all-gather in forward
         # the result is kept in comm_ctx.all_gather_state "to overlap the copy-out with the
         # next all-gather"); the last layer's lives until the root's post-forward
         # (_fsdp_state.py FSDPState._post_forward), after the head and the loss.
-        fwd.add("fsdp/forward_all_gather_output", sizes[order[-1]] * wb)
+        fwd.add("fsdp/forward_all_gather_output", sizes[order[-1]])
     out.forward_end_transient.merge(fwd)
     first = 1 if stage == 0 else 0
+    if out.stage_forward_transient is not None:
+        _forward_stages(out.stage_forward_transient, first, order, sizes, root_terms, dim0, keep_all)
     for j, i in enumerate(order):
         t = out.stage_backward_transient[first + j]
         # The layer's unsharded gradients so far (unsharded_param.grad); its sharded
@@ -79,13 +97,17 @@ def fsdp_buffers(lay: Layout, out: StepPlan, unit: dict, root: list, layers: ran
         compute = (t.total() - t.terms.get("activations/pipeline_in_flight", 0)
                    + (out.stage_acts_at_peak or out.stage_acts)[first + j].total())
         t.merge(engines.fsdp_backward_stage(sizes[i], sizes.get(i - 1, 0), gsizes.get(i + 1, 0), gsizes[i],
-                                            wb, gb, compute, prefetch=not keep_all, version=lay.fsdp_version,
+                                            1, gb, compute, prefetch=not keep_all, version=lay.fsdp_version,
                                             gloo=_gloo(lay), shards=n))
         t.merge(root_terms).add("fsdp/root_unsharded_grads", head_g)
         if keep_all:
-            t.add("fsdp/unsharded_layers", sum(sizes[k] for k in order if k < i) * wb)
+            t.add("fsdp/unsharded_layers", sum(sizes[k] for k in order if k < i))
     if stage == lay.pp - 1:
         out.stage_backward_transient[-1].merge(root_terms).add("fsdp/root_unsharded_grads", head_g)
+        if order and not keep_all:
+            # the last layer's prefetched all-gather output (above) waits for that layer's
+            # pre-backward copy-out, so the head's backward runs beside it too
+            out.stage_backward_transient[-1].add("fsdp/prefetch_all_gather", sizes[order[-1]])
     if lay.pp == 1 and not out.grads_alive_in_forward:
         # The root's sharded gradients (views of its reduce-scatter output) exist only after
         # its post-backward, which runs after the last backward stage: alive in the step.
@@ -127,6 +149,27 @@ def fsdp_buffers(lay: Layout, out: StepPlan, unit: dict, root: list, layers: ran
             held = max(held, root_w + root_g)
         copies = (1 if lay.fsdp_version == 2 else 0) + (1 if _gloo(lay) else 0)
         t.add("fsdp/root_params_then_reduce_scatter", max(held, copies * root_g))
+
+
+def _forward_stages(trans: list[Breakdown], first: int, order: list, sizes: dict, root_terms: Breakdown,
+                    dim0: bool, keep_all: bool) -> None:
+    """What FSDP holds at a stage's forward transient (float8 casts, a checkpointed
+    forward): the root's unsharded parameters (from the root's pre-forward on); in a layer,
+    its unsharded parameters and, on FSDP2, its all-gather output, kept until the next unit's
+    wait_for_unshard (see fsdp_buffers); in the head, the last layer's all-gather output."""
+    for k, t in enumerate(trans):
+        if not t.terms:
+            continue
+        t.merge(root_terms)
+        j = k - first
+        if 0 <= j < len(order):
+            i = order[j]
+            t.add("fsdp/unsharded_layers" if keep_all else "fsdp/unsharded_params",
+                  sum(sizes[m] for m in order[:j + 1]) if keep_all else sizes[i])
+            if dim0:
+                t.add("fsdp/forward_all_gather_output", sizes[i])
+        elif j >= len(order) and order and dim0:
+            t.add("fsdp/forward_all_gather_output", sizes[order[-1]])
 
 
 def _gloo(lay: Layout) -> bool:

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field, replace
 
 from vramplan.breakdown import Breakdown
 from vramplan.components.dtypes import dtypes_of
+from vramplan.components.float8 import gathered_in_float8
 from vramplan.components.optimizer import heads_of, optimizer_states, state_key, step_temporaries
 from vramplan.components.trainable import ParamSet, grad_dtype
 from vramplan.components.memo import cached
@@ -251,7 +252,8 @@ def _engine_buffers(desc, spec, lay: Layout, sets: RankSets, out: StepPlan, stag
         at_peak = _select(cached(sets.full, ("grads_at_peak", dtypes_of(spec)), lambda: (
             gradient_stages_at_peak(desc, spec, sets.full))), stage, lay.pp, layers)
         whole = dtensor_embedding_grad(spec, params) if lay.tp > 1 and lay.dtensor_tp and lay.fsdp_version == 2 else 0
-        fsdp_buffers(lay, out, unit, root, layers, stage, wb, gb, n, at_peak, whole)
+        fsdp_buffers(lay, out, unit, root, layers, stage, wb, gb, n, at_peak, whole,
+                     gathered_in_float8(spec, desc.model_type))
         if lay.fsdp_version == 1 and "temporaries/optimizer/forloop_denom" in out.optimizer_temporaries.terms:
             # AdamW's per-parameter loop steps FSDP1's uneven pieces (fsdp.fsdp1_largest_piece)
             piece = fsdp1_largest_piece(unit, root, n)

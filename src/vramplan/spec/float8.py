@@ -56,6 +56,15 @@ class Float8Config:
                 "fsdp_float8_all_gather": self.fsdp_float8_all_gather}
 
 
+def check_all_gather(float8: Float8Config, parallel) -> None:
+    """The float8 all-gather is an FSDP2 extension: torchao/float8/fsdp_utils.py
+    WeightWithDynamicFloat8CastTensor implements fully_shard's fsdp_pre_all_gather /
+    fsdp_post_all_gather hooks only, which FSDP1 and unsharded data parallelism never call."""
+    if float8.fsdp_float8_all_gather and (parallel.fsdp in ("none", "no-shard") or parallel.fsdp_version != 2):
+        raise SpecError("float8.fsdp_float8_all_gather", "needs FSDP2 sharding (parallel.fsdp full-shard, "
+                        "shard-grad-op or hybrid-shard with fsdp_version 2); drop it otherwise")
+
+
 def parse_float8(value: Any) -> Float8Config | None:
     """`float8: tensorwise` (a recipe name) or a mapping of Float8Config fields; None: off."""
     if value is None or isinstance(value, Float8Config):

@@ -16,7 +16,7 @@ from vramplan.spec.sections import (
     FreezeConfig, LoraConfig, ParallelConfig, QuantConfig, boolean, fraction, positive_int, quant_facts,
 )
 from vramplan.spec.low_rank import LowRankConfig
-from vramplan.spec.float8 import Float8Config, parse_float8, parse_neftune
+from vramplan.spec.float8 import Float8Config, check_all_gather, parse_float8, parse_neftune
 from vramplan.spec import tasks as _tasks
 from vramplan.spec.stack import Framework, StackConfig, parse_dtype, parse_stack
 
@@ -252,9 +252,7 @@ class JobSpec:
         if self.method not in (Method.FULL, Method.FREEZE):
             raise SpecError("float8", f"float8 training converts the trained nn.Linear layers; with "
                             f"{self.method.value} it is not modelled; use method full or freeze")
-        if self.float8.fsdp_float8_all_gather:
-            raise SpecError("float8.fsdp_float8_all_gather", "FSDP2's float8 all-gather is not modelled yet; "
-                            "drop it (the estimate then gathers the weights in their own dtype, more memory)")
+        check_all_gather(self.float8, self.parallel)
         if self.precision.is_autocast and self.backend is Backend.CPU:
             # torchao Float8Linear.forward reads torch.is_autocast_enabled() (CUDA's state) only
             raise SpecError("float8", "torchao's Float8Linear follows CUDA autocast only; on cpu use "
