@@ -235,6 +235,8 @@ def fit(spec: JobSpec, gpu=None, *, axes: dict | None = None, top_k: int = 5,
             settled = total
     except KeyboardInterrupt:
         interrupted = True
+    if progress and not interrupted:  # the last count: the bound can settle the rest at once
+        progress(settled, total, len(found))
     results = [_result(ev, c, True) for _, _, _, c in found[:top_k]]
     _explain(results, ev)
     report = FitReport(candidates_evaluated=settled, candidates_total=total,
