@@ -33,6 +33,7 @@ def measure_inference(job: Any, steps: int = 2, trace: bool = False) -> MeasureR
         raise ValueError("method: inference is measured for plain (unquantized, no adapter) models")
     dt = job_dtypes(job)
     torch.manual_seed(0)
+    # the same causal-LM class training builds (build_model takes only the measured training tasks)
     model = build_model(dict(job, task="sft"), "cpu", DTYPES[dt.weights])
     model.eval().requires_grad_(False)
     model.config.use_cache = True
