@@ -17,16 +17,12 @@ from vramplan.components.arch_dit import DitCtx, lora_forward_transient
 from vramplan.units import nbytes
 
 
-def _fp32_temps(c: str, when_16bit: int, when_fp32: int) -> int:
-    return when_16bit if c != "fp32" else when_fp32
-
-
 def wan_forward_transient(ctx: DitCtx, b: int, n: int, m: int, checkpointed: bool) -> Breakdown:
-    """The forward's own peak inside the last block, above the saved tensors (the largest
-    of the moments below; empty when the block trains without checkpointing: its
-    intermediates are saved and the end of forward is the peak)."""
+    """The forward's own peak inside the last block, above the saved tensors: the largest
+    of the moments below (a trained block without checkpointing saves its intermediates:
+    only its last line)."""
     if ctx.trainable and not checkpointed:
-        return Breakdown()
+        return _tail(ctx, b, n, checkpointed)
     moments = [_tail(ctx, b, n, checkpointed), _feed_forward(ctx, b, n, checkpointed)]
     if checkpointed:
         moments.append(_cross_attention_out(ctx, b, n, m))
@@ -67,16 +63,21 @@ def _feed_forward(ctx: DitCtx, b: int, n: int, checkpointed: bool) -> Breakdown:
 def _tail(ctx: DitCtx, b: int, n: int, checkpointed: bool) -> Breakdown:
     """At the block's last line: the locals `attn_output`, `hidden_states`, norm3's output
     and `ff_output` (c), with `hidden_states.float()`, `ff_output.float()` and the gated
-    product (fp32; in fp32 the casts are the tensors themselves, and the residual sum
-    comes beside the product). With grad, fp32 `hidden_states` is norm3's saved input, and
-    the block's input, held by the model's loop over the blocks, is new only when norm1
-    saved a `.float()` copy of it (16-bit)."""
-    h, c = ctx.hidden, ctx.dtype
-    locals_ = 4 if checkpointed or c != "fp32" else 3
-    if not checkpointed and c != "fp32":
-        locals_ += 1
+    product, then the residual sum beside the product (fp32; in fp32 the casts are the
+    tensors themselves). With grad the saved ones are not counted here: fp32
+    `hidden_states` (norm3's input), norm3's output when net.0.proj trains, and when the
+    gate trains `ff_output.float()` (fp32 `ff_output`); the block's input, held by the
+    model's loop over the blocks, is new only when norm1 saved a `.float()` copy (16-bit).
+    Measured on wan-tiny: bf16 LoRA and bf16 full fine-tuning peak here in forward."""
+    h, c, half = ctx.hidden, ctx.dtype, ctx.dtype != "fp32"
+    if checkpointed:  # nothing saved
+        locals_, fp32 = 4, (3 if half else 2)
+    elif ctx.trainable:  # attn_output; in 16-bit also the input, hidden_states, ff_output
+        locals_, fp32 = (4 if half else 1), (3 if half else 2)
+    else:  # the input and hidden_states (16-bit), attn_output, norm3's output, ff_output
+        locals_, fp32 = (5 if half else 3), (3 if half else 2)
     return (Breakdown().add("denoiser/forward/block_locals", locals_ * nbytes(b * n * h, c))
-            .add("denoiser/forward/residual_fp32", _fp32_temps(c, 3, 2) * nbytes(b * n * h, "fp32")))
+            .add("denoiser/forward/residual_fp32", fp32 * nbytes(b * n * h, "fp32")))
 
 
 def wan_recompute_transient(ctx: DitCtx, b: int, n: int) -> Breakdown:
@@ -95,9 +96,9 @@ def wan_recompute_transient(ctx: DitCtx, b: int, n: int) -> Breakdown:
     h, c = ctx.hidden, ctx.dtype
     f = ctx.ff_dim or ctx.ff_mult * h
     gelu = nbytes(b * n * f, c)
-    casts = _fp32_temps(c, 2, 0) * nbytes(b * n * h, "fp32")
+    casts = (2 if c != "fp32" else 0) * nbytes(b * n * h, "fp32")
     out = (Breakdown().add("denoiser/backward/grad_block_output", nbytes(b * n * h, "fp32"))
-           .add("denoiser/backward/recompute_locals", _fp32_temps(c, 4, 3) * nbytes(b * n * h, c)))
+           .add("denoiser/backward/recompute_locals", (4 if c != "fp32" else 3) * nbytes(b * n * h, c)))
     if gelu >= casts:
         return out.add("denoiser/backward/recompute_gelu_out", gelu)
     return out.add("denoiser/backward/recompute_residual_fp32", casts)
