@@ -29,6 +29,7 @@ from typing import Callable
 from vramplan.estimation import Estimate
 from vramplan.i18n import Msg
 from vramplan.plan.evaluate import Evaluator, accum_key, memory_key, reported_communication
+from vramplan.plan.floor import MemoryFloor
 from vramplan.plan.space import Candidate, default_axes, enumerate_candidates
 from vramplan.plan.steptime import StepTime
 from vramplan.report.emit import paste_forms
@@ -119,6 +120,7 @@ class _Groups:
 
     def __init__(self, ev: Evaluator):
         self.ev = ev
+        self.floor = MemoryFloor(ev.desc, ev.gpu)
         self.members: dict[tuple, list[Candidate]] = {}
         self.largest_fit: dict[tuple, int] = {}
         self.static_floor: dict[tuple, int] = {}
@@ -138,10 +140,10 @@ class _Groups:
     def fits(self, c: Candidate) -> bool:
         key = self.key(c)
         if key not in self.largest_fit:
-            if self._family_too_big(c):
+            ordered = sorted(self.members[key], key=lambda m: m.spec.micro_batch_size)
+            if self._floor_too_big(ordered[0]) or self._family_too_big(c):
                 self.largest_fit[key] = 0
             else:
-                ordered = sorted(self.members[key], key=lambda m: m.spec.micro_batch_size)
                 self.largest_fit[key] = self._resolve(ordered)
         return c.spec.micro_batch_size <= self.largest_fit[key]
 
@@ -150,6 +152,13 @@ class _Groups:
         if self.key(c) in self.largest_fit:
             return True
         floor = self.static_floor.get(self.family(c))
+        return floor is not None and floor > self.ev.limit_bytes
+
+    def _floor_too_big(self, smallest: Candidate) -> bool:
+        """Whether the group's smallest micro-batch cannot fit by a floor known without
+        estimating it (plan/floor.py: the saved activations and the runtime terms); by
+        fact 2 no larger micro-batch of the group fits either."""
+        floor = self.floor.device_floor(smallest.spec)
         return floor is not None and floor > self.ev.limit_bytes
 
     def _family_too_big(self, c: Candidate) -> bool:

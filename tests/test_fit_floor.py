@@ -1,0 +1,57 @@
+"""plan/floor.py's memory floor never exceeds the estimate it stands in for.
+
+fit rules a group of layouts out when this floor of its smallest micro-batch exceeds the
+GPU's limit, without estimating it; that is exact only if floor <= device_bytes of the
+estimate for every layout. Ground truth: the estimator (vramplan.estimation.estimate_model)
+of each layout, over models, ZeRO stages 0-3, FSDP, TP/PP/CP, offload, LoRA/QLoRA,
+precisions, optimizers, checkpointing, loss implementations and micro-batches."""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from vramplan.plan import Evaluator
+from vramplan.plan.floor import MemoryFloor
+from vramplan.plan.space import enumerate_candidates
+from vramplan.spec import SpecError, load_spec
+
+JOBS = {
+    "8b-8gpu-zero-tp-pp": ({"model": "llama-3.1-8b", "gpu": "a100-40gb", "num_gpus": 8, "micro_batch_size": 2,
+                            "grad_accum_steps": 4, "seq_len": 2048},
+                           {"parallel.zero_stage": (0, 1, 2, 3), "parallel.offload_optimizer": ("none", "cpu"),
+                            "parallel.tp": (1, 2, 4), "parallel.pp": (1, 2, 4),
+                            "gradient_checkpointing": ("none", "full")}),
+    "1.5b-4gpu-fsdp-cp-precision": ({"model": "qwen2.5-1.5b", "gpu": "a100-80gb", "num_gpus": 4,
+                                     "micro_batch_size": 2, "grad_accum_steps": 2, "seq_len": 4096},
+                                    {"parallel.fsdp": ("none", "full-shard", "shard-grad-op"),
+                                     "parallel.cp": (1, 2), "precision": ("bf16", "mixed-bf16"),
+                                     "optimizer": ("adamw", "adamw-8bit", "adafactor"),
+                                     "loss_impl": ("standard", "chunked")}),
+    "0.5b-1gpu-lora-qlora": ({"model": "qwen2.5-0.5b", "gpu": "rtx-4090", "micro_batch_size": 8,
+                              "grad_accum_steps": 1, "seq_len": 1024},
+                             {"method": ("full", "lora", "qlora"), "precision": ("bf16", "mixed-bf16"),
+                              "gradient_checkpointing": ("none", "selective", "full"),
+                              "optimizer": ("adamw", "adamw-8bit")}),
+}
+
+
+@pytest.mark.parametrize("name", JOBS)
+def test_floor_at_most_the_estimate(name):
+    job, axes = JOBS[name]
+    spec = load_spec(job)
+    ev = Evaluator.for_spec(spec)
+    floor = MemoryFloor(ev.desc, ev.gpu)
+    cands = list(enumerate_candidates(spec, ev.desc, axes, max_micro_batch=8))
+    claimed = 0
+    for c in itertools.islice(cands, 0, None, max(1, len(cands) // 150)):
+        try:
+            est = ev.estimate(c.spec)
+        except SpecError:
+            continue                     # a refused layout: fit never counts it as fitting
+        f = floor.device_floor(c.spec)
+        if f is None:
+            continue
+        claimed += 1
+        assert 0 < f <= est.device_bytes, (c.change_dict, f, est.device_bytes)
+    assert claimed >= 30                 # the floor is claimed on most layouts it is tried on
