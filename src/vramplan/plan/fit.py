@@ -124,6 +124,7 @@ class _Groups:
         self.members: dict[tuple, list[Candidate]] = {}
         self.largest_fit: dict[tuple, int] = {}
         self.static_floor: dict[tuple, int] = {}
+        self.group_floor: dict[tuple, int | None] = {}
 
     @staticmethod
     def key(c: Candidate) -> tuple:
@@ -141,7 +142,12 @@ class _Groups:
         key = self.key(c)
         if key not in self.largest_fit:
             ordered = sorted(self.members[key], key=lambda m: m.spec.micro_batch_size)
-            if self._floor_too_big(ordered[0]) or self._family_too_big(c):
+            floor = self._floor(key, ordered[0])
+            if floor is not None:
+                # the floor rules the group out or finds it worth estimating; the family's
+                # static floor (one more estimate) would only repeat what its estimates say
+                self.largest_fit[key] = 0 if floor > self.ev.limit_bytes else self._resolve(ordered)
+            elif self._family_too_big(c):
                 self.largest_fit[key] = 0
             else:
                 self.largest_fit[key] = self._resolve(ordered)
@@ -149,17 +155,26 @@ class _Groups:
 
     def known(self, c: Candidate) -> bool:
         """Whether `fits(c)` is settled without another estimate."""
-        if self.key(c) in self.largest_fit:
+        key = self.key(c)
+        if key in self.largest_fit:
             return True
         floor = self.static_floor.get(self.family(c))
-        return floor is not None and floor > self.ev.limit_bytes
+        if floor is not None and floor > self.ev.limit_bytes:
+            return True
+        smallest = min(self.members[key], key=lambda m: m.spec.micro_batch_size)
+        floor = self._floor(key, smallest)
+        if floor is not None and floor > self.ev.limit_bytes:
+            self.largest_fit[key] = 0     # what fits() decides from the same floor
+            return True
+        return False
 
-    def _floor_too_big(self, smallest: Candidate) -> bool:
-        """Whether the group's smallest micro-batch cannot fit by a floor known without
-        estimating it (plan/floor.py: the saved activations and the runtime terms); by
-        fact 2 no larger micro-batch of the group fits either."""
-        floor = self.floor.device_floor(smallest.spec)
-        return floor is not None and floor > self.ev.limit_bytes
+    def _floor(self, key: tuple, smallest: Candidate) -> int | None:
+        """plan/floor.py's floor of the group's smallest micro-batch (kept per group): a
+        lower bound on its device memory known without estimating it; by fact 2 no larger
+        micro-batch of the group needs less. None where no floor is claimed."""
+        if key not in self.group_floor:
+            self.group_floor[key] = self.floor.device_floor(smallest.spec)
+        return self.group_floor[key]
 
     def _family_too_big(self, c: Candidate) -> bool:
         """Whether memory that no activation axis changes already exceeds the limit."""
@@ -168,6 +183,13 @@ class _Groups:
             self.static_floor[fam] = static_floor(self.ev.estimate(c.spec))
         return self.static_floor[fam] > self.ev.limit_bytes
 
+    def _fits(self, c: Candidate) -> bool:
+        """The estimate's verdict, unless the floor already says no (plan/floor.py)."""
+        floor = self.floor.device_floor(c.spec)
+        if floor is not None and floor > self.ev.limit_bytes:
+            return False
+        return self.ev.fits(c.spec)
+
     def _resolve(self, ordered: list[Candidate]) -> int:
         """Largest fitting micro-batch of a group (0 if none): smallest first, then bisect."""
         if not self.ev.fits(ordered[0].spec):
@@ -175,7 +197,7 @@ class _Groups:
         lo, hi = 0, len(ordered) - 1          # ordered[lo] fits; find the last that fits
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if self.ev.fits(ordered[mid].spec):
+            if self._fits(ordered[mid]):
                 lo = mid
             else:
                 hi = mid - 1

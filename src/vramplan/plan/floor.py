@@ -38,6 +38,7 @@ from vramplan.model import ModelDesc
 from vramplan.parallel.activations import LOSS_PARALLEL_NONE as DROPPED_UNDER_LOSS_PARALLEL
 from vramplan.parallel.activations import pipeline_in_flight as acts_in_flight
 from vramplan.parallel.layout import Layout
+from vramplan.parallel.pipeline import pipeline_static_bytes
 from vramplan.parallel.plan import stage_model_states
 from vramplan.parallel.shard import pp_layers
 from vramplan.spec import Backend, JobSpec, SpecError, Task
@@ -95,6 +96,8 @@ class MemoryFloor:
             # `one` the stage's scaled saved activations, >= act
             others = acts_in_flight(lay, s, mspec.grad_accum_steps) - 1
             held, grads = states[s]
+            if lay.pp > 1:              # the pipeline runtime's resident buffers (static)
+                held += pipeline_static_bytes(desc, mspec, lay, s)
             best = max(best, held + (grads if accum else 0) + act + (loss if s == last else 0)
                        + (int(others * act) if others > 0 else 0))
         return best + self._outside_bytes(mspec, lay)
