@@ -173,7 +173,7 @@ class _Groups:
         lower bound on its device memory known without estimating it; by fact 2 no larger
         micro-batch of the group needs less. None where no floor is claimed."""
         if key not in self.group_floor:
-            self.group_floor[key] = self.floor.device_floor(smallest.spec)
+            self.group_floor[key] = self.floor.device_floor(smallest.spec, above=self.ev.limit_bytes)
         return self.group_floor[key]
 
     def _family_too_big(self, c: Candidate) -> bool:
@@ -185,7 +185,7 @@ class _Groups:
 
     def _fits(self, c: Candidate) -> bool:
         """The estimate's verdict, unless the floor already says no (plan/floor.py)."""
-        floor = self.floor.device_floor(c.spec)
+        floor = self.floor.device_floor(c.spec, above=self.ev.limit_bytes)
         if floor is not None and floor > self.ev.limit_bytes:
             return False
         return self.ev.fits(c.spec)

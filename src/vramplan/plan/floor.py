@@ -29,6 +29,7 @@ tests/test_fit_floor.py checks floor <= device_bytes over many layouts.
 from __future__ import annotations
 
 from vramplan.components.activations import plan_activations
+from vramplan.components.optimizer import state_key
 from vramplan.components.runtime import blas_workspace_terms
 from vramplan.components.trainable import param_set
 from vramplan.device import outside_allocator
@@ -55,9 +56,10 @@ class MemoryFloor:
         self._outside: dict[tuple, int] = {}
         self._state_memo: dict[tuple, tuple] = {}
 
-    def device_floor(self, spec: JobSpec) -> int | None:
+    def device_floor(self, spec: JobSpec, above: int | None = None) -> int | None:
         """A lower bound on estimate_model(desc, spec, gpu).device_bytes (module docstring);
-        None where none is claimed."""
+        None where none is claimed. With `above`, a weaker floor may be returned once it
+        exceeds `above` (what a caller comparing with a limit needs)."""
         desc = self.desc
         if desc is None or needs_several_models(spec) or spec.task is Task.INFERENCE:
             return None
@@ -79,28 +81,35 @@ class MemoryFloor:
         ranges = pp_layers(desc.num_layers, lay.pp, lay.extras.get("pp_layers"))
         if lay.pp > 1 and len(per) != desc.num_layers + 2:
             return None                 # stages are embedding, layers..., head (parallel.plan._select)
-        states = self._states(mspec, lay, params) if not (mspec.parallel.is_trivial and mspec.num_gpus <= 1) \
-            else [(0, 0)]
         last = len(ranges) - 1
         # the last stage's loss terms, as parallel.plan._stage_plan scales them; the loss
         # backward event holds loss_backward_transient instead of forward_end_transient
         loss = self._terms_floor(acts.loss_saved, k, lay) + max(self._terms_floor(acts.forward_end_transient, k, lay),
                                                                  self._terms_floor(acts.loss_backward_transient, k, lay))
         accum = mspec.grad_accum_steps > 1   # build_step's grads_alive_in_forward (no pipeline)
-        best = 0
-        for s, r in enumerate(ranges):
-            act = sum(per) if lay.pp == 1 else (sum(per[i + 1] for i in r) + (per[0] if s == 0 else 0)
-                                                 + (per[-1] if s == lay.pp - 1 else 0))
-            # the other micro-batches a pipeline stage holds: `int(others_n * one)` with
-            # others_n = k - 1 in the plan parallel.plan._worst_backward builds first, and
-            # `one` the stage's scaled saved activations, >= act
-            others = acts_in_flight(lay, s, mspec.grad_accum_steps) - 1
-            held, grads = states[s]
-            if lay.pp > 1:              # the pipeline runtime's resident buffers (static)
-                held += pipeline_static_bytes(desc, mspec, lay, s)
-            best = max(best, held + (grads if accum else 0) + act + (loss if s == last else 0)
-                       + (int(others * act) if others > 0 else 0))
-        return best + self._outside_bytes(mspec, lay)
+        outside = self._outside_bytes(mspec, lay)
+
+        def floor(states: list[tuple[int, int]]) -> int:
+            best = 0
+            for s, r in enumerate(ranges):
+                act = sum(per) if lay.pp == 1 else (sum(per[i + 1] for i in r) + (per[0] if s == 0 else 0)
+                                                     + (per[-1] if s == last else 0))
+                # the other micro-batches a pipeline stage holds: `int(others_n * one)` with
+                # others_n = k - 1 in the plan parallel.plan._worst_backward builds first,
+                # and `one` the stage's scaled saved activations, >= act
+                others = acts_in_flight(lay, s, mspec.grad_accum_steps) - 1
+                held, grads = states[s]
+                if lay.pp > 1:          # the pipeline runtime's resident buffers (static)
+                    held += pipeline_static_bytes(desc, mspec, lay, s)
+                best = max(best, held + (grads if accum else 0) + act + (loss if s == last else 0)
+                           + (int(others * act) if others > 0 else 0))
+            return best + outside
+        # without the model states first (still a floor): enough where it already exceeds
+        # `above`, and the states need the rank's parameter sets
+        partial = floor([(0, 0)] * len(ranges))
+        if (above is not None and partial > above) or (mspec.parallel.is_trivial and mspec.num_gpus <= 1):
+            return partial
+        return floor(self._states(mspec, lay, params))
 
     @staticmethod
     def _terms_floor(bd, k: int, lay: Layout) -> int:
@@ -111,7 +120,7 @@ class MemoryFloor:
 
     def _states(self, spec: JobSpec, lay: Layout, params) -> list[int]:
         """parallel.plan.stage_model_states, kept per layout and parameter set."""
-        key = (id(params), spec.optimizer, spec.precision, spec.quantization, lay.tp, lay.pp, lay.dp, lay.ep,
+        key = (id(params), state_key(spec), spec.quantization, lay.tp, lay.pp, lay.dp, lay.ep,
                lay.cp, lay.shard_group, lay.engine, lay.zero_stage, lay.fsdp, lay.fsdp_version,
                lay.offload_optimizer, lay.offload_params, str(sorted(lay.extras.items())), lay.dtensor_tp)
         hit = self._state_memo.get(key)
