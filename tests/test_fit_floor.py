@@ -33,6 +33,25 @@ JOBS = {
                              {"method": ("full", "lora", "qlora"), "precision": ("bf16", "mixed-bf16"),
                               "gradient_checkpointing": ("none", "selective", "full"),
                               "optimizer": ("adamw", "adamw-8bit")}),
+    # tied embeddings and logit softcapping, on 4 GPUs with ZeRO, TP and PP
+    "gemma2-2b-4gpu": ({"model": "gemma-2-2b", "gpu": "rtx-4090", "num_gpus": 4, "micro_batch_size": 4,
+                        "grad_accum_steps": 2, "seq_len": 2048},
+                       {"parallel.zero_stage": (0, 1, 3), "parallel.tp": (1, 2), "parallel.pp": (1, 2),
+                        "gradient_checkpointing": ("none", "selective"), "precision": ("bf16", "amp-bf16")}),
+    # a mixture of experts, ZeRO-3 and parameter offload, sequence-sharded context parallelism
+    "mixtral-8gpu": ({"model": "mixtral-8x7b", "gpu": "h100", "num_gpus": 8, "micro_batch_size": 1,
+                      "grad_accum_steps": 8, "seq_len": 4096},
+                     {"parallel.zero_stage": (2, 3), "parallel.offload_params": ("none", "cpu"),
+                      "parallel.tp": (1, 2), "parallel.cp": (1, 2), "gradient_checkpointing": ("none", "full")}),
+    # a state-space model and GPT-2 (learned positions), keep_logits and packing
+    "mamba2-2gpu": ({"model": "mamba2-2.7b", "gpu": "a100-40gb", "num_gpus": 2, "micro_batch_size": 2,
+                     "grad_accum_steps": 2, "seq_len": 2048, "keep_logits": True},
+                    {"parallel.fsdp": ("none", "full-shard"), "gradient_checkpointing": ("none", "full"),
+                     "optimizer": ("adamw", "adafactor")}),
+    "gpt2-1gpu-packing": ({"model": "gpt2", "gpu": "rtx-4090", "micro_batch_size": 8, "grad_accum_steps": 1,
+                           "seq_len": 1024, "packing": True},
+                          {"method": ("full", "lora"), "attention": ("sdpa", "flash"),
+                           "loss_impl": ("standard", "chunked", "fused-linear-cross-entropy")}),
 }
 
 
@@ -43,15 +62,16 @@ def test_floor_at_most_the_estimate(name):
     ev = Evaluator.for_spec(spec)
     floor = MemoryFloor(ev.desc, ev.gpu)
     cands = list(enumerate_candidates(spec, ev.desc, axes, max_micro_batch=8))
-    claimed = 0
+    claimed = tried = 0
     for c in itertools.islice(cands, 0, None, max(1, len(cands) // 150)):
         try:
             est = ev.estimate(c.spec)
         except SpecError:
             continue                     # a refused layout: fit never counts it as fitting
+        tried += 1
         f = floor.device_floor(c.spec)
         if f is None:
             continue
         claimed += 1
         assert 0 < f <= est.device_bytes, (c.change_dict, f, est.device_bytes)
-    assert claimed >= 30                 # the floor is claimed on most layouts it is tried on
+    assert claimed >= 0.8 * tried          # the floor is claimed on most layouts it is tried on

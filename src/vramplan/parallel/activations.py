@@ -77,7 +77,7 @@ _ULYSSES_OUT = "attn/core"
 # _nll_loss_and_log_softmax_backward returns the logits' gradient itself and
 # _log_softmax_backward_handler passes it on (`grad_output.to(input_dtype)`, no copy in the
 # same dtype), so the log-softmax backward makes no tensor of its own.
-LOSS_PARALLEL_NONE = "logits/grad_logits_fp32"
+_LOSS_PARALLEL_NONE = "logits/grad_logits_fp32"
 _SCALED: dict[tuple, dict[str, int]] = {}
 
 
@@ -101,7 +101,7 @@ def _scale(bd: Breakdown, lay: Layout, shards: int, kv_heads: int) -> Breakdown:
     out = Breakdown()
     kv_wide = lay.ulysses > 1 and 0 < kv_heads < lay.ulysses
     for name, value in bd:
-        if lay.tp > 1 and lay.dtensor_tp and name.endswith(LOSS_PARALLEL_NONE):
+        if lay.tp > 1 and lay.dtensor_tp and name.endswith(_LOSS_PARALLEL_NONE):
             continue
         if lay.tp > 1 and tp_divides(name, lay.sp, lay.dtensor_tp):
             value = _div(value, lay.tp)

@@ -2,42 +2,48 @@
 
 `fit` rules a group of layouts out (those alike but for micro-batch) when the estimate of
 its smallest micro-batch does not fit. On an 8B full fine-tune over 8 x 40 GB most groups
-fail by their saved activations alone, and each such estimate of an 8-GPU layout plans
-every pipeline stage (parallel.rank_plan), 2-4 ms. This floor reads only what the
-estimate itself adds at one of its events, so it never exceeds the estimate:
+do not fit, and each estimate of an 8-GPU layout plans every pipeline stage
+(parallel.rank_plan), 2-4 ms. This floor adds only terms the estimate itself adds, each
+from the function the estimate takes it from, at events the estimate always has, so it
+never exceeds the estimate:
 
-  device_bytes = reserved + outside_allocator (+ managed, >= 0)        (device.device_levels)
-  reserved    >= round_up(peak allocated) >= peak allocated      (runtime.reserved_from_allocated)
-  peak         = the largest event of the reported rank's plan, and the reported rank is
-                 the pipeline stage with the highest peak (parallel.plan.rank_plan), so
-                 peak >= the "end of forward" event of every stage's plan;
-  end of forward = static + [grads] + every saved activation of the stage + loss terms
-                 (timeline._walk); every term of a Breakdown is >= 0 (Breakdown.add), so it
-                 is >= the stage's saved activations plus the static cuBLAS workspaces the
-                 estimate adds to the plan (estimation.estimate_model);
-  a stage's saved activations = its stages' saved lists (step.build.build_step), each
-                 term scaled by parallel.activations.scale: ceil-divided by tp, by the
-                 sequence shards, or kept whole, so each is >= its value // (tp * shards).
+  device_bytes = reserved + outside_allocator (+ managed >= 0)        (device.device_levels)
+  reserved     = reserved_from_allocated(peak, largest logits block, activation churn),
+                 monotone in each (components/runtime.py; no alloc_conf delta, no lengths);
+  peak         = the largest event of the reported rank's plan, the pipeline stage with the
+                 highest peak (parallel.plan.rank_plan), so >= every stage's "end of
+                 forward" and "loss backward" events (timeline._walk always emits both) in
+                 the plan parallel.plan._worst_backward builds first (k - 1 other
+                 micro-batches in flight);
+  those events = static + [gradients, without a pipeline when grad_accum_steps > 1] +
+                 every saved activation of the stage + (last stage) the loss terms and
+                 forward_end_transient or loss_backward_transient + the in-flight copies;
+                 every term of a Breakdown is >= 0 (Breakdown.add), so any subset is a floor;
+  static       >= the model states and the engines' persistent copies of the rank
+                 (parallel.plan.stage_model_states: _model_states, DDP buckets, ZeRO's fp32
+                 partition), the pipeline's resident buffers (parallel.pipeline
+                 pipeline_static_bytes) and the cuBLAS workspaces (estimation.estimate_model);
+  activations  = each stage's saved list as step.build.build_step names it, scaled by
+                 parallel.activations.scale as parallel.plan._stage_plan scales it.
 
-The floor is `outside_allocator + workspaces + max over pipeline stages of the scaled-down
-saved activations`; it declines (None) where another step adds to or changes those terms
-after planning: several models, inference, a log-prob head folded in after planning
-(TRL's SFT head), activation offloading, Ulysses (it reshapes k/v), a dynamic-padding
-replay or an alloc_conf replay delta (either may lower the level).
+It declines (None) where another step adds to or changes those terms after planning:
+several models, inference, a log-prob head folded in after planning (TRL's SFT head),
+activation offloading, Ulysses, a dynamic-padding replay or an alloc_conf replay delta.
 tests/test_fit_floor.py checks floor <= device_bytes over many layouts.
 """
 from __future__ import annotations
 
 from vramplan.components.activations import plan_activations
 from vramplan.components.optimizer import state_key
-from vramplan.components.runtime import blas_workspace_terms
+from vramplan.breakdown import Breakdown
+from vramplan.components.runtime import blas_workspace_terms, reserved_from_allocated
 from vramplan.components.trainable import param_set
 from vramplan.device import outside_allocator
 from vramplan.estimation import model_spec
 from vramplan.jobs.logprob import sft_head
 from vramplan.model import ModelDesc
-from vramplan.parallel.activations import LOSS_PARALLEL_NONE as DROPPED_UNDER_LOSS_PARALLEL
 from vramplan.parallel.activations import pipeline_in_flight as acts_in_flight
+from vramplan.parallel.activations import scale
 from vramplan.parallel.layout import Layout
 from vramplan.parallel.pipeline import pipeline_static_bytes
 from vramplan.parallel.plan import stage_model_states
@@ -52,8 +58,8 @@ class MemoryFloor:
     def __init__(self, desc: ModelDesc | None, gpu):
         self.desc = desc
         self.gpu = gpu
-        self._lists: dict[tuple[int, int], tuple[list, int]] = {}   # (id(saved), k) -> (saved, floor)
-        self._outside: dict[tuple, int] = {}
+        self._lists: dict[tuple, tuple[list, int]] = {}   # (id(saved), scaling) -> (saved, bytes)
+        self._outside: dict[tuple, tuple[int, int]] = {}
         self._state_memo: dict[tuple, tuple] = {}
 
     def device_floor(self, spec: JobSpec, above: int | None = None) -> int | None:
@@ -76,22 +82,23 @@ class MemoryFloor:
             acts = plan_activations(desc, mspec, params)
         except (SpecError, ValueError):
             return None                 # the estimate says why; claim nothing
-        k = lay.tp * lay.seq_shards
-        per = [self._saved_floor(st.saved, k) for st in acts.stages]
+        kv = desc.num_kv_heads
+        per = [self._stage_total(st, lay, kv) for st in acts.stages]
         ranges = pp_layers(desc.num_layers, lay.pp, lay.extras.get("pp_layers"))
         if lay.pp > 1 and len(per) != desc.num_layers + 2:
             return None                 # stages are embedding, layers..., head (parallel.plan._select)
         last = len(ranges) - 1
-        # the last stage's loss terms, as parallel.plan._stage_plan scales them; the loss
-        # backward event holds loss_backward_transient instead of forward_end_transient
-        loss = self._terms_floor(acts.loss_saved, k, lay) + max(self._terms_floor(acts.forward_end_transient, k, lay),
-                                                                 self._terms_floor(acts.loss_backward_transient, k, lay))
+        # the last stage's loss terms, scaled as parallel.plan._stage_plan scales them; the
+        # loss backward event holds loss_backward_transient instead of forward_end_transient
+        loss_parts = [scale(b, lay) for b in (acts.loss_saved, acts.forward_end_transient,
+                                              acts.loss_backward_transient)]
+        loss = loss_parts[0].total() + max(loss_parts[1].total(), loss_parts[2].total())
         accum = mspec.grad_accum_steps > 1   # build_step's grads_alive_in_forward (no pipeline)
-        outside = self._outside_bytes(mspec, lay)
+        outside, workspaces = self._outside_bytes(mspec, lay)
 
         def floor(states: list[tuple[int, int]]) -> int:
             best = 0
-            for s, r in enumerate(ranges):
+            for s, r in enumerate(ranges):   # (the workspaces: in every stage's static part)
                 act = sum(per) if lay.pp == 1 else (sum(per[i + 1] for i in r) + (per[0] if s == 0 else 0)
                                                      + (per[-1] if s == last else 0))
                 # the other micro-batches a pipeline stage holds: `int(others_n * one)` with
@@ -101,9 +108,16 @@ class MemoryFloor:
                 held, grads = states[s]
                 if lay.pp > 1:          # the pipeline runtime's resident buffers (static)
                     held += pipeline_static_bytes(desc, mspec, lay, s)
-                best = max(best, held + (grads if accum else 0) + act + (loss if s == last else 0)
+                best = max(best, workspaces + held + (grads if accum else 0) + act + (loss if s == last else 0)
                            + (int(others * act) if others > 0 else 0))
-            return best + outside
+            if lay.pp > 1:              # which stage is reported, and so its reserve, is unknown
+                return reserved_from_allocated(best, 0) + outside
+            # one rank: its end-of-forward and loss-backward events hold these logits terms
+            # (the largest block device.reserved_bytes reserves around is at least each)
+            # and all its saved activations (the churn it takes a fraction of)
+            largest = max((v for part in loss_parts for k, v in part.terms.items()
+                           if k.startswith("logits/") or "/logits/" in k), default=0)
+            return reserved_from_allocated(best, largest, sum(per)) + outside
         # without the model states first (still a floor): enough where it already exceeds
         # `above`, and the states need the rank's parameter sets
         partial = floor([(0, 0)] * len(ranges))
@@ -111,12 +125,19 @@ class MemoryFloor:
             return partial
         return floor(self._states(mspec, lay, params))
 
-    @staticmethod
-    def _terms_floor(bd, k: int, lay: Layout) -> int:
-        """Each term // k, as parallel.activations.scale at least keeps it; the logits
-        gradient vocab-parallel loss drops is left out."""
-        return sum(v // k for name, v in bd.terms.items()
-                   if not (lay.tp > 1 and lay.dtensor_tp and name.endswith(DROPPED_UNDER_LOSS_PARALLEL)))
+    def _stage_total(self, st, lay: Layout, kv: int) -> int:
+        """One stage's saved activations on the rank: step.build.build_step's breakdown of
+        its saved list (the same names), scaled by parallel.activations.scale as
+        parallel.plan._stage_plan scales it."""
+        group = "activations/layers" if st.label.startswith("layer") else f"activations/{st.label}"
+        key = (id(st.saved), group, lay.tp, lay.sp, lay.dtensor_tp, lay.seq_shards, lay.ulysses, kv)
+        hit = self._lists.get(key)
+        if hit is None or hit[0] is not st.saved:
+            bd = Breakdown()
+            for name, size in st.saved:
+                bd.add(f"{group}/{name}", size)
+            hit = self._lists[key] = (st.saved, scale(bd, lay, kv).total())
+        return hit[1]
 
     def _states(self, spec: JobSpec, lay: Layout, params) -> list[int]:
         """parallel.plan.stage_model_states, kept per layout and parameter set."""
@@ -128,22 +149,16 @@ class MemoryFloor:
             hit = self._state_memo[key] = (params, stage_model_states(self.desc, spec, params))
         return hit[1]
 
-    def _saved_floor(self, saved: list, k: int) -> int:
-        key = (id(saved), k)
-        hit = self._lists.get(key)
-        if hit is None or hit[0] is not saved:
-            hit = self._lists[key] = (saved, sum(size // k for _, size in saved))
-        return hit[1]
-
-    def _outside_bytes(self, spec: JobSpec, lay: Layout) -> int:
-        """What nvidia-smi counts outside the allocator plus the cuBLAS workspaces, both as
-        the estimate adds them (they depend on the GPU, CUDA version and process groups)."""
+    def _outside_bytes(self, spec: JobSpec, lay: Layout) -> tuple[int, int]:
+        """(what nvidia-smi counts outside the allocator, the cuBLAS workspaces the
+        estimate adds to the plan's static part), both as the estimate adds them (they
+        depend on the GPU, the CUDA version and the process groups)."""
         key = (spec.backend, spec.cuda_version, spec.num_gpus, lay.dp, lay.tp, lay.cp, lay.pp, lay.ep,
                lay.shard_group, lay.engine)
         hit = self._outside.get(key)
         if hit is None:
-            hit = outside_allocator(spec, self.gpu).total()
+            work = 0
             if spec.backend is Backend.CUDA:
-                hit += sum(v for _, v in blas_workspace_terms(self.gpu.name if self.gpu else None))
-            self._outside[key] = hit
+                work = sum(v for _, v in blas_workspace_terms(self.gpu.name if self.gpu else None))
+            hit = self._outside[key] = (outside_allocator(spec, self.gpu).total(), work)
         return hit
