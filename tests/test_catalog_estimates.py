@@ -10,6 +10,7 @@ import pytest
 
 import vramplan
 from vramplan.cli import main
+from vramplan.spec import DEFAULT_SEQ_LEN
 
 
 def _names(folder: str) -> list[str]:
@@ -20,7 +21,7 @@ def _names(folder: str) -> list[str]:
 
 def _learned_positions(name: str) -> int | None:
     """The position table of a model with learned positions (GPT-2, BERT, T5-free OPT...):
-    a longer seq_len is refused (validity.py), so those run at their own maximum."""
+    a longer seq_len is refused (validity.py), so a default seq_len is capped at it."""
     from vramplan import catalog
     cfg = catalog.find_model(name).config
     if cfg.get("model_type") in ("gpt2", "bert", "opt", "gpt_bigcode"):
@@ -30,11 +31,11 @@ def _learned_positions(name: str) -> int | None:
 
 @pytest.mark.parametrize("name", _names("models"))
 def test_language_model_estimates_with_default_flags(name, capsys):
-    limit = _learned_positions(name)
-    extra = ["--seq-len", str(min(limit, 2048))] if limit else []
-    assert main(["estimate", name, "--json", *extra]) == 0, capsys.readouterr().err
+    assert main(["estimate", name, "--json"]) == 0, capsys.readouterr().err
     out = json.loads(capsys.readouterr().out)
     assert out["peak_allocated_bytes"] > out["model"]["num_params"]
+    limit = _learned_positions(name)
+    assert out["spec"]["seq_len"] == (min(limit, DEFAULT_SEQ_LEN) if limit else DEFAULT_SEQ_LEN)
 
 
 @pytest.mark.parametrize("name", _names("multimodal"))

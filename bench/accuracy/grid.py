@@ -30,6 +30,7 @@ import statistics
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from importlib import metadata
 from pathlib import Path
 
@@ -38,6 +39,7 @@ SRC = HERE.parents[1] / "src"
 sys.path.insert(0, str(SRC))
 
 CASES = HERE / "grid_cases.yaml"
+CASES_USED = [CASES.name]  # the cases file of this run (--cases), recorded in the results
 PHASES = ("forward", "backward", "optimizer")
 PHASE_KINDS = {"fwd": "forward", "bwd": "backward", "opt": "optimizer"}
 CATEGORIES = ("architecture", "precision", "method", "optimizer", "checkpointing", "attention")
@@ -174,13 +176,62 @@ def errors(measured: dict, estimated: dict) -> dict:
     for ph in PHASES:
         out[ph] = rel(estimated["phases"][ph], measured["phases"][ph])
     out["peak_phase_agrees"] = estimated["peak_phase"] == measured["peak_phase_kind"]
+    out.update(cuda_errors(measured, estimated))
     return out
 
 
-def run_case(case: dict, device: str) -> dict:
+# On CUDA the meter also reads the caching allocator's max_memory_reserved and NVML (the
+# process's own used memory, and the whole device's); each is set against the estimate's
+# figure for it. `reserved_replay` is the allocator model's own replay of the event list
+# (vramplan.allocator), `*_in_bounds` whether the measurement lies inside the estimate's
+# error bar for that metric (vramplan.bounds).
+CUDA_METRICS = (("reserved", "peak_reserved_bytes", "reserved_bytes"),
+                ("process", "process_bytes", "device_bytes"),
+                ("device", "device_bytes", "device_bytes"))
+BOUND_OF = {"peak": ("peak_allocated_bytes", "allocated"), "reserved": ("peak_reserved_bytes", "reserved"),
+            "device": ("device_bytes", "device")}
+
+
+def unattributed_context(estimated: dict) -> int:
+    """Device-level context memory NVML does not charge to the process (catalog
+    cuda_context "bytes" - "process_bytes"; 0 where no measurement separates them)."""
+    from vramplan.components.runtime import cuda_context_bytes, cuda_context_process_bytes
+    gpu = (estimated.get("gpu") or {}).get("name")
+    return cuda_context_bytes(gpu) - cuda_context_process_bytes(gpu)
+
+
+def cuda_errors(measured: dict, estimated: dict) -> dict:
+    out = {}
+    for name, meas_key, est_key in CUDA_METRICS:
+        if measured.get(meas_key):
+            want = estimated[est_key]
+            if name == "process":  # less what the driver holds for the context uncharged
+                want -= unattributed_context(estimated)
+            out[name] = rel(want, measured[meas_key])
+    replay = (estimated.get("allocator") or {}).get("reserved_bytes")
+    if replay and measured.get("peak_reserved_bytes"):
+        out["reserved_replay"] = rel(replay, measured["peak_reserved_bytes"])
+    bounds = estimated.get("bounds") or {}
+    for name, (meas_key, bound_key) in BOUND_OF.items():
+        lo_hi = bounds.get(bound_key)
+        if lo_hi and measured.get(meas_key) and (name == "peak" or name in out):
+            out[f"{name}_in_bounds"] = lo_hi[0] <= measured[meas_key] <= lo_hi[1]
+    return out
+
+
+def cuda_job(job: dict, gpu: str | None) -> dict:
+    """The job as it ran on the GPU: backend cuda, and the card it ran on (its cuBLAS
+    workspaces and CUDA context depend on the architecture) unless the case names one."""
+    job = {**job, "backend": "cuda"}
+    if gpu and "gpu" not in job:
+        job["gpu"] = gpu
+    return job
+
+
+def run_case(case: dict, device: str, gpu: str | None = None) -> dict:
     job = dict(case["job"])
     if device == "cuda" and not case["fake"]:
-        job["backend"] = "cuda"
+        job = cuda_job(job, gpu)
     row = {"name": case["name"], "fake": case["fake"], "categories": categories(job), "job": job}
     t0 = time.perf_counter()
     try:
@@ -255,6 +306,15 @@ def summarize(rows: list[dict]) -> dict:
             groups.setdefault(r["categories"][cat], []).append(r["error"]["peak"])
         summary["by_category"][cat] = {k: _stats(v) for k, v in sorted(groups.items())}
     summary["misses"] = [miss(r) for r in ok if is_miss(r)]
+    cuda = {m: _stats([r["error"][m] for r in real if m in r["error"]])
+            for m in ("reserved", "reserved_replay", "process", "device")}
+    cuda = {m: s for m, s in cuda.items() if s["n"]}
+    for name in BOUND_OF:
+        flags = [r["error"][f"{name}_in_bounds"] for r in real if f"{name}_in_bounds" in r["error"]]
+        if flags:
+            cuda[f"{name}_bounds_coverage"] = {"n": len(flags), "inside": sum(flags)}
+    if cuda:
+        summary["cuda"] = cuda
     m = summary["real"]
     summary["targets_met"] = bool(real) and not summary["failed"] and m["median_abs"] <= TARGET_MEDIAN \
         and m["worst_abs"] <= TARGET_WORST and summary["phases_outside_target"] == 0
@@ -293,7 +353,7 @@ def render(rows: list[dict], summary: dict) -> str:
                      + f"  {r['measured']['peak_phase_kind'][:3]}/{r['estimated']['peak_phase'][:3]}{flag}"
                      + f"{r['wall_seconds']:>9.1f}")
     lines += ["", f"{'group':32s} {'n':>4s} {'median |err|':>13s} {'worst |err|':>12s}"]
-    for label, s in (("all real CPU cases", summary["real"]), ("fake mode (catalog sizes)", summary["fake"])):
+    for label, s in (("all real cases", summary["real"]), ("fake mode (catalog sizes)", summary["fake"])):
         lines.append(f"{label:32s} {s['n']:>4d} {pct(s['median_abs']):>13s} {pct(s['worst_abs']):>12s}")
     for cat, groups in summary["by_category"].items():
         lines.append(f"-- {cat}")
@@ -305,6 +365,11 @@ def render(rows: list[dict], summary: dict) -> str:
               f"failed: {len(summary['failed'])} {summary['failed']}",
               f"targets (median <= {TARGET_MEDIAN:.0%}, worst <= {TARGET_WORST:.0%}, phases <= "
               f"{TARGET_PHASE:.0%}): {'MET' if summary['targets_met'] else 'MISSED'}"]
+    for metric, s in summary.get("cuda", {}).items():
+        if "inside" in s:
+            lines.append(f"{metric}: {s['inside']} of {s['n']} measured inside the estimate's bounds")
+        else:
+            lines.append(f"{metric:32s} {s['n']:>4d} {pct(s['median_abs']):>13s} {pct(s['worst_abs']):>12s}")
     if summary["misses"]:
         lines += ["", f"misses ({len(summary['misses'])}):"]
         for m in summary["misses"]:
@@ -321,7 +386,7 @@ def write(path: Path, device: str, gpu: str | None, rows: list[dict], started: d
     summary = summarize(rows)
     doc = {"schema_version": SCHEMA_VERSION, "device": device, "gpu": gpu, "machine": machine(),
            "source_at_start": started, "source_at_end": source_state(),
-           "cases_file": CASES.name, "summary": summary, "cases": rows}
+           "cases_file": CASES_USED[0], "summary": summary, "cases": rows}
     path.write_text(json.dumps(doc, indent=1) + "\n")
     return summary
 
@@ -341,11 +406,16 @@ def reestimate(path: Path, device: str, gpu: str | None) -> int:
     doc = json.loads(path.read_text())
     rows = doc["cases"]
     for row in rows:
+        if device == "cuda" and not row["fake"]:
+            row["job"] = cuda_job(row["job"], doc.get("gpu"))
         if "measured" in row:
             row["estimated"] = estimate(row["job"])
             row["error"] = errors(row["measured"], row["estimated"])
+            if row.get("parallel_jobs", 1) > 1:  # the device-level NVML figure held other cases too
+                row["error"].pop("device", None)
+                row["error"].pop("device_in_bounds", None)
     measured_at = {k: doc.get(k) for k in ("source_at_start", "source_at_end", "machine")}
-    summary = write(path, device, gpu, rows, doc.get("source_at_start", {}))
+    summary = write(path, device, gpu or doc.get("gpu"), rows, doc.get("source_at_start", {}))
     doc = json.loads(path.read_text())
     doc.update(measured_at)  # the measurements keep the source and machine they came from
     doc["estimated_at"] = source_state()
@@ -353,6 +423,12 @@ def reestimate(path: Path, device: str, gpu: str | None) -> int:
     print(render(rows, summary))
     print(f"\nre-estimated {len(rows)} cases in {path}")
     return 0
+
+
+def as_completed_rows(pool, fn, cases):
+    futures = [pool.submit(fn, c) for c in cases]
+    for fut in as_completed(futures):
+        yield fut.result()
 
 
 def parse(argv):
@@ -364,6 +440,8 @@ def parse(argv):
     ap.add_argument("--summary", action="store_true", help="print the results file's table, run nothing")
     ap.add_argument("--job", metavar="NAME", help="print this case's job as JSON and exit")
     ap.add_argument("--with-fake", action="store_true", help="with --device cuda, also run the fake cases")
+    ap.add_argument("--cases", default=str(CASES), help="cases file (default: grid_cases.yaml here)")
+    ap.add_argument("--jobs", type=int, default=1, help="cases run side by side (each in its own process)")
     ap.add_argument("--out", default="", help="results file (default: results-<device>.json here)")
     ap.add_argument("--reestimate", action="store_true",
                     help="keep the file's measurements, recompute estimates and errors with this code")
@@ -372,7 +450,8 @@ def parse(argv):
 
 def main(argv=None) -> int:
     args = parse(argv)
-    cases = load_cases()
+    cases = load_cases(Path(args.cases))
+    CASES_USED[0] = Path(args.cases).name
     if args.job:
         hit = [c for c in cases if c["name"] == args.job]
         if not hit:
@@ -380,7 +459,7 @@ def main(argv=None) -> int:
             return 2
         print(json.dumps(hit[0]["job"]))
         return 0
-    gpu = cuda_name() if args.device == "cuda" and not args.summary else None
+    gpu = cuda_name() if args.device == "cuda" and not (args.summary or args.reestimate) else None
     path = Path(args.out) if args.out else results_path(args.device, gpu)
     if (args.only or args.ci) and not args.out and not args.summary:  # never clobber the full grid
         path = Path("/tmp") / f"vramplan-grid-{path.name}"
@@ -394,11 +473,25 @@ def main(argv=None) -> int:
     if args.resume and path.exists():
         done = {r["name"]: r for r in json.loads(path.read_text())["cases"] if "failed" not in r}
     rows, started = [], source_state()
-    for case in select(cases, args):
-        row = done.get(case["name"]) or run_case(case, args.device)
-        rows.append(row)
-        print(render([row], summarize([row])).splitlines()[1], flush=True)
-        write(path, args.device, gpu, rows, started)
+    chosen = select(cases, args)
+    order = {c["name"]: i for i, c in enumerate(chosen)}
+
+    def one(case: dict) -> dict:
+        return done.get(case["name"]) or run_case(case, args.device, gpu)
+
+    # Cases run in their own processes; --jobs N runs N side by side (CUDA: each process's
+    # allocator statistics and NVML per-process memory are its own; the device-level NVML
+    # figure is not, so `device` is compared only with --jobs 1).
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        for row in pool.map(one, chosen) if args.jobs <= 1 else as_completed_rows(pool, one, chosen):
+            if args.jobs > 1 and "error" in row:
+                row["error"].pop("device", None)
+                row["error"].pop("device_in_bounds", None)
+                row["parallel_jobs"] = args.jobs
+            rows.append(row)
+            rows.sort(key=lambda r: order[r["name"]])
+            print(render([row], summarize([row])).splitlines()[1], flush=True)
+            write(path, args.device, gpu, rows, started)
     summary = write(path, args.device, gpu, rows, started)
     print("\n" + render(rows, summary))
     print(f"\nwrote {path}")

@@ -48,7 +48,10 @@ def estimate(spec: JobSpec) -> Estimate:
 
 def model_spec(desc: ModelDesc, spec: JobSpec) -> JobSpec:
     """The spec as the estimate of `desc` reads it: the checkpoint's quantization and load
-    dtype filled in (what estimate_model estimates)."""
+    dtype filled in, and a seq_len not given capped at its learned positions (what
+    estimate_model estimates)."""
+    from vramplan.validity import assume_seq_len
+    spec = assume_seq_len(desc, spec)
     spec = input_dtype_compute(resolve_quantization(spec, desc.checkpoint_quantization, desc.checkpoint_dtype))
     return resolve_load_dtype(spec, desc.checkpoint_dtype)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from vramplan.i18n import Msg
 from vramplan.model import ModelDesc, PositionKind
-from vramplan.spec import JobSpec, Method, SpecError, Task
+from vramplan.spec import DEFAULT_SEQ_LEN, JobSpec, Method, SpecError, Task
 
 MAX_DEVICE_BYTES = 2**50
 """1 PiB: thousands of times any GPU's memory; an estimate beyond it is a unit slip."""
@@ -43,9 +43,25 @@ def check_size(device_bytes: int, spec: JobSpec) -> None:
                     "(the largest hold a few hundred GB); lower micro_batch_size or seq_len, or shard more")
 
 
+def assume_seq_len(desc: ModelDesc, spec: JobSpec) -> JobSpec:
+    """A seq_len the user did not give (DEFAULT_SEQ_LEN) capped at the model's learned
+    positions, which no row can pass (see _positions); rotary models keep the default."""
+    room = desc.max_position_embeddings - (spec.max_new_tokens or 0)
+    if (spec.seq_len_given or desc.position is not PositionKind.LEARNED or spec.model is None
+            or not desc.max_position_embeddings or not 1 <= room < spec.seq_len):
+        return spec
+    from dataclasses import replace
+    return replace(spec, seq_len=room)
+
+
 def _positions(desc: ModelDesc, spec: JobSpec) -> list[str]:
     limit = desc.max_position_embeddings
     length = spec.seq_len + (spec.max_new_tokens or 0)
+    if not spec.seq_len_given and spec.seq_len < DEFAULT_SEQ_LEN and length == limit and spec.model is not None:
+        # assume_seq_len capped the default: say which length the answer is for, and why
+        return [Msg("seq_len: not given; assumed {n:,}, as {model}'s {limit:,} learned positions "
+                    "(max_position_embeddings) do not reach the default {default:,}; pass seq_len to choose",
+                    n=spec.seq_len, model=desc.name, limit=limit, default=DEFAULT_SEQ_LEN)]
     if not limit or length <= limit or spec.model is None:  # a raw size has no position table
         return []
     what = (Msg("{n:,} tokens", n=length) if not spec.max_new_tokens

@@ -137,7 +137,8 @@ def attention_core(rec: Recorder, ctx: Ctx, q: Sym, k: Sym, v: Sym, name: str, m
     sdpa = ctx.attention != "eager"
     masked = masked or (ctx.packed and ctx.attention == "sdpa")
     if sdpa and ctx.gqa_native and not masked:
-        return rec.sdpa(q, k, v, (b, s, a, d), name, dropout=drop)  # output laid out (b, s, a, d)
+        return rec.sdpa(q, k, v, (b, s, a, d), name, dropout=drop,  # output laid out (b, s, a, d)
+                        impl="flash" if ctx.attention.startswith("flash") else "sdpa")
     if desc.num_kv_heads != desc.num_heads:
         # repeat_kv: expand + reshape materializes k and v at full head count (sdpa: a mask
         # turns off transformers' use_gqa_in_sdpa, integrations/sdpa_attention.py).

@@ -246,14 +246,25 @@ class Recorder:
         return self.new(name, ids.shape + (w.shape[1],), w.dtype, w.trainable)
 
     def sdpa(self, q: Sym, k: Sym, v: Sym, out_shape, name: str, lse_dtype: str = "fp32",
-             dropout: float = 0.0) -> Sym:
+             dropout: float = 0.0, impl: str = "sdpa") -> Sym:
         """Fused attention (flash / memory-efficient / CPU flash): saves q, k, v, the output
         and the log-sum-exp, one fp32 value per (batch, head, query)
-        (aten _scaled_dot_product_flash_attention[_for_cpu] derivative formula)."""
+        (aten _scaled_dot_product_flash_attention[_for_cpu] derivative formula).
+        `impl`: "sdpa" for torch's F.scaled_dot_product_attention and its kernel choice,
+        "flash" for the flash-attn package (16-bit, grouped heads natively)."""
         dtype = self.autocast or q.dtype
         q, k, v = (self._autocast_input(t) if self.autocast else t for t in (q, k, v))
         rg = q.requires_grad or k.requires_grad or v.requires_grad
         if dropout > 0 and self.backend == "cpu":
+            return self._sdpa_math(q, k, v, out_shape, name, dropout, dtype, rg)
+        if impl == "sdpa" and self.backend == "cuda" and dtype == "fp32" and k.shape[1] != q.shape[1]:
+            # fp32 with fewer k/v heads than query heads (enable_gqa): flash and cuDNN take
+            # 16-bit inputs only, and memory-efficient attention refuses grouped heads in
+            # PyTorch <= 2.13 (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp,
+            # can_use_mem_efficient_attention: check_batch_size_and_num_heads_dense<false
+            # /*supports_grouped_query_attention*/>), so select_sdp_backend falls to the math
+            # path. Measured on an H100 (bench/accuracy/results-cuda-*.json): the fp32 GQA/MQA
+            # rows were 7-27% low with the fused kernel's saved set.
             return self._sdpa_math(q, k, v, out_shape, name, dropout, dtype, rg)
         out = self.new(name, out_shape, dtype, rg)
         b, a, s = q.shape[0], q.shape[1], q.shape[2]
@@ -273,14 +284,15 @@ class Recorder:
         return out
 
     def _sdpa_math(self, q, k, v, out_shape, name, dropout, dtype, rg) -> Sym:
-        """CPU has no fused kernel with dropout: aten `_scaled_dot_product_attention_math`
-        scales q and k by sqrt(scale) (copies), softmaxes the (b, a, s, s) scores, applies
-        dropout (a noise tensor and the dropped probabilities) and multiplies by v; the
+        """aten `_scaled_dot_product_attention_math` (CPU with dropout, which no fused CPU
+        kernel takes; CUDA where no fused kernel accepts the call): scales q and k by
+        sqrt(scale) (copies), softmaxes the (b, a, s, s) scores, applies dropout (a noise
+        tensor and the dropped probabilities) when there is one, and multiplies by v; the
         (b, a, s, d) result is transposed to (b, s, a, d) by a copy. On CPU the math path
         computes 16-bit inputs in fp32 (it converts q, k and v first), so what it saves is
-        fp32 and only the output returns to the input dtype."""
+        fp32 and only the output returns to the input dtype; CUDA keeps the input dtype."""
         b, a, s, d = q.shape
-        inner = "fp32" if dtype in ("bf16", "fp16") else dtype
+        inner = "fp32" if dtype in ("bf16", "fp16") and self.backend == "cpu" else dtype
         if rg:
             # enable_gqa: the math path repeat_interleaves k and v to q's head count first
             # (seen with the exact CPU meter: GPTBigCode's one-head k, v saved at a heads).
@@ -288,8 +300,14 @@ class Recorder:
             self.save(self.new(f"{name}.q_scaled", q.shape, inner, True),
                       self.new(f"{name}.k_scaled_t", full, inner, True),
                       self.new(f"{name}.v", full, inner, True))
-            for part in ("softmax", "dropout.mask", "dropped"):
-                self.save(self.new(f"{name}.{part}", (b, a, s, s), inner, False))
+            self.save(self.new(f"{name}.softmax", (b, a, s, s), inner, False))
+            if dropout > 0:
+                # at::dropout: on CPU a noise tensor in the input's dtype (bernoulli_, then
+                # input * noise); on CUDA the fused native_dropout and its bool mask
+                # (aten/src/ATen/native/Dropout.cpp, is_fused_kernel_acceptable)
+                mask = inner if self.backend == "cpu" else "bool"
+                self.save(self.new(f"{name}.dropout.mask", (b, a, s, s), mask, False),
+                          self.new(f"{name}.dropped", (b, a, s, s), inner, False))
         return self.new(f"{name}.out_t", out_shape, dtype, rg)
 
 

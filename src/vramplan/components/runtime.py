@@ -60,12 +60,10 @@ def _version(text: str) -> tuple[int, ...]:
     return tuple(int(p) for p in text.split("."))
 
 
-def cuda_context_bytes(gpu_name: str | None, cuda_version: str | None = None) -> int:
-    """The CUDA context (driver state and loaded kernels), outside the caching allocator so
-    only in nvidia-smi. Published figures per architecture and module loading (lazy since
-    CUDA 11.7; catalog/cuda_runtime.json "cuda_context" with each source): the figure for
-    the GPU's architecture and the loading `cuda_version` implies; without a version the
-    newest published figure for the architecture; else the generic figure."""
+def _context_entry(gpu_name: str | None, cuda_version: str | None) -> dict | None:
+    """catalog/cuda_runtime.json "cuda_context": the entry for the GPU's architecture and the
+    module loading `cuda_version` implies (without a version the newest for the
+    architecture), or None."""
     ctx = _data()["cuda_context"]
     arch = _arch(gpu_name)
     loading = None
@@ -73,8 +71,33 @@ def cuda_context_bytes(gpu_name: str | None, cuda_version: str | None = None) ->
         loading = "lazy" if _version(cuda_version) >= _version(ctx["lazy_since_cuda"]) else "eager"
     for entry in reversed(ctx["entries"]):  # newest last
         if entry["arch"] == arch and loading in (None, entry["loading"]):
-            return entry["bytes"]
+            return entry
+    return None
+
+
+def cuda_context_bytes(gpu_name: str | None, cuda_version: str | None = None) -> int:
+    """The CUDA context (driver state and loaded kernels), outside the caching allocator so
+    only in nvidia-smi. Published or measured figures per architecture and module loading
+    (lazy since CUDA 11.7; catalog/cuda_runtime.json "cuda_context" with each source): the
+    figure for the GPU's architecture and the loading `cuda_version` implies; without a
+    version the newest figure for the architecture; else the generic figure."""
+    entry = _context_entry(gpu_name, cuda_version)
+    if entry is not None:
+        return entry["bytes"]
+    ctx = _data()["cuda_context"]
+    loading = None
+    if cuda_version is not None:
+        loading = "lazy" if _version(cuda_version) >= _version(ctx["lazy_since_cuda"]) else "eager"
     return ctx["generic"][loading or "lazy"]["bytes"]
+
+
+def cuda_context_process_bytes(gpu_name: str | None, cuda_version: str | None = None) -> int:
+    """The part of cuda_context_bytes that NVML charges to the process (nvidia-smi's process
+    list): where a measurement separates it (the entry's "process_bytes"), else the whole."""
+    entry = _context_entry(gpu_name, cuda_version)
+    if entry is not None and "process_bytes" in entry:
+        return entry["process_bytes"]
+    return cuda_context_bytes(gpu_name, cuda_version)
 
 
 def nccl_bytes_per_peer() -> int:

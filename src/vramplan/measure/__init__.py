@@ -31,13 +31,14 @@ class MeasureResult:
     phase_peaks: dict[str, int] = field(default_factory=dict)  # per s{step}.{kind}
     peak_reserved_bytes: int | None = None  # CUDA only
     device_bytes: int | None = None  # CUDA only: NVML used memory at the end
+    process_bytes: int | None = None  # CUDA only: NVML's used memory of this process alone
     trace: Any = None  # vramplan.measure.trace.Trace when trace=True
     runner: dict | None = None  # what ran: {library, version, entry[, note]}
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d.pop("trace")
-        for k in ("peak_reserved_bytes", "device_bytes", "runner"):
+        for k in ("peak_reserved_bytes", "device_bytes", "process_bytes", "runner"):
             if d[k] is None:
                 d.pop(k)
         return d

@@ -105,7 +105,8 @@ def build_model(job: dict, device: str = "cpu", dtype: torch.dtype = torch.float
     model_type = cfg.pop("model_type")
     from .standin_remote import STANDINS, build_standin
     if model_type in STANDINS:  # repository-code families: written-here stand-ins, never the repo's code
-        return build_standin(model_type, cfg, job, dtype)
+        model = build_standin(model_type, cfg, job, dtype)
+        return model if device == "cpu" else model.to(device)
     remote = bool(job.get("trust_remote_code", False))
     config = AutoConfig.for_model(model_type, **cfg)
     attn = job.get("attention", "sdpa") or "sdpa"

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
 import warnings
 from typing import Any
 
@@ -189,6 +190,7 @@ class CudaPhaseMeter:
         self.phase_peaks: dict[str, int] = {}
         self.reserved_peak = 0
         self.device_peak: int | None = None
+        self.process_peak: int | None = None
         self._nvml = _NvmlReader()
 
     @property
@@ -209,6 +211,9 @@ class CudaPhaseMeter:
             used = self._nvml.used_bytes()
             if used is not None:
                 self.device_peak = max(self.device_peak or 0, used)
+            mine = self._nvml.process_bytes()
+            if mine is not None:
+                self.process_peak = max(self.process_peak or 0, mine)
 
     def peak(self) -> tuple[int, str]:
         name = max(self.phase_peaks, key=self.phase_peaks.get)
@@ -257,6 +262,20 @@ class _NvmlReader:
         except Exception:
             return None
 
+    def process_bytes(self) -> int | None:
+        """This process's used memory on the device (nvidia-smi's per-process column:
+        its CUDA context plus the allocator's segments), read from
+        nvmlDeviceGetComputeRunningProcesses; unaffected by other processes on the GPU,
+        so cases can run side by side. None where NVML does not report it."""
+        if self.handle is None:
+            return None
+        try:
+            procs = self.pynvml.nvmlDeviceGetComputeRunningProcesses(self.handle)
+        except Exception:
+            return None
+        mine = [p.usedGpuMemory for p in procs if p.pid == os.getpid() and p.usedGpuMemory]
+        return int(mine[0]) if mine else None
+
     def close(self) -> None:
         if self.handle is not None:
             with contextlib.suppress(Exception):
@@ -277,4 +296,5 @@ def run_cuda(job: Any, steps: int = 2) -> MeasureResult:
         meter.close()
     peak, name = meter.peak()
     return _result("cuda", peak, name, meter.phase_peaks, stats,
-                   peak_reserved_bytes=meter.reserved_peak, device_bytes=meter.device_peak)
+                   peak_reserved_bytes=meter.reserved_peak, device_bytes=meter.device_peak,
+                   process_bytes=meter.process_peak)

@@ -181,7 +181,10 @@ def compare(spec: JobSpec, gpu=None, *, strategies: list[Strategy] | None = None
     """One row per strategy; the first is the baseline (the job as given)."""
     ev = evaluator or Evaluator.for_spec(spec, gpu, headroom_bytes=headroom_bytes, **ev_kwargs)
     defaults = strategies is None
-    strategies = list(strategies or default_strategies(spec))
+    if strategies is None:  # "half sequence" halves the seq_len estimated (a default capped at the positions)
+        from vramplan.validity import assume_seq_len
+        strategies = default_strategies(spec if ev.desc is None else assume_seq_len(ev.desc, spec))
+    strategies = list(strategies)
     if not strategies or strategies[0].changes:
         strategies.insert(0, Strategy("baseline"))
     rows = []

@@ -21,7 +21,7 @@ from vramplan.spec.tasks import needs_several_models
 def apply_changes(base: JobSpec | Mapping, changes: Mapping[str, Any]) -> JobSpec:
     """A validated copy of `base` with `changes` applied; dotted keys reach into sections
     (`parallel.zero_stage`, `lora.r`)."""
-    data = copy.deepcopy(base.to_dict() if isinstance(base, JobSpec) else dict(base))
+    data = copy.deepcopy(base.to_dict(as_given=True) if isinstance(base, JobSpec) else dict(base))
     for key, value in changes.items():
         head, _, rest = key.partition(".")
         if rest:

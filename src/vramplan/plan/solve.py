@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from vramplan.estimation import Estimate
+from vramplan.model import PositionKind
 from vramplan.plan.evaluate import Evaluator, apply_changes
 from vramplan.plan.space import default_axes, enumerate_candidates
 from vramplan.plan.steptime import StepTime
@@ -76,7 +77,9 @@ def maximize(ev: Evaluator, spec: JobSpec, name: str, *, axes: dict | None = Non
     if name not in MAXIMIZABLE:
         raise SpecError("maximize", f"choose one of {', '.join(MAXIMIZABLE)}")
     if name == "seq_len" and hi is None:
-        hi = max(ev.desc.max_position_embeddings if ev.desc is not None else 0, spec.seq_len)
+        limit = ev.desc.max_position_embeddings if ev.desc is not None else 0
+        # a seq_len not given is the default, not a length asked for: the model's positions bound it
+        hi = max(limit, spec.seq_len) if spec.seq_len_given or not limit else limit
     space = default_axes(spec, ev.desc) if axes is None else axes
     layouts = sorted((c.spec for c in enumerate_candidates(spec, ev.desc, space, vary_micro_batch=False)),
                      key=_lean_first)
@@ -84,7 +87,8 @@ def maximize(ev: Evaluator, spec: JobSpec, name: str, *, axes: dict | None = Non
     for layout in layouts:
         # Only a layout that fits at best + 1 can beat the best so far; one that fits at
         # best exactly ties it. Neither needs a search of its own.
-        if best and not ev.fits(layout.with_(**{name: best + 1})):
+        # At hi, best + 1 is past the model's positions (a refusal, not a misfit).
+        if best and (best == hi or not ev.fits(layout.with_(**{name: best + 1}))):
             if ev.fits(layout.with_(**{name: best})):
                 winners.append(layout.with_(**{name: best}))
             continue
@@ -100,12 +104,16 @@ def maximize(ev: Evaluator, spec: JobSpec, name: str, *, axes: dict | None = Non
     fastest = min(winners, key=lambda s: (ev.step_time(s, ev.estimate(s)).total_s, s.parallel.zero_stage,
                                           s.parallel.offload_optimizer != "none"))
     v = ev.verdict(fastest)
-    sweep = _sweep(ev, fastest, name, best)
+    learned = ev.desc is not None and ev.desc.position is PositionKind.LEARNED and ev.desc.max_position_embeddings
+    sweep = _sweep(ev, fastest, name, best, ev.desc.max_position_embeddings if name == "seq_len" and learned else None)
     return Solved(name, best, fastest, v.estimate, v.step, len(layouts), sweep)
 
 
-def _sweep(ev: Evaluator, spec: JobSpec, name: str, best: int, points: int = 12) -> list[tuple[int, int]]:
-    top = max(2, int(best * 1.5))
+def _sweep(ev: Evaluator, spec: JobSpec, name: str, best: int, stop: int | None,
+           points: int = 12) -> list[tuple[int, int]]:
+    """Device bytes at up to `points` values to 1.5 x best; `stop`: a learned-positions model's
+    last position (past it, the job is refused)."""
+    top = max(2, int(best * 1.5)) if stop is None else min(max(2, int(best * 1.5)), stop)
     values = sorted({max(1, round(top * i / points)) for i in range(1, points + 1)} | {best})
     return [(v, ev.estimate(spec.with_(**{name: v})).device_bytes) for v in values]
 

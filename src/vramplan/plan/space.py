@@ -119,7 +119,7 @@ def _valid(values: Mapping[str, Any], spec_data: dict, desc: ModelDesc | None) -
 def enumerate_candidates(spec: JobSpec, desc: ModelDesc | None, axes: Mapping[str, tuple], *,
                          vary_micro_batch: bool = True, max_micro_batch: int = 256) -> Iterator[Candidate]:
     """Every valid layout in the product of `axes`, with the micro-batch split."""
-    base = spec.to_dict()
+    base = spec.to_dict(as_given=True)
     rows_total = global_batch(spec)
     names = list(axes)
     index = 0

@@ -20,7 +20,7 @@ _PARALLEL_KEYS = ("zero_stage", "fsdp", "fsdp_version", "tp", "sp", "cp", "ulyss
 def command_line(spec: JobSpec) -> str:
     """`vramplan estimate MODEL --flag value ...` for every field that differs from the
     defaults; sections without flags (generation, models, vision, extras) need --spec."""
-    data = spec.to_dict()
+    data = spec.to_dict(as_given=True)
     if not isinstance(data.get("model"), str):
         raise SpecError("model", "an inline model config has no command-line form; use --save-spec")
     base = load_spec({"model": data["model"], "task": data.get("task")}).to_dict()

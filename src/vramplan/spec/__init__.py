@@ -3,11 +3,11 @@ from vramplan.spec.enums import (
     Attention, Backend, Checkpointing, LogprobHead, LossImpl, Method, Optimizer, OptimizerImpl, Precision,
     QuantType, SpecError, Task,
 )
-from vramplan.spec.job import JobSpec, load_spec, save_spec
+from vramplan.spec.job import DEFAULT_SEQ_LEN, JobSpec, load_spec, save_spec
 from vramplan.spec.sections import FreezeConfig, LoraConfig, ParallelConfig, QuantConfig
 
 __all__ = [
-    "Attention", "Backend", "Checkpointing", "FreezeConfig", "JobSpec", "LoraConfig",
+    "DEFAULT_SEQ_LEN", "Attention", "Backend", "Checkpointing", "FreezeConfig", "JobSpec", "LoraConfig",
     "LogprobHead", "LossImpl", "Method", "Optimizer", "OptimizerImpl", "ParallelConfig", "Precision",
     "QuantConfig", "QuantType", "SpecError", "Task", "load_spec", "save_spec",
 ]

@@ -1,7 +1,6 @@
 """JobSpec and its loading and saving (YAML or JSON)."""
 from __future__ import annotations
 
-import difflib
 import json
 import os
 from dataclasses import dataclass, field, fields
@@ -13,12 +12,13 @@ from vramplan.spec.enums import (
 )
 from vramplan.spec.enums import USER_ERRORS, as_spec_error
 from vramplan.spec.sections import (
-    FreezeConfig, LoraConfig, ParallelConfig, QuantConfig, boolean, fraction, positive_int, quant_facts,
+    FreezeConfig, LoraConfig, ParallelConfig, QuantConfig, boolean, did_you_mean, fraction, positive_int, quant_facts,
+    string_keys,
 )
 from vramplan.spec.low_rank import LowRankConfig
 from vramplan.spec.float8 import Float8Config, check_all_gather, parse_float8, parse_neftune
 from vramplan.spec import tasks as _tasks
-from vramplan.spec.stack import Framework, StackConfig, parse_dtype, parse_stack
+from vramplan.spec.stack import Framework, StackConfig, parse_cuda_version, parse_dtype, parse_stack
 
 _ENUMS = {
     "task": Task, "method": Method, "precision": Precision, "optimizer": Optimizer,
@@ -33,6 +33,8 @@ _SECTIONS = {"lora": LoraConfig, "quantization": QuantConfig, "freeze": FreezeCo
              "parallel": ParallelConfig, "low_rank": LowRankConfig}
 _SECTION_ALIASES = {"lora": {"lora_alpha": "alpha", "lora_dropout": "dropout", "rank": "r"}}
 _INTS = ("micro_batch_size", "seq_len", "grad_accum_steps", "num_gpus", "num_labels", "checkpoint_every")
+DEFAULT_SEQ_LEN = 2048
+"""Tokens per row when the spec names none (a common fine-tuning max_length)."""
 _BOOLS = ("packing", "trust_remote_code", "online", "activation_offloading", "optimizer_in_backward", "compile", "keep_logits")
 
 
@@ -75,7 +77,12 @@ class JobSpec:
     harness, for every optimizer). Only SGD's decay changes memory: torch's SGD adds it
     out of place (`grads = _foreach_add(grads, params, alpha=weight_decay)`)."""
     micro_batch_size: int = 1
-    seq_len: int = 2048
+    seq_len: int | None = None
+    """Tokens per row; not given: DEFAULT_SEQ_LEN, capped at a model's learned positions
+    (validity.py assume_seq_len, whose answer notes it)."""
+    seq_len_given: bool | None = None
+    """Whether the user gave seq_len (None: whether seq_len is set). Not a spec key: kept by
+    replace(), with_() and load_spec(spec) so that a default stays a default."""
     grad_accum_steps: int = 1
     packing: bool = False
     """Rows packed to `seq_len` tokens, documents told apart by restarting `position_ids`
@@ -155,6 +162,9 @@ class JobSpec:
             set_(name, boolean(name, getattr(self, name)))
         if self.gpu is not None and (not isinstance(self.gpu, str) or not self.gpu.strip()):
             raise SpecError("gpu", f"expected a GPU name from `vramplan gpus` (e.g. h100), got {self.gpu!r}")
+        set_("seq_len_given", self.seq_len is not None if self.seq_len_given is None else bool(self.seq_len_given))
+        if self.seq_len is None:
+            set_("seq_len", DEFAULT_SEQ_LEN)
         for name in _INTS:
             set_(name, positive_int(name, getattr(self, name)))
         set_("stack", parse_stack(self.stack))
@@ -162,7 +172,7 @@ class JobSpec:
         set_("load_dtype", parse_dtype(self.load_dtype, "load_dtype"))
         set_("momentum", fraction("momentum", self.momentum, high=0.9999))
         if self.cuda_version is not None:
-            set_("cuda_version", _cuda_version(self.cuda_version))
+            set_("cuda_version", parse_cuda_version(self.cuda_version))
         set_("weight_decay", fraction("weight_decay", self.weight_decay, high=10.0))
         set_("float8", parse_float8(self.float8))
         set_("neftune_noise_alpha", parse_neftune(self.neftune_noise_alpha))
@@ -258,11 +268,14 @@ class JobSpec:
             raise SpecError("float8", "torchao's Float8Linear follows CUDA autocast only; on cpu use "
                             "precision fp32 or bf16")
 
-    def to_dict(self) -> dict:
+    def to_dict(self, *, as_given: bool = False) -> dict:
+        """The fields as spec keys; as_given: without a seq_len the user did not give, so
+        that load_spec of it keeps the default (capped again for the model)."""
         out: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            if (value is None or (f.name == "parallel" and value.is_trivial) or (f.name == "models" and not value)
+            if (value is None or f.name == "seq_len_given" or (f.name == "parallel" and value.is_trivial)
+                    or (f.name == "models" and not value)
                     or (f.name in ("online", "optimizer_in_backward", "activation_offloading", "compile")
                         and not value) or (f.name == "checkpoint_every" and value == 1)):
                 continue
@@ -273,21 +286,15 @@ class JobSpec:
             elif hasattr(value, "value"):
                 value = value.value
             out[f.name] = value
+        if as_given and not self.seq_len_given:
+            del out["seq_len"]
         return out
 
     def with_(self, **changes) -> "JobSpec":
         """A copy with fields changed (validated again)."""
-        data = self.to_dict()
+        data = self.to_dict(as_given=True)
         data.update(changes)
         return load_spec(data)
-
-
-def _cuda_version(value: Any) -> str:
-    text = str(value).strip()
-    parts = text.split(".")
-    if not 1 <= len(parts) <= 3 or not all(p.isdigit() for p in parts):
-        raise SpecError("cuda_version", f"expected a version like 12.4, got {value!r}")
-    return text
 
 
 def _section(name: str, value: Any):
@@ -298,26 +305,15 @@ def _section(name: str, value: Any):
         raise SpecError(name, f"expected a mapping, got {value!r}")
     aliases = _SECTION_ALIASES.get(name, {})
     data = {aliases.get(k, k): v for k, v in value.items()}
-    _string_keys(name + ".", data)
+    string_keys(name + ".", data)
     known = {f.name for f in fields(cls)}
     for key in data:
         if key not in known:
-            raise SpecError(f"{name}.{key}", f"unknown key{_did_you_mean(key, known)}")
+            raise SpecError(f"{name}.{key}", f"unknown key{did_you_mean(key, known)}")
     try:
         return cls(**data)
     except TypeError as exc:
         raise SpecError(name, str(exc)) from None
-
-
-def _string_keys(prefix: str, data: Mapping) -> None:
-    for key in data:
-        if not isinstance(key, str):
-            raise SpecError(f"{prefix}{key}", f"keys are field names, got {key!r} (a {type(key).__name__})")
-
-
-def _did_you_mean(key: str, known) -> str:
-    hint = difflib.get_close_matches(key, list(known), n=1)
-    return f"; did you mean {hint[0]!r}?" if hint else ""
 
 
 def read_spec_file(path: str) -> dict:
@@ -340,7 +336,7 @@ def load_spec(source: "JobSpec | Mapping | str | os.PathLike", **overrides) -> J
 
 def _load(source, overrides: dict) -> JobSpec:
     if isinstance(source, JobSpec):
-        data = source.to_dict()
+        data = source.to_dict(as_given=True)
     elif isinstance(source, Mapping):
         data = dict(source)
     elif isinstance(source, (str, os.PathLike)):
@@ -348,13 +344,15 @@ def _load(source, overrides: dict) -> JobSpec:
     else:
         raise SpecError("spec", f"expected a mapping or a file path, got {type(source).__name__}")
     data.update({k: v for k, v in overrides.items() if v is not None})
-    _string_keys("", data)
+    string_keys("", data)
     if isinstance(data.get("gradient_checkpointing"), bool):
         data["gradient_checkpointing"] = "full" if data["gradient_checkpointing"] else "none"
-    known = {f.name for f in fields(JobSpec)}
+    if "seq_len" in data and data["seq_len"] is None:  # written null: a slip, not "the default"
+        positive_int("seq_len", None)
+    known = {f.name for f in fields(JobSpec)} - {"seq_len_given"}
     for key in data:
         if key not in known:
-            raise SpecError(key, f"unknown spec key{_did_you_mean(key, known)}")
+            raise SpecError(key, f"unknown spec key{did_you_mean(key, known)}")
     for name in _SECTIONS:
         data[name] = _section(name, data.get(name))
     if data["parallel"] is None:
@@ -384,8 +382,8 @@ def copy_with(spec: JobSpec, **values) -> JobSpec:
 
 
 def save_spec(spec: JobSpec, path: str) -> None:
-    """Write the spec as YAML (or JSON when the path ends in .json)."""
-    data = spec.to_dict()
+    """Write the spec as YAML (or JSON when the path ends in .json), as the user gave it."""
+    data = spec.to_dict(as_given=True)
     with open(path, "w", encoding="utf-8") as fh:
         if path.endswith(".json"):
             json.dump(data, fh, indent=2)
@@ -395,4 +393,4 @@ def save_spec(spec: JobSpec, path: str) -> None:
             yaml.safe_dump(data, fh, sort_keys=False)
 
 
-__all__ = ["JobSpec", "copy_with", "load_spec", "save_spec"]
+__all__ = ["DEFAULT_SEQ_LEN", "JobSpec", "copy_with", "load_spec", "save_spec"]

@@ -1,6 +1,7 @@
 """Nested sections of the job spec: LoRA, quantization, freezing, parallel layout."""
 from __future__ import annotations
 
+import difflib
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,6 +17,18 @@ def _show(value: Any) -> str:
     text = repr(value)
     kind = "" if isinstance(value, (int, float, str)) else f" (a {type(value).__name__})"
     return (text if len(text) <= 60 else text[:57] + "...") + kind
+
+
+def string_keys(prefix: str, data: Any) -> None:
+    """The keys of a spec mapping are field names (strings)."""
+    for key in data:
+        if not isinstance(key, str):
+            raise SpecError(f"{prefix}{key}", f"keys are field names, got {key!r} (a {type(key).__name__})")
+
+
+def did_you_mean(key: str, known) -> str:
+    hint = difflib.get_close_matches(key, list(known), n=1)
+    return f"; did you mean {hint[0]!r}?" if hint else ""
 
 
 def positive_int(name: str, value: Any, *, minimum: int = 1, maximum: int = MAX_COUNT) -> int:

@@ -101,6 +101,15 @@ def parse_dtype(value: Any, field_name: str) -> str | None:
                                 "bfloat16, float16, torch.bfloat16), or auto for the stack's default")
 
 
+def parse_cuda_version(value: Any) -> str:
+    """The spec's `cuda_version`: a version like 12.4."""
+    text = str(value).strip()
+    parts = text.split(".")
+    if not 1 <= len(parts) <= 3 or not all(p.isdigit() for p in parts):
+        raise SpecError("cuda_version", f"expected a version like 12.4, got {value!r}")
+    return text
+
+
 def _version(value: Any, field_name: str) -> str | None:
     if value is None:
         return None
@@ -170,5 +179,5 @@ def parse_stack(value: Any) -> StackConfig:
     return StackConfig(**dict(value))
 
 
-__all__ = ["Framework", "StackConfig", "parse_dtype", "parse_stack",
+__all__ = ["Framework", "StackConfig", "parse_cuda_version", "parse_dtype", "parse_stack",
            "AUTOCAST_FRAMEWORKS", "MASTER_FRAMEWORKS", "PURE_FRAMEWORKS", "FP32_PARAM_FRAMEWORKS"]
