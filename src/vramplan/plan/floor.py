@@ -82,8 +82,8 @@ class MemoryFloor:
             acts = plan_activations(desc, mspec, params)
         except (SpecError, ValueError):
             return None                 # the estimate says why; claim nothing
-        kv = desc.num_kv_heads
-        per = [self._stage_total(st, lay, kv) for st in acts.stages]
+        scaling = (lay.tp, lay.sp, lay.dtensor_tp, lay.seq_shards, lay.ulysses, desc.num_kv_heads)
+        per = [self._stage_total(st, lay, scaling) for st in acts.stages]
         ranges = pp_layers(desc.num_layers, lay.pp, lay.extras.get("pp_layers"))
         if lay.pp > 1 and len(per) != desc.num_layers + 2:
             return None                 # stages are embedding, layers..., head (parallel.plan._select)
@@ -125,18 +125,18 @@ class MemoryFloor:
             return partial
         return floor(self._states(mspec, lay, params))
 
-    def _stage_total(self, st, lay: Layout, kv: int) -> int:
+    def _stage_total(self, st, lay: Layout, scaling: tuple) -> int:
         """One stage's saved activations on the rank: step.build.build_step's breakdown of
         its saved list (the same names), scaled by parallel.activations.scale as
-        parallel.plan._stage_plan scales it."""
-        group = "activations/layers" if st.label.startswith("layer") else f"activations/{st.label}"
-        key = (id(st.saved), group, lay.tp, lay.sp, lay.dtensor_tp, lay.seq_shards, lay.ulysses, kv)
+        parallel.plan._stage_plan scales it (`scaling`: what scale reads of the layout)."""
+        key = (id(st.saved), st.label.startswith("layer") or st.label, scaling)
         hit = self._lists.get(key)
         if hit is None or hit[0] is not st.saved:
+            group = "activations/layers" if st.label.startswith("layer") else f"activations/{st.label}"
             bd = Breakdown()
             for name, size in st.saved:
                 bd.add(f"{group}/{name}", size)
-            hit = self._lists[key] = (st.saved, scale(bd, lay, kv).total())
+            hit = self._lists[key] = (st.saved, scale(bd, lay, scaling[-1]).total())
         return hit[1]
 
     def _states(self, spec: JobSpec, lay: Layout, params) -> list[int]:
