@@ -276,7 +276,7 @@ def fit(spec: JobSpec, gpu=None, *, axes: dict | None = None, top_k: int = 5,
                        headroom_bytes=ev.headroom_bytes,
                        interrupted=interrupted, candidates_checked=checked)
     if not results and not interrupted:
-        report.closest = _closest(ev, cands)
+        report.closest = _closest(ev, cands, groups.floor)
         if suggest:
             from vramplan.plan.suggest import suggestions
             report.suggestions = suggestions(ev, spec)
@@ -300,16 +300,29 @@ def _lean_key(c: Candidate) -> tuple:
             s.micro_batch_size, c.index)
 
 
-def _closest(ev: Evaluator, cands: list[Candidate]) -> FitResult | None:
+def _closest(ev: Evaluator, cands: list[Candidate], floor: MemoryFloor | None = None) -> FitResult | None:
     """When nothing fits: the layout needing the least device memory, taken per family
-    (layouts alike but for activation axes) at its leanest activation settings."""
+    (layouts alike but for activation axes) at its leanest activation settings. With a
+    `floor` (plan/floor.py), families are estimated in order of their floor until the
+    next floor exceeds the least memory found: no family left can reach it (ties go to the
+    earlier family, as min() over them all would)."""
     leanest: dict[tuple, Candidate] = {}
     for c in cands:
         fam = _Groups.family(c)
         if fam not in leanest or _lean_key(c) < _lean_key(leanest[fam]):
             leanest[fam] = c
-    best = min(leanest.values(), key=lambda c: ev.estimate(c.spec).device_bytes, default=None)
-    return None if best is None else _result(ev, best, False)
+    order = list(leanest.values())
+    if not order:
+        return None
+    floors = [(floor.device_floor(c.spec) if floor is not None else None) or 0 for c in order]
+    best: tuple[int, int] | None = None
+    for i in sorted(range(len(order)), key=lambda i: floors[i]):
+        if best is not None and floors[i] > best[0]:
+            break
+        d = ev.estimate(order[i].spec).device_bytes
+        if best is None or (d, i) < best:
+            best = (d, i)
+    return _result(ev, order[best[1]], False)
 
 
 def _top_terms(step: StepTime, n: int = 2) -> str:

@@ -34,6 +34,7 @@ tests/test_fit_floor.py checks floor <= device_bytes over many layouts.
 from __future__ import annotations
 
 from vramplan.components.activations import plan_activations
+from vramplan.components.memo import spec_key
 from vramplan.components.optimizer import state_key
 from vramplan.breakdown import Breakdown
 from vramplan.components.runtime import blas_workspace_terms, reserved_from_allocated
@@ -61,6 +62,7 @@ class MemoryFloor:
         self._lists: dict[tuple, tuple[list, int]] = {}   # (id(saved), scaling) -> (saved, bytes)
         self._outside: dict[tuple, tuple[int, int]] = {}
         self._state_memo: dict[tuple, tuple] = {}
+        self._acts: dict[tuple, tuple] = {}
 
     def device_floor(self, spec: JobSpec, above: int | None = None) -> int | None:
         """A lower bound on estimate_model(desc, spec, gpu).device_bytes (module docstring);
@@ -79,20 +81,13 @@ class MemoryFloor:
             if lay.ulysses > 1:
                 return None
             params = param_set(desc, mspec)
-            acts = plan_activations(desc, mspec, params)
+            per, loss, largest = self._activations(mspec, lay, params)
         except (SpecError, ValueError):
             return None                 # the estimate says why; claim nothing
-        scaling = (lay.tp, lay.sp, lay.dtensor_tp, lay.seq_shards, lay.ulysses, desc.num_kv_heads)
-        per = [self._stage_total(st, lay, scaling) for st in acts.stages]
         ranges = pp_layers(desc.num_layers, lay.pp, lay.extras.get("pp_layers"))
         if lay.pp > 1 and len(per) != desc.num_layers + 2:
             return None                 # stages are embedding, layers..., head (parallel.plan._select)
         last = len(ranges) - 1
-        # the last stage's loss terms, scaled as parallel.plan._stage_plan scales them; the
-        # loss backward event holds loss_backward_transient instead of forward_end_transient
-        loss_parts = [scale(b, lay) for b in (acts.loss_saved, acts.forward_end_transient,
-                                              acts.loss_backward_transient)]
-        loss = loss_parts[0].total() + max(loss_parts[1].total(), loss_parts[2].total())
         accum = mspec.grad_accum_steps > 1   # build_step's grads_alive_in_forward (no pipeline)
         outside, workspaces = self._outside_bytes(mspec, lay)
 
@@ -115,8 +110,6 @@ class MemoryFloor:
             # one rank: its end-of-forward and loss-backward events hold these logits terms
             # (the largest block device.reserved_bytes reserves around is at least each)
             # and all its saved activations (the churn it takes a fraction of)
-            largest = max((v for part in loss_parts for k, v in part.terms.items()
-                           if k.startswith("logits/") or "/logits/" in k), default=0)
             return reserved_from_allocated(best, largest, sum(per)) + outside
         # without the model states first (still a floor): enough where it already exceeds
         # `above`, and the states need the rank's parameter sets
@@ -124,6 +117,30 @@ class MemoryFloor:
         if (above is not None and partial > above) or (mspec.parallel.is_trivial and mspec.num_gpus <= 1):
             return partial
         return floor(self._states(mspec, lay, params))
+
+    def _activations(self, spec: JobSpec, lay: Layout, params) -> tuple[list[int], int, int]:
+        """From the step's activation plan (components/activations.py plan_activations,
+        memoized on the model, the parameter set and spec_key, so kept here under the same
+        key and what scale reads of the layout): each stage's saved activations on the rank;
+        the last stage's loss terms (loss_saved and the larger of forward_end_transient and
+        loss_backward_transient, scaled as parallel.plan._stage_plan scales them: the
+        end-of-forward and loss-backward events hold one or the other); and the largest
+        logits term among them (device.reserved_bytes reserves around the largest block)."""
+        scaling = (lay.tp, lay.sp, lay.dtensor_tp, lay.seq_shards, lay.ulysses, self.desc.num_kv_heads)
+        skey = spec_key(spec)
+        key = None if skey is None else (id(params), skey, scaling)
+        hit = self._acts.get(key) if key is not None else None
+        if hit is not None and hit[0] is params:
+            return hit[1]
+        acts = plan_activations(self.desc, spec, params)
+        per = [self._stage_total(st, lay, scaling) for st in acts.stages]
+        parts = [scale(b, lay) for b in (acts.loss_saved, acts.forward_end_transient, acts.loss_backward_transient)]
+        loss = parts[0].total() + max(parts[1].total(), parts[2].total())
+        largest = max((v for part in parts for k, v in part.terms.items()
+                       if k.startswith("logits/") or "/logits/" in k), default=0)
+        if key is not None:
+            self._acts[key] = (params, (per, loss, largest))
+        return per, loss, largest
 
     def _stage_total(self, st, lay: Layout, scaling: tuple) -> int:
         """One stage's saved activations on the rank: step.build.build_step's breakdown of
