@@ -75,3 +75,27 @@ def test_floor_at_most_the_estimate(name):
         claimed += 1
         assert 0 < f <= est.device_bytes, (c.change_dict, f, est.device_bytes)
     assert claimed >= 0.8 * tried          # the floor is claimed on most layouts it is tried on
+
+
+NOTHING_FITS = ({"model": "llama-3.1-8b", "gpu": "rtx-4090", "num_gpus": 4, "micro_batch_size": 4,
+                 "grad_accum_steps": 4, "seq_len": 4096},
+                {"parallel.zero_stage": (0, 1, 2, 3), "parallel.tp": (1, 2, 4), "parallel.pp": (1, 2, 4),
+                 "gradient_checkpointing": ("none", "full")})
+
+
+def test_fit_with_the_floor_answers_as_without_it(monkeypatch):
+    """The floor only saves estimates: fit's layouts, and where nothing fits the closest
+    layout, are those of fit with no floor claimed (every group and family estimated)."""
+    from vramplan.plan import fit
+
+    def answers(report):
+        closest = report.closest and (report.closest.changes, report.closest.estimate.device_bytes)
+        return [(r.changes, r.step_time_s, r.estimate.device_bytes) for r in report.results], closest
+
+    job, axes = NOTHING_FITS
+    spec = load_spec(job)
+    with_floor = fit(spec, axes=axes, top_k=5, suggest=False)
+    monkeypatch.setattr(MemoryFloor, "device_floor", lambda self, spec, above=None: None)
+    without = fit(spec, axes=axes, top_k=5, suggest=False)
+    assert with_floor.closest is not None and answers(with_floor) == answers(without)
+    assert with_floor.estimates_computed < without.estimates_computed
