@@ -52,6 +52,11 @@ JOBS = {
                            "seq_len": 1024, "packing": True},
                           {"method": ("full", "lora"), "attention": ("sdpa", "flash"),
                            "loss_impl": ("standard", "chunked", "fused-linear-cross-entropy")}),
+    # the cpu backend: the device level is the live peak, no allocator reserve
+    "0.5b-cpu": ({"model": "qwen2.5-0.5b", "gpu": "rtx-4090", "backend": "cpu", "micro_batch_size": 4,
+                  "grad_accum_steps": 2, "seq_len": 512},
+                 {"gradient_checkpointing": ("none", "full"), "method": ("full", "lora"),
+                  "precision": ("fp32", "bf16")}),
 }
 
 

@@ -105,6 +105,8 @@ class MemoryFloor:
                     held += pipeline_static_bytes(desc, mspec, lay, s)
                 best = max(best, workspaces + held + (grads if accum else 0) + act + (loss if s == last else 0)
                            + (int(others * act) if others > 0 else 0))
+            if mspec.backend is not Backend.CUDA:
+                return best             # device.device_levels: the live peak itself
             if lay.pp > 1:              # which stage is reported, and so its reserve, is unknown
                 return reserved_from_allocated(best, 0) + outside
             # one rank: its end-of-forward and loss-backward events hold these logits terms
