@@ -104,3 +104,36 @@ def test_fit_with_the_floor_answers_as_without_it(monkeypatch):
     without = fit(spec, axes=axes, top_k=5, suggest=False)
     assert with_floor.closest is not None and answers(with_floor) == answers(without)
     assert with_floor.estimates_computed < without.estimates_computed
+
+
+# Engines and options the searches above do not vary: pipeline schedules, frameworks,
+# parameter offload, FSDP versions, paged and fused-in-backward optimizers, other tasks.
+VARIANT_BASE = {"model": "qwen2.5-1.5b", "gpu": "a100-80gb", "num_gpus": 8, "micro_batch_size": 2,
+                "grad_accum_steps": 8, "seq_len": 2048}
+VARIANTS = [
+    {"parallel": {"pp": 4, "pp_schedule": "gpipe"}},
+    {"parallel": {"pp": 4, "pp_schedule": "interleaved"}},
+    {"parallel": {"pp": 2, "tp": 2, "sp": True}},
+    {"parallel": {"pp": 2}, "stack": {"framework": "deepspeed"}},
+    {"parallel": {"pp": 2, "tp": 2}, "stack": {"framework": "megatron"}},
+    {"parallel": {"zero_stage": 3, "offload_params": "cpu", "offload_optimizer": "cpu"}},
+    {"parallel": {"fsdp": "full-shard", "fsdp_version": 2, "tp": 2}},
+    {"parallel": {"fsdp": "full-shard", "fsdp_version": 1}},
+    {"parallel": {"fsdp": "shard-grad-op", "offload_params": "cpu"}},
+    {"parallel": {"zero_stage": 2}, "optimizer": "paged-adamw-8bit"},
+    {"parallel": {"zero_stage": 1}, "optimizer_in_backward": True, "grad_accum_steps": 1},
+    {"task": "sequence-classification", "num_labels": 3, "parallel": {"zero_stage": 2}},
+    {"method": "qlora", "parallel": {"zero_stage": 3}},
+    {"keep_logits": True, "parallel": {"tp": 2}},
+    {"precision": "amp-bf16", "parallel": {"zero_stage": 2, "tp": 2}},
+    {"model": "llama-3.2-1b", "parallel": {"pp": 2, "zero_stage": 1}, "loss_impl": "fused-linear-cross-entropy"},
+]
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: "-".join(f"{k}" for k in v))
+def test_floor_at_most_the_estimate_across_engines(variant):
+    for mb, ckpt in itertools.product((1, 4), ("none", "full")):
+        spec = load_spec(dict(VARIANT_BASE, **variant, micro_batch_size=mb, gradient_checkpointing=ckpt))
+        ev = Evaluator.for_spec(spec)
+        f = MemoryFloor(ev.desc, ev.gpu).device_floor(spec)
+        assert f is not None and 0 < f <= ev.estimate(spec).device_bytes, (variant, mb, ckpt)
