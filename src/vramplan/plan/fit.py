@@ -2,7 +2,7 @@
 
 Exact with respect to vramplan's own estimate: a layout is returned only if its estimate
 fits with the requested headroom, and the top-k are the k fastest fitting layouts of the
-space (ties: larger micro-batch first, then enumeration order). Three facts keep it fast
+space (ties: larger micro-batch first, then enumeration order). These facts keep it fast
 without approximating:
   1. the model is resolved once and every estimate is cached by the fields it reads;
   2. memory never falls as the micro-batch grows with everything else fixed (every
@@ -15,7 +15,11 @@ without approximating:
   4. layouts are visited in order of a step-time lower bound known before estimating (the
      whole step-time model, or all but its communication when the estimator reports its own,
      refined, for the layouts the walk reaches, with each collective at its least volume
-     over the pipeline stages), and the walk stops once k fitting layouts beat the next bound.
+     over the pipeline stages), and the walk stops once k fitting layouts beat the next bound;
+  5. a floor on a layout's device memory, known without estimating it (plan/floor.py: terms
+     the estimate adds at events it always has), rules a group out when its smallest
+     micro-batch's floor exceeds the limit, and orders the search for the closest layout
+     when nothing fits.
 Multi-model jobs (DPO reference, teacher, diffusion parts) are estimated by the job
 estimator; their step time counts the trained model's FLOPs only.
 """
@@ -65,7 +69,7 @@ class FitReport:
     """Layouts whose outcome the search settled (all of the space unless interrupted)."""
     candidates_total: int
     estimates_computed: int
-    """Calls into the estimator core; the rest were settled by facts 2-4 above."""
+    """Calls into the estimator core; the rest were settled by facts 2-5 above."""
     elapsed_s: float
     limit_bytes: int
     results: list[FitResult]
