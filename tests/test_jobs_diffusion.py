@@ -86,3 +86,21 @@ def test_forward_phase_of_every_committed_diffusion_row_within_five_percent():
         if name.startswith("diffusion/"):
             m = row["measured"]["phases"]["forward"]
             assert abs(vramplan.estimate(row["job"]).phases["forward"] / m - 1) < 0.05, name
+
+
+def test_wan_forward_and_backward_phases_match_committed_measurements():
+    """Wan (full, LoRA with PEFT's fp32 adapters on a bf16 or fp32 base, with and without
+    gradient checkpointing): the forward's own peak (the adapted to_out.0 inside a
+    checkpointed block, the fp32 residual tail of the last block) and the recomputed
+    block's locals in backward (jobs/diffusion_wan.py) against the exact CPU meter's
+    phases of the real diffusers + PEFT step (bench/jobs/run.py)."""
+    import json
+    from pathlib import Path
+    rows = json.loads((Path(__file__).resolve().parents[1] / "bench" / "jobs" / "results.json").read_text())
+    names = [k for k in rows if k.startswith("diffusion/") and "/wan-tiny" in k]
+    assert {"diffusion/bf16/lora/wan-tiny/gc", "diffusion/bf16/lora/wan-tiny", "diffusion/fp32/lora/wan-tiny/gc"} <= set(names)
+    for name in names:
+        measured, est = rows[name]["measured"], vramplan.estimate(rows[name]["job"])
+        for phase in ("forward", "backward"):
+            err = est.phases[phase] / measured["phases"][phase] - 1
+            assert abs(err) < 0.02, (name, phase, f"{err:+.2%}")

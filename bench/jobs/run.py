@@ -244,6 +244,17 @@ CASES = dict([
     case("diffusion/fp32/full/dit-tiny/b4-384px", **dict(IMG, diffusion=dict(IMG["diffusion"], height=384, width=384)),
          model=TINY_DIT, precision="fp32", micro_batch_size=4),
     case("grpo/bf16/full/gc/b4", **dict(GRPO, micro_batch_size=4), precision="bf16", gradient_checkpointing="full"),
+    # Wan LoRA with PEFT's fp32 adapters on a bf16 base, with and without checkpointing, and
+    # fp32 under checkpointing (jobs/diffusion_wan.py; Wan's frozen norm_out in backward).
+    # Estimate error before -> after (peak; forward, backward): bf16/gc -10.68% -> -0.23%
+    # (-28.33%, -10.68% -> -0.25%, -0.23%); bf16 -3.74% -> -0.05% (-7.53%, +2.31% ->
+    # -0.05%, -0.34%); fp32/gc -4.72% -> -0.25% (-9.28%, -4.72% -> -0.27%, -0.25%); and
+    # bf16/full/wan-tiny's forward -4.57% -> -0.06% (its last line's fp32 residual tail).
+    case("diffusion/bf16/lora/wan-tiny/gc", **WAN, precision="bf16", method="lora", lora={"r": 8},
+         gradient_checkpointing="full"),
+    case("diffusion/bf16/lora/wan-tiny", **WAN, precision="bf16", method="lora", lora={"r": 8}),
+    case("diffusion/fp32/lora/wan-tiny/gc", **WAN, precision="fp32", method="lora", lora={"r": 8},
+         gradient_checkpointing="full"),
 ])
 
 

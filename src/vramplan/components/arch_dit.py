@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vramplan.components.graph import Param, Recorder, Sym
+from vramplan.units import nbytes
 
 
 @dataclass(slots=True)
@@ -48,6 +49,21 @@ def _lin(rec: Recorder, ctx: DitCtx, x: Sym, fan_out: int, name: str, lora: bool
     xa = rec.to(x, ctx.lora_dtype, name=f"{name}.lora_in")  # PEFT casts the input to the adapter dtype
     yb = rec.scale(rec.linear(rec.linear(xa, a, name=f"{name}.lora_A"), b, name=f"{name}.lora_B"), f"{name}.lora_scaled")
     return rec.to(rec.add(out, yb, name=f"{name}.lora_sum"), out.dtype, name=name)
+
+
+def lora_forward_transient(ctx: DitCtx, rows: int, fan_in: int, fan_out: int, grad: bool) -> int:
+    """Bytes one adapted Linear holds at its own peak in forward, above its input (peft 0.21
+    tuners/lora/layer.py Linear.forward): `result = self.base_layer(x)` (c), then `x =
+    self._cast_input_dtype(x, lora_A.weight.dtype)` (tuners_utils.py: a copy only when the
+    dtypes differ, i.e. fp32 adapters on a 16-bit base), then `result + lora_B(lora_A(x)) *
+    scaling`: lora_B's output and its scaled copy alive together, in the adapter dtype (the
+    r-wide lora_A output is gone by then). With grad, lora_A saves the cast input (counted
+    with the saved tensors, _lin), so it is not counted here; without LoRA, the output."""
+    out = nbytes(rows * fan_out, ctx.dtype)
+    if not ctx.lora_rank:
+        return out
+    cast = nbytes(rows * fan_in, ctx.lora_dtype) if not grad and ctx.lora_dtype != ctx.dtype else 0
+    return out + cast + 2 * nbytes(rows * fan_out, ctx.lora_dtype)
 
 
 def modulated_norm(rec: Recorder, ctx: DitCtx, x: Sym, emb: Sym, name: str) -> Sym:
@@ -154,4 +170,4 @@ def unet_lora_block_saved(c: int, hw: int, b: int, ctx_tokens: int, r: int, grad
     return attn1 + attn2 + ff + 8 * b * hw * r
 
 
-__all__ = ["DitCtx", "gated", "joint_block", "modulated_norm", "unet_level_saved", "unet_lora_block_saved"]
+__all__ = ["DitCtx", "gated", "joint_block", "lora_forward_transient", "modulated_norm", "unet_level_saved", "unet_lora_block_saved"]

@@ -210,8 +210,11 @@ def diffusion_estimate(pipe: dict, spec: JobSpec, gpu=None):
             stages = [Breakdown(terms={k: v for k, v in s.terms.items() if not k.endswith(("/hidden", "/text"))})
                       for s in stages]
         outside = [Breakdown() for _ in stages]
-        if den.get("class") in VIDEO_CLASSES:
+        if den.get("class") in BLOCK_CLASSES:
+            # the rotary tables (made once per forward, passed to every checkpointed block)
+            # and the output stage stay saved
             outside, stages = checkpointed(stages)
+        if den.get("class") in VIDEO_CLASSES:
             own = checkpointed_backward_transient(den, block_ctx(den, spec), b, n)
             transient = [Breakdown().merge(own) for _ in stages[:-1]] + transient[-1:] if own else transient
         transient = [t.merge(s, prefix="recomputed/") for t, s in zip(transient, stages)]

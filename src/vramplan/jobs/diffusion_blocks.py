@@ -15,10 +15,11 @@ from vramplan.components.arch_dit import DitCtx
 from vramplan.components.arch_mmdit import double_block, modulate, single_block, wan_block
 from vramplan.components.graph import Recorder
 from vramplan.jobs.diffusion_scripts import adapter_dtype
+from vramplan.jobs.diffusion_wan import wan_forward_transient, wan_recompute_transient
 from vramplan.jobs.diffusion_video import (HUNYUAN, LTX, MOCHI, VIDEO_CLASSES, checkpointed_forward_transient,
                                            forward_transient, ltx_output_stage, mochi_lora_transient,
                                            video_feed_forward_params, video_lora_targets, video_stages)
-from vramplan.spec import JobSpec, Method
+from vramplan.spec import Checkpointing, JobSpec, Method
 from vramplan.units import nbytes
 
 FLUX, SD3, WAN = "FluxTransformer2DModel", "SD3Transformer2DModel", "WanTransformer3DModel"
@@ -158,8 +159,11 @@ def block_transients(pipe: dict, spec: JobSpec, b: int, n: int, m: int) -> list[
     out = []
     for i in range(doubles + singles):
         if i < doubles:
-            out.append(Breakdown().add("denoiser/backward/grad_ff", 2 * nbytes(b * n * f, ctx.dtype))
+            at_gelu = (Breakdown().add("denoiser/backward/grad_ff", 2 * nbytes(b * n * f, ctx.dtype))
                        .add("denoiser/backward/grad_hidden", nbytes(b * n * ctx.hidden, ctx.dtype)))
+            if den["class"] == WAN and spec.gradient_checkpointing is Checkpointing.FULL:
+                at_gelu = max(at_gelu, wan_recompute_transient(ctx, b, n), key=Breakdown.total)
+            out.append(at_gelu)
             continue
         # A single block's peak is later, at its q/k torch.nn.RMSNorm backward (aten rms_norm's
         # composite backward works in fp32: five (b, T, h) fp32 temporaries), with alive: the
@@ -176,12 +180,14 @@ def block_transients(pipe: dict, spec: JobSpec, b: int, n: int, m: int) -> list[
 def output_backward_transient(den: dict, spec: JobSpec, b: int, n: int) -> Breakdown:
     """The start of backward, at norm_out: the incoming gradient and the output gradient
     (b x n x h each, c). Wan's norm_out works in fp32 (`(norm_out(x.float()) * (1 + scale)
-    + shift).type_as(x)`): ToCopyBackward's fp32 gradient, then MulBackward's two fp32
-    results (for the normed tensor and for `scale` before its sum), measured alive together
-    with the exact CPU meter."""
+    + shift).type_as(x)`): ToCopyBackward's fp32 gradient, then MulBackward's fp32 results
+    for the normed tensor and, when the `scale_shift_table` trains, for `scale` before its
+    sum (autograd computes only the inputs that need a gradient; frozen under LoRA),
+    measured alive together with the exact CPU meter."""
     h = den["num_attention_heads"] * den["attention_head_dim"]
     if den["class"] == "WanTransformer3DModel":
-        return Breakdown().add("denoiser/backward/norm_out_fp32", 3 * nbytes(b * n * h, "fp32"))
+        alive = 3 if spec.method is Method.FULL else 2
+        return Breakdown().add("denoiser/backward/norm_out_fp32", alive * nbytes(b * n * h, "fp32"))
     return Breakdown().add("denoiser/backward/grad_hidden", 2 * nbytes(b * n * h, spec.precision.compute_dtype))
 
 
@@ -210,13 +216,15 @@ def output_stage(den: dict, ctx: DitCtx, spec: JobSpec, b: int, n: int, last_tok
 
 def block_forward_transient(den: dict, ctx: DitCtx, b: int, n: int, m: int, checkpointed: bool) -> Breakdown:
     """The forward's own peak, inside one block, above the tensors saved before it (measured
-    with the exact CPU meter; bench/jobs). The video classes: jobs/diffusion_video.py. Flux,
-    SD3 and Wan: without checkpointing the last block's feed-forward with it frozen (LoRA;
+    with the exact CPU meter; bench/jobs). The video classes: jobs/diffusion_video.py; Wan:
+    jobs/diffusion_wan.py. Flux and SD3: without checkpointing the last block's feed-forward with it frozen (LoRA;
     trained, its intermediates are saved and the end of forward is the peak), under
     checkpointing a block's whole no-grad working set, where nothing is saved."""
     cls = den["class"]
     if cls in VIDEO_CLASSES:
         return (checkpointed_forward_transient if checkpointed else forward_transient)(den, ctx, b, n, m)
+    if cls == WAN:
+        return wan_forward_transient(ctx, b, n, m, checkpointed)
     if not checkpointed and ctx.trainable:
         return Breakdown()
     h, c = ctx.hidden, ctx.dtype
@@ -224,9 +232,7 @@ def block_forward_transient(den: dict, ctx: DitCtx, b: int, n: int, m: int, chec
     if cls == FLUX and den.get("num_single_layers", 0):
         return _flux_single(ctx, b * (n + m), f, checkpointed)
     out = Breakdown()
-    # The locals the block holds through its feed-forward: Wan's cross-attention output
-    # `attn_output` and the norm3-modulated input (transformer_wan.py WanTransformerBlock.
-    # forward); SD3's gated `attn_output`, the norm2-modulated input, its text stream's
+    # The locals the block holds through its feed-forward: SD3's gated `attn_output`, the norm2-modulated input, its text stream's
     # `norm_encoder_hidden_states` and `context_attn_output`, with the last block
     # (context_pre_only) a view that keeps JointAttnProcessor2_0's whole (b, n + m, h)
     # reshape copy (attention.py JointTransformerBlock.forward, attention_processor.py).
