@@ -61,3 +61,27 @@ def test_context_measured_on_sm90_device_level_and_per_process():
         m = row["measured"]
         assert m["device_bytes"] - m["peak_reserved_bytes"] == cuda_context_bytes("h100-80gb"), row["name"]
         assert m["process_bytes"] - m["peak_reserved_bytes"] == cuda_context_process_bytes("h100-80gb")
+
+
+def _failed_on_the_gpu(word: str) -> dict:
+    rows = [r for r in json.loads(GRID.read_text())["cases"] if "failed" in r and word in r["name"]]
+    assert rows, f"no failed {word!r} case in {GRID.name}"
+    return rows[0]["job"]
+
+
+@pytest.mark.parametrize("job,what", [({"model": "gpt2", "task": "dpo"}, "task 'dpo'"),
+                                      ({"model": "gpt2", "task": "inference"}, "task 'inference'"),
+                                      ("gemma3-vl/b2s64+2img/fp32/full/tower-trained", "a vision-language job")])
+def test_cuda_refuses_a_step_it_would_not_run(job, what):
+    # measure(device="cuda") runs only the single-model loop: a DPO, inference or VLM job
+    # is refused before any CUDA call (so this holds on a machine without a GPU too),
+    # rather than measured as a plain step of its language model (the VLM case is the one
+    # that ran that way on the H100 and failed inside the model)
+    pytest.importorskip("torch")
+    from vramplan.measure import measure
+    if isinstance(job, str):
+        job = _failed_on_the_gpu(job)
+    else:
+        job = {"seq_len": 64, "micro_batch_size": 1, **job}
+    with pytest.raises(ValueError, match=f"device: measuring {what}"):
+        measure(job, device="cuda")

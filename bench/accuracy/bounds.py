@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
-"""Build the estimate's error bars from the published GPU measurements and write them to
-src/vramplan/catalog/bounds.json (read by Estimate.bounds, the verdict and fit's headroom).
+"""Build the estimate's error bars from the published GPU measurements, and the catalog-size
+steps measured here on a GPU (bench/cuda/results-cuda-scale-*.json, all three metrics, exact),
+and write them to src/vramplan/catalog/bounds.json (read by Estimate.bounds, the verdict and
+fit's headroom).
 
 For each metric (allocated <- rows measured as max_memory_allocated, reserved <- rows of
 max_memory_reserved, device <- rows read from nvidia-smi/NVML) it re-estimates every row
@@ -29,6 +31,35 @@ OUT = os.path.join(score_published.ROOT, "src", "vramplan", "catalog", "bounds.j
 SOURCES = {"allocated": ("allocated",), "reserved": ("reserved",), "device": ("nvml",)}
 """Which measured metric builds each bound: like with like (active is below allocated and
 unknown may be any of them, so neither builds a bound)."""
+
+
+GPU_RESULTS = os.path.join(score_published.ROOT, "bench", "cuda")
+"""Catalog-size training steps measured here on a GPU (bench/cuda/results-cuda-scale-*.json):
+rows of every metric, measured exactly (max_memory_allocated, max_memory_reserved and NVML
+device-level used memory of a case run alone)."""
+MEASURED_HERE = (("allocated", "peak_allocated_bytes", "peak_allocated_bytes"),
+                 ("reserved", "peak_reserved_bytes", "reserved_bytes"),
+                 ("nvml", "device_bytes", "device_bytes"))
+
+
+def measured_here(folder: str = GPU_RESULTS) -> list[dict]:
+    """The GPU rows as score_published results (error = estimated / measured - 1), each
+    re-estimated with this code."""
+    import glob
+    import vramplan
+    rows = []
+    for path in sorted(glob.glob(os.path.join(folder, "results-cuda-scale-*.json"))):
+        doc = json.load(open(path))
+        for case in doc["cases"]:
+            measured = case.get("measured")
+            if not measured or case.get("parallel_jobs", 1) > 1:
+                continue
+            est = vramplan.estimate(vramplan.load_spec(case["job"])).to_dict()
+            for metric, meas_key, est_key in MEASURED_HERE:
+                if measured.get(meas_key):
+                    rows.append({"id": f"{doc['gpu']}: {case['name']}", "metric": metric, "fidelity": "exact",
+                                 "error": est[est_key] / measured[meas_key] - 1})
+    return rows
 
 
 def build(results: list[dict], target: float) -> dict:
@@ -63,13 +94,14 @@ def main() -> int:
     args = ap.parse_args()
     path = args.rows or score_published.default_rows_path()
     out = score_published.score(score_published.load_rows(path))
-    built = build(out["results"], args.target)
+    built = build(out["results"] + measured_here(), args.target)
     data = {"schema_version": 1,
             "what": "Relative error interval per metric: the measured figure lay in [lo * estimate, hi * estimate] "
                     "on at least target_coverage of the rows it was built from. Empirical quantile over rows "
                     "(vramplan/bounds.py), not a fitted constant.",
             "target_coverage": args.target, "excluded_fidelity": ["poor"],
             "built_by": "bench/accuracy/bounds.py", "rows_file": os.path.relpath(path, score_published.ROOT),
+            "gpu_rows": "bench/cuda/results-cuda-scale-*.json",
             "estimator_commit": score_published._commit(), **built}
     with open(OUT, "w") as fh:
         json.dump(data, fh, indent=1)

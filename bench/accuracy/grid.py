@@ -219,6 +219,14 @@ def cuda_errors(measured: dict, estimated: dict) -> dict:
     return out
 
 
+def drop_shared_device(row: dict) -> None:
+    """A case measured side by side with others (--jobs > 1): the device-level NVML figure
+    held the other cases' memory too, so it is not compared."""
+    if row.get("parallel_jobs", 1) > 1:
+        row["error"].pop("device", None)
+        row["error"].pop("device_in_bounds", None)
+
+
 def cuda_job(job: dict, gpu: str | None) -> dict:
     """The job as it ran on the GPU: backend cuda, and the card it ran on (its cuBLAS
     workspaces and CUDA context depend on the architecture) unless the case names one."""
@@ -411,9 +419,7 @@ def reestimate(path: Path, device: str, gpu: str | None) -> int:
         if "measured" in row:
             row["estimated"] = estimate(row["job"])
             row["error"] = errors(row["measured"], row["estimated"])
-            if row.get("parallel_jobs", 1) > 1:  # the device-level NVML figure held other cases too
-                row["error"].pop("device", None)
-                row["error"].pop("device_in_bounds", None)
+            drop_shared_device(row)
     measured_at = {k: doc.get(k) for k in ("source_at_start", "source_at_end", "machine")}
     summary = write(path, device, gpu or doc.get("gpu"), rows, doc.get("source_at_start", {}))
     doc = json.loads(path.read_text())
@@ -485,9 +491,8 @@ def main(argv=None) -> int:
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         for row in pool.map(one, chosen) if args.jobs <= 1 else as_completed_rows(pool, one, chosen):
             if args.jobs > 1 and "error" in row:
-                row["error"].pop("device", None)
-                row["error"].pop("device_in_bounds", None)
                 row["parallel_jobs"] = args.jobs
+                drop_shared_device(row)
             rows.append(row)
             rows.sort(key=lambda r: order[r["name"]])
             print(render([row], summarize([row])).splitlines()[1], flush=True)

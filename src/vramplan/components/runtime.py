@@ -60,16 +60,20 @@ def _version(text: str) -> tuple[int, ...]:
     return tuple(int(p) for p in text.split("."))
 
 
+def _loading(cuda_version: str | None) -> str | None:
+    """"lazy" or "eager" module loading for a CUDA version (None: not given)."""
+    if cuda_version is None:
+        return None
+    since = _data()["cuda_context"]["lazy_since_cuda"]
+    return "lazy" if _version(cuda_version) >= _version(since) else "eager"
+
+
 def _context_entry(gpu_name: str | None, cuda_version: str | None) -> dict | None:
     """catalog/cuda_runtime.json "cuda_context": the entry for the GPU's architecture and the
     module loading `cuda_version` implies (without a version the newest for the
     architecture), or None."""
-    ctx = _data()["cuda_context"]
-    arch = _arch(gpu_name)
-    loading = None
-    if cuda_version is not None:
-        loading = "lazy" if _version(cuda_version) >= _version(ctx["lazy_since_cuda"]) else "eager"
-    for entry in reversed(ctx["entries"]):  # newest last
+    arch, loading = _arch(gpu_name), _loading(cuda_version)
+    for entry in reversed(_data()["cuda_context"]["entries"]):  # newest last
         if entry["arch"] == arch and loading in (None, entry["loading"]):
             return entry
     return None
@@ -84,11 +88,7 @@ def cuda_context_bytes(gpu_name: str | None, cuda_version: str | None = None) ->
     entry = _context_entry(gpu_name, cuda_version)
     if entry is not None:
         return entry["bytes"]
-    ctx = _data()["cuda_context"]
-    loading = None
-    if cuda_version is not None:
-        loading = "lazy" if _version(cuda_version) >= _version(ctx["lazy_since_cuda"]) else "eager"
-    return ctx["generic"][loading or "lazy"]["bytes"]
+    return _data()["cuda_context"]["generic"][_loading(cuda_version) or "lazy"]["bytes"]
 
 
 def cuda_context_process_bytes(gpu_name: str | None, cuda_version: str | None = None) -> int:

@@ -63,6 +63,8 @@ def measure(job: Any, device: str = "cpu", fake: bool = False, trace: bool = Fal
     if not fake and _deepspeed_job(job):
         from .deepspeed_run import run_deepspeed
         return run_deepspeed(job, trace=trace, steps=steps)
+    if device == "cuda" and not fake:
+        _cuda_runs(job)
     if fake or device == "cuda":
         result = run_fake(job, trace=trace, steps=steps) if fake else run_cuda(job, steps=steps)
         result.runner = loop_runner()
@@ -70,6 +72,21 @@ def measure(job: Any, device: str = "cpu", fake: bool = False, trace: bool = Fal
     if device != "cpu":
         raise ValueError(f"device: expected 'cpu' or 'cuda', got {device!r}")
     return measure_cpu(job, trace=trace, steps=steps)
+
+
+def _cuda_runs(job: Any) -> None:
+    """On CUDA only the single-model loop runs (run_modes.run_cuda: build, forward, backward,
+    optimizer step); the library trainers and the multi-model, vision-language, diffusion
+    and inference steps are metered on CPU only so far. Refuse those jobs rather than
+    measure a different step (the loop would train the policy model alone)."""
+    from .build import MEASURED_TASKS, job_dict
+
+    jd = job_dict(job)
+    what = ("a vision-language job" if jd.get("vision") else "a job of several models" if jd.get("models")
+            else None if jd.get("task", "sft") in MEASURED_TASKS else f"task {jd.get('task')!r}")
+    if what is not None:
+        raise ValueError(f"device: measuring {what} on cuda is not implemented yet (cuda runs "
+                         f"{', '.join(sorted(MEASURED_TASKS))}); measure it with device cpu")
 
 
 def _deepspeed_job(job: Any) -> bool:
