@@ -140,6 +140,9 @@ def main() -> None:
     ap.add_argument("--baseline", default="68c3249", help="commit measured as 'before' (default: before issue 9's speed work)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--fit-rounds", type=int, default=1)
+    ap.add_argument("--only", help="comma-separated figures to measure (estimate, cli, fit_default or a fit "
+                    "case); the others stay as results.json has them, and the measured ones record their "
+                    "own baseline and load under 'partial_runs'")
     args = ap.parse_args()
     if args.measure:
         print(json.dumps(measure(args.measure)))
@@ -152,6 +155,16 @@ def main() -> None:
                  "method": "each figure a fresh process per round; before/after rounds alternate; medians"}
     plan = [("estimate", args.rounds), ("cli", args.rounds), ("fit_default", args.rounds)]
     plan += [(name, args.fit_rounds) for name in CASES]
+    if args.only:
+        only = set(args.only.split(","))
+        unknown = only - {what for what, _ in plan}
+        if unknown:
+            ap.error(f"--only: unknown figure(s) {', '.join(sorted(unknown))}")
+        plan = [(what, rounds) for what, rounds in plan if what in only]
+        path = os.path.join(HERE, "results.json")
+        kept = json.load(open(path, encoding="utf-8")) if os.path.exists(path) else {}
+        out = dict(kept, partial_runs=dict(kept.get("partial_runs") or {}))
+        start = os.getloadavg()
     for what, rounds in plan:
         rows: dict[str, list] = {k: [] for k in trees}
         for _ in range(rounds):
@@ -164,7 +177,12 @@ def main() -> None:
                 res["layouts_per_s_wall"] = round(res["layouts"] / res["wall_s"])
                 res["layouts_per_s_cpu"] = round(res["layouts"] / res["cpu_s"])
         print(what, json.dumps(out[what]), flush=True)
-    out["machine"]["load_average_at_end"] = os.getloadavg()
+    if args.only:
+        for what, rounds in plan:
+            out["partial_runs"][what] = {"baseline_commit": args.baseline, "rounds": rounds,
+                                         "load_average_at_start": start, "load_average_at_end": os.getloadavg()}
+    else:
+        out["machine"]["load_average_at_end"] = os.getloadavg()
     with open(os.path.join(HERE, "results.json"), "w", encoding="utf-8") as fh:
         json.dump(out, fh, indent=2)
         fh.write("\n")

@@ -18,22 +18,33 @@ def pipeline_buffers(desc: ModelDesc, spec: JobSpec, lay: Layout, out: StepPlan,
     _communicate: torch.empty per recv); torch.distributed.pipelining (torchtitan, plain
     PyTorch) keeps one receive buffer per micro-batch and the last stage's outputs
     (torch_pipelining below)."""
-    compute = dtypes_of(spec).compute
-    tokens = spec.micro_batch_size * (spec.seq_len // lay.seq_shards)
-    act = nbytes(tokens * desc.hidden_size, compute) // (lay.tp if lay.sp else 1)
-    if spec.stack.framework in (Framework.MEGATRON, Framework.DEEPSPEED):
-        out.static.add("pp/p2p_buffers", 2 * act)
+    terms = _terms(desc, spec, lay, stage)
+    out.static.merge(terms["static"])
+    if "current" not in terms:
         return
     last = stage == lay.pp - 1
-    logits = nbytes(tokens * -(-desc.vocab_size // lay.tp), compute)
-    terms = torch_pipelining(stage == 0, last, spec.grad_accum_steps, act, logits)
-    out.static.merge(terms["static"])
     for t in [out.loss_backward_transient, *out.stage_backward_transient]:
         t.merge(terms["current"])
     # a fresh breakdown: the step's temporaries are memoized on the parameter set
     out.optimizer_temporaries = Breakdown().merge(out.optimizer_temporaries).merge(terms["current"])
     if last:
         out.backward_end_transient = Breakdown().merge(terms["current"]).merge(terms["merged"])
+
+
+def _terms(desc: ModelDesc, spec: JobSpec, lay: Layout, stage: int) -> dict:
+    """The framework's terms: {"static"} (Megatron, DeepSpeed) or torch_pipelining's."""
+    compute = dtypes_of(spec).compute
+    tokens = spec.micro_batch_size * (spec.seq_len // lay.seq_shards)
+    act = nbytes(tokens * desc.hidden_size, compute) // (lay.tp if lay.sp else 1)
+    if spec.stack.framework in (Framework.MEGATRON, Framework.DEEPSPEED):
+        return {"static": Breakdown().add("pp/p2p_buffers", 2 * act)}
+    logits = nbytes(tokens * -(-desc.vocab_size // lay.tp), compute)
+    return torch_pipelining(stage == 0, stage == lay.pp - 1, spec.grad_accum_steps, act, logits)
+
+
+def pipeline_static_bytes(desc: ModelDesc, spec: JobSpec, lay: Layout, stage: int) -> int:
+    """The bytes `pipeline_buffers` adds to a stage's static part (every event holds them)."""
+    return _terms(desc, spec, lay, stage)["static"].total()
 
 
 def torch_pipelining(first: bool, last: bool, micro_batches: int, act_bytes: int, logits_bytes: int) -> dict:

@@ -86,6 +86,37 @@ def stage_traffic(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> tuple[Lay
                  for r in range(lay.pp)]
 
 
+def stage_model_states(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> list[tuple[int, int]]:
+    """Per pipeline stage: the bytes of `_model_states` (weights, optimizer states and master
+    weights the rank keeps on the GPU) and of the engines' persistent copies `_engine_buffers`
+    adds to them (DDP's gradient buckets, ZeRO's fp32 partition), all in the stage's static
+    part, which every event of the stage holds; and the gradients the rank's grads_by_stage
+    hold after `_engine_buffers` where those are the stage's own gradient list or its total
+    (no pipeline; DDP, a single rank, ZeRO-1/2 not offloaded: ZeRO-3, FSDP and offload
+    replace them), else 0. plan/floor.py bounds device memory with them. Depends on the
+    layout and the parameter sets only."""
+    lay = Layout.of(spec, desc.hidden_size)
+    ranges = pp_layers(desc.num_layers, lay.pp, lay.extras.get("pp_layers"))
+    heads = heads_of(desc)
+    own_grads = lay.pp == 1 and not _grads_offloaded(lay) and (
+        lay.engine in ("ddp", "single") or (lay.engine == "zero" and lay.zero_stage in (1, 2)))
+    out = []
+    for r in range(lay.pp):
+        sets = rank_sets(desc, spec, params, lay, r, ranges[r])
+        held = _model_states(spec, lay, sets, heads).total()
+        if lay.engine == "ddp":
+            held += engines.ddp_buckets(lay, grad_bytes(spec, sets)).total()
+        elif lay.engine == "zero" and lay.offload_optimizer == "none":
+            held += engines.zero_fp32_partition(dtypes_of(spec).master_weights is not None, memo(
+                sets, "states_numel", lambda: numel(sets.states.trainable()))).total()
+        grads = 0
+        if own_grads:
+            grads = sum(g.total() for g in cached(sets.grads, ("grads", dtypes_of(spec)),
+                                                  lambda: gradient_stages(desc, spec, sets.grads)))
+        out.append((held, grads))
+    return out
+
+
 def communication_floor(desc: ModelDesc, spec: JobSpec, lay: Layout, stages: list[tuple]) -> dict[str, dict] | None:
     """A lower bound, per collective, on the `communication` rank_plan reports for `spec`,
     known without planning the step: the least volume of any pipeline stage (`stages`:

@@ -2,7 +2,7 @@
 
 Exact with respect to vramplan's own estimate: a layout is returned only if its estimate
 fits with the requested headroom, and the top-k are the k fastest fitting layouts of the
-space (ties: larger micro-batch first, then enumeration order). Three facts keep it fast
+space (ties: larger micro-batch first, then enumeration order). These facts keep it fast
 without approximating:
   1. the model is resolved once and every estimate is cached by the fields it reads;
   2. memory never falls as the micro-batch grows with everything else fixed (every
@@ -15,7 +15,11 @@ without approximating:
   4. layouts are visited in order of a step-time lower bound known before estimating (the
      whole step-time model, or all but its communication when the estimator reports its own,
      refined, for the layouts the walk reaches, with each collective at its least volume
-     over the pipeline stages), and the walk stops once k fitting layouts beat the next bound.
+     over the pipeline stages), and the walk stops once k fitting layouts beat the next bound;
+  5. a floor on a layout's device memory, known without estimating it (plan/floor.py: terms
+     the estimate adds at events it always has), rules a group out when its smallest
+     micro-batch's floor exceeds the limit, and orders the search for the closest layout
+     when nothing fits.
 Multi-model jobs (DPO reference, teacher, diffusion parts) are estimated by the job
 estimator; their step time counts the trained model's FLOPs only.
 """
@@ -29,6 +33,7 @@ from typing import Callable
 from vramplan.estimation import Estimate
 from vramplan.i18n import Msg
 from vramplan.plan.evaluate import Evaluator, accum_key, memory_key, reported_communication
+from vramplan.plan.floor import MemoryFloor
 from vramplan.plan.space import Candidate, default_axes, enumerate_candidates
 from vramplan.plan.steptime import StepTime
 from vramplan.report.emit import paste_forms
@@ -64,7 +69,7 @@ class FitReport:
     """Layouts whose outcome the search settled (all of the space unless interrupted)."""
     candidates_total: int
     estimates_computed: int
-    """Calls into the estimator core; the rest were settled by facts 2-4 above."""
+    """Calls into the estimator core; the rest were settled by facts 2-5 above."""
     elapsed_s: float
     limit_bytes: int
     results: list[FitResult]
@@ -119,9 +124,11 @@ class _Groups:
 
     def __init__(self, ev: Evaluator):
         self.ev = ev
+        self.floor = MemoryFloor(ev.desc, ev.gpu)
         self.members: dict[tuple, list[Candidate]] = {}
         self.largest_fit: dict[tuple, int] = {}
         self.static_floor: dict[tuple, int] = {}
+        self.group_floor: dict[tuple, int | None] = {}
 
     @staticmethod
     def key(c: Candidate) -> tuple:
@@ -138,19 +145,40 @@ class _Groups:
     def fits(self, c: Candidate) -> bool:
         key = self.key(c)
         if key not in self.largest_fit:
-            if self._family_too_big(c):
+            ordered = sorted(self.members[key], key=lambda m: m.spec.micro_batch_size)
+            floor = self._floor(key, ordered[0])
+            if floor is not None:
+                # the floor rules the group out or finds it worth estimating; the family's
+                # static floor (one more estimate) would only repeat what its estimates say
+                self.largest_fit[key] = 0 if floor > self.ev.limit_bytes else self._resolve(ordered)
+            elif self._family_too_big(c):
                 self.largest_fit[key] = 0
             else:
-                ordered = sorted(self.members[key], key=lambda m: m.spec.micro_batch_size)
                 self.largest_fit[key] = self._resolve(ordered)
         return c.spec.micro_batch_size <= self.largest_fit[key]
 
     def known(self, c: Candidate) -> bool:
         """Whether `fits(c)` is settled without another estimate."""
-        if self.key(c) in self.largest_fit:
+        key = self.key(c)
+        if key in self.largest_fit:
             return True
         floor = self.static_floor.get(self.family(c))
-        return floor is not None and floor > self.ev.limit_bytes
+        if floor is not None and floor > self.ev.limit_bytes:
+            return True
+        smallest = min(self.members[key], key=lambda m: m.spec.micro_batch_size)
+        floor = self._floor(key, smallest)
+        if floor is not None and floor > self.ev.limit_bytes:
+            self.largest_fit[key] = 0     # what fits() decides from the same floor
+            return True
+        return False
+
+    def _floor(self, key: tuple, smallest: Candidate) -> int | None:
+        """plan/floor.py's floor of the group's smallest micro-batch (kept per group): a
+        lower bound on its device memory known without estimating it; by fact 2 no larger
+        micro-batch of the group needs less. None where no floor is claimed."""
+        if key not in self.group_floor:
+            self.group_floor[key] = self.floor.device_floor(smallest.spec, above=self.ev.limit_bytes)
+        return self.group_floor[key]
 
     def _family_too_big(self, c: Candidate) -> bool:
         """Whether memory that no activation axis changes already exceeds the limit."""
@@ -159,6 +187,13 @@ class _Groups:
             self.static_floor[fam] = static_floor(self.ev.estimate(c.spec))
         return self.static_floor[fam] > self.ev.limit_bytes
 
+    def _fits(self, c: Candidate) -> bool:
+        """The estimate's verdict, unless the floor already says no (plan/floor.py)."""
+        floor = self.floor.device_floor(c.spec, above=self.ev.limit_bytes)
+        if floor is not None and floor > self.ev.limit_bytes:
+            return False
+        return self.ev.fits(c.spec)
+
     def _resolve(self, ordered: list[Candidate]) -> int:
         """Largest fitting micro-batch of a group (0 if none): smallest first, then bisect."""
         if not self.ev.fits(ordered[0].spec):
@@ -166,7 +201,7 @@ class _Groups:
         lo, hi = 0, len(ordered) - 1          # ordered[lo] fits; find the last that fits
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if self.ev.fits(ordered[mid].spec):
+            if self._fits(ordered[mid]):
                 lo = mid
             else:
                 hi = mid - 1
@@ -245,7 +280,7 @@ def fit(spec: JobSpec, gpu=None, *, axes: dict | None = None, top_k: int = 5,
                        headroom_bytes=ev.headroom_bytes,
                        interrupted=interrupted, candidates_checked=checked)
     if not results and not interrupted:
-        report.closest = _closest(ev, cands)
+        report.closest = _closest(ev, cands, groups.floor)
         if suggest:
             from vramplan.plan.suggest import suggestions
             report.suggestions = suggestions(ev, spec)
@@ -269,16 +304,29 @@ def _lean_key(c: Candidate) -> tuple:
             s.micro_batch_size, c.index)
 
 
-def _closest(ev: Evaluator, cands: list[Candidate]) -> FitResult | None:
+def _closest(ev: Evaluator, cands: list[Candidate], floor: MemoryFloor | None = None) -> FitResult | None:
     """When nothing fits: the layout needing the least device memory, taken per family
-    (layouts alike but for activation axes) at its leanest activation settings."""
+    (layouts alike but for activation axes) at its leanest activation settings. With a
+    `floor` (plan/floor.py), families are estimated in order of their floor until the
+    next floor exceeds the least memory found: no family left can reach it (ties go to the
+    earlier family, as min() over them all would)."""
     leanest: dict[tuple, Candidate] = {}
     for c in cands:
         fam = _Groups.family(c)
         if fam not in leanest or _lean_key(c) < _lean_key(leanest[fam]):
             leanest[fam] = c
-    best = min(leanest.values(), key=lambda c: ev.estimate(c.spec).device_bytes, default=None)
-    return None if best is None else _result(ev, best, False)
+    order = list(leanest.values())
+    if not order:
+        return None
+    floors = [(floor.device_floor(c.spec) if floor is not None else None) or 0 for c in order]
+    best: tuple[int, int] | None = None
+    for i in sorted(range(len(order)), key=lambda i: floors[i]):
+        if best is not None and floors[i] > best[0]:
+            break
+        d = ev.estimate(order[i].spec).device_bytes
+        if best is None or (d, i) < best:
+            best = (d, i)
+    return _result(ev, order[best[1]], False)
 
 
 def _top_terms(step: StepTime, n: int = 2) -> str:

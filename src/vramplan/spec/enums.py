@@ -66,6 +66,10 @@ class _Choice(str, enum.Enum):
     def parse(cls, value: Any, field_name: str):
         if isinstance(value, cls):
             return value
+        if isinstance(value, str):   # the usual case, without listing the choices
+            member = cls._value2member_map_.get(value.strip().lower().replace("_", "-"))
+            if member is not None:
+                return member
         choices = [m.value for m in cls]
         if not isinstance(value, str):
             kind = "nothing" if value is None else f"{value!r} (a {type(value).__name__})"
