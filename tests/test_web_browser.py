@@ -176,3 +176,19 @@ def test_bad_input_shows_the_cli_line_at_its_field(page, server, tmp_path):
     assert out.returncode == 2
     assert page.text_content("#error") == out.stderr.strip()
     assert "invalid" in page.get_attribute("#seq_len", "class")
+
+
+def test_a_model_with_learned_positions_opens_without_a_sequence_length(page, server, tmp_path):
+    # the page sends no seq_len until one is typed, so GPT-2 (1024 learned positions) gets
+    # the estimator's capped default, as the CLI does, instead of a refusal of 2048
+    page.goto(server)
+    page.wait_for_function("document.body.dataset.state === 'ready'")
+    assert page.input_value("#seq_len") == ""
+    page.fill("#model", "gpt2")
+    sent, peak = shown(page, model="gpt2")
+    assert "seq_len" not in sent
+    assert page.is_hidden("#error")
+    assert peak == cli_estimate(sent, tmp_path)["peak_allocated_bytes"]
+    page.fill("#seq_len", "2048")  # typed past the positions: refused, naming the field
+    page.wait_for_selector("#error", state="visible")
+    assert "seq_len" in page.text_content("#error")

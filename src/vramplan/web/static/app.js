@@ -5,7 +5,9 @@
 "use strict";
 
 const GiB = 2 ** 30;
-const DEFAULT_SPEC = {model: "llama-3.2-1b", micro_batch_size: 1, seq_len: 2048, gpu: "a100-80gb"};
+// No seq_len: left empty, the estimator's default applies (2048, capped at a model's
+// learned positions, with a note); typed, it is the user's and checked as such.
+const DEFAULT_SPEC = {model: "llama-3.2-1b", micro_batch_size: 1, gpu: "a100-80gb"};
 const $ = (sel) => document.querySelector(sel);
 const state = {spec: {}, lang: "en", strings: {}, answers: {}, generation: 0, controller: null, timer: null};
 
