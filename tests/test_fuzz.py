@@ -14,7 +14,7 @@ import os
 import pytest
 
 hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
+from hypothesis import HealthCheck, example, given, settings, strategies as st  # noqa: E402
 
 import vramplan  # noqa: E402
 from vramplan.spec import JobSpec, SpecError, load_spec  # noqa: E402
@@ -43,6 +43,8 @@ _values = st.recursive(_scalars, lambda inner: st.one_of(
 
 @FAST
 @given(st.dictionaries(st.sampled_from(_KEYS) | st.text(max_size=8), _values, max_size=6))
+@example({"model": {}})  # no seq_len: the default written back must load to an equal spec
+@example({"model": "gpt2"})
 def test_loader_returns_a_spec_or_a_spec_error(data):
     try:
         spec = load_spec(data)

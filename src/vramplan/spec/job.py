@@ -80,9 +80,11 @@ class JobSpec:
     seq_len: int | None = None
     """Tokens per row; not given: DEFAULT_SEQ_LEN, capped at a model's learned positions
     (validity.py assume_seq_len, whose answer notes it)."""
-    seq_len_given: bool | None = None
+    seq_len_given: bool | None = field(default=None, compare=False)
     """Whether the user gave seq_len (None: whether seq_len is set). Not a spec key: kept by
-    replace(), with_() and load_spec(spec) so that a default stays a default."""
+    replace(), with_() and load_spec(spec) so that a default stays a default. Not compared:
+    two specs of the same seq_len are the same job (to_dict writes the seq_len in effect, and
+    loading it back gives a spec equal to this one)."""
     grad_accum_steps: int = 1
     packing: bool = False
     """Rows packed to `seq_len` tokens, documents told apart by restarting `position_ids`
