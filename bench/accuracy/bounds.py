@@ -49,7 +49,8 @@ def measured_here(folder: str = GPU_RESULTS) -> list[dict]:
     import vramplan
     rows = []
     for path in sorted(glob.glob(os.path.join(folder, "results-cuda-scale-*.json"))):
-        doc = json.load(open(path))
+        with open(path) as fh:
+            doc = json.load(fh)
         for case in doc["cases"]:
             measured = case.get("measured")
             if not measured or case.get("parallel_jobs", 1) > 1:

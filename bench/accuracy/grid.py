@@ -39,7 +39,6 @@ SRC = HERE.parents[1] / "src"
 sys.path.insert(0, str(SRC))
 
 CASES = HERE / "grid_cases.yaml"
-CASES_USED = [CASES.name]  # the cases file of this run (--cases), recorded in the results
 PHASES = ("forward", "backward", "optimizer")
 PHASE_KINDS = {"fwd": "forward", "bwd": "backward", "opt": "optimizer"}
 CATEGORIES = ("architecture", "precision", "method", "optimizer", "checkpointing", "attention")
@@ -389,12 +388,13 @@ def render(rows: list[dict], summary: dict) -> str:
 
 # ---------------------------------------------------------------- main
 
-def write(path: Path, device: str, gpu: str | None, rows: list[dict], started: dict) -> dict:
+def write(path: Path, device: str, gpu: str | None, rows: list[dict], started: dict,
+          cases_file: str = CASES.name) -> dict:
     """`source_at_start`/`source_at_end`: the tree can change under a long run (shared checkout)."""
     summary = summarize(rows)
     doc = {"schema_version": SCHEMA_VERSION, "device": device, "gpu": gpu, "machine": machine(),
            "source_at_start": started, "source_at_end": source_state(),
-           "cases_file": CASES_USED[0], "summary": summary, "cases": rows}
+           "cases_file": cases_file, "summary": summary, "cases": rows}
     path.write_text(json.dumps(doc, indent=1) + "\n")
     return summary
 
@@ -421,7 +421,8 @@ def reestimate(path: Path, device: str, gpu: str | None) -> int:
             row["error"] = errors(row["measured"], row["estimated"])
             drop_shared_device(row)
     measured_at = {k: doc.get(k) for k in ("source_at_start", "source_at_end", "machine")}
-    summary = write(path, device, gpu or doc.get("gpu"), rows, doc.get("source_at_start", {}))
+    summary = write(path, device, gpu or doc.get("gpu"), rows, doc.get("source_at_start", {}),
+                    doc.get("cases_file", CASES.name))
     doc = json.loads(path.read_text())
     doc.update(measured_at)  # the measurements keep the source and machine they came from
     doc["estimated_at"] = source_state()
@@ -457,7 +458,6 @@ def parse(argv):
 def main(argv=None) -> int:
     args = parse(argv)
     cases = load_cases(Path(args.cases))
-    CASES_USED[0] = Path(args.cases).name
     if args.job:
         hit = [c for c in cases if c["name"] == args.job]
         if not hit:
@@ -496,8 +496,8 @@ def main(argv=None) -> int:
             rows.append(row)
             rows.sort(key=lambda r: order[r["name"]])
             print(render([row], summarize([row])).splitlines()[1], flush=True)
-            write(path, args.device, gpu, rows, started)
-    summary = write(path, args.device, gpu, rows, started)
+            write(path, args.device, gpu, rows, started, Path(args.cases).name)
+    summary = write(path, args.device, gpu, rows, started, Path(args.cases).name)
     print("\n" + render(rows, summary))
     print(f"\nwrote {path}")
     return 0 if summary["targets_met"] or not args.ci else 1
