@@ -8,13 +8,13 @@ job has it.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 
 from vramplan.model import ModelDesc
 from vramplan.plan.steptime import data_parallel, global_batch
-from vramplan.spec import JobSpec, Method, SpecError, load_spec
+from vramplan.spec import JobSpec, Method, ParallelConfig, SpecError, load_spec
 from vramplan.spec.job import copy_with
+from vramplan.spec.variants import load_section, with_layout
 
 # Axes a user may open with --vary, and the values tried when none are given.
 KNOWN_AXES: dict[str, tuple] = {
@@ -67,12 +67,33 @@ def default_axes(spec: JobSpec, desc: ModelDesc | None) -> dict[str, tuple]:
     return axes
 
 
-@dataclass(frozen=True, slots=True)
 class Candidate:
-    index: int
-    """Position in enumeration order: the last tie-break, so results are reproducible."""
-    changes: tuple[tuple[str, Any], ...]
-    spec: JobSpec
+    """One layout of a space at one batch split. `spec` is made on first use: a search over
+    thousands of layouts reads the spec of the few hundred whose memory it checks; the rest
+    need only `layout` (the spec at the layout's first split) and the split."""
+
+    __slots__ = ("index", "values", "layout", "micro_batch_size", "grad_accum_steps", "_spec")
+
+    def __init__(self, index: int, values: tuple[tuple[str, Any], ...], layout: JobSpec,
+                 micro_batch_size: int, grad_accum_steps: int):
+        self.index = index
+        """Position in enumeration order: the last tie-break, so results are reproducible."""
+        self.values = values
+        """The axes' values, (axis, value) in the order of the axes (shared by the splits)."""
+        self.layout = layout
+        self.micro_batch_size = micro_batch_size
+        self.grad_accum_steps = grad_accum_steps
+        self._spec: JobSpec | None = None
+
+    @property
+    def changes(self) -> tuple[tuple[str, Any], ...]:
+        return self.values + (("micro_batch_size", self.micro_batch_size), ("grad_accum_steps", self.grad_accum_steps))
+
+    @property
+    def spec(self) -> JobSpec:
+        if self._spec is None:
+            self._spec = with_batch(self.layout, self.micro_batch_size, self.grad_accum_steps)
+        return self._spec
 
     @property
     def change_dict(self) -> dict:
@@ -118,10 +139,20 @@ def _valid(values: Mapping[str, Any], spec_data: dict, desc: ModelDesc | None) -
 
 def enumerate_candidates(spec: JobSpec, desc: ModelDesc | None, axes: Mapping[str, tuple], *,
                          vary_micro_batch: bool = True, max_micro_batch: int = 256) -> Iterator[Candidate]:
-    """Every valid layout in the product of `axes`, with the micro-batch split."""
+    """Every valid layout in the product of `axes`, with the micro-batch split.
+
+    A layout is valid where load_spec of it is. load_spec runs once per combination of the
+    axes outside the parallel section (a few); the combinations that differ from a
+    validated one only in the parallel section (most: ZeRO stage x offload x TP x PP) are
+    spec.variants.with_layout copies of it with the parallel section validated once per
+    combination of its axes, and the checks that read it or the split run again."""
     base = spec.to_dict(as_given=True)
     rows_total = global_batch(spec)
     names = list(axes)
+    outer = [i for i, n in enumerate(names) if not n.startswith("parallel.")]
+    inner = [i for i, n in enumerate(names) if n.startswith("parallel.")]
+    validated: dict[tuple, JobSpec] = {}       # values of the outer axes -> a spec load_spec validated
+    sections: dict[tuple, object] = {}         # values of the parallel axes -> ParallelConfig or SpecError
     index = 0
     for combo in itertools.product(*(axes[n] for n in names)):
         values = dict(zip(names, combo))
@@ -149,14 +180,36 @@ def enumerate_candidates(spec: JobSpec, desc: ModelDesc | None, axes: Mapping[st
             splits = [(mb, rows_total // (dp * mb))]
         if not splits:
             continue
-        try:
-            layout = load_spec(dict(data, micro_batch_size=splits[0][0], grad_accum_steps=splits[0][1]))
-        except SpecError:
+        layout = _layout(data, splits[0], validated, tuple(combo[i] for i in outer),
+                         sections, tuple(combo[i] for i in inner))
+        if layout is None:
             continue
+        shared = tuple(values.items())
         for mb, ga in splits:
-            changes = dict(values, micro_batch_size=mb, grad_accum_steps=ga)
-            yield Candidate(index=index, changes=tuple(changes.items()), spec=with_batch(layout, mb, ga))
+            yield Candidate(index, shared, layout, int(mb), int(ga))
             index += 1
+
+
+def _layout(data: dict, split: tuple[int, int], validated: dict, outer: tuple, sections: dict,
+            inner: tuple) -> JobSpec | None:
+    """load_spec of `data` at `split`, None where it raises SpecError (enumerate_candidates)."""
+    mb, ga = split
+    known = validated.get(outer)
+    try:
+        if known is None:
+            layout = validated[outer] = load_spec(dict(data, micro_batch_size=mb, grad_accum_steps=ga))
+            return layout
+        if inner not in sections:
+            try:
+                sections[inner] = load_section("parallel", data.get("parallel"))
+            except SpecError as exc:    # load_spec raises the same (it loads the section first)
+                sections[inner] = exc
+        par = sections[inner]
+        if isinstance(par, SpecError):
+            return None
+        return with_layout(known, par if par is not None else ParallelConfig(), mb, ga)
+    except SpecError:
+        return None
 
 
 def with_batch(spec: JobSpec, micro_batch_size: int, grad_accum_steps: int) -> JobSpec:

@@ -190,6 +190,7 @@ class JobSpec:
                 raise SpecError("lengths", "packing fills every row to seq_len; drop packing or the lengths section")
         for name, value in _tasks.check_task_fields(self).items():
             set_(name, value)
+        # spec/variants.py with_layout repeats the checks that read parallel or the batch split
         if (self.task is Task.DIFFUSION and isinstance(self.parallel, ParallelConfig)
                 and (self.parallel.model_parallel > 1 or self.parallel.ep > 1)):
             raise SpecError("parallel", "tensor, pipeline, context and expert parallelism of a diffusion "
