@@ -7,6 +7,7 @@ job has it.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 from typing import Any, Iterator, Mapping
 
@@ -101,7 +102,12 @@ class Candidate:
 
 
 def divisors(n: int, cap: int) -> list[int]:
-    return [d for d in range(1, min(n, cap) + 1) if n % d == 0]
+    return list(_divisors(n, cap))
+
+
+@functools.lru_cache(maxsize=256)
+def _divisors(n: int, cap: int) -> tuple[int, ...]:
+    return tuple(d for d in range(1, min(n, cap) + 1) if n % d == 0)
 
 
 def _model_parallel(par: Mapping[str, Any]) -> int:
@@ -172,7 +178,7 @@ def enumerate_candidates(spec: JobSpec, desc: ModelDesc | None, axes: Mapping[st
         if vary_micro_batch:
             if rows_total % dp:
                 continue
-            splits = [(mb, rows_total // dp // mb) for mb in divisors(rows_total // dp, max_micro_batch)]
+            splits = [(mb, rows_total // dp // mb) for mb in _divisors(rows_total // dp, max_micro_batch)]
         else:
             mb = spec.micro_batch_size
             if rows_total % (dp * mb):
