@@ -35,9 +35,9 @@ CASES = [
 
 
 def _reference(monkeypatch, spec, desc, axes):
-    def load_each(data, split, *_):
+    def load_each(make_data, split, *_):
         try:
-            return load_spec(dict(data, micro_batch_size=split[0], grad_accum_steps=split[1]))
+            return load_spec(dict(make_data(), micro_batch_size=split[0], grad_accum_steps=split[1]))
         except SpecError:
             return None
     with monkeypatch.context() as m:

@@ -157,57 +157,76 @@ def enumerate_candidates(spec: JobSpec, desc: ModelDesc | None, axes: Mapping[st
     names = list(axes)
     outer = [i for i, n in enumerate(names) if not n.startswith("parallel.")]
     inner = [i for i, n in enumerate(names) if n.startswith("parallel.")]
+    # what _valid and the data-parallel size read: the parallel section, num_gpus, method
+    at_gpus, at_method = (names.index(n) if n in names else None for n in ("num_gpus", "method"))
+    checked: dict[tuple, object] = {}          # -> the split of the rows per rank, None: refused
     validated: dict[tuple, JobSpec] = {}       # values of the outer axes -> a spec load_spec validated
     sections: dict[tuple, object] = {}         # values of the parallel axes -> ParallelConfig or SpecError
     index = 0
     for combo in itertools.product(*(axes[n] for n in names)):
-        values = dict(zip(names, combo))
-        data = dict(base)
-        for key, value in values.items():
-            head, _, rest = key.partition(".")
-            if rest:
-                section = dict(data.get(head) or {})
-                section[rest] = value
-                data[head] = section
-            else:
-                data[key] = value
-        if not _valid(values, data, desc):
-            continue
-        par = data.get("parallel") or {}
-        dp = data.get("num_gpus", 1) // _model_parallel(par)
-        if vary_micro_batch:
-            if rows_total % dp:
-                continue
-            splits = [(mb, rows_total // dp // mb) for mb in _divisors(rows_total // dp, max_micro_batch)]
-        else:
-            mb = spec.micro_batch_size
-            if rows_total % (dp * mb):
-                continue
-            splits = [(mb, rows_total // (dp * mb))]
+        in_values = tuple(combo[i] for i in inner)
+        key = (in_values, None if at_gpus is None else combo[at_gpus], None if at_method is None else combo[at_method])
+        splits = checked.get(key, checked)
+        if splits is checked:
+            splits = checked[key] = _splits(spec, _data(base, names, combo), dict(zip(names, combo)), desc,
+                                            rows_total, vary_micro_batch, max_micro_batch)
         if not splits:
             continue
-        layout = _layout(data, splits[0], validated, tuple(combo[i] for i in outer),
-                         sections, tuple(combo[i] for i in inner))
+        layout = _layout(lambda: _data(base, names, combo), splits[0], validated,
+                         tuple(combo[i] for i in outer), sections, in_values)
         if layout is None:
             continue
-        shared = tuple(values.items())
+        shared = tuple(zip(names, combo))
         for mb, ga in splits:
-            yield Candidate(index, shared, layout, int(mb), int(ga))
+            yield Candidate(index, shared, layout, mb, ga)
             index += 1
 
 
-def _layout(data: dict, split: tuple[int, int], validated: dict, outer: tuple, sections: dict,
+def _data(base: dict, names: list[str], combo: tuple) -> dict:
+    """The spec mapping of one combination of the axes (dotted names reach into sections)."""
+    data = dict(base)
+    for key, value in zip(names, combo):
+        head, _, rest = key.partition(".")
+        if rest:
+            section = dict(data.get(head) or {})
+            section[rest] = value
+            data[head] = section
+        else:
+            data[key] = value
+    return data
+
+
+def _splits(spec: JobSpec, data: dict, values: dict, desc: ModelDesc | None, rows_total: int,
+            vary_micro_batch: bool, max_micro_batch: int) -> list[tuple[int, int]] | None:
+    """The (micro-batch, accumulation) splits of a layout's rows per rank; None where the
+    layout is refused before validation (_valid) or its rows do not divide."""
+    if not _valid(values, data, desc):
+        return None
+    par = data.get("parallel") or {}
+    dp = data.get("num_gpus", 1) // _model_parallel(par)
+    if vary_micro_batch:
+        if rows_total % dp:
+            return None
+        return [(int(mb), int(rows_total // dp // mb)) for mb in _divisors(rows_total // dp, max_micro_batch)]
+    mb = spec.micro_batch_size
+    if rows_total % (dp * mb):
+        return None
+    return [(int(mb), int(rows_total // (dp * mb)))]
+
+
+def _layout(make_data, split: tuple[int, int], validated: dict, outer: tuple, sections: dict,
             inner: tuple) -> JobSpec | None:
-    """load_spec of `data` at `split`, None where it raises SpecError (enumerate_candidates)."""
+    """load_spec of the combination's mapping (`make_data()`) at `split`, None where it
+    raises SpecError (enumerate_candidates)."""
     mb, ga = split
     known = validated.get(outer)
     try:
         if known is None:
-            layout = validated[outer] = load_spec(dict(data, micro_batch_size=mb, grad_accum_steps=ga))
+            layout = validated[outer] = load_spec(dict(make_data(), micro_batch_size=mb, grad_accum_steps=ga))
             return layout
         if inner not in sections:
             try:
-                sections[inner] = load_section("parallel", data.get("parallel"))
+                sections[inner] = load_section("parallel", make_data().get("parallel"))
             except SpecError as exc:    # load_spec raises the same (it loads the section first)
                 sections[inner] = exc
         par = sections[inner]
