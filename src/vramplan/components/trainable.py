@@ -82,6 +82,11 @@ def _matches(module: str, target: str) -> bool:
     return module == target or module.endswith("." + target)
 
 
+def targets_module(module: str, targets: tuple[str, ...] | str) -> bool:
+    """Whether LoRA targets (names, or all-linear) take this linear module, as PEFT matches."""
+    return targets == ALL_LINEAR or any(_matches(module, t) for t in targets)
+
+
 _TARGETS: dict[tuple, tuple] = {}
 
 # The frameworks whose own LoRA default is every linear layer: LLaMA-Factory's

@@ -25,14 +25,13 @@ from vramplan.components.activations import plan_activations
 from vramplan.components.arch_vit import VisionDesc, VitCtx, projector, vit_embed, vit_layer
 from vramplan.components.graph import Param, Recorder
 from vramplan.components.optimizer import optimizer_states, step_temporaries
-from vramplan.components.trainable import LLAMA_TARGETS, HeldParam, ParamSet, param_set
+from vramplan.components.trainable import LLAMA_TARGETS, HeldParam, ParamSet, param_set, targets_module
 from vramplan.components.weights import weight_terms
 from vramplan.i18n import Msg
 from vramplan.jobs.compose import Step, finish
 from vramplan.jobs.trained import prefixed, single_spec
 from vramplan.model import ModelDesc
 from vramplan.spec import Checkpointing, JobSpec, Method, SpecError
-from vramplan.spec.sections import ALL_LINEAR
 from vramplan.timeline import StepPlan
 from vramplan.units import nbytes
 
@@ -81,17 +80,13 @@ def _held(vis: VisionDesc, spec: JobSpec, train_tower: bool) -> ParamSet:
     w = spec.precision.weight_dtype
     out: list[HeldParam] = []
     lora = train_tower and spec.method in (Method.LORA, Method.QLORA)
-    # PEFT matches the whole model's module names, the tower's included; "all-linear" takes
-    # every linear but the output head (peft/tuners/tuners_utils.py). With no targets named
-    # the language model's q_proj/v_proj stand in, which CLIP/SigLIP towers also have.
-    targets = (spec.lora.target_modules or LLAMA_TARGETS) if lora else ()
     for name, shape, layer in vis.params():
         used = layer is None or layer < vis.used_layers
         trains = train_tower and used and not lora and not name.startswith("post_layernorm")
         out.append(HeldParam("vision_tower." + name, shape, w, trains, "base", layer))
         module = name.rsplit(".", 1)[0]
         if lora and used and layer is not None and name.endswith(".weight") and len(shape) == 2 and \
-                (targets == ALL_LINEAR or any(module.endswith(t) for t in targets)):
+                targets_module(module, spec.lora.target_modules or LLAMA_TARGETS):
             out.append(HeldParam(f"vision_tower.{module}.lora_A", (spec.lora.r, shape[1]), "fp32", True, "lora", layer))
             out.append(HeldParam(f"vision_tower.{module}.lora_B", (shape[0], spec.lora.r), "fp32", True, "lora", layer))
     out += [HeldParam("projector." + n, s, w, True, "base", None) for n, s in vis.projector_params()]

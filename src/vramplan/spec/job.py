@@ -191,15 +191,9 @@ class JobSpec:
                 raise SpecError("lengths", "packing fills every row to seq_len; drop packing or the lengths section")
         for name, value in _tasks.check_task_fields(self).items():
             set_(name, value)
-        # spec/variants.py with_layout repeats the checks that read parallel or the batch split
-        if (self.task is Task.DIFFUSION and isinstance(self.parallel, ParallelConfig)
-                and (self.parallel.model_parallel > 1 or self.parallel.ep > 1)):
-            raise SpecError("parallel", "tensor, pipeline, context and expert parallelism of a diffusion "
-                            "denoiser are not modelled yet; use zero_stage or fsdp")
         self._fill_method_defaults()
-        from vramplan.spec.optimizers import check_optimizer_fields
-        check_optimizer_fields(self)
-        self._check_float8()
+        from vramplan.spec.variants import check_layout  # the checks that read parallel or the batch split
+        check_layout(self)
         if self.optimizer_impl is None:
             # torch.optim._default_to_fused_or_foreach: foreach when every tensor is on a
             # CUDA device, the per-parameter loop otherwise (CPU).
