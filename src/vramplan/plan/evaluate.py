@@ -16,21 +16,14 @@ from vramplan.model import ModelDesc
 from vramplan.plan.steptime import DEFAULT_MFU, LayoutTime, ModelCounts, StepTime, step_time
 from vramplan.spec import JobSpec, SpecError, load_spec
 from vramplan.spec.tasks import needs_several_models
+from vramplan.spec.variants import with_dotted
 
 
 def apply_changes(base: JobSpec | Mapping, changes: Mapping[str, Any]) -> JobSpec:
     """A validated copy of `base` with `changes` applied; dotted keys reach into sections
     (`parallel.zero_stage`, `lora.r`)."""
     data = copy.deepcopy(base.to_dict(as_given=True) if isinstance(base, JobSpec) else dict(base))
-    for key, value in changes.items():
-        head, _, rest = key.partition(".")
-        if rest:
-            section = dict(data.get(head) or {})
-            section[rest] = value
-            data[head] = section
-        else:
-            data[key] = value
-    return load_spec(data)
+    return load_spec(with_dotted(data, changes.items()))
 
 
 def trained_desc(spec: JobSpec) -> ModelDesc | None:

@@ -15,7 +15,7 @@ from vramplan.model import ModelDesc
 from vramplan.plan.steptime import data_parallel, global_batch
 from vramplan.spec import JobSpec, Method, ParallelConfig, SpecError, load_spec
 from vramplan.spec.job import copy_with
-from vramplan.spec.variants import load_section, with_layout
+from vramplan.spec.variants import load_section, with_dotted, with_layout
 
 # Axes a user may open with --vary, and the values tried when none are given.
 KNOWN_AXES: dict[str, tuple] = {
@@ -184,16 +184,7 @@ def enumerate_candidates(spec: JobSpec, desc: ModelDesc | None, axes: Mapping[st
 
 def _data(base: dict, names: list[str], combo: tuple) -> dict:
     """The spec mapping of one combination of the axes (dotted names reach into sections)."""
-    data = dict(base)
-    for key, value in zip(names, combo):
-        head, _, rest = key.partition(".")
-        if rest:
-            section = dict(data.get(head) or {})
-            section[rest] = value
-            data[head] = section
-        else:
-            data[key] = value
-    return data
+    return with_dotted(base, zip(names, combo))
 
 
 def _splits(spec: JobSpec, data: dict, values: dict, desc: ModelDesc | None, rows_total: int,

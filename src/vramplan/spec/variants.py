@@ -3,12 +3,25 @@ can fail: what fit's enumeration needs for thousands of layouts alike but for th
 parallel section and batch split (load_spec of each takes ~0.3 ms)."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterable, Mapping
 
 from vramplan.spec.enums import USER_ERRORS, SpecError, Task, as_spec_error
 from vramplan.spec.job import JobSpec, _section, copy_with
 from vramplan.spec.optimizers import check_optimizer_fields
 from vramplan.spec.sections import ParallelConfig
+
+
+def with_dotted(data: Mapping[str, Any], changes: Iterable[tuple[str, Any]]) -> dict:
+    """A copy of the spec mapping `data` with `changes` set; a dotted key reaches into its
+    section (`parallel.zero_stage`, `lora.r`), copying that section."""
+    out = dict(data)
+    for key, value in changes:
+        head, _, rest = key.partition(".")
+        if rest:
+            out[head] = {**(out.get(head) or {}), rest: value}
+        else:
+            out[key] = value
+    return out
 
 
 def load_section(name: str, value: Any):
@@ -45,4 +58,4 @@ def check_layout(spec: JobSpec) -> None:
     spec._check_float8()
 
 
-__all__ = ["check_layout", "load_section", "with_layout"]
+__all__ = ["check_layout", "load_section", "with_dotted", "with_layout"]
