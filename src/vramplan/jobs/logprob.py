@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vramplan.breakdown import Breakdown
+from vramplan.components.arch import model_rows
 from vramplan.i18n import Msg
 from vramplan.spec import Backend, JobSpec, LogprobHead, Task
 from vramplan.spec.stack import Framework
@@ -68,8 +69,8 @@ def sft_head(spec: JobSpec, hidden: int, vocab: int, softcap: bool) -> "Chunked 
     the label mask; `full` (or `selective`, which SFT has no use for) is the model's loss."""
     if spec.task is not Task.SFT or resolve_head(spec) is not LogprobHead.CHUNKED:
         return None
-    return chunked_head(spec, spec.micro_batch_size, spec.seq_len, hidden, vocab, top1=True, entropy=True,
-                        softcap=softcap)
+    # a padding-free batch is one row of b*s tokens (components/arch.py model_rows)
+    return chunked_head(spec, *model_rows(spec), hidden, vocab, top1=True, entropy=True, softcap=softcap)
 
 
 def head_note(spec: JobSpec) -> str:

@@ -118,12 +118,13 @@ def _dpo(job: dict, dtype, flags: dict):
     policy = policy_model(job, dtype)
     vocab = policy.config.vocab_size
     ref = job.get("reference_model")
-    if ref == "precomputed":
-        raise ValueError("reference_model: precomputed is measured through the hand-written step "
-                         "(TRL precomputes it before train())")
+    # precomputed: DPOConfig.precompute_ref_log_probs with no ref_model; DPOTrainer `__init__`
+    # scores the dataset with the policy (`_precompute_ref_logps`) before train(), which is
+    # metered from its first step on (the reference log-probs ride in the batch).
+    precomputed = ref == "precomputed"
     lora_ref = ref is None and job.get("method") in ("lora", "qlora")
-    ref_model = None if lora_ref else frozen_model(job, ref or job["model"], dtype)
-    args = DPOConfig(**common_args(job, flags), max_length=int(job["seq_len"]),
+    ref_model = None if lora_ref or precomputed else frozen_model(job, ref or job["model"], dtype)
+    args = DPOConfig(**common_args(job, flags), max_length=int(job["seq_len"]), precompute_ref_log_probs=precomputed,
                      loss_type=[DPO_LOSS[job["task"]]], dataset_num_proc=None)
     trainer = DPOTrainer(model=policy, ref_model=ref_model, args=args,
                          train_dataset=data.dataset(data.preference_rows(num_rows(job), job["seq_len"], vocab)),
@@ -184,8 +185,12 @@ def _grpo(job: dict, dtype, flags: dict):
     # model has not: the loader is handed the reference built from the spec instead.
     beta = 0.0 if ref == "precomputed" else 0.04
     frozen = None if beta == 0.0 or job.get("method") in ("lora", "qlora") else frozen_model(job, ref or job["model"], dtype)
+    # Every completion runs to max_new_tokens: generation with no EOS to stop at. (Not
+    # `min_new_tokens`, which adds transformers' MinNewTokensLengthLogitsProcessor and its
+    # (rows, v) fp32 clone/where copies at each sampling step, logits_process.py: TRL's
+    # defaults add no logits processor, and the estimate models none.)
     args = GRPOConfig(**common_args(job, flags), num_generations=g, max_completion_length=new, beta=beta,
-                      use_vllm=False, generation_kwargs={"min_new_tokens": new})
+                      use_vllm=False, generation_kwargs={"eos_token_id": None})
     with mock.patch.object(grpo_trainer, "create_model_from_path", lambda *a, **k: frozen):
         trainer = GRPOTrainer(model=policy, reward_funcs=_length_reward, args=args,
                               train_dataset=data.dataset(data.prompt_rows(num_rows(job), job["seq_len"], vocab)),
@@ -195,12 +200,14 @@ def _grpo(job: dict, dtype, flags: dict):
 
 
 def _sft(job: dict, dtype, flags: dict):
-    from transformers import Trainer, TrainingArguments, default_data_collator
+    from transformers import DataCollatorWithFlattening, Trainer, TrainingArguments, default_data_collator
 
     policy = policy_model(job, dtype)
     vocab = policy.config.vocab_size
     args = TrainingArguments(**common_args(job, flags))
-    trainer = Trainer(model=policy, args=args, data_collator=default_data_collator,
+    # spec packing: transformers' padding-free collator (one row of b*s tokens, position_ids)
+    collator = DataCollatorWithFlattening() if job.get("packing") else default_data_collator
+    trainer = Trainer(model=policy, args=args, data_collator=collator,
                       train_dataset=data.dataset(data.lm_rows(num_rows(job), job["seq_len"], vocab)),
                       optimizers=optimizers_for(policy, job))
     return trainer, {"policy": policy}, {}
@@ -213,8 +220,13 @@ def _sft_trl(job: dict, dtype, flags: dict):
 
     policy = policy_model(job, dtype)
     vocab = policy.config.vocab_size
-    args = SFTConfig(**common_args(job, flags), max_length=int(job["seq_len"]), dataset_num_proc=None)
-    rows = data.lm_rows(num_rows(job), job["seq_len"], vocab)
+    # spec packing: SFTConfig packing (BFD, which turns padding_free on: sft_trainer.py
+    # `__init__`), rows of seq_len/4 tokens packed four to a seq_len row
+    pack = bool(job.get("packing")) and flags.get("packing", True)
+    s = int(job["seq_len"])
+    flags = {"packing": pack, "max_length": s} | flags
+    args = SFTConfig(**common_args(job, flags), dataset_num_proc=None)
+    rows = data.lm_rows(4 * num_rows(job), s // 4, vocab) if pack else data.lm_rows(num_rows(job), s, vocab)
     trainer = SFTTrainer(model=policy, args=args, train_dataset=data.dataset({"input_ids": rows["input_ids"]}),
                          processing_class=data.tokenizer(vocab), optimizers=optimizers_for(policy, job))
     return trainer, {"policy": policy}, {}
@@ -247,8 +259,12 @@ def _runner(task: str) -> dict:
     return {"library": "trl", "version": trl.__version__, "entry": TRL_TASKS[task]}
 
 
-def measure_trainer(job, trace: bool = False) -> MeasureResult:
-    """Run the job's library trainer for two optimizer steps under the exact CPU meter."""
+def measure_trainer(job, trace: bool = False, trainer_args: dict | None = None) -> MeasureResult:
+    """Run the job's library trainer for two optimizer steps under the exact CPU meter.
+
+    ``trainer_args``: trainer config fields the spec has no word for (e.g.
+    ``gradient_checkpointing_kwargs``, SFTConfig's ``padding_free``), set over what the spec
+    gives; bench/trainers records them with each case."""
     job = job_dict(job)
     task = job["task"]
     from . import trl_experimental
@@ -263,6 +279,7 @@ def measure_trainer(job, trace: bool = False) -> MeasureResult:
         raise ValueError(f"task: no library trainer is measured for {task!r}")
     torch.manual_seed(0)
     dtype, flags = precision(job)
+    flags = {**flags, **(trainer_args or {})}
     trainer, models, options = build(job, dtype, flags)
     runner = _runner(task)
     if trl_sft(job):
