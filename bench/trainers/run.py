@@ -79,6 +79,7 @@ CASES = dict([
     case("simpo/fp32/full/cpo", task="simpo", precision="fp32"),
     # LoRA + gradient checkpointing (transformers 5 default: non-reentrant; PEFT and Trainer
     # call enable_input_require_grads), the Trainer's own bf16 autocast on a bf16 model
+    case("sft/bf16/lora/hf-trainer", task="sft", precision="bf16", stack="hf-trainer", **LORA),
     case("sft/bf16/lora/hf-trainer/gc", task="sft", precision="bf16", stack="hf-trainer", **LORA,
          gradient_checkpointing="full"),
     case("sft/bf16/lora/hf-trainer/gc/autocast", task="sft", precision="bf16", stack="hf-trainer", **LORA,

@@ -9,10 +9,13 @@ saving, two optimizer steps):
 
 * dpo, ipo: ``trl.DPOTrainer`` (``loss_type`` ``sigmoid`` / ``ipo``); a separate
   reference model, or, for a LoRA policy with no ``reference_model``, the policy with its
-  adapter disabled (dpo_trainer.py ``_compute_loss`` -> ``use_adapter``);
+  adapter disabled (dpo_trainer.py ``_compute_loss`` -> ``use_adapter``), or, for
+  ``reference_model: precomputed``, ``precompute_ref_log_probs=True`` (done before train());
 * kto: ``trl.KTOTrainer``; reward-model: ``trl.RewardTrainer``;
 * grpo: ``trl.GRPOTrainer`` with HF ``generate`` (``use_vllm=False``) and a reward function;
-* sft: the HF ``transformers.Trainer`` (the model's own causal-LM loss);
+* sft: the HF ``transformers.Trainer`` (the model's own causal-LM loss), with
+  ``DataCollatorWithFlattening`` for ``packing``; under ``stack: trl`` TRL's SFTTrainer
+  (``packing=True``: BFD packing, padding-free);
 * distill, orpo, simpo: trl.experimental's GKDTrainer, ORPOTrainer, CPOTrainer
   (measure/trl_experimental.py, which also states how their precision is mapped).
 
