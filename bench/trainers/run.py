@@ -80,6 +80,7 @@ CASES = dict([
     # LoRA + gradient checkpointing (transformers 5 default: non-reentrant; PEFT and Trainer
     # call enable_input_require_grads), the Trainer's own bf16 autocast on a bf16 model
     case("sft/bf16/lora/hf-trainer", task="sft", precision="bf16", stack="hf-trainer", **LORA),
+    case("sft/bf16/lora/hf-trainer/autocast", task="sft", precision="bf16", stack="hf-trainer", **LORA),
     case("sft/bf16/lora/hf-trainer/gc", task="sft", precision="bf16", stack="hf-trainer", **LORA,
          gradient_checkpointing="full"),
     case("sft/bf16/lora/hf-trainer/gc/autocast", task="sft", precision="bf16", stack="hf-trainer", **LORA,
@@ -114,6 +115,7 @@ CASES = dict([
 ])
 # Trainer config fields the spec has no word for (measure_trainer's trainer_args).
 TRAINER_ARGS = {
+    "sft/bf16/lora/hf-trainer/autocast": {"bf16": True},
     "sft/bf16/lora/hf-trainer/gc/autocast": {"bf16": True},
     "sft/bf16/lora/sft-trainer/gc/reentrant": {"gradient_checkpointing_kwargs": {"use_reentrant": True}},
     "sft/bf16/full/sft-trainer/padding-free": {"packing": False, "padding_free": True, "max_length": None},
