@@ -80,10 +80,7 @@ CASES = dict([
     # LoRA + gradient checkpointing (transformers 5 default: non-reentrant; PEFT and Trainer
     # call enable_input_require_grads), the Trainer's own bf16 autocast on a bf16 model
     case("sft/bf16/lora/hf-trainer", task="sft", precision="bf16", stack="hf-trainer", **LORA),
-    case("sft/bf16/lora/hf-trainer/autocast", task="sft", precision="bf16", stack="hf-trainer", **LORA),
     case("sft/bf16/lora/hf-trainer/gc", task="sft", precision="bf16", stack="hf-trainer", **LORA,
-         gradient_checkpointing="full"),
-    case("sft/bf16/lora/hf-trainer/gc/autocast", task="sft", precision="bf16", stack="hf-trainer", **LORA,
          gradient_checkpointing="full"),
     case("sft/amp-bf16/lora/hf-trainer/gc", task="sft", precision="amp-bf16", stack="hf-trainer", **LORA,
          gradient_checkpointing="full"),
@@ -115,8 +112,6 @@ CASES = dict([
 ])
 # Trainer config fields the spec has no word for (measure_trainer's trainer_args).
 TRAINER_ARGS = {
-    "sft/bf16/lora/hf-trainer/autocast": {"bf16": True},
-    "sft/bf16/lora/hf-trainer/gc/autocast": {"bf16": True},
     "sft/bf16/lora/sft-trainer/gc/reentrant": {"gradient_checkpointing_kwargs": {"use_reentrant": True}},
     "sft/bf16/full/sft-trainer/padding-free": {"packing": False, "padding_free": True, "max_length": None},
 }
@@ -145,14 +140,15 @@ def errors(est, measured: dict) -> dict:
 def main(argv=None) -> int:
     import vramplan
     ap = argparse.ArgumentParser()
-    ap.add_argument("--only", default="")
+    ap.add_argument("--only", default="", help="a case name, or a substring of the names")
     ap.add_argument("--estimate-only", action="store_true")
     args = ap.parse_args(argv)
     path = HERE / "results-cpu.json"
     old = json.loads(path.read_text()) if path.exists() else {}
     out = dict(old)
     for name, job in CASES.items():
-        if args.only not in name:
+        # a case's full name runs that case alone; anything else is a substring
+        if name != args.only and (args.only in CASES or args.only not in name):
             continue
         est = vramplan.estimate(job)
         extra = TRAINER_ARGS.get(name)

@@ -23,9 +23,10 @@ The TRL configs' own defaults (``gradient_checkpointing=True``, ``bf16=True``: t
 base_config.py ``_BaseConfig``) are overridden by the spec, which states both; the
 optimizer is the spec's torch optimizer handed to the trainer (``optimizers=(opt, None)``),
 so ``optimizer_impl`` is the spec's rather than Trainer's ``adamw_torch`` (for-loop on CPU).
-Precision: ``fp32``/``bf16``/``fp16`` build the model in that dtype with the trainer's
-autocast off; ``amp-bf16`` an fp32 model with ``bf16=True``; ``mixed-*`` has no equivalent
-in these trainers.
+Precision follows the spec's stack (measure/trl_experimental.py ``stack_precision``): under
+``stack: hf-trainer``/``trl`` the word ``bf16`` is a bf16 model with the trainer's
+``bf16=True`` (autocast), as the estimate reads it; ``stack: plain`` bf16 is pure bf16;
+``amp-bf16`` an fp32 model with ``bf16=True``; ``mixed-*`` has no equivalent in these trainers.
 """
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ import torch
 from . import MeasureResult
 from . import trl_data as data
 from .build import (
-    apply_method, build_model, build_optimizer, job_dict, norm_precision, precision_dtypes,
+    apply_method, build_model, build_optimizer, job_dict,
 )
 from .trainer_meter import metered_train
 
@@ -59,16 +60,6 @@ def runs_library(task: str) -> bool:
     except ImportError:
         return False
     return True
-
-
-def _precision(job: dict) -> tuple[torch.dtype, dict]:
-    """(model dtype, the trainer's bf16/fp16 flags) for the spec's precision."""
-    precision = norm_precision(job.get("precision", "fp32"))
-    if precision.startswith("mixed-"):
-        raise ValueError(f"precision: {precision} (16-bit weights, fp32 master) has no equivalent in "
-                         "the HF/TRL trainers; use amp-bf16 or bf16")
-    dtype, autocast = precision_dtypes(precision)
-    return dtype, {"bf16": autocast is torch.bfloat16, "fp16": autocast is torch.float16}
 
 
 def build_role(job: dict, field, dtype, task: str = "sft", num_labels: int | None = None):
@@ -275,9 +266,9 @@ def measure_trainer(job, trace: bool = False, trainer_args: dict | None = None) 
     if task in trl_experimental.BUILDERS:
         build, precision = trl_experimental.BUILDERS[task], trl_experimental.stack_precision
     elif trl_sft(job):  # SFT under stack trl: TRL's SFTTrainer
-        build, precision = _sft_trl, _precision
+        build, precision = _sft_trl, trl_experimental.stack_precision
     elif task in BUILDERS:
-        build, precision = BUILDERS[task], _precision
+        build, precision = BUILDERS[task], trl_experimental.stack_precision
     else:
         raise ValueError(f"task: no library trainer is measured for {task!r}")
     torch.manual_seed(0)
