@@ -90,7 +90,9 @@ class JobSpec:
     packing: bool = False
     """Rows packed to `seq_len` tokens, documents told apart by restarting `position_ids`
     and no attention mask (TRL `padding_free`, DataCollatorWithFlattening): flash attention
-    runs varlen; SDPA and eager get a (b, 1, s, s) block-causal mask (masking_utils.py)."""
+    runs varlen; SDPA and eager get a (b, 1, s, s) block-causal mask (masking_utils.py).
+    Under stack hf-trainer and trl the collators flatten the micro-batch into one row of
+    b*s tokens, so the mask is (1, 1, b*s, b*s) (components/arch.py model_rows)."""
     neftune_noise_alpha: float | None = None
     """NEFTune (TrainingArguments.neftune_noise_alpha): uniform noise added to the input
     embeddings in training (components/activations.py: a transient, nothing saved)."""
