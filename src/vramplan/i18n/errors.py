@@ -90,6 +90,25 @@ TEMPLATES = (
     N_("{group} does not divide in_features {n} of {name}; AWQ needs whole groups (use a divisor of {m})"),
     N_("{value} is not a multiple of {step} (VAE factor {vae} x patch {patch}); use e.g. {near}"),
     N_("{frames} frames do not fit {model}'s VAE: use {rule} frames, e.g. {near}"),
+    # vramplan.spec and vramplan.rawsize: a model given by its size (num_params)
+    N_("describes a model given by its size, not by `model`; drop one of them"),
+    N_("expected a count like 7e9, 7B or 125M, got {text}"),
+    N_("is past any published model ({layers} layers); use at most {limit}"),
+    N_("an MLP {ratio} x as wide as the hidden size would hold {n} parameters in {layers} layers of hidden size {h}; "
+       "give a larger --hidden-size or more --num-layers"),
+    N_("required in the {section} section; add {name}: <value>"),
+    N_('expected "key=value,key=value", got {value}'),
+    # vramplan.catalog.hf_check / hf_config: a config.json's fields
+    N_("{kind} config field {key} must be an integer >= {low}, got {value}"),
+    N_("{kind} config field {key} must be a number (not null), got None"),
+    N_("{kind} config field {key} must be at most {limit} (no published model has more), got {value}"),
+    N_("{kind} config field {key} must be a number in [0, 1], got {value}"),
+    N_("{kind} config field {key} must be true or false, got {value}"),
+    N_("{kind} config field {key} must be an activation of transformers' ACT2FN ({names}), got {value}"),
+    N_("{kind} config field {key} must be a positive integer, got {value}"),
+    N_("{kind} config field {key} must be an activation of ACT2FN or gated-<activation>, e.g. relu or gated-gelu, "
+       "got {value}"),
+    N_("{kind} config is missing required field {key}"),
     # vramplan.files: spec and config files
     N_("{path}: file not found"),
     N_("{path}: not valid JSON/YAML ({detail})"),
@@ -169,8 +188,11 @@ def localize(text: str) -> str:
     if translated is None:
         return text
     if hint is not None:
-        sep = "" if translated.endswith((".", "。", "；")) else _("; ")
-        translated += sep + _(HINT).format(suggestion=hint)
+        said = _(HINT).format(suggestion=hint)
+        if translated.endswith("."):  # a new sentence: "... mixed-fp16. Did you mean 'bf16'?"
+            translated += " " + said[:1].upper() + said[1:]
+        else:
+            translated += ("" if translated.endswith(("。", "；")) else _("; ")) + said
     return translated
 
 

@@ -11,10 +11,8 @@ from vramplan.spec.enums import (
     Precision, QuantType, SpecError, Task,
 )
 from vramplan.spec.enums import USER_ERRORS, as_spec_error
-from vramplan.spec.sections import (
-    FreezeConfig, LoraConfig, ParallelConfig, QuantConfig, boolean, did_you_mean, fraction, positive_int, quant_facts,
-    string_keys,
-)
+from vramplan.spec.sections import (FreezeConfig, LoraConfig, ParallelConfig, QuantConfig, boolean, did_you_mean,
+                                    fraction, positive_int, quant_facts, required_keys, string_keys)
 from vramplan.spec.low_rank import LowRankConfig
 from vramplan.spec.float8 import Float8Config, check_all_gather, parse_float8, parse_neftune
 from vramplan.spec import tasks as _tasks
@@ -223,6 +221,9 @@ class JobSpec:
             raise SpecError("model", f"expected a name, path or HF config mapping, got {type(self.model).__name__}")
         if isinstance(self.model, str) and not self.model.strip():
             raise SpecError("model", "is empty")
+        for name in ("num_params", "num_layers", "hidden_size") if self.model is not None else ():
+            if getattr(self, name) is not None:  # read only for a model given by its size (sources.py)
+                raise SpecError(name, "describes a model given by its size, not by `model`; drop one of them")
         if self.num_params is not None:
             from vramplan.units import parse_count
             if isinstance(self.num_params, bool) or not isinstance(self.num_params, (int, float, str)):
@@ -312,6 +313,7 @@ def _section(name: str, value: Any):
     for key in data:
         if key not in known:
             raise SpecError(f"{name}.{key}", f"unknown key{did_you_mean(key, known)}")
+    required_keys(name, cls, data)
     try:
         return cls(**data)
     except TypeError as exc:

@@ -1,10 +1,11 @@
 """Nested sections of the job spec: LoRA, quantization, freezing, parallel layout."""
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 from vramplan.spec.enums import QuantType, SpecError
 
@@ -24,6 +25,13 @@ def string_keys(prefix: str, data: Any) -> None:
     for key in data:
         if not isinstance(key, str):
             raise SpecError(f"{prefix}{key}", f"keys are field names, got {key!r} (a {type(key).__name__})")
+
+
+def required_keys(section: str, cls, data: Mapping) -> None:
+    """A section's fields without a default are given (else the dataclass raises TypeError)."""
+    for f in dataclasses.fields(cls):
+        if f.name not in data and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise SpecError(f"{section}.{f.name}", f"required in the {section} section; add {f.name}: <value>")
 
 
 def did_you_mean(key: str, known) -> str:
