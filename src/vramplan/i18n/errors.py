@@ -109,6 +109,20 @@ TEMPLATES = (
     N_("{kind} config field {key} must be an activation of ACT2FN or gated-<activation>, e.g. relu or gated-gelu, "
        "got {value}"),
     N_("{kind} config is missing required field {key}"),
+    # vramplan.plan and cli.plan: compare / fit options
+    N_("a share of the GPU is not taken here; give a size like 2GiB or 512MiB, got {text}"),
+    N_("{text} leaves nothing of the GPU's {gib} GiB for the job; keep less free, e.g. 5% or 2GiB"),
+    N_("expected a number in (0, 1] (model FLOPs utilization, e.g. 0.4), got {value}"),
+    N_("bounds --minimize num_gpus; add --minimize num_gpus or drop --max-gpus"),
+    N_("no layout to search: no combination of the axes is a valid layout of this job (its global batch of {n} "
+       "rows split over the data-parallel GPUs, heads over tp, layers over pp); open other values"),
+    N_("{path}: entry {k} must be a mapping with a name and its changes, got {item}"),
+    N_("{path} must hold a list of entries, each a name and its changes"),
+    # cli.measure, cli.serve
+    N_("expected cpu, cuda or cuda:N, got {value}"),
+    N_("no CUDA GPU here (torch.cuda.is_available() is False); use --device cpu or --fake"),
+    N_("no GPU {device}: {n} visible"),
+    N_("expected a port number from 0 to 65535, got {value}"),
     # vramplan.files: spec and config files
     N_("{path}: file not found"),
     N_("{path}: not valid JSON/YAML ({detail})"),

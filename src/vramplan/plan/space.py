@@ -54,6 +54,26 @@ def axis_name(name: str) -> str:
     return key
 
 
+def check_axes(axes: Mapping[str, tuple]) -> None:
+    """Each value of each axis is one the spec takes for that field (SpecError naming the
+    field otherwise): the search combines them unchecked (num_gpus 0 would divide by zero)."""
+    from vramplan.spec import Attention, Checkpointing, LossImpl, Optimizer, Precision
+    from vramplan.spec.sections import LoraConfig, ParallelConfig, positive_int
+    enums = {"gradient_checkpointing": Checkpointing, "optimizer": Optimizer, "precision": Precision,
+             "attention": Attention, "loss_impl": LossImpl, "method": Method}
+    for axis, values in axes.items():
+        head, _, rest = axis.partition(".")
+        for value in values:
+            if head == "parallel":
+                ParallelConfig(**{rest: value})
+            elif head == "lora":
+                LoraConfig(**{rest: value})
+            elif head in enums:
+                enums[head].parse(value, head)
+            else:
+                positive_int(axis, value)
+
+
 def default_axes(spec: JobSpec, desc: ModelDesc | None) -> dict[str, tuple]:
     """What `fit` searches when the user names nothing: the memory/speed trade-offs that do
     not change the model being trained (sharding, offload, recomputation, micro-batch)."""
@@ -119,6 +139,7 @@ def _valid(values: Mapping[str, Any], spec_data: dict, desc: ModelDesc | None) -
 def enumerate_candidates(spec: JobSpec, desc: ModelDesc | None, axes: Mapping[str, tuple], *,
                          vary_micro_batch: bool = True, max_micro_batch: int = 256) -> Iterator[Candidate]:
     """Every valid layout in the product of `axes`, with the micro-batch split."""
+    check_axes(axes)
     base = spec.to_dict(as_given=True)
     rows_total = global_batch(spec)
     names = list(axes)
