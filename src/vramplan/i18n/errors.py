@@ -109,6 +109,11 @@ TEMPLATES = (
     N_("{kind} config field {key} must be an activation of ACT2FN or gated-<activation>, e.g. relu or gated-gelu, "
        "got {value}"),
     N_("{kind} config is missing required field {key}"),
+    # vramplan.spec: counts past any job, GRPO, an image pipeline's frames
+    N_("{n} GPUs are past any cluster built; use at most {limit}"),
+    N_("GRPO needs at least 2 completions per prompt to compute its advantages (trl GRPOConfig); use "
+       "num_generations >= 2"),
+    N_("{model} makes images (its VAE has no time axis), not {frames}-frame videos; drop num_frames"),
     # vramplan.plan and cli.plan: compare / fit options
     N_("a share of the GPU is not taken here; give a size like 2GiB or 512MiB, got {text}"),
     N_("{text} leaves nothing of the GPU's {gib} GiB for the job; keep less free, e.g. 5% or 2GiB"),

@@ -11,8 +11,8 @@ from vramplan.spec.enums import (
     Precision, QuantType, SpecError, Task,
 )
 from vramplan.spec.enums import USER_ERRORS, as_spec_error
-from vramplan.spec.sections import (FreezeConfig, LoraConfig, ParallelConfig, QuantConfig, boolean, did_you_mean,
-                                    fraction, positive_int, quant_facts, required_keys, string_keys)
+from vramplan.spec.sections import (FreezeConfig, LoraConfig, ParallelConfig, QuantConfig, boolean, count_field,
+                                    did_you_mean, fraction, positive_int, quant_facts, required_keys, string_keys)
 from vramplan.spec.low_rank import LowRankConfig
 from vramplan.spec.float8 import Float8Config, check_all_gather, parse_float8, parse_neftune
 from vramplan.spec import tasks as _tasks
@@ -166,7 +166,7 @@ class JobSpec:
         if self.seq_len is None:
             set_("seq_len", DEFAULT_SEQ_LEN)
         for name in _INTS:
-            set_(name, positive_int(name, getattr(self, name)))
+            set_(name, count_field(name, getattr(self, name)))
         set_("stack", parse_stack(self.stack))
         self._resolve_checkpointing()
         set_("load_dtype", parse_dtype(self.load_dtype, "load_dtype"))

@@ -39,6 +39,20 @@ def did_you_mean(key: str, known) -> str:
     return f"; did you mean {hint[0]!r}?" if hint else ""
 
 
+MAX_GPUS = 1 << 20
+"""The most GPUs a job may name: past any cluster built (the largest hold a few hundred
+thousand); a count like 1e12 is a slip, and sharding over it would print a tiny number."""
+
+
+def count_field(name: str, value: Any) -> int:
+    """A top-level count of the spec (micro_batch_size, num_gpus, ...): positive_int, and
+    num_gpus at most MAX_GPUS."""
+    number = positive_int(name, value)
+    if name == "num_gpus" and number > MAX_GPUS:
+        raise SpecError(name, f"{number:,} GPUs are past any cluster built; use at most {MAX_GPUS:,}")
+    return number
+
+
 def positive_int(name: str, value: Any, *, minimum: int = 1, maximum: int = MAX_COUNT) -> int:
     """Accept ints (and integral floats/strings like '4'); anything else names the field."""
     want = f"expected an integer >= {minimum}"

@@ -283,6 +283,11 @@ def check_task_fields(spec) -> dict[str, Any]:
             if task not in RL_TASKS and not (name == "max_new_tokens" and task is Task.INFERENCE):
                 raise SpecError(name, "only tasks ppo, grpo and inference (max_new_tokens) generate")
             out[name] = positive_int(name, value)
+            if name == "num_generations" and task is Task.GRPO and out[name] < 2:
+                # trl GRPOConfig.__post_init__: "GRPO requires at least 2 generations per prompt
+                # to calculate the advantages"
+                raise SpecError(name, "GRPO needs at least 2 completions per prompt to compute its advantages "
+                                      "(trl GRPOConfig); use num_generations >= 2")
     out["models"] = parse_models(spec.models)
     for name in SECTIONS:
         out[name] = parse_section(name, getattr(spec, name))
