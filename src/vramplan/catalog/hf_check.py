@@ -137,6 +137,14 @@ def _check_lists(config: dict) -> None:
     types = config.get("layer_types")
     if types is not None and not (isinstance(types, list) and all(isinstance(t, str) for t in types)):
         raise _field(config, "layer_types", "a list of names like 'sliding_attention'", types)
+    # PreTrainedConfig.validate_layer_type: one layer type per layer; Llama4TextDecoderLayer
+    # reads config.no_rope_layers[layer_idx], so a shorter list fails there
+    layers = config.get("num_hidden_layers")
+    for key in ("layer_types", "no_rope_layers"):
+        value = config.get(key)
+        if isinstance(value, list) and value and isinstance(layers, int) and len(value) != layers:
+            raise ValueError(f"{config.get('model_type', 'model')} config field {key!r} has {len(value)} entries; "
+                             f"give one per layer ({layers}, num_hidden_layers)")
 
 
 def check_desc(desc):

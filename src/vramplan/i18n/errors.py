@@ -114,6 +114,10 @@ TEMPLATES = (
     N_("GRPO needs at least 2 completions per prompt to compute its advantages (trl GRPOConfig); use "
        "num_generations >= 2"),
     N_("{model} makes images (its VAE has no time axis), not {frames}-frame videos; drop num_frames"),
+    N_("quantization_config field {key} must be an integer, got {value}"),
+    N_("{kind} config field {key} has {n} entries; give one per layer ({layers}, num_hidden_layers)"),
+    N_("diffusion LoRA is modelled on diffusers' training scripts' targets ({targets}); drop target_modules or "
+       "name those, got {value}"),
     # vramplan.plan and cli.plan: compare / fit options
     N_("a share of the GPU is not taken here; give a size like 2GiB or 512MiB, got {text}"),
     N_("{text} leaves nothing of the GPU's {gib} GiB for the job; keep less free, e.g. 5% or 2GiB"),
