@@ -118,6 +118,8 @@ TEMPLATES = (
     N_("{kind} config field {key} has {n} entries; give one per layer ({layers}, num_hidden_layers)"),
     N_("diffusion LoRA is modelled on diffusers' training scripts' targets ({targets}); drop target_modules or "
        "name those, got {value}"),
+    N_("{total} is not micro batch x gradient accumulation ({per_rank}) x a number of GPUs; DeepSpeed refuses it "
+       "(_batch_assertion)"),
     # vramplan.plan and cli.plan: compare / fit options
     N_("a share of the GPU is not taken here; give a size like 2GiB or 512MiB, got {text}"),
     N_("{text} leaves nothing of the GPU's {gib} GiB for the job; keep less free, e.g. 5% or 2GiB"),
