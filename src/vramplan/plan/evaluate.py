@@ -15,6 +15,7 @@ from vramplan.estimation import Estimate, estimate_model, model_spec
 from vramplan.model import ModelDesc
 from vramplan.plan.steptime import DEFAULT_MFU, ModelCounts, StepTime, step_time
 from vramplan.spec import JobSpec, SpecError, load_spec
+from vramplan.spec.sections import drop_unread_sections
 from vramplan.spec.tasks import needs_several_models
 
 
@@ -30,6 +31,7 @@ def apply_changes(base: JobSpec | Mapping, changes: Mapping[str, Any]) -> JobSpe
             data[head] = section
         else:
             data[key] = value
+    drop_unread_sections(data, changes)
     return load_spec(data)
 
 

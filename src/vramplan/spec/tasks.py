@@ -265,6 +265,14 @@ def check_task_fields(spec) -> dict[str, Any]:
     """Validate the multi-model fields against the task; returns normalized values."""
     task = spec.task
     out: dict[str, Any] = {}
+    from vramplan.spec.enums import Method
+    if task is not Task.INFERENCE:  # a section the method never reads would be ignored, the number not the job's
+        if spec.lora is not None and spec.method not in (Method.LORA, Method.QLORA):
+            raise SpecError("lora", f"applies to method lora or qlora, not {spec.method.value}; set method lora "
+                            "(TRL: --use_peft) or drop the lora settings")
+        if spec.freeze is not None and spec.method is not Method.FREEZE:
+            raise SpecError("freeze", f"applies to method freeze, not {spec.method.value}; set method freeze or "
+                            "drop the freeze section")
     for name in ("reference_model", "teacher", "reward_model", "critic_model"):
         out[name] = model_ref(name, getattr(spec, name), allow_precomputed=name == "reference_model")
     if out["reference_model"] is not None and task not in REFERENCE_TASKS + RL_TASKS:
