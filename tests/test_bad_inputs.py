@@ -253,3 +253,9 @@ def test_compare_rows_the_libraries_refuse_are_not_applicable(capsys):
     assert code == 0 and rows[0]["name"] == "baseline" and rows[0]["fits"]
     refused = [r for r in rows if r["name"].startswith("lora")]
     assert refused and all("lora.target_modules" in (r["note"] or "") for r in refused)
+
+
+def test_check_api_headroom_not_bytes():
+    with pytest.raises(vramplan.SpecError) as info:  # was int('x') leaking a ValueError
+        vramplan.check({"model": "gpt2", "seq_len": 512, "gpu": "h100"}, headroom_bytes="2GiB")
+    assert info.value.field == "headroom" and "\n" not in str(info.value)

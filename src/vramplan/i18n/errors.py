@@ -122,6 +122,7 @@ TEMPLATES = (
        "(_batch_assertion)"),
     N_("applies to method lora or qlora, not {method}; set method lora (TRL: --use_peft) or drop the lora settings"),
     N_("applies to method freeze, not {method}; set method freeze or drop the freeze section"),
+    N_("expected a number of bytes >= 0, got {value}"),
     # vramplan.plan and cli.plan: compare / fit options
     N_("a share of the GPU is not taken here; give a size like 2GiB or 512MiB, got {text}"),
     N_("{text} leaves nothing of the GPU's {gib} GiB for the job; keep less free, e.g. 5% or 2GiB"),
