@@ -216,6 +216,8 @@ FLAGS = [  # (command line, a substring of the one error line); {tmp} is a folde
     (["compare", "gpt2", "--seq-len", "512", "--gpu", "h100", "--strategies", "{tmp}/missing.yaml"], "strategies"),
     (["measure", "gpt2", "--seq-len", "64", "--device", "tpu"], "device"),
     (["serve", "--port", "99999"], "port"),
+    (["estimate", "--spec", "/dev/null"], "not a regular file"),
+    (["estimate", "--spec", "-"], "not a regular file"),
 ]
 
 

@@ -39,6 +39,8 @@ def _read_text(path: str) -> str:
     if os.path.isdir(path):
         raise FileReadError(f"{path}: is a folder; pass the YAML/JSON file inside it")
     if not os.path.isfile(path):
+        if path == "-" or os.path.exists(path):  # stdin is not read; /dev/null, a pipe, a socket
+            raise FileReadError(f"{path}: not a regular file; pass the path of a YAML/JSON file")
         raise FileReadError(f"{path}: file not found")
     try:
         with open(path, "rb") as fh:

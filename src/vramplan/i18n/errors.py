@@ -139,6 +139,7 @@ TEMPLATES = (
     N_("expected a port number from 0 to 65535, got {value}"),
     # vramplan.files: spec and config files
     N_("{path}: file not found"),
+    N_("{path}: not a regular file; pass the path of a YAML/JSON file"),
     N_("{path}: not valid JSON/YAML ({detail})"),
     N_("{path}: not valid JSON ({detail})"),
     N_("{path}: not valid YAML ({detail})"),
