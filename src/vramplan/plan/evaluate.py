@@ -15,8 +15,7 @@ from vramplan.estimation import Estimate, estimate_model, model_spec
 from vramplan.model import ModelDesc
 from vramplan.plan.steptime import DEFAULT_MFU, ModelCounts, StepTime, step_time
 from vramplan.spec import JobSpec, SpecError, load_spec
-from vramplan.spec.sections import drop_unread_sections
-from vramplan.spec.tasks import needs_several_models
+from vramplan.spec.tasks import drop_unread_sections, needs_several_models
 
 
 def apply_changes(base: JobSpec | Mapping, changes: Mapping[str, Any]) -> JobSpec:

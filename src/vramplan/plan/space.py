@@ -15,7 +15,7 @@ from vramplan.model import ModelDesc
 from vramplan.plan.steptime import data_parallel, global_batch
 from vramplan.spec import JobSpec, Method, SpecError, load_spec
 from vramplan.spec.job import copy_with
-from vramplan.spec.sections import drop_unread_sections
+from vramplan.spec.tasks import drop_unread_sections
 
 # Axes a user may open with --vary, and the values tried when none are given.
 KNOWN_AXES: dict[str, tuple] = {

@@ -27,20 +27,6 @@ def string_keys(prefix: str, data: Any) -> None:
             raise SpecError(f"{prefix}{key}", f"keys are field names, got {key!r} (a {type(key).__name__})")
 
 
-def drop_unread_sections(data: dict, changed) -> None:
-    """A spec mapping whose method a plan changes (`changed`: the keys it sets) keeps only the
-    sections the new method reads: a LoRA job tried as full fine-tuning loses its lora section
-    (the spec refuses a section its method would ignore)."""
-    method = data.get("method", "full")
-    if "method" not in changed or not isinstance(method, str):
-        return
-    keep = {"lora": method in ("lora", "qlora"), "freeze": method == "freeze",
-            "quantization": method == "qlora" or data.get("task") == "inference"}
-    for name, kept in keep.items():
-        if not kept and not any(k == name or k.startswith(name + ".") for k in changed):
-            data.pop(name, None)
-
-
 def required_keys(section: str, cls, data: Mapping) -> None:
     """A section's fields without a default are given (else the dataclass raises TypeError)."""
     for f in dataclasses.fields(cls):

@@ -261,6 +261,20 @@ def parse_models(value: Any) -> tuple[ModelRole, ...]:
     return tuple(out)
 
 
+def drop_unread_sections(data: dict, changed) -> None:
+    """A spec mapping whose method a plan changes (`changed`: the keys it sets) keeps only the
+    sections the new method reads: a LoRA job tried as full fine-tuning loses its lora section
+    (the spec refuses a section its method would ignore)."""
+    method = data.get("method", "full")
+    if "method" not in changed or not isinstance(method, str):
+        return
+    keep = {"lora": method in ("lora", "qlora"), "freeze": method == "freeze",
+            "quantization": method == "qlora" or data.get("task") == "inference"}
+    for name, kept in keep.items():
+        if not kept and not any(k == name or k.startswith(name + ".") for k in changed):
+            data.pop(name, None)
+
+
 def check_task_fields(spec) -> dict[str, Any]:
     """Validate the multi-model fields against the task; returns normalized values."""
     task = spec.task
