@@ -197,6 +197,27 @@ FLAGS = [  # (command line, a substring of the one error line); {tmp} is a folde
     (["estimate", "gpt2", "--seq-len", "512", "--gpu", "h1000"], "gpu"),
     (["compare", "llama-3.1-8b", "--num-gpus", "3", "--tp", "3", "--gpu", "h100"], "parallel.tp"),
     (["check", "llama-3.1-8b", "--num-gpus", "16", "--tp", "16", "--gpu", "h100"], "KV heads"),
+    (["estimate", "llama-3.2-1b", "--optimizer", "galore-adamw", "--optim-args", "="], "--optim-args"),
+    (["estimate", "gpt2", "--seq-len", "512", "--depth", "0"], "depth"),
+    (["estimate", "gpt2", "--seq-len", "512", "--depth", "-1"], "depth"),
+    (["estimate", "llama-3.2-1b", "--num-params", "7b"], "num_params"),
+    # compare / fit / check / measure / serve options (badinput sweep: tracebacks, exit 70, silent answers)
+    (["compare", "gpt2", "--seq-len", "512", "--gpu", "h100", "--headroom", "200%"], "headroom: 200% leaves nothing"),
+    (["fit", "gpt2", "--seq-len", "512", "--gpu", "h100", "--headroom", "100%"], "headroom"),
+    (["check", "gpt2", "--seq-len", "512", "--gpu", "h100", "--headroom", "5%"], "headroom"),
+    (["compare", "gpt2", "--seq-len", "512", "--gpu", "h100", "--mfu", "0"], "mfu"),
+    (["fit", "gpt2", "--seq-len", "512", "--gpu", "h100", "--mfu", "nan"], "mfu"),
+    (["fit", "gpt2", "--seq-len", "512", "--gpu", "h100", "--top-k", "0"], "top_k"),
+    (["fit", "gpt2", "--seq-len", "512", "--gpu", "h100", "--vary", "num_gpus=0"], "num_gpus"),
+    (["fit", "gpt2", "--seq-len", "512", "--gpu", "h100", "--vary", "tp=0", "--only"], "parallel.tp"),
+    (["fit", "gpt2", "--seq-len", "512", "--gpu", "h100", "--vary", "num_gpus=1000000"], "no layout to search"),
+    (["fit", "gpt2", "--seq-len", "512", "--gpu", "h100", "--max-gpus", "4"], "max_gpus"),
+    (["fit", "gpt2", "--seq-len", "512", "--gpu", "h100", "--minimize", "num_gpus", "--max-gpus", "0"], "max_gpus"),
+    (["compare", "gpt2", "--seq-len", "512", "--gpu", "h100", "--strategies", "{tmp}/missing.yaml"], "strategies"),
+    (["measure", "gpt2", "--seq-len", "64", "--device", "tpu"], "device"),
+    (["serve", "--port", "99999"], "port"),
+    (["estimate", "--spec", "/dev/null"], "not a regular file"),
+    (["estimate", "--spec", "-"], "not a regular file"),
 ]
 
 
@@ -214,3 +235,29 @@ def test_cli_warning_is_printed_as_a_note(capsys):
     code = main(["estimate", "llama-3.2-1b", "--seq-len", "200000", "--gradient-checkpointing", "full"])
     out = _squash(capsys.readouterr().out)
     assert code == 0 and _squash("note: seq_len: 200,000 tokens are past") in out
+
+
+def test_strategies_file_entries_not_mappings(tmp_path, capsys):
+    path = tmp_path / "strategies.yaml"
+    path.write_text("- zero3\n- offload\n")  # names alone: each entry needs its changes
+    code = main(["compare", "gpt2", "--seq-len", "512", "--gpu", "h100", "--strategies", str(path)])
+    out, err = capsys.readouterr()
+    assert code == 2 and err.startswith("vramplan: error: strategies: ") and "entry 1" in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in out + err
+
+
+def test_compare_rows_the_libraries_refuse_are_not_applicable(capsys):
+    """The default LoRA rows on GPT-2 (whose modules PEFT's default q_proj/v_proj do not name)
+    are rows that say why, not an error for the whole comparison (it was exit 2 before)."""
+    code = main(["compare", "gpt2", "--seq-len", "512", "--gpu", "h100", "--json"])
+    out, err = capsys.readouterr()
+    rows = json.loads(out)["rows"]
+    assert code == 0 and rows[0]["name"] == "baseline" and rows[0]["fits"]
+    refused = [r for r in rows if r["name"].startswith("lora")]
+    assert refused and all("lora.target_modules" in (r["note"] or "") for r in refused)
+
+
+def test_check_api_headroom_not_bytes():
+    with pytest.raises(vramplan.SpecError) as info:  # was int('x') leaking a ValueError
+        vramplan.check({"model": "gpt2", "seq_len": 512, "gpu": "h100"}, headroom_bytes="2GiB")
+    assert info.value.field == "headroom" and "\n" not in str(info.value)

@@ -175,6 +175,10 @@ ERRORS = [
     (["estimate", "qwen2.5-0.5b", "--gpu", "24"], "需要单位", "24GiB"),
     (["estimate", "qwen2.5-0.5b", "--gpu", "h10"], "有歧义", "h100-80gb"),
     (["estimate", "qwen2.5-0.5b", "--tp", "2", "--num-gpus", "2", "--sp", "maybe"], "应为 true 或 false", "'maybe'"),
+    (["estimate", "--num-params", "7x"], "应为 7e9、7B 或 125M", "'7x'"),
+    (["estimate", "qwen2.5-0.5b", "--num-params", "7b"], "不能同时给出", "num_params"),
+    (["estimate", "--num-params", "7b", "--num-layers", "9999"], "超过任何已发布的模型", "2,048"),
+    (["estimate", "qwen2.5-0.5b", "--depth", "0"], "应为 >= 1 的整数", "depth"),
 ]
 
 

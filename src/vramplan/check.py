@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from vramplan.i18n import Msg
-from vramplan.spec import JobSpec, load_spec
+from vramplan.spec import JobSpec, SpecError, load_spec
 from vramplan.units import GiB
 
 CHECK_SCHEMA_VERSION = 1
@@ -164,6 +164,8 @@ def check(spec, *, device: int | None = None, headroom_bytes: int = 0, raise_err
     from vramplan.plan.suggest import suggestions
     from vramplan.plan.evaluate import trained_desc
     spec = load_spec(spec)
+    if isinstance(headroom_bytes, bool) or not isinstance(headroom_bytes, int) or headroom_bytes < 0:
+        raise SpecError("headroom", f"expected a number of bytes >= 0, got {headroom_bytes!r}")
     local = _pick(spec, device, gpus)
     gpu = catalog_gpu_for(local) if local.source != "catalog" else None
     if gpu is None:

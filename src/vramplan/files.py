@@ -20,13 +20,15 @@ class FileReadError(ValueError):
     """One line naming the file and what is wrong with it."""
 
 
+def read_document(path: str, *, json_only: bool = False):
+    """What a JSON (by extension, or always with `json_only`) or YAML file holds."""
+    text = _read_text(path)
+    return _json(path, text) if json_only or path.endswith(".json") else _yaml(path, text)
+
+
 def read_mapping(path: str, *, json_only: bool = False) -> dict:
     """A JSON (by extension, or always with `json_only`) or YAML file holding a mapping."""
-    text = _read_text(path)
-    if json_only or path.endswith(".json"):
-        data = _json(path, text)
-    else:
-        data = _yaml(path, text)
+    data = read_document(path, json_only=json_only)
     if not isinstance(data, dict):
         kind = "nothing" if data is None else f"a {type(data).__name__}"
         raise FileReadError(f"{path}: expected a mapping (key: value lines) at the top level, found {kind}")
@@ -37,6 +39,8 @@ def _read_text(path: str) -> str:
     if os.path.isdir(path):
         raise FileReadError(f"{path}: is a folder; pass the YAML/JSON file inside it")
     if not os.path.isfile(path):
+        if path == "-" or os.path.exists(path):  # stdin is not read; /dev/null, a pipe, a socket
+            raise FileReadError(f"{path}: not a regular file; pass the path of a YAML/JSON file")
         raise FileReadError(f"{path}: file not found")
     try:
         with open(path, "rb") as fh:

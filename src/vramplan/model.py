@@ -15,6 +15,11 @@ import math
 import re
 from dataclasses import dataclass, field
 
+MAX_LAYERS = 2048
+"""The most layers a model description may have: twice the deepest published transformer
+(DeepNet, arXiv 2203.00555, 1,000 layers). A description lists every layer's tensors, so a
+slip like 1e9 layers would otherwise run for hours rather than answer."""
+
 
 class MlpKind(str, enum.Enum):
     """Shape of the feed-forward block."""

@@ -7,7 +7,7 @@ the parameter count equals the one given (to within one MLP column per layer).
 """
 from __future__ import annotations
 
-from vramplan.model import MlpKind, ModelDesc, NormKind, ParamEntry, PositionKind
+from vramplan.model import MAX_LAYERS, MlpKind, ModelDesc, NormKind, ParamEntry, PositionKind
 from vramplan.spec import SpecError
 
 # (parameters, hidden size, layers, heads): Brown et al. 2020, Table 2.1.
@@ -19,7 +19,8 @@ _VOCAB = 32000
 
 
 def model_from_size(num_params: int, *, num_layers: int | None = None, hidden_size: int | None = None) -> ModelDesc:
-    row = min(_GPT3_SIZES, key=lambda r: abs(r[0] - num_params))
+    # past the table the largest row (float distances to a huge count tie, and min takes the first)
+    row = _GPT3_SIZES[-1] if num_params >= _GPT3_SIZES[-1][0] else min(_GPT3_SIZES, key=lambda r: abs(r[0] - num_params))
     h = hidden_size or row[1]
     layers = num_layers or row[2]
     heads = max(1, h // 128) if hidden_size else row[3]
@@ -27,10 +28,17 @@ def model_from_size(num_params: int, *, num_layers: int | None = None, hidden_si
         heads -= 1
     per_layer_fixed = 4 * h * h + 2 * h
     rest = num_params - 2 * _VOCAB * h - h - layers * per_layer_fixed
+    if layers > MAX_LAYERS:
+        raise SpecError("num_layers", f"is past any published model ({layers:,} layers); use at most {MAX_LAYERS:,}")
     f = rest // (3 * h * layers)
     if f < 1:
         raise SpecError("num_params", f"{num_params:,} is too small for {layers} layers of hidden size {h}; "
                         "give smaller --num-layers/--hidden-size")
+    if f > 64 * h and (hidden_size or num_layers):
+        # a shape the user gave that no model has: the widest published MLP is T5-11B's,
+        # 64 x its hidden size (d_ff 65536, d_model 1024)
+        raise SpecError("hidden_size", f"an MLP {f // h:,} x as wide as the hidden size would hold {num_params:,} "
+                        f"parameters in {layers} layers of hidden size {h}; give a larger --hidden-size or more --num-layers")
     params = [ParamEntry("model.embed_tokens.weight", (_VOCAB, h))]
     for i in range(layers):
         pre = f"model.layers.{i}"

@@ -80,7 +80,10 @@ def parse_count(text: str | int | float) -> int:
     else:
         t = text.strip().upper().replace("_", "")
         scale = {"K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}.get(t[-1:], 1.0)
-        value = float(t[:-1] if scale != 1.0 else t) * scale
+        try:
+            value = float(t[:-1] if scale != 1.0 else t) * scale
+        except ValueError:
+            raise ValueError(f"expected a count like 7e9, 7B or 125M, got {text!r}") from None
     if not math.isfinite(value) or value <= 0:
         raise ValueError(f"{text!r} is not a positive count")
     return int(round(value))

@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from vramplan.model import MAX_LAYERS
+
 _COUNTS = (
     "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
     "intermediate_size", "vocab_size", "max_position_embeddings", "n_embd", "n_layer", "n_head",
@@ -19,9 +21,29 @@ _COUNTS = (
     "type_vocab_size", "num_labels", "d_model", "d_ff", "d_kv", "num_layers", "num_heads",
     "num_decoder_layers", "ffn_dim", "num_kv_heads", "kv_channels", "ffn_hidden_size",
     "word_embed_proj_dim", "relative_attention_num_buckets",
+    # DeepSeek-V2/V3 (q_lora_rank null: no query compression), Llama 4, Jamba, Mamba 2
+    "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "n_routed_experts",
+    "attention_chunk_size", "intermediate_size_mlp", "no_rope_layer_interval", "interleave_moe_layer_step",
+    "attn_layer_period", "expert_layer_period", "mamba_d_state", "mamba_d_conv", "state_size", "n_groups",
+    "conv_kernel", "chunk_size",
 )
 """Positive integers (or null where the config class allows it)."""
-_COUNTS_OR_ZERO = ("num_experts", "max_window_layers", "pretraining_tp")
+_COUNTS_OR_ZERO = ("num_experts", "max_window_layers", "pretraining_tp", "n_shared_experts",
+                   "first_k_dense_replace", "attn_layer_offset", "expert_layer_offset")
+_NOT_NULL = ("num_experts", "sliding_window_pattern", "mamba_expand", "expand", "mamba_dt_rank",
+             "attn_layer_period", "attn_layer_offset", "expert_layer_period", "expert_layer_offset")
+"""Keys the modules use as numbers when present: null fails in the real module
+(range(None) in Qwen2MoeSparseMoeBlock, `(i + 1) % None` in Gemma3TextConfig's layer_types,
+`int(None * hidden_size)` in JambaMambaMixer / Mamba2Mixer, `i % None` in JambaConfig's layer
+pattern, nn.Linear(None, ...) as Jamba's dt_proj)."""
+_AT_MOST = {key: MAX_LAYERS for key in ("num_hidden_layers", "n_layer", "num_layers", "num_decoder_layers")}
+_AT_MOST.update({key: 65536 for key in ("num_experts", "num_local_experts", "n_routed_experts", "n_shared_experts")})
+"""Upper bounds far past any published model (model.MAX_LAYERS; the most experts, Switch-C's
+(arXiv 2101.03961), are 2,048): the estimate lists every layer's and expert's tensors, so a
+typo like 1e9 layers would otherwise run for hours."""
+_POSITIVE_NUMBERS = ("mamba_expand", "expand")
+"""Finite numbers > 0 (JambaConfig.mamba_expand, Mamba2Config.expand: inner width = expand * hidden)."""
+_NON_NEGATIVE_NUMBERS = ("z_loss_weight",)
 _SWITCHES = (
     "tie_word_embeddings", "attention_bias", "mlp_bias", "qkv_bias", "norm_topk_prob",
     "use_sliding_window", "qk_layernorm", "use_parallel_residual", "parallel_attn",
@@ -36,11 +58,17 @@ _PROBABILITIES = (
     "attn_dropout_prob", "emb_dropout_prob", "rotary_pct", "partial_rotary_factor",
 )
 _NAMES = ("hidden_act", "activation_function", "hidden_activation", "activation", "feed_forward_proj")
+_ACTIVATIONS = ("gelu", "gelu_10", "gelu_accurate", "gelu_fast", "gelu_new", "gelu_python", "gelu_python_tanh",
+                "gelu_pytorch_tanh", "hardswish", "laplace", "leaky_relu", "linear", "mish", "prelu", "quick_gelu",
+                "relu", "relu2", "relu6", "sigmoid", "silu", "sqrtsoftplus", "swish", "tanh", "xielu")
+"""transformers/activations.py ACT2CLS (transformers 5.24): the modules look their activation
+up there (ACT2FN[config.hidden_act]) and raise KeyError for any other name."""
 
 
 def _field(config: dict, key: str, what: str, value: Any) -> ValueError:
     kind = config.get("model_type", "model")
-    hint = " (a string; write it without quotes)" if isinstance(value, str) and what != "a name" else ""
+    hint = (" (a string; write it without quotes)" if isinstance(value, str) and what != "a name"
+            and "activation" not in what else "")
     return ValueError(f"{kind} config field {key!r} must be {what}, got {value!r}{hint}")
 
 
@@ -55,6 +83,23 @@ def check_config(config: dict) -> None:
         value = config.get(key)
         if value is not None and not isinstance(value, bool):
             raise _field(config, key, "true or false", value)
+    for key in _NOT_NULL + _PROBABILITIES:
+        # nn.Dropout(p=None) and sdpa's dropout_p=None raise TypeError: a null
+        # probability is refused like a null count where the module needs a number
+        if key in config and config[key] is None:
+            raise _field(config, key, "a number (not null)", None)
+    for key, limit in _AT_MOST.items():
+        value = config.get(key)
+        if isinstance(value, int) and value > limit:
+            raise _field(config, key, f"at most {limit:,} (no published model has more)", value)
+    for key in _POSITIVE_NUMBERS + _NON_NEGATIVE_NUMBERS:
+        value = config.get(key)
+        if key in config and (isinstance(value, bool) or not isinstance(value, (int, float))
+                              or not math.isfinite(value) or value < 0 or (value == 0 and key in _POSITIVE_NUMBERS)):
+            raise _field(config, key, "a number > 0" if key in _POSITIVE_NUMBERS else "a number >= 0", value)
+    rank = config.get("mamba_dt_rank")
+    if "mamba_dt_rank" in config and rank != "auto" and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 1):
+        raise _field(config, "mamba_dt_rank", "\"auto\" or an integer >= 1", rank)
     for key in _PROBABILITIES:
         value = config.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
@@ -64,10 +109,24 @@ def check_config(config: dict) -> None:
         value = config.get(key)
         if value is not None and not isinstance(value, str):
             raise _field(config, key, "a name", value)
+    _check_activations(config)
     _check_lists(config)
     for key in ("text_config", "vision_config"):
         if isinstance(config.get(key), dict):
             check_config(config[key])
+
+
+def _check_activations(config: dict) -> None:
+    for key in ("hidden_act", "activation_function", "hidden_activation"):
+        value = config.get(key)
+        if isinstance(value, str) and value not in _ACTIVATIONS:
+            raise _field(config, key, "an activation of transformers' ACT2FN (" + ", ".join(_ACTIVATIONS) + ")", value)
+    # T5Config.__init__: "gated-{ACT_FN}" or "{ACT_FN}", else ValueError; null fails on .split
+    proj = config.get("feed_forward_proj", "relu")
+    act = proj.removeprefix("gated-") if isinstance(proj, str) else None
+    if "feed_forward_proj" in config and act not in _ACTIVATIONS:
+        raise _field(config, "feed_forward_proj", "an activation of ACT2FN or gated-<activation>, e.g. relu or "
+                     "gated-gelu", proj)
 
 
 def _check_lists(config: dict) -> None:
@@ -78,6 +137,14 @@ def _check_lists(config: dict) -> None:
     types = config.get("layer_types")
     if types is not None and not (isinstance(types, list) and all(isinstance(t, str) for t in types)):
         raise _field(config, "layer_types", "a list of names like 'sliding_attention'", types)
+    # PreTrainedConfig.validate_layer_type: one layer type per layer; Llama4TextDecoderLayer
+    # reads config.no_rope_layers[layer_idx], so a shorter list fails there
+    layers = config.get("num_hidden_layers")
+    for key in ("layer_types", "no_rope_layers"):
+        value = config.get(key)
+        if isinstance(value, list) and value and isinstance(layers, int) and len(value) != layers:
+            raise ValueError(f"{config.get('model_type', 'model')} config field {key!r} has {len(value)} entries; "
+                             f"give one per layer ({layers}, num_hidden_layers)")
 
 
 def check_desc(desc):

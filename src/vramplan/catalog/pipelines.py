@@ -104,6 +104,10 @@ def check_shape(pipe: dict, height: int, width: int, frames: int) -> None:
             raise SpecError(f"diffusion.{name}", f"{value} is not a multiple of {step} (VAE factor {s} x patch "
                             f"{patch}); use e.g. {near}")
     t = vae.get("temporal_compression", 1)
+    if t == 1 and frames > 1 and pipe.get("frames") is None:
+        # an image VAE (AutoencoderKL: 4-D latents, no time axis); its pipelines take no num_frames
+        raise SpecError("diffusion.num_frames", f"{pipe.get('name', 'the pipeline')} makes images (its VAE has no "
+                        f"time axis), not {frames}-frame videos; drop num_frames")
     if t > 1 and frames > 1 and (frames - 1) % t:
         near = round((frames - 1) / t) * t + 1
         raise SpecError("diffusion.num_frames", f"{frames} frames do not fit {pipe.get('name', 'the pipeline')}'s "

@@ -36,15 +36,24 @@ def checkpoint_quantization(config: dict) -> tuple[tuple[str, object], ...]:
     return tuple(sorted(fields.items()))
 
 
+def _count(qc: dict, key: str, default) -> int:
+    """An integer field of quantization_config (bits, group_size); a one-line ValueError else
+    (group_size -1, GPTQ's "one group per row", is kept as written)."""
+    value = qc.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"quantization_config field {key!r} must be an integer, got {value!r}")
+    return value
+
+
 def _gptq(qc: dict) -> dict:
-    return {"type": "gptq", "bits": int(qc.get("bits", 4)), "group_size": int(qc.get("group_size", 128)),
+    return {"type": "gptq", "bits": _count(qc, "bits", 4), "group_size": _count(qc, "group_size", 128),
             "desc_act": bool(qc.get("desc_act", False))}
 
 
 def _awq(qc: dict) -> dict:
     version = str(qc.get("version", "gemm")).lower()
-    return {"type": "awq", "bits": int(qc.get("bits", qc.get("w_bit", 4))),
-            "group_size": int(qc.get("group_size", qc.get("q_group_size", 128))),
+    return {"type": "awq", "bits": _count(qc, "bits", qc.get("w_bit", 4)),
+            "group_size": _count(qc, "group_size", qc.get("q_group_size", 128)),
             "kernel": version if version in ("gemm", "gemv") else "gemm"}
 
 
@@ -58,8 +67,9 @@ def _bnb(qc: dict) -> dict:
 
 
 def _hqq(qc: dict) -> dict:
-    inner = (qc.get("quant_config") or {}).get("weight_quant_params") or qc
-    return {"type": "hqq", "bits": int(inner.get("nbits", 4)), "group_size": int(inner.get("group_size", 64))}
+    outer = qc.get("quant_config") if isinstance(qc.get("quant_config"), dict) else {}
+    inner = outer.get("weight_quant_params") if isinstance(outer.get("weight_quant_params"), dict) else qc
+    return {"type": "hqq", "bits": _count(inner, "nbits", 4), "group_size": _count(inner, "group_size", 64)}
 
 
 def _torchao(qc: dict) -> dict:
@@ -73,7 +83,7 @@ def _torchao(qc: dict) -> dict:
     if kind is None:
         return {"unsupported": f"torchao {name}"}
     group = data.get("group_size")
-    return {"type": kind} | ({"group_size": int(group)} if kind == "torchao-int4" and group else {})
+    return {"type": kind} | ({"group_size": _count(data, "group_size", group)} if kind == "torchao-int4" and group else {})
 
 
 _READERS = {"gptq": _gptq, "awq": _awq, "bitsandbytes": _bnb, "hqq": _hqq, "torchao": _torchao}

@@ -230,6 +230,8 @@ def flags_to_data(args, data: dict, *, imply: bool = True) -> dict:
 
 def cmd_estimate(args) -> int:
     from vramplan.estimation import estimate
+    if args.depth < 1:  # groups(0) would fold every term into one row, groups(-1) drop a key part
+        raise SpecError("depth", f"expected an integer >= 1, got {args.depth}")
     est = estimate(spec_from_args(args))
     if args.plot:
         from vramplan.report.plots import plot_breakdown

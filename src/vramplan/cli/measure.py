@@ -24,6 +24,8 @@ import contextlib
 import sys
 from typing import Any
 
+from vramplan.spec import SpecError
+
 SCHEMA = "vramplan.measure/1"
 
 
@@ -41,12 +43,19 @@ def _spec(args) -> Any:
 
 
 def _device(args) -> str:
-    device = getattr(args, "device", None)
-    if device:
-        return device
-    import torch
+    import re
 
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    import torch
+    device = getattr(args, "device", None)
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", device):
+        raise SpecError("device", f"expected cpu, cuda or cuda:N, got {device!r}")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise SpecError("device", "no CUDA GPU here (torch.cuda.is_available() is False); use --device cpu or --fake")
+    if ":" in device and int(device[5:]) >= torch.cuda.device_count():
+        raise SpecError("device", f"no GPU {device}: {torch.cuda.device_count()} visible")
+    return device
 
 
 def _estimated(spec):

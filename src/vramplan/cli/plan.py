@@ -123,17 +123,20 @@ def _tiers(spec, args) -> int:
 
 
 def _read_strategies(path: str):
+    """A YAML/JSON list of {name, changes} (or a mapping whose `strategies` is one)."""
+    from vramplan.files import FileReadError, read_document
     from vramplan.plan.compare import Strategy
-    from vramplan.spec.job import read_spec_file
-    if path.endswith((".yaml", ".yml", ".json")):
-        import yaml
-        with open(path, encoding="utf-8") as fh:
-            data = yaml.safe_load(fh)
-    else:
-        data = read_spec_file(path)
+    try:
+        data = read_document(path)
+    except FileReadError as exc:
+        raise SpecError("strategies", str(exc)) from None
     items = data.get("strategies") if isinstance(data, dict) else data
     if not isinstance(items, list):
-        raise SpecError("strategies", f"{path} must hold a list of {{name, changes}}")
+        raise SpecError("strategies", f"{path} must hold a list of entries, each a name and its changes")
+    for k, item in enumerate(items):
+        if not (isinstance(item, dict) and "name" in item and isinstance(item.get("changes") or {}, dict)):
+            raise SpecError("strategies", f"{path}: entry {k + 1} must be a mapping with a name and its changes, "
+                            f"got {item!r}")
     return [Strategy(name=str(i["name"]), changes=dict(i.get("changes") or {})) for i in items]
 
 
@@ -146,6 +149,8 @@ def cmd_fit(args) -> int:
     if axes is not None and not args.only:
         from vramplan.plan.space import default_axes
         axes = {**default_axes(spec, ev.desc), **axes}
+    if args.max_gpus is not None and not args.minimize:
+        raise SpecError("max_gpus", "bounds --minimize num_gpus; add --minimize num_gpus or drop --max-gpus")
     if args.maximize:
         return _fit_maximize(spec, ev, axes, args)
     if args.minimize:
@@ -245,11 +250,12 @@ def _fit_maximize(spec, ev, axes, args) -> int:
 
 def _fit_minimize(spec, ev, axes, args) -> int:
     from vramplan.plan.solve import fewest_gpus
-    n, report = fewest_gpus(spec, evaluator=ev, axes=axes, max_gpus=args.max_gpus)
+    max_gpus = 1024 if args.max_gpus is None else args.max_gpus
+    n, report = fewest_gpus(spec, evaluator=ev, axes=axes, max_gpus=max_gpus)
     if _format(args) == "json":
         print(json.dumps({"num_gpus": n, "fit": report.to_dict()}, indent=2))
     elif n is None:
-        print(_("does not fit on {n} x {gpu} in any layout searched").format(n=args.max_gpus, gpu=ev.gpu.name))
+        print(_("does not fit on {n} x {gpu} in any layout searched").format(n=max_gpus, gpu=ev.gpu.name))
     else:
         best = report.results[0]
         print(_("fewest GPUs: {n} x {gpu}, with {changes} ({gib} GiB, {seconds:.3f} s/step)").format(
@@ -297,7 +303,7 @@ def register(sub, add_spec_args, spec_from_args) -> None:
     f.add_argument("--only", action="store_true", help=_("search only the --vary axes"))
     f.add_argument("--maximize", choices=("micro_batch_size", "seq_len"))
     f.add_argument("--minimize", choices=("num_gpus",))
-    f.add_argument("--max-gpus", type=int, default=1024)
+    f.add_argument("--max-gpus", type=int, default=None)
     f.add_argument("--emit", choices=("deepspeed", "training-args"),
                    help=_("print the best layout as a DeepSpeed JSON or a TrainingArguments fragment"))
     _common(f)

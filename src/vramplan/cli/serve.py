@@ -26,6 +26,9 @@ def register(sub) -> None:
 def cmd_serve(args) -> int:
     if args.static_build or args.pyodide:
         return _static_build(args)
+    if not 0 <= args.port <= 65535:  # else uvicorn's bind() fails with a traceback
+        from vramplan.spec import SpecError
+        raise SpecError("port", f"expected a port number from 0 to 65535, got {args.port}")
     try:
         import uvicorn
 

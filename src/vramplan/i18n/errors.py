@@ -93,8 +93,56 @@ TEMPLATES = (
     N_("{group} does not divide in_features {n} of {name}; AWQ needs whole groups (use a divisor of {m})"),
     N_("{value} is not a multiple of {step} (VAE factor {vae} x patch {patch}); use e.g. {near}"),
     N_("{frames} frames do not fit {model}'s VAE: use {rule} frames, e.g. {near}"),
+    # vramplan.spec and vramplan.rawsize: a model given by its size (num_params)
+    N_("describes a model given by its size, not by `model`; drop one of them"),
+    N_("expected a count like 7e9, 7B or 125M, got {text}"),
+    N_("is past any published model ({layers} layers); use at most {limit}"),
+    N_("an MLP {ratio} x as wide as the hidden size would hold {n} parameters in {layers} layers of hidden size {h}; "
+       "give a larger --hidden-size or more --num-layers"),
+    N_("required in the {section} section; add {name}: <value>"),
+    N_('expected "key=value,key=value", got {value}'),
+    # vramplan.catalog.hf_check / hf_config: a config.json's fields
+    N_("{kind} config field {key} must be an integer >= {low}, got {value}"),
+    N_("{kind} config field {key} must be a number (not null), got None"),
+    N_("{kind} config field {key} must be at most {limit} (no published model has more), got {value}"),
+    N_("{kind} config field {key} must be a number in [0, 1], got {value}"),
+    N_("{kind} config field {key} must be true or false, got {value}"),
+    N_("{kind} config field {key} must be an activation of transformers' ACT2FN ({names}), got {value}"),
+    N_("{kind} config field {key} must be a positive integer, got {value}"),
+    N_("{kind} config field {key} must be an activation of ACT2FN or gated-<activation>, e.g. relu or gated-gelu, "
+       "got {value}"),
+    N_("{kind} config is missing required field {key}"),
+    # vramplan.spec: counts past any job, GRPO, an image pipeline's frames
+    N_("{n} GPUs are past any cluster built; use at most {limit}"),
+    N_("GRPO needs at least 2 completions per prompt to compute its advantages (trl GRPOConfig); use "
+       "num_generations >= 2"),
+    N_("{model} makes images (its VAE has no time axis), not {frames}-frame videos; drop num_frames"),
+    N_("quantization_config field {key} must be an integer, got {value}"),
+    N_("{kind} config field {key} has {n} entries; give one per layer ({layers}, num_hidden_layers)"),
+    N_("diffusion LoRA is modelled on diffusers' training scripts' targets ({targets}); drop target_modules or "
+       "name those, got {value}"),
+    N_("{total} is not micro batch x gradient accumulation ({per_rank}) x a number of GPUs; DeepSpeed refuses it "
+       "(_batch_assertion)"),
+    N_("applies to method lora or qlora, not {method}; set method lora (TRL: --use_peft) or drop the lora settings"),
+    N_("applies to method freeze, not {method}; set method freeze or drop the freeze section"),
+    N_("expected a number of bytes >= 0, got {value}"),
+    # vramplan.plan and cli.plan: compare / fit options
+    N_("a share of the GPU is not taken here; give a size like 2GiB or 512MiB, got {text}"),
+    N_("{text} leaves nothing of the GPU's {gib} GiB for the job; keep less free, e.g. 5% or 2GiB"),
+    N_("expected a number in (0, 1] (model FLOPs utilization, e.g. 0.4), got {value}"),
+    N_("bounds --minimize num_gpus; add --minimize num_gpus or drop --max-gpus"),
+    N_("no layout to search: no combination of the axes is a valid layout of this job (its global batch of {n} "
+       "rows split over the data-parallel GPUs, heads over tp, layers over pp); open other values"),
+    N_("{path}: entry {k} must be a mapping with a name and its changes, got {item}"),
+    N_("{path} must hold a list of entries, each a name and its changes"),
+    # cli.measure, cli.serve
+    N_("expected cpu, cuda or cuda:N, got {value}"),
+    N_("no CUDA GPU here (torch.cuda.is_available() is False); use --device cpu or --fake"),
+    N_("no GPU {device}: {n} visible"),
+    N_("expected a port number from 0 to 65535, got {value}"),
     # vramplan.files: spec and config files
     N_("{path}: file not found"),
+    N_("{path}: not a regular file; pass the path of a YAML/JSON file"),
     N_("{path}: not valid JSON/YAML ({detail})"),
     N_("{path}: not valid JSON ({detail})"),
     N_("{path}: not valid YAML ({detail})"),
@@ -172,8 +220,11 @@ def localize(text: str) -> str:
     if translated is None:
         return text
     if hint is not None:
-        sep = "" if translated.endswith((".", "。", "；")) else _("; ")
-        translated += sep + _(HINT).format(suggestion=hint)
+        said = _(HINT).format(suggestion=hint)
+        if translated.endswith("."):  # a new sentence: "... mixed-fp16. Did you mean 'bf16'?"
+            translated += " " + said[:1].upper() + said[1:]
+        else:
+            translated += ("" if translated.endswith(("。", "；")) else _("; ")) + said
     return translated
 
 

@@ -34,6 +34,7 @@ def from_deepspeed(cfg: dict, context: dict | None = None, source: str = "deepsp
     flat = flatten(cfg)
     _auto(flat, "train_micro_batch_size_per_gpu", "micro_batch_size", ctx, out, rep)
     _auto(flat, "gradient_accumulation_steps", "grad_accum_steps", ctx, out, rep)
+    _batch_product(flat, out, rep)
     zero = need_mapping(rep, "zero_optimization", cfg.get("zero_optimization"))
     if "stage" in zero:
         stage = need_int(rep, "zero_optimization.stage", zero["stage"], minimum=0)
@@ -102,6 +103,20 @@ def _auto(flat: dict, name: str, key: str, ctx: dict, out: dict, rep: ImportRepo
         raise ImportError_(rep.source, name, f'expected a positive integer or "auto", got {value!r}')
     out[key] = value
     rep.use(name, key)
+
+
+def _batch_product(flat: dict, out: dict, rep: ImportReport) -> None:
+    """deepspeed/runtime/config.py _batch_assertion: train_batch_size == micro batch x
+    gradient accumulation x world size, so it must be a multiple of the first two."""
+    total = flat.get("train_batch_size")
+    if total is None or total == "auto" or "micro_batch_size" not in out:
+        return
+    if not isinstance(total, int) or isinstance(total, bool) or total < 1:
+        raise ImportError_(rep.source, "train_batch_size", f'expected a positive integer or "auto", got {total!r}')
+    per_rank = out["micro_batch_size"] * out.get("grad_accum_steps", 1)
+    if total % per_rank:
+        raise ImportError_(rep.source, "train_batch_size", f"{total} is not micro batch x gradient accumulation "
+                           f"({per_rank}) x a number of GPUs; DeepSpeed refuses it (_batch_assertion)")
 
 
 def _precision(cfg: dict, ctx: dict, out: dict, rep: ImportReport) -> None:

@@ -165,7 +165,7 @@ def low_rank_args(v, name: str, source: str = "flags") -> dict:
     out = {}
     for item in filter(None, (x.strip() for x in v.replace(" ", ",").split(","))):
         key, sep, value = item.partition("=")
-        if not sep:
+        if not sep or not key.strip():
             raise ImportError_(source, name, f'expected "key=value,key=value", got {item!r}')
         if key in _LOW_RANK_ARGS:
             try:

@@ -36,7 +36,7 @@ from vramplan.jobs.diffusion_blocks import (BLOCK_CLASSES, block_ctx, block_forw
                                             block_transients, feed_forward_params, lora_targets,
                                             output_backward_transient)
 from vramplan.jobs.diffusion_blocks import buffers as block_buffers
-from vramplan.spec import Checkpointing, JobSpec, Method
+from vramplan.spec import Checkpointing, JobSpec, Method, SpecError
 from vramplan.timeline import StepPlan
 from vramplan.units import nbytes
 
@@ -135,9 +135,19 @@ def output_stage(pipe: dict, spec: JobSpec, b: int, n: int) -> Breakdown:
             .add("denoiser/activations/output/proj_out", 2 * nbytes(out_elems, c)))
 
 
+_SCRIPT_TARGETS = ("to_q", "to_k", "to_v", "to_out.0")
+"""diffusers' training scripts' LoRA targets (train_dreambooth_lora*.py, train_text_to_image_lora.py)."""
+
+
 def diffusion_estimate(pipe: dict, spec: JobSpec, gpu=None):
     cfg = spec.diffusion
     check_shape(pipe, cfg.height, cfg.width, cfg.num_frames)
+    targets = spec.lora.target_modules if spec.lora is not None else None
+    if targets is not None and tuple(targets) not in (("q_proj", "v_proj"), _SCRIPT_TARGETS):
+        # the adapters are counted on the scripts' targets (diffusion_blocks.lora_targets); other
+        # names would be ignored, and a number printed for a job not asked
+        raise SpecError("lora.target_modules", f"diffusion LoRA is modelled on diffusers' training scripts' targets "
+                        f"({', '.join(_SCRIPT_TARGETS)}); drop target_modules or name those, got {targets!r}")
     b, c, w = spec.micro_batch_size, spec.precision.compute_dtype, spec.precision.weight_dtype
     if cfg.prior_preservation:  # train_dreambooth*.py: torch.cat([instance, class]) in every batch
         b *= 2

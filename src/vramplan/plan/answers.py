@@ -23,7 +23,12 @@ def parse_headroom(text: str | None, capacity_bytes: int) -> int:
     value, unit = float(m.group(1)), (m.group(2) or "B").lower()
     if unit == "b" and m.group(2) is None and value < 1:
         unit, value = "%", value * 100     # a bare number below 1 is a fraction of the GPU
+    if unit == "%" and not capacity_bytes:  # check: the local GPU is not known yet
+        raise SpecError("headroom", f"a share of the GPU is not taken here; give a size like 2GiB or 512MiB, got {text!r}")
     scale = {"%": capacity_bytes / 100, "gib": GiB, "gb": GB, "mib": MiB, "b": 1}[unit]
+    if capacity_bytes and value * scale >= capacity_bytes:
+        raise SpecError("headroom", f"{text} leaves nothing of the GPU's {capacity_bytes / GiB:.2f} GiB for the job; "
+                                    "keep less free, e.g. 5% or 2GiB")
     return int(value * scale)
 
 
@@ -41,6 +46,8 @@ def evaluator_for(spec: JobSpec, command: str, *, headroom: str | None = None, m
         raise SpecError("gpu", f"{command} ranks layouts by step time, which needs the GPU's "
                                f"throughput: name a catalog GPU with {gpu.memory_marketed} (see `vramplan gpus`); "
                                f"a size alone is enough for estimate and check")
+    if mfu is not None and not 0 < mfu <= 1:  # a share of the GPU's peak FLOP/s; 0 would mean infinite time
+        raise SpecError("mfu", f"expected a number in (0, 1] (model FLOPs utilization, e.g. 0.4), got {mfu}")
     if headroom is None and default_headroom:
         from vramplan.plan.fit import default_fit_headroom
         headroom_bytes = default_fit_headroom(gpu.memory_bytes)
@@ -66,5 +73,13 @@ def fit_answer(spec: JobSpec, *, headroom: str | None = None, mfu: float | None 
                top_k: int = 5, progress=None, evaluator: Evaluator | None = None) -> tuple[FitReport, Evaluator]:
     """`vramplan fit`: the top-k fastest layouts that fit (headroom None: fit's default;
     an `evaluator` from fit_evaluator replaces headroom and mfu). Its JSON is `report.to_dict()`."""
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+        raise SpecError("top_k", f"expected an integer >= 1, got {top_k!r}")
     ev = evaluator or fit_evaluator(spec, headroom=headroom, mfu=mfu)
-    return fit(spec, evaluator=ev, axes=axes, top_k=top_k, progress=progress), ev
+    report = fit(spec, evaluator=ev, axes=axes, top_k=top_k, progress=progress)
+    if report.candidates_total == 0:  # every combination refused before an estimate: "none of 0 fits" misleads
+        from vramplan.plan.steptime import global_batch
+        raise SpecError("vary", f"no layout to search: no combination of the axes is a valid layout of this job "
+                        f"(its global batch of {global_batch(spec):,} rows split over the data-parallel GPUs, "
+                        "heads over tp, layers over pp); open other values")
+    return report, ev

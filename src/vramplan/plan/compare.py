@@ -191,10 +191,12 @@ def compare(spec: JobSpec, gpu=None, *, strategies: list[Strategy] | None = None
     for k, strat in enumerate(strategies):
         try:
             s = apply_changes(spec, strat.changes)
-        except SpecError as exc:
+            v = ev.verdict(s)  # the libraries' refusals (validity.check_job) too, e.g. LoRA targets
+        except SpecError as exc:  # a model does not have
+            if k == 0:
+                raise
             rows.append(CompareRow(strat, None, None, None, None, note=f"not applicable: {exc}"))
             continue
-        v = ev.verdict(s)
         rows.append(CompareRow(strat, s, v.estimate, v.step, v.fits))
         if defaults and k == 0 and spec.backend is Backend.CUDA:
             extra = _fragmentation_strategy(rows[0])

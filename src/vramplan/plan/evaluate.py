@@ -15,7 +15,7 @@ from vramplan.estimation import Estimate, estimate_model, model_spec
 from vramplan.model import ModelDesc
 from vramplan.plan.steptime import DEFAULT_MFU, LayoutTime, ModelCounts, StepTime, step_time
 from vramplan.spec import JobSpec, SpecError, load_spec
-from vramplan.spec.tasks import needs_several_models
+from vramplan.spec.tasks import drop_unread_sections, needs_several_models
 from vramplan.spec.variants import with_dotted
 
 
@@ -23,7 +23,9 @@ def apply_changes(base: JobSpec | Mapping, changes: Mapping[str, Any]) -> JobSpe
     """A validated copy of `base` with `changes` applied; dotted keys reach into sections
     (`parallel.zero_stage`, `lora.r`)."""
     data = copy.deepcopy(base.to_dict(as_given=True) if isinstance(base, JobSpec) else dict(base))
-    return load_spec(with_dotted(data, changes.items()))
+    data = with_dotted(data, changes.items())
+    drop_unread_sections(data, changes)
+    return load_spec(data)
 
 
 def trained_desc(spec: JobSpec) -> ModelDesc | None:

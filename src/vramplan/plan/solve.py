@@ -123,6 +123,8 @@ def fewest_gpus(spec: JobSpec, gpu=None, *, axes: dict | None = None, max_gpus: 
     """The smallest power-of-two GPU count at which `fit` finds a layout, and that fit.
     Bisects over counts (memory per GPU does not grow with more GPUs to shard over)."""
     from vramplan.plan.fit import fit
+    if isinstance(max_gpus, bool) or not isinstance(max_gpus, int) or max_gpus < 1:
+        raise SpecError("max_gpus", f"expected an integer >= 1, got {max_gpus!r}")
     ev = evaluator or Evaluator.for_spec(spec, gpu, headroom_bytes=fit_kwargs.pop("headroom_bytes", 0))
     counts = [1 << i for i in range(max_gpus.bit_length()) if (1 << i) <= max_gpus]
     rows = spec.micro_batch_size * spec.grad_accum_steps * max(1, spec.num_gpus // spec.parallel.model_parallel)

@@ -15,6 +15,7 @@ from vramplan.model import ModelDesc
 from vramplan.plan.steptime import data_parallel, global_batch
 from vramplan.spec import JobSpec, Method, ParallelConfig, SpecError, load_spec
 from vramplan.spec.job import copy_with
+from vramplan.spec.tasks import drop_unread_sections
 from vramplan.spec.variants import load_section, with_dotted, with_layout
 
 # Axes a user may open with --vary, and the values tried when none are given.
@@ -53,6 +54,26 @@ def axis_name(name: str) -> str:
         extra = f"; did you mean {hint[0]!r}?" if hint else ""
         raise SpecError("vary", f"unknown axis {name!r}{extra}")
     return key
+
+
+def check_axes(axes: Mapping[str, tuple]) -> None:
+    """Each value of each axis is one the spec takes for that field (SpecError naming the
+    field otherwise): the search combines them unchecked (num_gpus 0 would divide by zero)."""
+    from vramplan.spec import Attention, Checkpointing, LossImpl, Optimizer, Precision
+    from vramplan.spec.sections import LoraConfig, ParallelConfig, positive_int
+    enums = {"gradient_checkpointing": Checkpointing, "optimizer": Optimizer, "precision": Precision,
+             "attention": Attention, "loss_impl": LossImpl, "method": Method}
+    for axis, values in axes.items():
+        head, _, rest = axis.partition(".")
+        for value in values:
+            if head == "parallel":
+                ParallelConfig(**{rest: value})
+            elif head == "lora":
+                LoraConfig(**{rest: value})
+            elif head in enums:
+                enums[head].parse(value, head)
+            else:
+                positive_int(axis, value)
 
 
 def default_axes(spec: JobSpec, desc: ModelDesc | None) -> dict[str, tuple]:
@@ -152,6 +173,7 @@ def enumerate_candidates(spec: JobSpec, desc: ModelDesc | None, axes: Mapping[st
     validated one only in the parallel section (most: ZeRO stage x offload x TP x PP) are
     spec.variants.with_layout copies of it with the parallel section validated once per
     combination of its axes, and the checks that read it or the split run again."""
+    check_axes(axes)
     base = spec.to_dict(as_given=True)
     rows_total = global_batch(spec)
     names = list(axes)
@@ -184,7 +206,9 @@ def enumerate_candidates(spec: JobSpec, desc: ModelDesc | None, axes: Mapping[st
 
 def _data(base: dict, names: list[str], combo: tuple) -> dict:
     """The spec mapping of one combination of the axes (dotted names reach into sections)."""
-    return with_dotted(base, zip(names, combo))
+    data = with_dotted(base, zip(names, combo))
+    drop_unread_sections(data, names)
+    return data
 
 
 def _splits(spec: JobSpec, data: dict, values: dict, desc: ModelDesc | None, rows_total: int,

@@ -69,9 +69,9 @@ def suggestions(ev: Evaluator, spec: JobSpec, *, limit: int = 4) -> list[Suggest
     for description, changes in _ladder(spec):
         try:
             s = apply_changes(spec, changes)
+            est = ev.estimate(s)  # also refused where the libraries refuse it (e.g. LoRA targets)
         except SpecError:
             continue
-        est = ev.estimate(s)
         if est.device_bytes <= ev.limit_bytes:
             out.append(Suggestion(description, changes, est))
             if len(out) >= limit:

@@ -12,10 +12,8 @@ from vramplan.spec.enums import (
     Precision, QuantType, SpecError, Task,
 )
 from vramplan.spec.enums import USER_ERRORS, as_spec_error
-from vramplan.spec.sections import (
-    FreezeConfig, LoraConfig, ParallelConfig, QuantConfig, boolean, did_you_mean, fraction, positive_int, quant_facts,
-    string_keys,
-)
+from vramplan.spec.sections import (FreezeConfig, LoraConfig, ParallelConfig, QuantConfig, boolean, count_field,
+                                    did_you_mean, fraction, positive_int, quant_facts, required_keys, string_keys)
 from vramplan.spec.low_rank import LowRankConfig
 from vramplan.spec.float8 import Float8Config, check_all_gather, parse_float8, parse_neftune
 from vramplan.spec import tasks as _tasks
@@ -171,7 +169,7 @@ class JobSpec:
         if self.seq_len is None:
             set_("seq_len", DEFAULT_SEQ_LEN)
         for name in _INTS:
-            set_(name, positive_int(name, getattr(self, name)))
+            set_(name, count_field(name, getattr(self, name)))
         set_("stack", parse_stack(self.stack))
         self._resolve_checkpointing()
         set_("load_dtype", parse_dtype(self.load_dtype, "load_dtype"))
@@ -221,6 +219,9 @@ class JobSpec:
             raise SpecError("model", f"expected a name, path or HF config mapping, got {type(self.model).__name__}")
         if isinstance(self.model, str) and not self.model.strip():
             raise SpecError("model", "is empty")
+        for name in ("num_params", "num_layers", "hidden_size") if self.model is not None else ():
+            if getattr(self, name) is not None:  # read only for a model given by its size (sources.py)
+                raise SpecError(name, "describes a model given by its size, not by `model`; drop one of them")
         if self.num_params is not None:
             from vramplan.units import parse_count
             if isinstance(self.num_params, bool) or not isinstance(self.num_params, (int, float, str)):
@@ -310,6 +311,7 @@ def _section(name: str, value: Any):
     for key in data:
         if key not in known:
             raise SpecError(f"{name}.{key}", f"unknown key{did_you_mean(key, known)}")
+    required_keys(name, cls, data)
     try:
         return cls(**data)
     except TypeError as exc:

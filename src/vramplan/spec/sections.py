@@ -1,10 +1,11 @@
 """Nested sections of the job spec: LoRA, quantization, freezing, parallel layout."""
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 from vramplan.spec.enums import QuantType, SpecError
 
@@ -26,9 +27,30 @@ def string_keys(prefix: str, data: Any) -> None:
             raise SpecError(f"{prefix}{key}", f"keys are field names, got {key!r} (a {type(key).__name__})")
 
 
+def required_keys(section: str, cls, data: Mapping) -> None:
+    """A section's fields without a default are given (else the dataclass raises TypeError)."""
+    for f in dataclasses.fields(cls):
+        if f.name not in data and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise SpecError(f"{section}.{f.name}", f"required in the {section} section; add {f.name}: <value>")
+
+
 def did_you_mean(key: str, known) -> str:
     hint = difflib.get_close_matches(key, list(known), n=1)
     return f"; did you mean {hint[0]!r}?" if hint else ""
+
+
+MAX_GPUS = 1 << 20
+"""The most GPUs a job may name: past any cluster built (the largest hold a few hundred
+thousand); a count like 1e12 is a slip, and sharding over it would print a tiny number."""
+
+
+def count_field(name: str, value: Any) -> int:
+    """A top-level count of the spec (micro_batch_size, num_gpus, ...): positive_int, and
+    num_gpus at most MAX_GPUS."""
+    number = positive_int(name, value)
+    if name == "num_gpus" and number > MAX_GPUS:
+        raise SpecError(name, f"{number:,} GPUs are past any cluster built; use at most {MAX_GPUS:,}")
+    return number
 
 
 def positive_int(name: str, value: Any, *, minimum: int = 1, maximum: int = MAX_COUNT) -> int:

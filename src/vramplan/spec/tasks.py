@@ -268,10 +268,32 @@ def parse_models(value: Any) -> tuple[ModelRole, ...]:
     return tuple(out)
 
 
+def drop_unread_sections(data: dict, changed) -> None:
+    """A spec mapping whose method a plan changes (`changed`: the keys it sets) keeps only the
+    sections the new method reads: a LoRA job tried as full fine-tuning loses its lora section
+    (the spec refuses a section its method would ignore)."""
+    method = data.get("method", "full")
+    if "method" not in changed or not isinstance(method, str):
+        return
+    keep = {"lora": method in ("lora", "qlora"), "freeze": method == "freeze",
+            "quantization": method == "qlora" or data.get("task") == "inference"}
+    for name, kept in keep.items():
+        if not kept and not any(k == name or k.startswith(name + ".") for k in changed):
+            data.pop(name, None)
+
+
 def check_task_fields(spec) -> dict[str, Any]:
     """Validate the multi-model fields against the task; returns normalized values."""
     task = spec.task
     out: dict[str, Any] = {}
+    from vramplan.spec.enums import Method
+    if task is not Task.INFERENCE:  # a section the method never reads would be ignored, the number not the job's
+        if spec.lora is not None and spec.method not in (Method.LORA, Method.QLORA):
+            raise SpecError("lora", f"applies to method lora or qlora, not {spec.method.value}; set method lora "
+                            "(TRL: --use_peft) or drop the lora settings")
+        if spec.freeze is not None and spec.method is not Method.FREEZE:
+            raise SpecError("freeze", f"applies to method freeze, not {spec.method.value}; set method freeze or "
+                            "drop the freeze section")
     for name in ("reference_model", "teacher", "reward_model", "critic_model"):
         out[name] = model_ref(name, getattr(spec, name), allow_precomputed=name == "reference_model")
     if out["reference_model"] is not None and task not in REFERENCE_TASKS + RL_TASKS:
@@ -290,6 +312,11 @@ def check_task_fields(spec) -> dict[str, Any]:
             if task not in RL_TASKS and not (name == "max_new_tokens" and task is Task.INFERENCE):
                 raise SpecError(name, "only tasks ppo, grpo and inference (max_new_tokens) generate")
             out[name] = positive_int(name, value)
+            if name == "num_generations" and task is Task.GRPO and out[name] < 2:
+                # trl GRPOConfig.__post_init__: "GRPO requires at least 2 generations per prompt
+                # to calculate the advantages"
+                raise SpecError(name, "GRPO needs at least 2 completions per prompt to compute its advantages "
+                                      "(trl GRPOConfig); use num_generations >= 2")
     out["models"] = parse_models(spec.models)
     for name in SECTIONS:
         out[name] = parse_section(name, getattr(spec, name))

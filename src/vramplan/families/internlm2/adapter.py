@@ -37,7 +37,8 @@ def build(config: dict, name: str, num_labels: int | None) -> ModelDesc:
         raise ValueError(f"internlm2 config: hidden_size {h} must divide by num_attention_heads {a}, "
                          f"and the heads by num_key_value_heads {k} (InternLM2Attention refuses it)")
     _check_rope_scaling(c["rope_scaling"])
-    attn = ATTENTION.get(c.get("attn_implementation") or "eager")
+    named = c.get("attn_implementation") or "eager"
+    attn = ATTENTION.get(named) if isinstance(named, str) else None
     if attn is None:
         raise ValueError(f"internlm2 config field 'attn_implementation' must be one of {', '.join(ATTENTION)}, "
                          f"got {c.get('attn_implementation')!r} (INTERNLM2_ATTENTION_CLASSES)")
