@@ -172,3 +172,22 @@ def test_llama_factory_stage_and_checkpointing(tmp_path):
         import_config_files(recipe=write(tmp_path, "bad.yaml", stage("dpo", "pref_loss: nope\n")))
     _, lines = import_config_files(recipe=write(tmp_path, "rm.yaml", stage("rm")))
     assert any("value-head" in line for line in lines)
+
+
+@pytest.mark.parametrize("fields", [
+    {"max_length": 512, "packing": True},                      # nothing said: TRL's defaults
+    {"max_length": 512, "packing": True, "fp16": True},        # fp16 turns bf16's default off
+    {"beta": 0.1, "gradient_checkpointing": False, "bf16": False},
+    {"num_generations": 4, "bf16": None},
+])
+def test_trl_config_defaults_are_trl_s_own(tmp_path, fields):
+    """A TRL config file that leaves gradient_checkpointing / bf16 out runs with TRL's
+    defaults (trl/trainer/base_config.py _BaseConfig); the real config class says which."""
+    trl = pytest.importorskip("trl")
+    real = trl.SFTConfig(output_dir=str(tmp_path / "o"), use_cpu=True,
+                         **{k: v for k, v in fields.items() if k not in ("beta", "num_generations")})
+    over, _ = import_config_files(training_args=write(tmp_path, "args.json", {"output_dir": "o", **fields}))
+    assert over["stack"] == "trl"
+    assert over.get("gradient_checkpointing", "none") == ("full" if real.gradient_checkpointing else "none")
+    expected = "bf16" if real.bf16 else ("fp16" if real.fp16 else None)
+    assert over.get("precision") == expected

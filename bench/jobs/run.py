@@ -255,6 +255,17 @@ CASES = dict([
     case("diffusion/bf16/lora/wan-tiny", **WAN, precision="bf16", method="lora", lora={"r": 8}),
     case("diffusion/fp32/lora/wan-tiny/gc", **WAN, precision="fp32", method="lora", lora={"r": 8},
          gradient_checkpointing="full"),
+    # Gradients alive in forward: accumulated over micro-steps, or zeroed in place by
+    # zero_grad(set_to_none=False) (train_dreambooth.py's default; jobs/diffusion_scripts.py
+    # grads_kept). Before, the diffusion step freed them after every step.
+    case("diffusion/fp32/full/sdxl-unet-tiny/ga2", **IMG, model=TINY_SDXL, precision="fp32", grad_accum_steps=2),
+    case("diffusion/fp32/full/sdxl-unet-tiny/grads-kept", **dict(IMG, diffusion=dict(IMG["diffusion"],
+         set_grads_to_none=False)), model=TINY_SDXL, precision="fp32"),
+    case("diffusion/fp32/full/dit-tiny/ga2", **IMG, model=TINY_DIT, precision="fp32", grad_accum_steps=2),
+    case("diffusion/bf16/full/flux-tiny/grads-kept", **dict(IMG, diffusion=dict(IMG["diffusion"],
+         set_grads_to_none=False)), model=TINY_FLUX, precision="bf16"),
+    case("diffusion/bf16/lora/flux-tiny/ga2", **IMG, model=TINY_FLUX, precision="bf16", method="lora",
+         lora={"r": 8}, grad_accum_steps=2),
 ])
 
 

@@ -77,14 +77,52 @@ CASES = dict([
     case("orpo/fp32/full", task="orpo", precision="fp32"),
     case("simpo/bf16/full/cpo", task="simpo", precision="bf16"),
     case("simpo/fp32/full/cpo", task="simpo", precision="fp32"),
+    # LoRA + gradient checkpointing (transformers 5 default: non-reentrant; PEFT and Trainer
+    # call enable_input_require_grads), the Trainer's own bf16 autocast on a bf16 model
+    case("sft/bf16/lora/hf-trainer", task="sft", precision="bf16", stack="hf-trainer", **LORA),
+    case("sft/bf16/lora/hf-trainer/gc", task="sft", precision="bf16", stack="hf-trainer", **LORA,
+         gradient_checkpointing="full"),
+    case("sft/amp-bf16/lora/hf-trainer/gc", task="sft", precision="amp-bf16", stack="hf-trainer", **LORA,
+         gradient_checkpointing="full"),
+    case("sft/bf16/lora/sft-trainer/gc", task="sft", precision="bf16", **LORA, gradient_checkpointing="full"),
+    case("sft/bf16/lora/sft-trainer/gc/reentrant", task="sft", precision="bf16", **LORA,
+         gradient_checkpointing="full"),
+    case("sft/amp-bf16/lora/sft-trainer/gc", task="sft", precision="amp-bf16", **LORA,
+         gradient_checkpointing="full"),
+    # SFTTrainer's packing (BFD, padding-free) and padding_free alone: the micro-batch is one row
+    case("sft/bf16/full/sft-trainer/packing", task="sft", precision="bf16", packing=True),
+    case("sft/bf16/full/sft-trainer/padding-free", task="sft", precision="bf16", packing=True),
+    case("sft/bf16/full/hf-trainer/packing", task="sft", precision="bf16", stack="hf-trainer", packing=True),
+    # optimizers and gradient accumulation under the HF Trainer
+    case("sft/bf16/full/hf-trainer/ga4", task="sft", precision="bf16", stack="hf-trainer", grad_accum_steps=4),
+    case("sft/fp32/full/hf-trainer/adamw-fused", task="sft", precision="fp32", stack="hf-trainer",
+         optimizer_impl="fused"),
+    case("sft/fp32/full/hf-trainer/adafactor", task="sft", precision="fp32", stack="hf-trainer",
+         optimizer="adafactor"),
+    case("sft/fp32/full/hf-trainer/sgd", task="sft", precision="fp32", stack="hf-trainer", optimizer="sgd"),
+    case("sft/fp32/full/hf-trainer/sgd-momentum", task="sft", precision="fp32", stack="hf-trainer",
+         optimizer="sgd", momentum=0.9),
+    # DPO / GRPO with LoRA and checkpointing
+    case("dpo/bf16/lora/adapter-disabled/gc", task="dpo", precision="bf16", **LORA, gradient_checkpointing="full"),
+    case("ipo/bf16/full/ref-separate", task="ipo", precision="bf16"),
+    case("dpo/bf16/full/ref-precomputed", task="dpo", precision="bf16", reference_model="precomputed"),
+    case("grpo/bf16/lora/g4-c32", **GRPO, precision="bf16", **LORA),
+    case("grpo/bf16/full/g8-c32/gc", **dict(GRPO, num_generations=8), precision="bf16",
+         gradient_checkpointing="full"),
 ])
+# Trainer config fields the spec has no word for (measure_trainer's trainer_args).
+TRAINER_ARGS = {
+    "sft/bf16/lora/sft-trainer/gc/reentrant": {"gradient_checkpointing_kwargs": {"use_reentrant": True}},
+    "sft/bf16/full/sft-trainer/padding-free": {"packing": False, "padding_free": True, "max_length": None},
+}
 
 
-def measure(job: dict) -> dict:
+def measure(job: dict, trainer_args: dict | None = None) -> dict:
     code = ("import json, sys; sys.path.insert(0, sys.argv[1]); "
             "from vramplan.measure.trainers import measure_trainer; "
-            "print(json.dumps(measure_trainer(json.loads(sys.argv[2])).to_dict()))")
-    proc = subprocess.run([sys.executable, "-c", code, str(SRC), json.dumps(job)],
+            "print(json.dumps(measure_trainer(json.loads(sys.argv[2]), "
+            "trainer_args=json.loads(sys.argv[3])).to_dict()))")
+    proc = subprocess.run([sys.executable, "-c", code, str(SRC), json.dumps(job), json.dumps(trainer_args or {})],
                           capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise RuntimeError(proc.stderr[-3000:])
@@ -102,20 +140,22 @@ def errors(est, measured: dict) -> dict:
 def main(argv=None) -> int:
     import vramplan
     ap = argparse.ArgumentParser()
-    ap.add_argument("--only", default="")
+    ap.add_argument("--only", default="", help="a case name, or a substring of the names")
     ap.add_argument("--estimate-only", action="store_true")
     args = ap.parse_args(argv)
     path = HERE / "results-cpu.json"
     old = json.loads(path.read_text()) if path.exists() else {}
     out = dict(old)
     for name, job in CASES.items():
-        if args.only not in name:
+        # a case's full name runs that case alone; anything else is a substring
+        if name != args.only and (args.only in CASES or args.only not in name):
             continue
         est = vramplan.estimate(job)
-        row = {"job": job, "estimate": {"peak_allocated_bytes": est.peak_allocated_bytes,
+        extra = TRAINER_ARGS.get(name)
+        row = {"job": job} | ({"trainer_args": extra} if extra else {}) | {"estimate": {"peak_allocated_bytes": est.peak_allocated_bytes,
                                         "peak_event": est.peak_event, "phases": est.phases}}
         try:
-            row["measured"] = old.get(name, {}).get("measured") if args.estimate_only else measure(job)
+            row["measured"] = old.get(name, {}).get("measured") if args.estimate_only else measure(job, extra)
         except RuntimeError as exc:
             print(f"{name}: measurement failed: {str(exc).strip().splitlines()[-1]}", flush=True)
             continue

@@ -121,15 +121,19 @@ def _freeze(desc: ModelDesc, spec: JobSpec) -> list[str]:
 
 
 def _lora(desc: ModelDesc, spec: JobSpec) -> list[str]:
-    from vramplan.components.trainable import lora_targets
+    from vramplan.components.trainable import default_lora_targets, lora_targets
     hit, unmatched = lora_targets(desc, spec)
+    assumed = spec.lora.target_modules is None and default_lora_targets(desc, spec)[1]
     if not hit:
         # peft tuners_utils.BaseTuner.inject_adapter raises "Target modules ... not found in
-        # the base model" when no module matched.
+        # the base model" when no module matched; with no targets named and no default for the
+        # model type, LoraModel._prepare_adapter_config raises "Please specify `target_modules`".
         names = sorted({p.module.rsplit(".", 1)[-1] for p in desc.params if p.layer is not None})
-        default = " (the default, PEFT's for Llama-family models)" if spec.lora.target_modules == (
-            "q_proj", "v_proj") else ""
-        raise SpecError("lora.target_modules", f"{', '.join(unmatched)}{default} match no module of "
+        if assumed:
+            raise SpecError("lora.target_modules", f"PEFT has no default target modules for model type "
+                            f"{desc.model_type!r} ({desc.name}); name some of its layer modules "
+                            f"({', '.join(names[:12])}) or all-linear")
+        raise SpecError("lora.target_modules", f"{', '.join(unmatched)} match no module of "
                         f"{desc.name}; name some of its layer modules ({', '.join(names[:12])}) or all-linear")
     refused = getattr(desc, "lora_refused_modules", ())
     bad = sorted({p.module.rsplit(".", 1)[-1] for p in hit if p.module.rsplit(".", 1)[-1] in refused})
@@ -144,6 +148,10 @@ def _lora(desc: ModelDesc, spec: JobSpec) -> list[str]:
         raise SpecError("lora.target_modules", f"PEFT cannot wrap {desc.name}'s {', '.join(bad)} with LoRA "
                         f"(its forward returns a tuple); name the modules to adapt instead of all-linear, "
                         f"without {', '.join(bad)}")
+    if assumed:
+        return [Msg("lora.target_modules: PEFT has no default for model type {mtype} (it would ask for "
+                    "target_modules); the estimate assumes q_proj, v_proj. Name the modules you adapt, "
+                    "or all-linear", mtype=repr(desc.model_type))]
     return []  # partly unmatched targets: estimation's note (PEFT ignores them)
 
 

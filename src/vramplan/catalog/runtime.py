@@ -1,5 +1,6 @@
-"""The data behind CUDA's own memory (`cuda_runtime.json`) and the estimate's error bars
-(`bounds.json`): read lazily on first use and cached, nothing at import."""
+"""The data behind CUDA's own memory (`cuda_runtime.json`), the estimate's error bars
+(`bounds.json`) and PEFT's default LoRA targets (`peft_lora_targets.json`): read lazily on
+first use and cached, nothing at import."""
 from __future__ import annotations
 
 import functools
@@ -21,6 +22,11 @@ def error_bounds() -> dict:
     """bounds.json: per metric the relative interval [lo, hi] around the estimate, built by
     bench/accuracy/bounds.py from the published measurements."""
     return _read("bounds.json")
+
+
+def peft_lora_targets() -> dict:
+    """peft_lora_targets.json: PEFT's default LoRA target modules per `model_type`."""
+    return _read("peft_lora_targets.json")["by_model_type"]
 
 
 def gpu_arch(gpu_name: str | None) -> str | None:

@@ -67,7 +67,10 @@ _DIFFUSION_FLAGS = (("num_frames", int, N_("diffusion: video frames in pixel spa
                     ("vae_slicing", _flag_bool, N_("diffusion: VAE encodes one sample at a time")),
                     ("vae_tiling", _flag_bool, N_("diffusion: VAE encodes in tiles")),
                     ("controlnet", _flag_bool,
-                     N_("diffusion: train a ControlNet beside the frozen UNet (train_controlnet.py)")))
+                     N_("diffusion: train a ControlNet beside the frozen UNet (train_controlnet.py)")),
+                    ("set_grads_to_none", _flag_bool,
+                     N_("diffusion: the loop's zero_grad(set_to_none=...); false keeps gradients into the next "
+                        "forward (default: the script's, false for train_dreambooth.py)")))
 
 
 def _int_word(value: str):

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vramplan.breakdown import Breakdown
-from vramplan.components.arch import Ctx, local_window, norm
+from vramplan.components.arch import Ctx, local_window, model_rows, norm
 from vramplan.components.chunked_loss import chunked_loss_terms
 from vramplan.components.megatron_loss import megatron_ce_terms
 from vramplan.components.arch_gpt2_bert import family_forward, is_other, layer_fn, layer_prefix, other_embed, other_head
@@ -155,7 +155,7 @@ def _plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Activ
         from vramplan.components.seq2seq import plan_seq2seq
         return plan_seq2seq(desc, spec, params)
     ctx = build_ctx(desc, spec, params)
-    b, s = spec.micro_batch_size, spec.seq_len
+    b, s = model_rows(spec)
     seen: set[int] = set()
     rec = _recorder(spec, seen)
     ids = rec.new("input_ids", (b, s), "int64", False)

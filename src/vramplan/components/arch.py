@@ -117,6 +117,21 @@ def local_window(desc: ModelDesc, i: int) -> int | None:
     return chunks(i) if chunks else None
 
 
+def model_rows(spec) -> tuple[int, int]:
+    """(rows, tokens per row) of the batch the model is called with. Padding-free batches of
+    the HF Trainer and TRL are flattened into one row of b*s tokens: transformers'
+    DataCollatorWithFlattening (data/data_collator.py `__call__`) and TRL's
+    DataCollatorForLanguageModeling with padding_free (trl/trainer/sft_trainer.py
+    `torch_call`: `input_ids = [torch.cat(input_ids, dim=0)]`), so SDPA's block-causal mask
+    is (1, 1, b*s, b*s). Measured: bench/trainers `sft/*/packing`, `padding-free`."""
+    from vramplan.spec.stack import Framework
+
+    b, s = spec.micro_batch_size, spec.seq_len
+    if spec.packing and spec.stack.framework in (Framework.HF_TRAINER, Framework.TRL):
+        return 1, b * s
+    return b, s
+
+
 def sdpa_gets_mask(desc: ModelDesc, i: int, s: int) -> bool:
     """transformers masking_utils._ignore_causal_mask_sdpa: without padding SDPA is called
     with is_causal and no mask, except on a local layer whose window is not longer than the

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, field
 
 from vramplan.components.dtypes import dtypes_of
+from vramplan.catalog.runtime import peft_lora_targets
 from vramplan.components.quant import code_dtype
 from vramplan.model import ModelDesc, ParamEntry
 from vramplan.spec import JobSpec, Method, QuantType
@@ -81,18 +82,55 @@ def _matches(module: str, target: str) -> bool:
     return module == target or module.endswith("." + target)
 
 
+def targets_module(module: str, targets: tuple[str, ...] | str) -> bool:
+    """Whether LoRA targets (names, or all-linear) take this linear module, as PEFT matches."""
+    return targets == ALL_LINEAR or any(_matches(module, t) for t in targets)
+
+
 _TARGETS: dict[tuple, tuple] = {}
+
+# The frameworks whose own LoRA default is every linear layer: LLaMA-Factory's
+# FinetuningArguments `lora_target` defaults to "all", ms-swift's TunerArguments
+# `target_modules` to ['all-linear'] (swift/llm/argument/tuner_args.py).
+_ALL_LINEAR_DEFAULT = frozenset({Framework.LLAMA_FACTORY, Framework.MS_SWIFT})
+# What a Llama-layout attention calls its query and value projections: assumed, with a
+# note, for a model type PEFT has no default for (validity.py says so).
+LLAMA_TARGETS = ("q_proj", "v_proj")
+
+
+def peft_default_targets(model_type: str) -> tuple[str, ...] | None:
+    """PEFT's `target_modules` when LoraConfig names none, per `config.model_type`
+    (catalog/peft_lora_targets.json, with its source); None when PEFT has no default."""
+    targets = peft_lora_targets().get(model_type)
+    return None if targets is None else tuple(targets)
+
+
+def default_lora_targets(desc: ModelDesc, spec: JobSpec) -> tuple[tuple[str, ...] | str, bool]:
+    """The targets of a spec that names none: (targets, assumed). `assumed` is True when
+    neither the stack nor PEFT has a default for this model and Llama's q_proj/v_proj stand
+    in (PEFT itself would refuse the config)."""
+    if spec.stack.framework in _ALL_LINEAR_DEFAULT:
+        return ALL_LINEAR, False
+    targets = peft_default_targets(desc.model_type)
+    return (LLAMA_TARGETS, True) if targets is None else (targets, False)
+
+
+def resolved_lora_targets(desc: ModelDesc, spec: JobSpec) -> tuple[str, ...] | str:
+    """The spec's `lora.target_modules`, or its stack's default for this model."""
+    targets = spec.lora.target_modules
+    return default_lora_targets(desc, spec)[0] if targets is None else targets
 
 
 def lora_targets(desc: ModelDesc, spec: JobSpec) -> tuple[list[ParamEntry], tuple[str, ...]]:
     """Linear weights LoRA wraps, and target names that matched nothing (memoized on the
     frozen ModelDesc and the targets, like param_set: validity and the ParamSet both ask)."""
-    key = (id(desc), spec.lora.target_modules)
+    targets = resolved_lora_targets(desc, spec)
+    key = (id(desc), targets)
     hit = _TARGETS.get(key)
     if hit is None or hit[0] is not desc:
         if len(_TARGETS) >= _CACHE_SIZE:
             _TARGETS.pop(next(iter(_TARGETS)))
-        hit = _TARGETS[key] = (desc, _lora_targets(desc, spec.lora.target_modules))
+        hit = _TARGETS[key] = (desc, _lora_targets(desc, targets))
     return list(hit[1][0]), hit[1][1]
 
 

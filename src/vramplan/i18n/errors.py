@@ -49,6 +49,9 @@ TEMPLATES = (
        "{without}, e.g. {example}"),
     N_("PEFT cannot wrap {model}'s {modules} with LoRA (its forward returns a tuple); name the modules to adapt "
        "instead of all-linear, without {without}"),
+    N_("PEFT has no default target modules for model type {mtype} ({model}); name some of its layer modules "
+       "({names}) or all-linear"),
+    N_("{targets} match no module of {model}; name some of its layer modules ({names}) or all-linear"),
     # vision-language jobs (jobs/vlm.py, jobs/qwen_vl.py, spec/tasks.py VisionConfig)
     N_("{low} is above {high}; make it at most {limit}"),
     N_("this model's vision tower takes images only; set it to 0"),

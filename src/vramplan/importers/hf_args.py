@@ -48,6 +48,8 @@ def from_training_args(cfg: dict, source: str = "training-args") -> tuple[dict, 
             rep.ignored.append(name)
         else:
             rep.ignored.append(name)
+    if out["stack"] == "trl":
+        _trl_defaults(cfg, out, rep)
     if "low_rank" in out and out.get("optimizer") not in ("galore-adamw", "apollo-adamw"):
         out.pop("low_rank")  # optim_args / optim_target_modules of another optimizer
         rep.ignored += [k for k in ("optim_target_modules", "optim_args") if k in cfg]
@@ -55,6 +57,19 @@ def from_training_args(cfg: dict, source: str = "training-args") -> tuple[dict, 
         # transformers TrainingArguments.__post_init__: at most one of fp16 and bf16.
         raise ImportError_(source, "bf16", "bf16 and fp16 cannot both be true; keep one")
     return out, rep
+
+
+def _trl_defaults(cfg: dict, out: dict, rep: ImportReport) -> None:
+    """The TrainingArguments defaults every TRL config overrides (trl/trainer/base_config.py
+    `_BaseConfig`, TRL 1.16): `gradient_checkpointing` True, and `bf16` True unless `fp16` is
+    set (`__post_init__`: `self.bf16 = not self.fp16 if self.bf16 is None`). A file that
+    leaves them out runs with them, so the spec gets them too."""
+    if "gradient_checkpointing" not in cfg:
+        out["gradient_checkpointing"] = "full"
+        rep.use("gradient_checkpointing (TRL's default, true)", "gradient_checkpointing")
+    if cfg.get("bf16") is None and not cfg.get("fp16"):
+        out.setdefault("precision", "bf16")
+        rep.use("bf16 (TRL's default when fp16 is not set, true)", "precision = bf16 (autocast over the load dtype)")
 
 
 def _int(name, value, rep):
@@ -86,8 +101,9 @@ def _gc(v, out, rep, name):
 def _bf16(v, out, rep, name):
     # Trainer with bf16=True runs torch.autocast over the weights as loaded (accelerate
     # mixed_precision="bf16"), unless DeepSpeed's bf16 section takes over: the stack's
-    # word bf16, read with load_dtype (components/dtypes.py).
-    if need_bool(rep, name, v):
+    # word bf16, read with load_dtype (components/dtypes.py). None is the field left unset
+    # (TRL's configs then decide: _trl_defaults).
+    if v is not None and need_bool(rep, name, v):
         out.setdefault("precision", name)
         rep.use(name, f"precision = {name} (autocast over the load dtype)")
 

@@ -30,7 +30,7 @@ from vramplan.i18n import Msg
 from vramplan.jobs.compose import Step, finish
 from vramplan.jobs.diffusion_frozen import frozen_modules
 from vramplan.jobs.diffusion_unet import unet_lora_acts_at_peak, unet_lora_params, unet_lora_transients, unet_stages
-from vramplan.jobs.diffusion_scripts import adapter_dtype, script_loss, scripts_stack
+from vramplan.jobs.diffusion_scripts import adapter_dtype, grads_kept, script_loss, scripts_stack
 from vramplan.jobs.diffusion_video import VIDEO_CLASSES, checkpointed, checkpointed_backward_transient, first_block_grads
 from vramplan.jobs.diffusion_blocks import (BLOCK_CLASSES, block_ctx, block_forward_transient, block_stages,
                                             block_transients, feed_forward_params, lora_targets,
@@ -233,7 +233,9 @@ def diffusion_estimate(pipe: dict, spec: JobSpec, gpu=None):
                     forward_end_transient=fwd_end, loss_backward_transient=bwd0,
                     stage_backward_transient=transient, optimizer_temporaries=step_temporaries(spec, params),
                     labels=[f"denoiser stage {i} backward" for i in range(len(stages))],
-                    stage_grads_at_peak=first_block_grads(den, params, grads))
+                    stage_grads_at_peak=first_block_grads(den, params, grads),
+                    # accumulated gradients, or gradients zeroed in place, are alive in forward
+                    grads_alive_in_forward=spec.grad_accum_steps > 1 or grads_kept(spec))
     if pipe["kind"] == "unet" and unet_fwd.total():  # the last up level, before the output stage
         plan.stage_forward_transient = [Breakdown() for _ in stages]
         plan.stage_forward_transient[-2] = unet_fwd
@@ -253,6 +255,10 @@ def diffusion_estimate(pipe: dict, spec: JobSpec, gpu=None):
     if den.get("class") in VIDEO_CLASSES:
         step.after_forward.append(("forward", "a block's working set", working, False))
     total, notes = {"denoiser": pipe["denoiser"]["num_params"]}, [f"latents {shape}; tokens {tokens}"]
+    if grads_kept(spec) and spec.grad_accum_steps == 1:
+        notes.append(Msg("gradients stay allocated into the next forward (zero_grad(set_to_none=False), the "
+                         "script's default); the script's --set_grads_to_none (diffusion.set_grads_to_none: true) "
+                         "frees {gib:.2f} GiB in forward", gib=sum(g.total() for g in grads) / 2**30))
     total.update(frozen_modules(pipe, spec, step, b, c, w, notes, n + m))
     return finish(spec, _desc_stub(pipe), step, num_params=total,
                   trainable_params=params.numel(trainable=True), gpu=gpu, notes=notes)

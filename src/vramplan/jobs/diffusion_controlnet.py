@@ -34,6 +34,10 @@ def check_controlnet(pipe: dict, spec: JobSpec) -> dict:
                                                   "this pipeline's denoiser is not one"))
     if spec.method is not Method.FULL:
         raise SpecError("method", _("train_controlnet.py trains the whole ControlNet: use method full"))
+    if spec.diffusion.set_grads_to_none:
+        raise SpecError("diffusion.set_grads_to_none", _("the ControlNet step is modelled with train_controlnet.py's "
+                                                         "default, its gradients kept between steps; drop the field "
+                                                         "or set it to false"))
     entry = pipe.get("controlnet") or {}
     if not isinstance(entry.get("num_params"), int):
         raise SpecError("model.controlnet.num_params", _("give the ControlNet's parameter count "

@@ -17,13 +17,31 @@ Legend: b batch, C latent channels, f latent frames, T frames in flight, w weigh
 from __future__ import annotations
 
 from vramplan.breakdown import Breakdown
-from vramplan.spec import JobSpec
+from vramplan.spec import JobSpec, Method
 from vramplan.spec.stack import Framework
 from vramplan.units import nbytes
 
 
 def scripts_stack(spec: JobSpec) -> bool:
     return spec.stack.framework is Framework.DIFFUSERS_SCRIPTS
+
+
+def grads_kept(spec: JobSpec) -> bool:
+    """Whether the trained part's gradients stay allocated from one step's optimizer step
+    into the next forward: `optimizer.zero_grad(set_to_none=False)` zeroes them in place.
+    diffusers' dreambooth/train_dreambooth.py (full fine-tuning; the script the spec's
+    prior_preservation under `stack: diffusers-scripts` names) and the ControlNet scripts
+    call `zero_grad(set_to_none=args.set_grads_to_none)` with `--set_grads_to_none` a
+    store_true flag, so False unless given; the other scripts call `zero_grad()` (torch's
+    default set_to_none=True). `diffusion.set_grads_to_none` overrides."""
+    cfg = spec.diffusion
+    if cfg is None:
+        return False
+    if cfg.set_grads_to_none is not None:
+        return not cfg.set_grads_to_none
+    if cfg.controlnet:
+        return True
+    return scripts_stack(spec) and spec.method is Method.FULL and cfg.prior_preservation
 
 
 def adapter_dtype(spec: JobSpec) -> str:
@@ -118,4 +136,5 @@ def script_loss(pipe: dict, spec: JobSpec, latent_elems: int) -> tuple[Breakdown
     return named, saved
 
 
-__all__ = ["sdxl_script", "vae_dtype", "adapter_dtype", "cogvideox_encode", "encodes_ahead", "first_channels", "script_loss", "scripts_stack"]
+__all__ = ["sdxl_script", "vae_dtype", "adapter_dtype", "cogvideox_encode", "encodes_ahead", "first_channels",
+           "grads_kept", "script_loss", "scripts_stack"]

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vramplan.breakdown import Breakdown
+from vramplan.components.arch import model_rows
 from vramplan.i18n import Msg
 from vramplan.spec import Backend, JobSpec, LogprobHead, Task
 from vramplan.spec.stack import Framework
@@ -68,8 +69,8 @@ def sft_head(spec: JobSpec, hidden: int, vocab: int, softcap: bool) -> "Chunked 
     the label mask; `full` (or `selective`, which SFT has no use for) is the model's loss."""
     if spec.task is not Task.SFT or resolve_head(spec) is not LogprobHead.CHUNKED:
         return None
-    return chunked_head(spec, spec.micro_batch_size, spec.seq_len, hidden, vocab, top1=True, entropy=True,
-                        softcap=softcap)
+    # a padding-free batch is one row of b*s tokens (components/arch.py model_rows)
+    return chunked_head(spec, *model_rows(spec), hidden, vocab, top1=True, entropy=True, softcap=softcap)
 
 
 def head_note(spec: JobSpec) -> str:
@@ -125,13 +126,16 @@ class Chunked:
         always 32768 wide, also for a smaller vocabulary."""
         return nbytes(min(self.tokens, TOKEN_CHUNK) * VOCAB_CHUNK, self.c)
 
-    def casts(self) -> Breakdown:
+    def casts(self, weight: bool = True) -> Breakdown:
         """`hidden[...].to(compute_dtype)` and `weight[start:end].to(compute_dtype)` copies
-        when the dtypes differ (autocast over fp32 weights)."""
+        when the dtypes differ (autocast over fp32 weights). `weight=False`: the forward's
+        weight cast is an argument of `torch.mm(hidden_chunk, weight[start:end].to(...).t(),
+        out=tile)` (trl/kernels/chunked_logprob.py ChunkedLogProbFunction.forward), freed
+        when the mm returns, before the tile is folded; backward keeps it as `w_chunk`."""
         out = Breakdown()
         if self.hidden_dtype != self.c:
             out.add("logprob/hidden_chunk_cast", nbytes(min(self.tokens, TOKEN_CHUNK) * self.hidden, self.c))
-        if self.weight_dtype != self.c:
+        if weight and self.weight_dtype != self.c:
             out.add("logprob/weight_chunk_cast", nbytes(min(self.vocab, VOCAB_CHUNK) * self.hidden, self.c))
         return out
 
@@ -156,7 +160,7 @@ class Chunked:
         `z * logit_scale`, `* inv_t`); softcapping keeps one more (`z / softcap`, tanh) for
         16-bit tiles. `is_top1` adds the bool `before_target` mask alive through the fold."""
         out = Breakdown().add("logprob/scratch_tile", self.scratch())
-        out.add("logprob/running_stats", 7 * nbytes(self.tokens, "fp32")).merge(self.casts())
+        out.add("logprob/running_stats", 7 * nbytes(self.tokens, "fp32")).merge(self.casts(weight=False))
         if self.torch_fold:
             k = 4 if self.softcap and self.c != "fp32" else 3
             out.add("logprob/tile_fp32_temporaries", k * nbytes(self.tile, "fp32"))

@@ -25,7 +25,7 @@ from vramplan.components.activations import plan_activations
 from vramplan.components.arch_vit import VisionDesc, VitCtx, projector, vit_embed, vit_layer
 from vramplan.components.graph import Param, Recorder
 from vramplan.components.optimizer import optimizer_states, step_temporaries
-from vramplan.components.trainable import HeldParam, ParamSet, param_set
+from vramplan.components.trainable import LLAMA_TARGETS, HeldParam, ParamSet, param_set, targets_module
 from vramplan.components.weights import weight_terms
 from vramplan.i18n import Msg
 from vramplan.jobs.compose import Step, finish
@@ -86,7 +86,7 @@ def _held(vis: VisionDesc, spec: JobSpec, train_tower: bool) -> ParamSet:
         out.append(HeldParam("vision_tower." + name, shape, w, trains, "base", layer))
         module = name.rsplit(".", 1)[0]
         if lora and used and layer is not None and name.endswith(".weight") and len(shape) == 2 and \
-                any(module.endswith(t) for t in spec.lora.target_modules):
+                targets_module(module, spec.lora.target_modules or LLAMA_TARGETS):
             out.append(HeldParam(f"vision_tower.{module}.lora_A", (spec.lora.r, shape[1]), "fp32", True, "lora", layer))
             out.append(HeldParam(f"vision_tower.{module}.lora_B", (shape[0], spec.lora.r), "fp32", True, "lora", layer))
     out += [HeldParam("projector." + n, s, w, True, "base", None) for n, s in vis.projector_params()]

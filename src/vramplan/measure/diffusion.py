@@ -111,35 +111,50 @@ def measure_diffusion(job: dict, steps: int = 2, trace: bool = False) -> Measure
     meter.register(_live_tensors(), "preexisting")
     g = torch.Generator().manual_seed(0)
     grads = 0
+    # gradient accumulation: `accum` forward/backward passes into the same .grad, then one
+    # step; zero_grad(set_to_none=...) as the spec's diffusion.set_grads_to_none resolves it
+    # (False: train_dreambooth.py's default, `--set_grads_to_none` is store_true)
+    accum = max(1, int(job.get("grad_accum_steps", 1) or 1))
+    to_none = _grads_to_none(job)
     with meter:
         latents, kw, t = denoiser_inputs(pipe, b, latent_dims(pipe, diffusion), dtype, g)
         meter.register([latents, t] + [v for v in _leaves(kw)], "batch")
         for step in range(1, steps + 1):
-            with meter.phase(f"s{step}.fwd"):
-                noise = torch.randn(latents.shape, generator=g).to(dtype)
-                shape = (b,) + (1,) * (latents.dim() - 1)
-                alpha = torch.rand(b, generator=g).to(dtype).view(shape)
-                if flow:  # rectified flow (train_dreambooth_lora_flux.py / _sd3.py): x_s = (1 - s) x + s n
-                    noisy = (1 - alpha) * latents + alpha * noise
-                else:  # DDPMScheduler.add_noise
-                    noisy = alpha.sqrt() * latents + (1 - alpha).sqrt() * noise
-                pred = call_denoiser(model, pipe, noisy, kw, t)
-                target = noise - latents if flow else noise  # flow matching predicts n - x
-                if frozen is not None:  # the frozen copy's prediction is the target
-                    with meter.phase(f"s{step}.ref"), torch.no_grad():
-                        target = call_denoiser(frozen, pipe, noisy, kw, t)
-                loss = F.mse_loss(pred.float(), target.float())
-                del pred, target
-            if step == steps:
-                meter.mark("end_of_forward")
-            with meter.phase(f"s{step}.bwd"):
-                loss.backward()
+            for micro in range(accum):
+                with meter.phase(f"s{step}.fwd"):
+                    noise = torch.randn(latents.shape, generator=g).to(dtype)
+                    shape = (b,) + (1,) * (latents.dim() - 1)
+                    alpha = torch.rand(b, generator=g).to(dtype).view(shape)
+                    if flow:  # rectified flow (train_dreambooth_lora_flux.py / _sd3.py): x_s = (1 - s) x + s n
+                        noisy = (1 - alpha) * latents + alpha * noise
+                    else:  # DDPMScheduler.add_noise
+                        noisy = alpha.sqrt() * latents + (1 - alpha).sqrt() * noise
+                    pred = call_denoiser(model, pipe, noisy, kw, t)
+                    target = noise - latents if flow else noise  # flow matching predicts n - x
+                    if frozen is not None:  # the frozen copy's prediction is the target
+                        with meter.phase(f"s{step}.ref"), torch.no_grad():
+                            target = call_denoiser(frozen, pipe, noisy, kw, t)
+                    loss = F.mse_loss(pred.float(), target.float())
+                    del pred, target
+                if step == steps and micro == accum - 1:
+                    meter.mark("end_of_forward")
+                with meter.phase(f"s{step}.bwd"):
+                    loss.backward()
+                if micro < accum - 1:
+                    del loss, noise, noisy, alpha
             grads = unique_bytes([p.grad for p in model.parameters() if p.grad is not None])
             with meter.phase(f"s{step}.opt"):
                 opt.step()
-                opt.zero_grad(set_to_none=True)
+                opt.zero_grad(set_to_none=to_none)
             del loss, noise, noisy, alpha
     return metered_result(meter, model, opt, grads, PHASES, trace=trace)
+
+
+def _grads_to_none(job: dict) -> bool:
+    """The `set_to_none` of the loop's zero_grad: the spec's resolution (jobs/diffusion_scripts.py)."""
+    from vramplan.jobs.diffusion_scripts import grads_kept
+    from vramplan.spec import load_spec
+    return not grads_kept(load_spec(job))
 
 
 def _leaves(kw: dict) -> list:

@@ -9,10 +9,13 @@ saving, two optimizer steps):
 
 * dpo, ipo: ``trl.DPOTrainer`` (``loss_type`` ``sigmoid`` / ``ipo``); a separate
   reference model, or, for a LoRA policy with no ``reference_model``, the policy with its
-  adapter disabled (dpo_trainer.py ``_compute_loss`` -> ``use_adapter``);
+  adapter disabled (dpo_trainer.py ``_compute_loss`` -> ``use_adapter``), or, for
+  ``reference_model: precomputed``, ``precompute_ref_log_probs=True`` (done before train());
 * kto: ``trl.KTOTrainer``; reward-model: ``trl.RewardTrainer``;
 * grpo: ``trl.GRPOTrainer`` with HF ``generate`` (``use_vllm=False``) and a reward function;
-* sft: the HF ``transformers.Trainer`` (the model's own causal-LM loss);
+* sft: the HF ``transformers.Trainer`` (the model's own causal-LM loss), with
+  ``DataCollatorWithFlattening`` for ``packing``; under ``stack: trl`` TRL's SFTTrainer
+  (``packing=True``: BFD packing, padding-free);
 * distill, orpo, simpo: trl.experimental's GKDTrainer, ORPOTrainer, CPOTrainer
   (measure/trl_experimental.py, which also states how their precision is mapped).
 
@@ -20,9 +23,10 @@ The TRL configs' own defaults (``gradient_checkpointing=True``, ``bf16=True``: t
 base_config.py ``_BaseConfig``) are overridden by the spec, which states both; the
 optimizer is the spec's torch optimizer handed to the trainer (``optimizers=(opt, None)``),
 so ``optimizer_impl`` is the spec's rather than Trainer's ``adamw_torch`` (for-loop on CPU).
-Precision: ``fp32``/``bf16``/``fp16`` build the model in that dtype with the trainer's
-autocast off; ``amp-bf16`` an fp32 model with ``bf16=True``; ``mixed-*`` has no equivalent
-in these trainers.
+Precision follows the spec's stack (measure/trl_experimental.py ``stack_precision``): under
+``stack: hf-trainer``/``trl`` the word ``bf16`` is a bf16 model with the trainer's
+``bf16=True`` (autocast), as the estimate reads it; ``stack: plain`` bf16 is pure bf16;
+``amp-bf16`` an fp32 model with ``bf16=True``; ``mixed-*`` has no equivalent in these trainers.
 """
 from __future__ import annotations
 
@@ -33,7 +37,7 @@ import torch
 from . import MeasureResult
 from . import trl_data as data
 from .build import (
-    apply_method, build_model, build_optimizer, job_dict, norm_precision, precision_dtypes,
+    apply_method, build_model, build_optimizer, job_dict,
 )
 from .trainer_meter import metered_train
 
@@ -56,16 +60,6 @@ def runs_library(task: str) -> bool:
     except ImportError:
         return False
     return True
-
-
-def _precision(job: dict) -> tuple[torch.dtype, dict]:
-    """(model dtype, the trainer's bf16/fp16 flags) for the spec's precision."""
-    precision = norm_precision(job.get("precision", "fp32"))
-    if precision.startswith("mixed-"):
-        raise ValueError(f"precision: {precision} (16-bit weights, fp32 master) has no equivalent in "
-                         "the HF/TRL trainers; use amp-bf16 or bf16")
-    dtype, autocast = precision_dtypes(precision)
-    return dtype, {"bf16": autocast is torch.bfloat16, "fp16": autocast is torch.float16}
 
 
 def build_role(job: dict, field, dtype, task: str = "sft", num_labels: int | None = None):
@@ -118,12 +112,13 @@ def _dpo(job: dict, dtype, flags: dict):
     policy = policy_model(job, dtype)
     vocab = policy.config.vocab_size
     ref = job.get("reference_model")
-    if ref == "precomputed":
-        raise ValueError("reference_model: precomputed is measured through the hand-written step "
-                         "(TRL precomputes it before train())")
+    # precomputed: DPOConfig.precompute_ref_log_probs with no ref_model; DPOTrainer `__init__`
+    # scores the dataset with the policy (`_precompute_ref_logps`) before train(), which is
+    # metered from its first step on (the reference log-probs ride in the batch).
+    precomputed = ref == "precomputed"
     lora_ref = ref is None and job.get("method") in ("lora", "qlora")
-    ref_model = None if lora_ref else frozen_model(job, ref or job["model"], dtype)
-    args = DPOConfig(**common_args(job, flags), max_length=int(job["seq_len"]),
+    ref_model = None if lora_ref or precomputed else frozen_model(job, ref or job["model"], dtype)
+    args = DPOConfig(**common_args(job, flags), max_length=int(job["seq_len"]), precompute_ref_log_probs=precomputed,
                      loss_type=[DPO_LOSS[job["task"]]], dataset_num_proc=None)
     trainer = DPOTrainer(model=policy, ref_model=ref_model, args=args,
                          train_dataset=data.dataset(data.preference_rows(num_rows(job), job["seq_len"], vocab)),
@@ -184,8 +179,12 @@ def _grpo(job: dict, dtype, flags: dict):
     # model has not: the loader is handed the reference built from the spec instead.
     beta = 0.0 if ref == "precomputed" else 0.04
     frozen = None if beta == 0.0 or job.get("method") in ("lora", "qlora") else frozen_model(job, ref or job["model"], dtype)
+    # Every completion runs to max_new_tokens: generation with no EOS to stop at. (Not
+    # `min_new_tokens`, which adds transformers' MinNewTokensLengthLogitsProcessor and its
+    # (rows, v) fp32 clone/where copies at each sampling step, logits_process.py: TRL's
+    # defaults add no logits processor, and the estimate models none.)
     args = GRPOConfig(**common_args(job, flags), num_generations=g, max_completion_length=new, beta=beta,
-                      use_vllm=False, generation_kwargs={"min_new_tokens": new})
+                      use_vllm=False, generation_kwargs={"eos_token_id": None})
     with mock.patch.object(grpo_trainer, "create_model_from_path", lambda *a, **k: frozen):
         trainer = GRPOTrainer(model=policy, reward_funcs=_length_reward, args=args,
                               train_dataset=data.dataset(data.prompt_rows(num_rows(job), job["seq_len"], vocab)),
@@ -195,12 +194,14 @@ def _grpo(job: dict, dtype, flags: dict):
 
 
 def _sft(job: dict, dtype, flags: dict):
-    from transformers import Trainer, TrainingArguments, default_data_collator
+    from transformers import DataCollatorWithFlattening, Trainer, TrainingArguments, default_data_collator
 
     policy = policy_model(job, dtype)
     vocab = policy.config.vocab_size
     args = TrainingArguments(**common_args(job, flags))
-    trainer = Trainer(model=policy, args=args, data_collator=default_data_collator,
+    # spec packing: transformers' padding-free collator (one row of b*s tokens, position_ids)
+    collator = DataCollatorWithFlattening() if job.get("packing") else default_data_collator
+    trainer = Trainer(model=policy, args=args, data_collator=collator,
                       train_dataset=data.dataset(data.lm_rows(num_rows(job), job["seq_len"], vocab)),
                       optimizers=optimizers_for(policy, job))
     return trainer, {"policy": policy}, {}
@@ -213,8 +214,13 @@ def _sft_trl(job: dict, dtype, flags: dict):
 
     policy = policy_model(job, dtype)
     vocab = policy.config.vocab_size
-    args = SFTConfig(**common_args(job, flags), max_length=int(job["seq_len"]), dataset_num_proc=None)
-    rows = data.lm_rows(num_rows(job), job["seq_len"], vocab)
+    # spec packing: SFTConfig packing (BFD, which turns padding_free on: sft_trainer.py
+    # `__init__`), rows of seq_len/4 tokens packed four to a seq_len row
+    pack = bool(job.get("packing")) and flags.get("packing", True)
+    s = int(job["seq_len"])
+    flags = {"packing": pack, "max_length": s} | flags
+    args = SFTConfig(**common_args(job, flags), dataset_num_proc=None)
+    rows = data.lm_rows(4 * num_rows(job), s // 4, vocab) if pack else data.lm_rows(num_rows(job), s, vocab)
     trainer = SFTTrainer(model=policy, args=args, train_dataset=data.dataset({"input_ids": rows["input_ids"]}),
                          processing_class=data.tokenizer(vocab), optimizers=optimizers_for(policy, job))
     return trainer, {"policy": policy}, {}
@@ -247,8 +253,12 @@ def _runner(task: str) -> dict:
     return {"library": "trl", "version": trl.__version__, "entry": TRL_TASKS[task]}
 
 
-def measure_trainer(job, trace: bool = False) -> MeasureResult:
-    """Run the job's library trainer for two optimizer steps under the exact CPU meter."""
+def measure_trainer(job, trace: bool = False, trainer_args: dict | None = None) -> MeasureResult:
+    """Run the job's library trainer for two optimizer steps under the exact CPU meter.
+
+    ``trainer_args``: trainer config fields the spec has no word for (e.g.
+    ``gradient_checkpointing_kwargs``, SFTConfig's ``padding_free``), set over what the spec
+    gives; bench/trainers records them with each case."""
     job = job_dict(job)
     task = job["task"]
     from . import trl_experimental
@@ -256,13 +266,14 @@ def measure_trainer(job, trace: bool = False) -> MeasureResult:
     if task in trl_experimental.BUILDERS:
         build, precision = trl_experimental.BUILDERS[task], trl_experimental.stack_precision
     elif trl_sft(job):  # SFT under stack trl: TRL's SFTTrainer
-        build, precision = _sft_trl, _precision
+        build, precision = _sft_trl, trl_experimental.stack_precision
     elif task in BUILDERS:
-        build, precision = BUILDERS[task], _precision
+        build, precision = BUILDERS[task], trl_experimental.stack_precision
     else:
         raise ValueError(f"task: no library trainer is measured for {task!r}")
     torch.manual_seed(0)
     dtype, flags = precision(job)
+    flags = {**flags, **(trainer_args or {})}
     trainer, models, options = build(job, dtype, flags)
     runner = _runner(task)
     if trl_sft(job):

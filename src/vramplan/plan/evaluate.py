@@ -13,23 +13,17 @@ from vramplan.components.memo import spec_key
 from vramplan.components.trainable import param_set
 from vramplan.estimation import Estimate, estimate_model, model_spec
 from vramplan.model import ModelDesc
-from vramplan.plan.steptime import DEFAULT_MFU, ModelCounts, StepTime, step_time
+from vramplan.plan.steptime import DEFAULT_MFU, LayoutTime, ModelCounts, StepTime, step_time
 from vramplan.spec import JobSpec, SpecError, load_spec
 from vramplan.spec.tasks import drop_unread_sections, needs_several_models
+from vramplan.spec.variants import with_dotted
 
 
 def apply_changes(base: JobSpec | Mapping, changes: Mapping[str, Any]) -> JobSpec:
     """A validated copy of `base` with `changes` applied; dotted keys reach into sections
     (`parallel.zero_stage`, `lora.r`)."""
     data = copy.deepcopy(base.to_dict(as_given=True) if isinstance(base, JobSpec) else dict(base))
-    for key, value in changes.items():
-        head, _, rest = key.partition(".")
-        if rest:
-            section = dict(data.get(head) or {})
-            section[rest] = value
-            data[head] = section
-        else:
-            data[key] = value
+    data = with_dotted(data, changes.items())
     drop_unread_sections(data, changes)
     return load_spec(data)
 
@@ -62,10 +56,15 @@ def accum_key(spec: JobSpec) -> int:
     (Narayanan et al. 2021, section 2.2), so counts beyond pp are alike; other schedules
     (GPipe keeps all m in flight) depend on the exact count.
     """
-    ga, pp = spec.grad_accum_steps, spec.parallel.pp
+    return accum_of(spec.grad_accum_steps, spec.parallel)
+
+
+def accum_of(grad_accum_steps: int, parallel) -> int:
+    """accum_key of a spec with this accumulation and parallel section."""
+    ga, pp = grad_accum_steps, parallel.pp
     if pp == 1:
         return min(ga, 2)
-    return min(ga, max(pp, 2)) if spec.parallel.pp_schedule == "1f1b" else ga
+    return min(ga, max(pp, 2)) if parallel.pp_schedule == "1f1b" else ga
 
 
 def memory_key(spec: JobSpec, *, drop: tuple[str, ...] = ()) -> tuple:
@@ -166,11 +165,23 @@ class Evaluator:
         model when the estimator reports no communication, else everything but comm/."""
         if self.counts is None:
             return 0.0
-        st = step_time(self.counts, spec, self.gpu, mfu=self.mfu,
-                       trainable_params=self.trainable_params(spec))
+        return self.bound_at(self.layout_time(spec), spec.micro_batch_size, spec.grad_accum_steps, reports_comm)
+
+    def layout_time(self, layout: JobSpec) -> LayoutTime | None:
+        """steptime.LayoutTime of `layout` (any batch split of it); None without a FLOPs model."""
+        if self.counts is None:
+            return None
+        return LayoutTime(self.counts, layout, self.gpu, mfu=self.mfu, trainable_params=self.trainable_params(layout))
+
+    @staticmethod
+    def bound_at(times: LayoutTime | None, micro_batch_size: int, grad_accum_steps: int, reports_comm: bool) -> float:
+        """step_time_bound of the layout `times` was made for, at this batch split."""
+        if times is None:
+            return 0.0
         if not reports_comm:
-            return st.total_s
-        return sum(v for k, v in st.terms.items() if not k.startswith("comm/"))
+            return times.at(micro_batch_size, grad_accum_steps).total_s
+        # the same terms, summed in the same order, as step_time's without its comm/ terms
+        return times.at(micro_batch_size, grad_accum_steps, comm=False).total_s
 
     def step_time_floor(self, spec: JobSpec, family: tuple | None = None) -> float:
         """A tighter lower bound than step_time_bound(spec, True), also known before

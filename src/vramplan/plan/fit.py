@@ -32,7 +32,7 @@ from typing import Callable
 
 from vramplan.estimation import Estimate
 from vramplan.i18n import Msg
-from vramplan.plan.evaluate import Evaluator, accum_key, memory_key, reported_communication
+from vramplan.plan.evaluate import Evaluator, accum_of, memory_key, reported_communication
 from vramplan.plan.floor import MemoryFloor
 from vramplan.plan.space import Candidate, default_axes, enumerate_candidates
 from vramplan.plan.steptime import StepTime
@@ -129,15 +129,23 @@ class _Groups:
         self.largest_fit: dict[tuple, int] = {}
         self.static_floor: dict[tuple, int] = {}
         self.group_floor: dict[tuple, int | None] = {}
+        self._families: dict[tuple, tuple] = {}
 
     @staticmethod
     def key(c: Candidate) -> tuple:
-        rest = tuple((k, v) for k, v in c.changes if k not in ("micro_batch_size", "grad_accum_steps"))
-        return rest + (("ga", accum_key(c.spec)),)
+        return (c.values, accum_of(c.grad_accum_steps, c.layout.parallel))
 
     @staticmethod
-    def family(c: Candidate) -> tuple:
-        return tuple((k, v) for k, v in c.changes if k not in _ACTIVATION_AXES)
+    def family_of(c: Candidate) -> tuple:
+        """The axes' values but the activation axes'."""
+        return tuple((k, v) for k, v in c.values if k not in _ACTIVATION_AXES)
+
+    def family(self, c: Candidate) -> tuple:
+        """family_of(c), kept per combination of the axes (shared by its splits)."""
+        fam = self._families.get(c.values)
+        if fam is None:
+            fam = self._families[c.values] = self.family_of(c)
+        return fam
 
     def add(self, c: Candidate) -> None:
         self.members.setdefault(self.key(c), []).append(c)
@@ -145,7 +153,7 @@ class _Groups:
     def fits(self, c: Candidate) -> bool:
         key = self.key(c)
         if key not in self.largest_fit:
-            ordered = sorted(self.members[key], key=lambda m: m.spec.micro_batch_size)
+            ordered = sorted(self.members[key], key=lambda m: m.micro_batch_size)
             floor = self._floor(key, ordered[0])
             if floor is not None:
                 # the floor rules the group out or finds it worth estimating; the family's
@@ -155,7 +163,7 @@ class _Groups:
                 self.largest_fit[key] = 0
             else:
                 self.largest_fit[key] = self._resolve(ordered)
-        return c.spec.micro_batch_size <= self.largest_fit[key]
+        return c.micro_batch_size <= self.largest_fit[key]
 
     def known(self, c: Candidate) -> bool:
         """Whether `fits(c)` is settled without another estimate."""
@@ -165,7 +173,7 @@ class _Groups:
         floor = self.static_floor.get(self.family(c))
         if floor is not None and floor > self.ev.limit_bytes:
             return True
-        smallest = min(self.members[key], key=lambda m: m.spec.micro_batch_size)
+        smallest = min(self.members[key], key=lambda m: m.micro_batch_size)
         floor = self._floor(key, smallest)
         if floor is not None and floor > self.ev.limit_bytes:
             self.largest_fit[key] = 0     # what fits() decides from the same floor
@@ -205,7 +213,7 @@ class _Groups:
                 lo = mid
             else:
                 hi = mid - 1
-        return ordered[lo].spec.micro_batch_size
+        return ordered[lo].micro_batch_size
 
 
 def default_fit_headroom(capacity_bytes: int) -> int:
@@ -235,9 +243,14 @@ def fit(spec: JobSpec, gpu=None, *, axes: dict | None = None, top_k: int = 5,
     groups = _Groups(ev)
     base_key = memory_key(spec)
     heap = []
+    times, layout = None, None
     for c in cands:
         groups.add(c)
-        heap.append((ev.step_time_bound(c.spec, reports_comm), -c.spec.micro_batch_size, c.index, False, c))
+        if c.layout is not layout:            # a layout's splits come one after another
+            layout = c.layout
+            times = ev.layout_time(layout)
+        heap.append((ev.bound_at(times, c.micro_batch_size, c.grad_accum_steps, reports_comm),
+                     -c.micro_batch_size, c.index, False, c))
     heapq.heapify(heap)
     total = len(heap)
     found: list[tuple[float, int, int, Candidate]] = []
@@ -299,9 +312,9 @@ _LEAN = {"full": 0, "selective": 1, "op-selective": 1, "none": 2, "fused-linear-
 
 
 def _lean_key(c: Candidate) -> tuple:
-    s = c.spec
+    s = c.layout                              # the candidate's spec but for the batch split
     return (_LEAN[s.gradient_checkpointing.value], _LEAN[s.loss_impl.value], _LEAN[s.attention.value],
-            s.micro_batch_size, c.index)
+            c.micro_batch_size, c.index)
 
 
 def _closest(ev: Evaluator, cands: list[Candidate], floor: MemoryFloor | None = None) -> FitResult | None:
@@ -312,7 +325,7 @@ def _closest(ev: Evaluator, cands: list[Candidate], floor: MemoryFloor | None = 
     earlier family, as min() over them all would)."""
     leanest: dict[tuple, Candidate] = {}
     for c in cands:
-        fam = _Groups.family(c)
+        fam = _Groups.family_of(c)
         if fam not in leanest or _lean_key(c) < _lean_key(leanest[fam]):
             leanest[fam] = c
     order = list(leanest.values())

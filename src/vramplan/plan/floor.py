@@ -59,7 +59,7 @@ class MemoryFloor:
     def __init__(self, desc: ModelDesc | None, gpu):
         self.desc = desc
         self.gpu = gpu
-        self._lists: dict[tuple, tuple[list, int]] = {}   # (id(saved), scaling) -> (saved, bytes)
+        self._lists: dict[tuple, int] = {}   # (group, saved list's content, scaling) -> bytes
         self._outside: dict[tuple, tuple[int, int]] = {}
         self._state_memo: dict[tuple, tuple] = {}
         self._acts: dict[tuple, tuple] = {}
@@ -147,16 +147,18 @@ class MemoryFloor:
     def _stage_total(self, st, lay: Layout, scaling: tuple) -> int:
         """One stage's saved activations on the rank: step.build.build_step's breakdown of
         its saved list (the same names), scaled by parallel.activations.scale as
-        parallel.plan._stage_plan scales it (`scaling`: what scale reads of the layout)."""
-        key = (id(st.saved), st.label.startswith("layer") or st.label, scaling)
-        hit = self._lists.get(key)
-        if hit is None or hit[0] is not st.saved:
-            group = "activations/layers" if st.label.startswith("layer") else f"activations/{st.label}"
+        parallel.plan._stage_plan scales it (`scaling`: what scale reads of the layout).
+        Kept per content of the list (identical layers save alike; other micro-batches and
+        layouts repeat lists) and scaling: the total reads nothing else."""
+        group = "activations/layers" if st.label.startswith("layer") else f"activations/{st.label}"
+        key = (group, tuple(st.saved), scaling)
+        total = self._lists.get(key)
+        if total is None:
             bd = Breakdown()
             for name, size in st.saved:
                 bd.add(f"{group}/{name}", size)
-            hit = self._lists[key] = (st.saved, scale(bd, lay, scaling[-1]).total())
-        return hit[1]
+            total = self._lists[key] = scale(bd, lay, scaling[-1]).total()
+        return total
 
     def _states(self, spec: JobSpec, lay: Layout, params) -> list[int]:
         """parallel.plan.stage_model_states, kept per layout and parameter set."""

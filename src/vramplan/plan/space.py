@@ -7,15 +7,16 @@ job has it.
 """
 from __future__ import annotations
 
+import functools
 import itertools
-from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 
 from vramplan.model import ModelDesc
 from vramplan.plan.steptime import data_parallel, global_batch
-from vramplan.spec import JobSpec, Method, SpecError, load_spec
+from vramplan.spec import JobSpec, Method, ParallelConfig, SpecError, load_spec
 from vramplan.spec.job import copy_with
 from vramplan.spec.tasks import drop_unread_sections
+from vramplan.spec.variants import load_section, with_dotted, with_layout
 
 # Axes a user may open with --vary, and the values tried when none are given.
 KNOWN_AXES: dict[str, tuple] = {
@@ -88,12 +89,33 @@ def default_axes(spec: JobSpec, desc: ModelDesc | None) -> dict[str, tuple]:
     return axes
 
 
-@dataclass(frozen=True, slots=True)
 class Candidate:
-    index: int
-    """Position in enumeration order: the last tie-break, so results are reproducible."""
-    changes: tuple[tuple[str, Any], ...]
-    spec: JobSpec
+    """One layout of a space at one batch split. `spec` is made on first use: a search over
+    thousands of layouts reads the spec of the few hundred whose memory it checks; the rest
+    need only `layout` (the spec at the layout's first split) and the split."""
+
+    __slots__ = ("index", "values", "layout", "micro_batch_size", "grad_accum_steps", "_spec")
+
+    def __init__(self, index: int, values: tuple[tuple[str, Any], ...], layout: JobSpec,
+                 micro_batch_size: int, grad_accum_steps: int):
+        self.index = index
+        """Position in enumeration order: the last tie-break, so results are reproducible."""
+        self.values = values
+        """The axes' values, (axis, value) in the order of the axes (shared by the splits)."""
+        self.layout = layout
+        self.micro_batch_size = micro_batch_size
+        self.grad_accum_steps = grad_accum_steps
+        self._spec: JobSpec | None = None
+
+    @property
+    def changes(self) -> tuple[tuple[str, Any], ...]:
+        return self.values + (("micro_batch_size", self.micro_batch_size), ("grad_accum_steps", self.grad_accum_steps))
+
+    @property
+    def spec(self) -> JobSpec:
+        if self._spec is None:
+            self._spec = with_batch(self.layout, self.micro_batch_size, self.grad_accum_steps)
+        return self._spec
 
     @property
     def change_dict(self) -> dict:
@@ -101,7 +123,12 @@ class Candidate:
 
 
 def divisors(n: int, cap: int) -> list[int]:
-    return [d for d in range(1, min(n, cap) + 1) if n % d == 0]
+    return list(_divisors(n, cap))
+
+
+@functools.lru_cache(maxsize=256)
+def _divisors(n: int, cap: int) -> tuple[int, ...]:
+    return tuple(d for d in range(1, min(n, cap) + 1) if n % d == 0)
 
 
 def _model_parallel(par: Mapping[str, Any]) -> int:
@@ -139,47 +166,91 @@ def _valid(values: Mapping[str, Any], spec_data: dict, desc: ModelDesc | None) -
 
 def enumerate_candidates(spec: JobSpec, desc: ModelDesc | None, axes: Mapping[str, tuple], *,
                          vary_micro_batch: bool = True, max_micro_batch: int = 256) -> Iterator[Candidate]:
-    """Every valid layout in the product of `axes`, with the micro-batch split."""
+    """Every valid layout in the product of `axes`, with the micro-batch split.
+
+    A layout is valid where load_spec of it is. load_spec runs once per combination of the
+    axes outside the parallel section (a few); the combinations that differ from a
+    validated one only in the parallel section (most: ZeRO stage x offload x TP x PP) are
+    spec.variants.with_layout copies of it with the parallel section validated once per
+    combination of its axes, and the checks that read it or the split run again."""
     check_axes(axes)
     base = spec.to_dict(as_given=True)
     rows_total = global_batch(spec)
     names = list(axes)
+    outer = [i for i, n in enumerate(names) if not n.startswith("parallel.")]
+    inner = [i for i, n in enumerate(names) if n.startswith("parallel.")]
+    # what _valid and the data-parallel size read: the parallel section, num_gpus, method
+    at_gpus, at_method = (names.index(n) if n in names else None for n in ("num_gpus", "method"))
+    checked: dict[tuple, object] = {}          # -> the split of the rows per rank, None: refused
+    validated: dict[tuple, JobSpec] = {}       # values of the outer axes -> a spec load_spec validated
+    sections: dict[tuple, object] = {}         # values of the parallel axes -> ParallelConfig or SpecError
     index = 0
     for combo in itertools.product(*(axes[n] for n in names)):
-        values = dict(zip(names, combo))
-        data = dict(base)
-        for key, value in values.items():
-            head, _, rest = key.partition(".")
-            if rest:
-                section = dict(data.get(head) or {})
-                section[rest] = value
-                data[head] = section
-            else:
-                data[key] = value
-        drop_unread_sections(data, values)
-        if not _valid(values, data, desc):
-            continue
-        par = data.get("parallel") or {}
-        dp = data.get("num_gpus", 1) // _model_parallel(par)
-        if vary_micro_batch:
-            if rows_total % dp:
-                continue
-            splits = [(mb, rows_total // dp // mb) for mb in divisors(rows_total // dp, max_micro_batch)]
-        else:
-            mb = spec.micro_batch_size
-            if rows_total % (dp * mb):
-                continue
-            splits = [(mb, rows_total // (dp * mb))]
+        in_values = tuple(combo[i] for i in inner)
+        key = (in_values, None if at_gpus is None else combo[at_gpus], None if at_method is None else combo[at_method])
+        splits = checked.get(key, checked)
+        if splits is checked:
+            splits = checked[key] = _splits(spec, _data(base, names, combo), dict(zip(names, combo)), desc,
+                                            rows_total, vary_micro_batch, max_micro_batch)
         if not splits:
             continue
-        try:
-            layout = load_spec(dict(data, micro_batch_size=splits[0][0], grad_accum_steps=splits[0][1]))
-        except SpecError:
+        layout = _layout(lambda: _data(base, names, combo), splits[0], validated,
+                         tuple(combo[i] for i in outer), sections, in_values)
+        if layout is None:
             continue
+        shared = tuple(zip(names, combo))
         for mb, ga in splits:
-            changes = dict(values, micro_batch_size=mb, grad_accum_steps=ga)
-            yield Candidate(index=index, changes=tuple(changes.items()), spec=with_batch(layout, mb, ga))
+            yield Candidate(index, shared, layout, mb, ga)
             index += 1
+
+
+def _data(base: dict, names: list[str], combo: tuple) -> dict:
+    """The spec mapping of one combination of the axes (dotted names reach into sections),
+    without the sections a method it sets does not read (spec.tasks.drop_unread_sections)."""
+    data = with_dotted(base, zip(names, combo))
+    drop_unread_sections(data, names)
+    return data
+
+
+def _splits(spec: JobSpec, data: dict, values: dict, desc: ModelDesc | None, rows_total: int,
+            vary_micro_batch: bool, max_micro_batch: int) -> list[tuple[int, int]] | None:
+    """The (micro-batch, accumulation) splits of a layout's rows per rank; None where the
+    layout is refused before validation (_valid) or its rows do not divide."""
+    if not _valid(values, data, desc):
+        return None
+    par = data.get("parallel") or {}
+    dp = data.get("num_gpus", 1) // _model_parallel(par)
+    if vary_micro_batch:
+        if rows_total % dp:
+            return None
+        return [(int(mb), int(rows_total // dp // mb)) for mb in _divisors(rows_total // dp, max_micro_batch)]
+    mb = spec.micro_batch_size
+    if rows_total % (dp * mb):
+        return None
+    return [(int(mb), int(rows_total // (dp * mb)))]
+
+
+def _layout(make_data, split: tuple[int, int], validated: dict, outer: tuple, sections: dict,
+            inner: tuple) -> JobSpec | None:
+    """load_spec of the combination's mapping (`make_data()`) at `split`, None where it
+    raises SpecError (enumerate_candidates)."""
+    mb, ga = split
+    known = validated.get(outer)
+    try:
+        if known is None:
+            layout = validated[outer] = load_spec(dict(make_data(), micro_batch_size=mb, grad_accum_steps=ga))
+            return layout
+        if inner not in sections:
+            try:
+                sections[inner] = load_section("parallel", make_data().get("parallel"))
+            except SpecError as exc:    # load_spec raises the same (it loads the section first)
+                sections[inner] = exc
+        par = sections[inner]
+        if isinstance(par, SpecError):
+            return None
+        return with_layout(known, par if par is not None else ParallelConfig(), mb, ga)
+    except SpecError:
+        return None
 
 
 def with_batch(spec: JobSpec, micro_batch_size: int, grad_accum_steps: int) -> JobSpec:

@@ -101,46 +101,73 @@ def peak_tflops(gpu, precision: Precision) -> float:
 def step_time(counts: ModelCounts, spec: JobSpec, gpu, *, mfu: float = DEFAULT_MFU,
               trainable_params: int | None = None, communication: dict | None = None) -> StepTime:
     """Seconds per optimizer step on `gpu` for `spec` (one GPU's view of the whole job)."""
-    out = StepTime(mfu=mfu)
-    par = spec.parallel
-    d = data_parallel(spec)
-    T = global_batch(spec) * spec.seq_len
-    s, L = spec.seq_len, counts.num_layers
-    n_matmul = counts.active_params - counts.embedding_params
-    full = spec.method in (Method.FULL, Method.FREEZE)
-    # Kaplan et al. 2020 / PaLM appendix B: 2N FLOPs per token forward, 4N backward; a frozen
-    # base (LoRA) still needs the 2N activation-gradient half of backward, not the 2N weight half.
-    fwd = 2 * n_matmul * T
-    # PaLM (Chowdhery et al. 2022) appendix B: attention adds 12·L·(a·d)·s FLOPs per token in
-    # training, 4·L·(a·d)·s of them forward (QK^T and AV); no causal discount, as in PaLM.
-    attn_fwd = 2 * 2 * L * counts.attn_width * s * T
-    bwd = (2 * fwd if full else fwd) + 2 * attn_fwd
-    recompute = 0
-    if spec.gradient_checkpointing is Checkpointing.FULL:
-        # one more forward in backward for the wrapped layers (one in checkpoint_every)
-        recompute = (fwd + attn_fwd) // spec.checkpoint_every
-    elif spec.gradient_checkpointing is Checkpointing.OP_SELECTIVE:
-        # torchtitan SelectiveAC: every second matmul is recomputed, attention kept on CUDA
-        recompute = fwd // 2
-    elif spec.gradient_checkpointing is Checkpointing.SELECTIVE:
-        recompute = attn_fwd                # Korthikanti et al. 2022: attention core only
-    out.flops = fwd + attn_fwd + bwd + recompute
-    rate = peak_tflops(gpu, spec.precision) * 1e12 * mfu * spec.num_gpus
-    out.terms["compute/forward"] = (fwd + attn_fwd) / rate
-    out.terms["compute/backward"] = bwd / rate
-    if recompute:
-        out.terms["compute/recompute"] = recompute / rate
-    if par.pp > 1:
-        # Narayanan et al. 2021 eq. (1): 1F1B bubble fraction (p-1)/m of the ideal time.
-        compute = (out.flops / rate)
-        out.terms["pipeline/bubble"] = compute * (par.pp - 1) / spec.grad_accum_steps
-    comm = _communication(counts, spec, d, trainable_params, communication)
-    link = gpu.interconnect_gbps * 1e9
-    for name, nbytes in comm.items():
-        out.terms[f"comm/{name}"] = nbytes / link
-        out.comm_bytes += nbytes
-    _offload_terms(out, spec, trainable_params if trainable_params is not None else counts.num_params)
-    return out
+    return LayoutTime(counts, spec, gpu, mfu=mfu, trainable_params=trainable_params).at(
+        spec.micro_batch_size, spec.grad_accum_steps, communication)
+
+
+class LayoutTime:
+    """step_time of one layout at any batch split (micro-batch, accumulation steps): what
+    does not depend on the split is read once, the rest computed by `at` with the same
+    operations in the same order, so `at(b, m)` equals step_time of the spec with that split
+    to the last bit. A search evaluates thousands of splits of a few hundred layouts."""
+
+    __slots__ = ("spec", "d", "s", "L", "n_matmul", "attn_width", "full", "ckpt", "every", "pp", "tp",
+                 "rate", "mfu", "gpu", "counts", "trainable", "act_row", "offload", "shard_local")
+
+    def __init__(self, counts: ModelCounts, spec: JobSpec, gpu, *, mfu: float = DEFAULT_MFU,
+                 trainable_params: int | None = None):
+        self.spec, self.gpu, self.counts, self.mfu = spec, gpu, counts, mfu
+        self.trainable = trainable_params
+        self.d = data_parallel(spec)
+        self.s, self.L = spec.seq_len, counts.num_layers
+        self.n_matmul = counts.active_params - counts.embedding_params
+        self.attn_width = counts.attn_width
+        self.full = spec.method in (Method.FULL, Method.FREEZE)
+        self.ckpt, self.every = spec.gradient_checkpointing, spec.checkpoint_every
+        self.pp, self.tp = spec.parallel.pp, spec.parallel.tp
+        self.rate = peak_tflops(gpu, spec.precision) * 1e12 * mfu * spec.num_gpus
+
+    def at(self, micro_batch_size: int, grad_accum_steps: int, communication: dict | None = None, *,
+           comm: bool = True) -> StepTime:
+        """StepTime at this split; `communication`: the estimator's own volumes, if any.
+        comm=False leaves the comm/ terms out (no other term reads them)."""
+        spec, mb, ga = self.spec, micro_batch_size, grad_accum_steps
+        out = StepTime(mfu=self.mfu)
+        T = mb * ga * self.d * self.s          # global_batch x s
+        s, L = self.s, self.L
+        # Kaplan et al. 2020 / PaLM appendix B: 2N FLOPs per token forward, 4N backward; a frozen
+        # base (LoRA) still needs the 2N activation-gradient half of backward, not the 2N weight half.
+        fwd = 2 * self.n_matmul * T
+        # PaLM (Chowdhery et al. 2022) appendix B: attention adds 12·L·(a·d)·s FLOPs per token in
+        # training, 4·L·(a·d)·s of them forward (QK^T and AV); no causal discount, as in PaLM.
+        attn_fwd = 2 * 2 * L * self.attn_width * s * T
+        bwd = (2 * fwd if self.full else fwd) + 2 * attn_fwd
+        recompute = 0
+        if self.ckpt is Checkpointing.FULL:
+            # one more forward in backward for the wrapped layers (one in checkpoint_every)
+            recompute = (fwd + attn_fwd) // self.every
+        elif self.ckpt is Checkpointing.OP_SELECTIVE:
+            # torchtitan SelectiveAC: every second matmul is recomputed, attention kept on CUDA
+            recompute = fwd // 2
+        elif self.ckpt is Checkpointing.SELECTIVE:
+            recompute = attn_fwd                # Korthikanti et al. 2022: attention core only
+        out.flops = fwd + attn_fwd + bwd + recompute
+        rate = self.rate
+        out.terms["compute/forward"] = (fwd + attn_fwd) / rate
+        out.terms["compute/backward"] = bwd / rate
+        if recompute:
+            out.terms["compute/recompute"] = recompute / rate
+        if self.pp > 1:
+            # Narayanan et al. 2021 eq. (1): 1F1B bubble fraction (p-1)/m of the ideal time.
+            compute = (out.flops / rate)
+            out.terms["pipeline/bubble"] = compute * (self.pp - 1) / ga
+        comm = _communication(self.counts, spec, self.d, self.trainable, communication, mb, ga) if comm else {}
+        link = self.gpu.interconnect_gbps * 1e9
+        for name, nbytes in comm.items():
+            out.terms[f"comm/{name}"] = nbytes / link
+            out.comm_bytes += nbytes
+        _offload_terms(out, spec, self.trainable if self.trainable is not None else self.counts.num_params, ga)
+        return out
 
 
 def _grad_bytes_per_elem(spec: JobSpec) -> float:
@@ -148,8 +175,8 @@ def _grad_bytes_per_elem(spec: JobSpec) -> float:
 
 
 def _communication(counts: ModelCounts, spec: JobSpec, d: int, trainable: int | None,
-                   reported: dict | None) -> dict[str, float]:
-    """Bytes per GPU per optimizer step, by collective."""
+                   reported: dict | None, mb: int, ga: int) -> dict[str, float]:
+    """Bytes per GPU per optimizer step, by collective (`mb`, `ga`: the batch split)."""
     if reported:
         # The estimator's own volumes, one term per collective group (dp, tp, pp, ...).
         per_group = {name: _reported_bytes(v) for name, v in reported.items() if isinstance(v, dict)}
@@ -173,14 +200,14 @@ def _communication(counts: ModelCounts, spec: JobSpec, d: int, trainable: int | 
     if par.tp > 1:
         # Megatron-LM (Korthikanti et al. 2022, section 4.1): per layer 2 all-reduces in
         # forward and 2 in backward of a b·s·h activation; +2 with full recompute.
-        act = spec.micro_batch_size * spec.seq_len * counts.hidden_size * dtype_bits(spec.precision.compute_dtype) / 8
+        act = mb * spec.seq_len * counts.hidden_size * dtype_bits(spec.precision.compute_dtype) / 8
         per_layer = 6 if spec.gradient_checkpointing is Checkpointing.FULL else 4
         layers = counts.num_layers // par.pp
-        out["tp_activations"] = 2 * (par.tp - 1) / par.tp * act * per_layer * layers * spec.grad_accum_steps
+        out["tp_activations"] = 2 * (par.tp - 1) / par.tp * act * per_layer * layers * ga
     if par.pp > 1:
-        act = spec.micro_batch_size * spec.seq_len * counts.hidden_size * dtype_bits(spec.precision.compute_dtype) / 8
+        act = mb * spec.seq_len * counts.hidden_size * dtype_bits(spec.precision.compute_dtype) / 8
         # One send forward and one backward per micro-batch at each stage boundary.
-        out["pp_activations"] = 2 * act * spec.grad_accum_steps / par.tp
+        out["pp_activations"] = 2 * act * ga / par.tp
     return out
 
 
@@ -197,7 +224,7 @@ def _reported_bytes(comm: dict) -> float | None:
     return float(sum(nested)) if nested else None
 
 
-def _offload_terms(out: StepTime, spec: JobSpec, trainable: int) -> None:
+def _offload_terms(out: StepTime, spec: JobSpec, trainable: int, ga: int) -> None:
     par = spec.parallel
     shard = max(1, spec.num_gpus // (par.tp * par.pp)) if par.zero_stage or par.fsdp != "none" else 1
     local = trainable / shard
@@ -208,5 +235,5 @@ def _offload_terms(out: StepTime, spec: JobSpec, trainable: int) -> None:
         out.terms["offload/cpu_optimizer"] = local / CPU_ADAM_PARAMS_PER_S
     if par.offload_params != "none":
         # Parameters fetched for forward and again for backward (ZeRO-Infinity).
-        moved = 2 * local * _grad_bytes_per_elem(spec) * spec.grad_accum_steps
+        moved = 2 * local * _grad_bytes_per_elem(spec) * ga
         out.terms["offload/params_pcie"] = moved / (PCIE_HOST_GBPS * 1e9)

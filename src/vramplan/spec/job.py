@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import operator
 import os
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
@@ -87,7 +88,9 @@ class JobSpec:
     packing: bool = False
     """Rows packed to `seq_len` tokens, documents told apart by restarting `position_ids`
     and no attention mask (TRL `padding_free`, DataCollatorWithFlattening): flash attention
-    runs varlen; SDPA and eager get a (b, 1, s, s) block-causal mask (masking_utils.py)."""
+    runs varlen; SDPA and eager get a (b, 1, s, s) block-causal mask (masking_utils.py).
+    Under stack hf-trainer and trl the collators flatten the micro-batch into one row of
+    b*s tokens, so the mask is (1, 1, b*s, b*s) (components/arch.py model_rows)."""
     neftune_noise_alpha: float | None = None
     """NEFTune (TrainingArguments.neftune_noise_alpha): uniform noise added to the input
     embeddings in training (components/activations.py: a transient, nothing saved)."""
@@ -188,14 +191,9 @@ class JobSpec:
                 raise SpecError("lengths", "packing fills every row to seq_len; drop packing or the lengths section")
         for name, value in _tasks.check_task_fields(self).items():
             set_(name, value)
-        if (self.task is Task.DIFFUSION and isinstance(self.parallel, ParallelConfig)
-                and (self.parallel.model_parallel > 1 or self.parallel.ep > 1)):
-            raise SpecError("parallel", "tensor, pipeline, context and expert parallelism of a diffusion "
-                            "denoiser are not modelled yet; use zero_stage or fsdp")
         self._fill_method_defaults()
-        from vramplan.spec.optimizers import check_optimizer_fields
-        check_optimizer_fields(self)
-        self._check_float8()
+        from vramplan.spec.variants import check_layout  # the checks that read parallel or the batch split
+        check_layout(self)
         if self.optimizer_impl is None:
             # torch.optim._default_to_fused_or_foreach: foreach when every tensor is on a
             # CUDA device, the per-parameter loop otherwise (CPU).
@@ -369,16 +367,16 @@ def _load(source, overrides: dict) -> JobSpec:
 
 _SLOTS = tuple(f.name for f in fields(JobSpec))
 _SLOT_SET = frozenset(_SLOTS)
-_SET = object.__setattr__
+_SET, _GET_ALL = object.__setattr__, operator.attrgetter(*_SLOTS)
+_SETTERS = tuple(JobSpec.__dict__[name].__set__ for name in _SLOTS)   # the slots' own descriptors
 
 
 def copy_with(spec: JobSpec, **values) -> JobSpec:
-    """A copy of `spec` with `values` set, without validating it again: for values the
-    caller has already validated as __post_init__ would, where nothing else depends on
-    them. About 5 us where dataclasses.replace re-validates every field (~0.1 ms)."""
+    """A copy of `spec` with `values` set, not validated again: for values validated as
+    __post_init__ would, that nothing else depends on (~10 us; dataclasses.replace ~0.1 ms)."""
     out = object.__new__(JobSpec)
-    for name in _SLOTS:
-        _SET(out, name, getattr(spec, name))
+    for set_, value in zip(_SETTERS, _GET_ALL(spec)):
+        set_(out, value)
     for name, value in values.items():
         if name in _SLOT_SET:
             _SET(out, name, value)

@@ -158,9 +158,11 @@ class LoraConfig:
     """Scaling numerator (alpha / r); no memory effect, kept for round-tripping."""
     dropout: float = 0.0
     """lora_dropout; > 0 saves a dropout mask and a dropped copy of each adapter input."""
-    target_modules: tuple[str, ...] | str = ("q_proj", "v_proj")
+    target_modules: tuple[str, ...] | str | None = None
     """Module name suffixes (PEFT matching) or "all-linear" (every linear but the output head).
-    Default is PEFT's default for Llama-family models."""
+    None (the default): the stack's default, resolved per model in
+    `components.trainable.default_lora_targets` (PEFT's own per model type; all-linear
+    under LLaMA-Factory and ms-swift)."""
     modules_to_save: tuple[str, ...] = ()
     """Modules trained in full beside the adapters (PEFT keeps a trainable copy of each)."""
 
@@ -169,7 +171,9 @@ class LoraConfig:
         object.__setattr__(self, "alpha", number("lora.alpha", self.alpha, high=1e6))
         object.__setattr__(self, "dropout", fraction("lora.dropout", self.dropout, high=0.999))
         targets = self.target_modules
-        if isinstance(targets, str) and targets.replace("_", "-").lower() == ALL_LINEAR:
+        if targets is None:
+            pass
+        elif isinstance(targets, str) and targets.replace("_", "-").lower() == ALL_LINEAR:
             targets = ALL_LINEAR
         else:
             targets = string_list("lora.target_modules", targets)
@@ -181,7 +185,7 @@ class LoraConfig:
     def to_dict(self) -> dict:
         targets = self.target_modules
         return {"r": self.r, "alpha": self.alpha, "dropout": self.dropout,
-                "target_modules": targets if isinstance(targets, str) else list(targets),
+                "target_modules": targets if targets is None or isinstance(targets, str) else list(targets),
                 "modules_to_save": list(self.modules_to_save)}
 
 

@@ -208,12 +208,19 @@ class DiffusionConfig:
     controlnet: bool = False
     """Train a ControlNet beside the frozen UNet (diffusers examples/controlnet/train_controlnet.py:
     `ControlNetModel.from_unet`, fp32, trained whole; its residuals feed the UNet's skips)."""
+    set_grads_to_none: bool | None = None
+    """The loop's `optimizer.zero_grad(set_to_none=...)`: false keeps the trained part's
+    gradients allocated (zeroed) into the next step's forward. None: the script's default
+    (jobs/diffusion_scripts.py `grads_kept`: false for train_dreambooth.py and the ControlNet
+    scripts, whose `--set_grads_to_none` is a store_true flag; true, torch's default, elsewhere)."""
 
     def __post_init__(self):
         for name in ("height", "width", "num_frames"):
             object.__setattr__(self, name, positive_int(f"diffusion.{name}", getattr(self, name)))
         for name in ("frozen_copy", "offload_frozen", "prior_preservation", "vae_slicing", "vae_tiling", "controlnet"):
             object.__setattr__(self, name, boolean(f"diffusion.{name}", getattr(self, name)))
+        if self.set_grads_to_none is not None:
+            object.__setattr__(self, "set_grads_to_none", boolean("diffusion.set_grads_to_none", self.set_grads_to_none))
         for name in ("text_encoders", "vae"):
             if not isinstance(getattr(self, name), str) or getattr(self, name) not in ("frozen", PRECOMPUTED):
                 raise SpecError(f"diffusion.{name}", "choose frozen or precomputed")

@@ -1,0 +1,38 @@
+"""The library trainers measured under the exact CPU meter (bench/trainers/results-cpu.json:
+HF Trainer, TRL SFT/DPO/KTO/reward/GRPO, trl.experimental GKD/ORPO/CPO): today's estimate of
+each recorded job against its measurement, at the targets (2% at the peak, 5% per phase)."""
+from __future__ import annotations
+
+import json
+import pathlib
+
+import pytest
+
+from vramplan import estimate
+
+ROWS = json.loads((pathlib.Path(__file__).parents[1] / "bench/trainers/results-cpu.json").read_text())
+MEASURED = {name: row for name, row in ROWS.items() if row.get("measured")}
+
+
+@pytest.mark.parametrize("name", sorted(MEASURED))
+def test_estimate_within_targets_of_the_real_trainer(name):
+    row = MEASURED[name]
+    measured, est = row["measured"], estimate(row["job"])
+    peak = est.peak_allocated_bytes / measured["peak_allocated_bytes"] - 1
+    assert abs(peak) < 0.02, (name, peak)
+    for phase, got in measured["phases"].items():
+        if got and phase in est.phases:
+            assert abs(est.phases[phase] / got - 1) < 0.05, (name, phase, est.phases[phase], got)
+
+
+def test_padding_free_batches_are_one_row_as_the_collators_make_them():
+    # TRL's padding_free collator and packing=True were measured separately: one (1, b*s)
+    # row either way, and the estimate of the (b, s) job is that of the (1, b*s) job
+    pack, free = MEASURED["sft/bf16/full/sft-trainer/packing"], MEASURED["sft/bf16/full/sft-trainer/padding-free"]
+    assert abs(pack["measured"]["peak_allocated_bytes"] / free["measured"]["peak_allocated_bytes"] - 1) < 1e-4
+    job = pack["job"]
+    flat = dict(job, micro_batch_size=1, seq_len=job["micro_batch_size"] * job["seq_len"])
+    assert estimate(job).peak_allocated_bytes == estimate(flat).peak_allocated_bytes
+    # the plain loop (bench/accuracy) keeps b rows: a bigger batch there is a different job
+    plain = dict(job, stack="plain")
+    assert estimate(plain).peak_allocated_bytes != estimate(dict(flat, stack="plain")).peak_allocated_bytes
