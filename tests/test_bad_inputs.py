@@ -247,14 +247,15 @@ def test_strategies_file_entries_not_mappings(tmp_path, capsys):
 
 
 def test_compare_rows_the_libraries_refuse_are_not_applicable(capsys):
-    """The default LoRA rows on GPT-2 (whose modules PEFT's default q_proj/v_proj do not name)
-    are rows that say why, not an error for the whole comparison (it was exit 2 before)."""
-    code = main(["compare", "gpt2", "--seq-len", "512", "--gpu", "h100", "--json"])
+    """A strategy whose job the libraries refuse (PEFT: LoRA targets the model lacks, caught
+    in validity.check_job, after the spec loaded) is a row that says why, not an error for
+    the whole comparison (it was exit 2 before; the default LoRA rows on GPT-2 hit it too)."""
+    code = main(["compare", "gpt2", "--seq-len", "512", "--gpu", "h100", "--json",
+                 "--strategy", "bad --method lora --lora-target-modules nomatch"])
     out, err = capsys.readouterr()
     rows = json.loads(out)["rows"]
-    assert code == 0 and rows[0]["name"] == "baseline" and rows[0]["fits"]
-    refused = [r for r in rows if r["name"].startswith("lora")]
-    assert refused and all("lora.target_modules" in (r["note"] or "") for r in refused)
+    assert code == 0 and [r["name"] for r in rows] == ["baseline", "bad"] and rows[0]["fits"]
+    assert "not applicable: lora.target_modules" in rows[1]["note"]
 
 
 def test_check_api_headroom_not_bytes():

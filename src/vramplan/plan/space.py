@@ -205,7 +205,8 @@ def enumerate_candidates(spec: JobSpec, desc: ModelDesc | None, axes: Mapping[st
 
 
 def _data(base: dict, names: list[str], combo: tuple) -> dict:
-    """The spec mapping of one combination of the axes (dotted names reach into sections)."""
+    """The spec mapping of one combination of the axes (dotted names reach into sections),
+    without the sections a method it sets does not read (spec.tasks.drop_unread_sections)."""
     data = with_dotted(base, zip(names, combo))
     drop_unread_sections(data, names)
     return data
