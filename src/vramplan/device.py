@@ -47,10 +47,21 @@ def reserved_bytes(events: list[Event], top: Event, conf_delta: int = 0) -> int:
     the published GPU rows it is less accurate than this fitted reserve (single-model
     nvidia-smi rows: median |err| 6.9% against 2.4%, bench/allocator/score_replay.py)."""
     ends = [e for e in events if e.label.startswith(("end of forward", "loss backward"))]
-    largest = max((v for e in ends for v in _group(e.live, "logits")), default=0)
+    # the three groups' terms of an event other than the peak, summed from its parts without
+    # building its whole live set: the same values _group(e.live, ...) reads
+    memo: dict = {}
+    live = {id(e): e.live if e is top else Breakdown(e.selected(_in_reserve_groups, memo)) for e in [top, *ends]}
+    largest = max((v for e in ends for v in _group(live[id(e)], "logits")), default=0)
     loss_bwd = [e for e in ends if e.label.startswith("loss backward")]
-    churn = max(sum(_group(e.live, "activations")) + sum(_group(e.live, "backward")) for e in [top, *loss_bwd])
+    churn = max(sum(_group(live[id(e)], "activations")) + sum(_group(live[id(e)], "backward"))
+                for e in [top, *loss_bwd])
     return reserved_from_allocated(top.live.total(), largest, churn) + conf_delta
+
+
+def _in_reserve_groups(key: str) -> bool:
+    """Whether `_group` puts `key` in logits, activations or backward (reserved_bytes reads those)."""
+    return (key.startswith(("logits/", "activations/", "backward/")) or "/logits/" in key
+            or "/activations/" in key or "/backward/" in key)
 
 
 def step_events(spec: JobSpec):

@@ -49,6 +49,22 @@ class Event:
             total += v
         return total
 
+    def selected(self, keep, memo: dict | None = None) -> dict[str, int]:
+        """The terms of `live` whose key `keep(key)` accepts, summed from the parts without
+        merging the others (`memo`: per part, shared by events that share parts); the same
+        values as `live`'s for those keys, maybe in another order."""
+        memo = {} if memo is None else memo
+        out: dict[str, int] = {}
+        distinct, counts = _distinct(self._parts if self._live is None else [self._live])
+        for p in distinct:
+            items = memo.get(id(p))
+            if items is None:
+                items = memo[id(p)] = [(k, int(v)) for k, v in p.terms.items() if v and keep(k)]
+            n = counts[id(p)]
+            for k, v in items:
+                out[k] = out.get(k, 0) + v * n
+        return out
+
     @live.setter
     def live(self, value: Breakdown) -> None:
         self._live, self._parts = value, [value]
@@ -115,6 +131,15 @@ def _sum(parts) -> Breakdown:
     """The parts merged in order. Identical layers share one Breakdown object, so each
     distinct part is merged once, times its count, at its first place (the same terms in
     the same key order as merging every part)."""
+    distinct, counts = _distinct(parts)
+    out = Breakdown()
+    for p in distinct:
+        out.merge(p, times=counts[id(p)])
+    return out
+
+
+def _distinct(parts) -> tuple[list, dict[int, int]]:
+    """The distinct parts (by identity) in order of first place, and each one's count."""
     counts: dict[int, int] = {}
     distinct = []
     for p in parts:
@@ -124,10 +149,7 @@ def _sum(parts) -> Breakdown:
         else:
             counts[key] = 1
             distinct.append(p)
-    out = Breakdown()
-    for p in distinct:
-        out.merge(p, times=counts[id(p)])
-    return out
+    return distinct, counts
 
 
 def walk(plan: StepPlan) -> list[Event]:

@@ -1,7 +1,6 @@
 """Nested sections of the job spec: LoRA, quantization, freezing, parallel layout."""
 from __future__ import annotations
 
-import difflib
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +26,7 @@ def string_keys(prefix: str, data: Any) -> None:
 
 
 def did_you_mean(key: str, known) -> str:
+    import difflib  # on a bad key only: not at every start
     hint = difflib.get_close_matches(key, list(known), n=1)
     return f"; did you mean {hint[0]!r}?" if hint else ""
 
