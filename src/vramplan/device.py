@@ -47,10 +47,10 @@ def reserved_bytes(events: list[Event], top: Event, conf_delta: int = 0) -> int:
     the published GPU rows it is less accurate than this fitted reserve (single-model
     nvidia-smi rows: median |err| 6.9% against 2.4%, bench/allocator/score_replay.py)."""
     ends = [e for e in events if e.label.startswith(("end of forward", "loss backward"))]
-    # the three groups' terms of an event other than the peak, summed from its parts without
-    # building its whole live set: the same values _group(e.live, ...) reads
+    # each event's terms in the three groups, once (the peak's from its live set, the others
+    # summed from their parts without building it): the values _group(e.live, ...) reads
     memo: dict = {}
-    live = {id(e): e.live if e is top else Breakdown(e.selected(_in_reserve_groups, memo)) for e in [top, *ends]}
+    live = {id(e): Breakdown(e.selected(_in_reserve_groups, memo)) for e in [top, *ends]}
     largest = max((v for e in ends for v in _group(live[id(e)], "logits")), default=0)
     loss_bwd = [e for e in ends if e.label.startswith("loss backward")]
     churn = max(sum(_group(live[id(e)], "activations")) + sum(_group(live[id(e)], "backward"))
@@ -90,7 +90,6 @@ def allocator_replayer(spec: JobSpec, gpu, plan: StepPlan, desc: ModelDesc, para
     GPU named, the allocator may reserve its memory less the CUDA context and `outside`
     (managed memory): a step that needs more frees its cached blocks and retries, as malloc
     does; one that still does not fit reports its unconstrained reserve."""
-    capacity = replay_capacity(spec, gpu, outside)
     ops: list = []
 
     def run(default: bool = False):
@@ -102,6 +101,7 @@ def allocator_replayer(spec: JobSpec, gpu, plan: StepPlan, desc: ModelDesc, para
             pieces = tensor_pieces(desc, params, plan) if params is not None else None
             ops.extend(build_events(plan, pieces).compact())
         conf = parse_alloc_conf(None if default else spec.alloc_conf)
+        capacity = replay_capacity(spec, gpu, outside)  # here: most estimates never replay
         result = replay(ops[0], ops[1], conf, capacity)
         return replay(ops[0], ops[1], conf, None) if result.out_of_memory else result
     return run

@@ -142,6 +142,7 @@ def _models() -> tuple[CatalogModel, ...]:
     return tuple(_model_entry(n) for n in names)
 
 
+@functools.lru_cache(maxsize=256)
 def _model_file(key: str) -> CatalogModel | None:
     """The entry in models/<key>.json when its name is `key`, else None. Every file is named
     after its entry's name and no two entries share a name, hub id or alias
