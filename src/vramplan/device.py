@@ -47,21 +47,57 @@ def reserved_bytes(events: list[Event], top: Event, conf_delta: int = 0) -> int:
     the published GPU rows it is less accurate than this fitted reserve (single-model
     nvidia-smi rows: median |err| 6.9% against 2.4%, bench/allocator/score_replay.py)."""
     ends = [e for e in events if e.label.startswith(("end of forward", "loss backward"))]
-    # each event's terms in the three groups, once (the peak's from its live set, the others
-    # summed from their parts without building it): the values _group(e.live, ...) reads
-    memo: dict = {}
-    live = {id(e): Breakdown(e.selected(_in_reserve_groups, memo)) for e in [top, *ends]}
-    largest = max((v for e in ends for v in _group(live[id(e)], "logits")), default=0)
+    # Each event's terms in the three groups, summed from its distinct parts (the peak's
+    # from its live set), each part's group terms found once: the values _group(e.live, ...)
+    # reads, without merging every part of every event.
+    memo: dict[int, tuple] = {}
+    seen = {id(e): _reserve_terms(e, memo) for e in [top, *ends]}
+    largest = max((v for e in ends for v in seen[id(e)][0].values()), default=0)
     loss_bwd = [e for e in ends if e.label.startswith("loss backward")]
-    churn = max(sum(_group(live[id(e)], "activations")) + sum(_group(live[id(e)], "backward"))
-                for e in [top, *loss_bwd])
+    churn = max(seen[id(e)][1] for e in [top, *loss_bwd])
     return reserved_from_allocated(top.live.total(), largest, churn) + conf_delta
 
 
-def _in_reserve_groups(key: str) -> bool:
-    """Whether `_group` puts `key` in logits, activations or backward (reserved_bytes reads those)."""
-    return (key.startswith(("logits/", "activations/", "backward/")) or "/logits/" in key
-            or "/activations/" in key or "/backward/" in key)
+_GROUP_KEYS: dict[str, set[str]] = {"logits": set(), "activations": set(), "backward": set()}
+_CLASSIFIED: set[str] = set()
+
+
+def _reserve_terms(event: Event, memo: dict[int, tuple]) -> tuple[dict[str, int], int]:
+    """(the logits terms alive at `event`, the bytes of its activations and backward terms,
+    a term in both counted in both), as _group(event.live, ...) gives them."""
+    logits: dict[str, int] = {}
+    churn = 0
+    distinct, counts = event.distinct_parts()
+    for p in distinct:
+        hit = memo.get(id(p))
+        if hit is None:
+            hit = memo[id(p)] = _part_groups(p.terms)
+        n = counts[id(p)]
+        for k, v in hit[0]:
+            logits[k] = logits.get(k, 0) + v * n
+        churn += hit[1] * n
+    return logits, churn
+
+
+def _part_groups(terms: dict[str, int]) -> tuple[list[tuple[str, int]], int]:
+    """One part's logits terms and its activations-plus-backward bytes (zero terms left out,
+    as a merge leaves them)."""
+    new = terms.keys() - _CLASSIFIED
+    if new:
+        if len(_CLASSIFIED) > 65536:  # term names are few; bound the memo all the same
+            _CLASSIFIED.clear()
+            for keys in _GROUP_KEYS.values():
+                keys.clear()
+            new = set(terms)
+        for key in new:
+            for group, keys in _GROUP_KEYS.items():
+                if key.startswith(group + "/") or f"/{group}/" in key:
+                    keys.add(key)
+        _CLASSIFIED.update(new)
+    logits = [(k, int(terms[k])) for k in terms.keys() & _GROUP_KEYS["logits"] if terms[k]]
+    churn = sum(map(int, map(terms.__getitem__, terms.keys() & _GROUP_KEYS["activations"])))
+    churn += sum(map(int, map(terms.__getitem__, terms.keys() & _GROUP_KEYS["backward"])))
+    return logits, churn
 
 
 def step_events(spec: JobSpec):
