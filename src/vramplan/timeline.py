@@ -10,7 +10,7 @@ exist during forward and backward (they are created in the first step and kept).
 from __future__ import annotations
 
 from collections import Counter
-from itertools import accumulate
+from itertools import accumulate, chain, repeat
 from dataclasses import dataclass, field
 from operator import attrgetter
 
@@ -212,7 +212,16 @@ def _walk(plan: StepPlan, build: bool) -> list:
                                           plan.stage_backward_moment)
     labels = plan.labels or [f"stage {i} backward" for i in range(n)]
     grows = not accum and fused is None
-    for i in range(n - 1, -1, -1):
+    backward: range | tuple = range(n - 1, -1, -1)
+    if not build and not moments and fused is None:
+        # totals only, no extra moments: the loop below in C (the same integers; stage i's
+        # gradients made so far are those of stages i+1.., the last ones first)
+        made = repeat(grads_tot) if accum else accumulate(chain((0,), reversed(grads_t)))
+        own_g = repeat(0) if accum else reversed(own_grads_t)
+        out.extend(map(sum, zip(repeat(static_tot), made, own_g, prefix[n - 1::-1],
+                                reversed(own_acts_t), reversed(trans_t))))
+        backward = ()
+    for i in backward:
         total = static_tot + done_tot + prefix[i] + own_acts_t[i] + trans_t[i]
         if not accum:
             total += own_grads_t[i]
