@@ -32,6 +32,12 @@ def find_pipeline(name: str) -> dict:
     return _find("diffusion", name)
 
 
+def pipeline_or_none(name: str) -> dict | None:
+    """find_pipeline's entry, or None where `name` is no pipeline (no suggestion looked for:
+    the CLI asks this of every model name)."""
+    return _entries("diffusion").get(name.strip().lower())
+
+
 def find_vlm(name: str) -> dict:
     """A vision-language model by catalog name or hub id."""
     return _find("multimodal", name)
