@@ -31,9 +31,14 @@ def cached(owner: object, key: tuple, compute: Callable[[], "Breakdown | list[Br
     value = hit[1]
     if isinstance(value, Breakdown):
         return Breakdown(dict(value.terms))
-    ids = list(map(id, value))  # one copy per distinct entry, placed in C
-    copies = {key: Breakdown(dict(b.terms)) for key, b in dict(zip(ids, value)).items()}
-    return list(map(copies.__getitem__, ids))
+    copies: dict[int, Breakdown] = {}
+    out = []
+    for b in value:
+        c = copies.get(id(b))
+        if c is None:
+            c = copies[id(b)] = Breakdown(dict(b.terms))
+        out.append(c)
+    return out
 
 
 def _shared_entries(items: list[Breakdown]) -> list[Breakdown]:
