@@ -357,7 +357,9 @@ def _zero(spec, lay: Layout, sets: RankSets, out: StepPlan, unit: dict, root: li
     # The gradient partitions live in the persistent flat buffer (engines.zero3_reduce):
     # it replaces the per-stage sharded gradients.
     out.static.add("zero/grad_partitions_flat_buffer", reduce.total("zero/grad_partitions"))
-    out.grads_by_stage = [Breakdown() for _ in out.grads_by_stage]
+    # one empty Breakdown for every stage, as components/memo.cached hands out equal stages'
+    # gradients (the timeline then sums it once)
+    out.grads_by_stage = [Breakdown()] * len(out.grads_by_stage)
     out.static.merge(engines.zero3_hpz_secondary(lay, dtypes_of(spec).weights, memo(sets, "numels", lambda: tuple(p.numel for p in full.params))))
     live = engines.zero3_live(lay, dtypes_of(spec).weights, biggest, memo(sets, "numel", lambda: numel(full.params)))
     for t in [out.forward_end_transient, out.loss_backward_transient, *out.stage_backward_transient]:
