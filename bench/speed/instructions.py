@@ -7,7 +7,8 @@ Per run.py ESTIMATES case: the instructions of a process that estimates the spec
 less those of one that estimates it twice, over N (model resolution and memos warm, as
 run.py's `repeat`); and the instructions of the whole `vramplan estimate llama-3.1-8b --gpu
 a100-80gb --json` process (start, imports, estimate, the allocator replay its JSON holds).
-Needs valgrind on PATH; takes some minutes (valgrind runs Python ~50x slower).
+Needs valgrind on PATH; takes some minutes (valgrind runs Python ~50x slower). PYTHONHASHSEED
+is fixed, so a figure is the same from run to run.
 """
 from __future__ import annotations
 
@@ -34,7 +35,8 @@ for _ in range({n}):
 
 
 def _instructions(src: str, argv: list[str]) -> int:
-    env = dict(os.environ, PYTHONPATH=src)
+    # a fixed string hash: with a random one the same code's count moves by ~5% between runs
+    env = dict(os.environ, PYTHONPATH=src, PYTHONHASHSEED="0")
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     subprocess.run([sys.executable, *argv], env=env, check=True, capture_output=True,
                    cwd=tempfile.gettempdir())  # bytecode written before counting
