@@ -208,6 +208,24 @@ def test_entries_are_well_formed():
         assert "/" in entry.hub_id and entry.description and "model_type" in entry.config
 
 
+def test_a_name_is_found_from_its_file_as_from_the_whole_catalog():
+    """find_model reads models/<name>.json alone before the whole catalog is read: that is
+    the entry the index gives only if every file is named after its entry and no two entries
+    share a name, hub id or alias (the index keeps the first of a clash)."""
+    import os
+    from collections import Counter
+    folder = os.path.join(os.path.dirname(catalog.__file__), "models")
+    files = sorted(n for n in os.listdir(folder) if n.endswith(".json"))
+    entries = catalog.list_models()
+    assert [e.name + ".json" for e in entries] == files
+    keys = Counter(k.strip().lower() for e in entries for k in {e.name, e.hub_id, *e.aliases})
+    assert [k for k, n in keys.items() if n > 1] == []
+    for entry in entries:
+        assert catalog._model_file(entry.name) is entry
+        assert catalog.find_model(entry.name.upper()) is entry
+    assert catalog._model_file("meta-llama/llama-3.1-8b") is None and catalog._model_file("../gpus") is None
+
+
 def test_gpu_catalog():
     gpus = catalog.list_gpus()
     assert len(gpus) >= 17

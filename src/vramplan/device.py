@@ -47,10 +47,57 @@ def reserved_bytes(events: list[Event], top: Event, conf_delta: int = 0) -> int:
     the published GPU rows it is less accurate than this fitted reserve (single-model
     nvidia-smi rows: median |err| 6.9% against 2.4%, bench/allocator/score_replay.py)."""
     ends = [e for e in events if e.label.startswith(("end of forward", "loss backward"))]
-    largest = max((v for e in ends for v in _group(e.live, "logits")), default=0)
+    # Each event's terms in the three groups, summed from its distinct parts (the peak's
+    # from its live set), each part's group terms found once: the values _group(e.live, ...)
+    # reads, without merging every part of every event.
+    memo: dict[int, tuple] = {}
+    seen = {id(e): _reserve_terms(e, memo) for e in [top, *ends]}
+    largest = max((v for e in ends for v in seen[id(e)][0].values()), default=0)
     loss_bwd = [e for e in ends if e.label.startswith("loss backward")]
-    churn = max(sum(_group(e.live, "activations")) + sum(_group(e.live, "backward")) for e in [top, *loss_bwd])
+    churn = max(seen[id(e)][1] for e in [top, *loss_bwd])
     return reserved_from_allocated(top.live.total(), largest, churn) + conf_delta
+
+
+_GROUP_KEYS: dict[str, set[str]] = {"logits": set(), "activations": set(), "backward": set()}
+_CLASSIFIED: set[str] = set()
+
+
+def _reserve_terms(event: Event, memo: dict[int, tuple]) -> tuple[dict[str, int], int]:
+    """(the logits terms alive at `event`, the bytes of its activations and backward terms,
+    a term in both counted in both), as _group(event.live, ...) gives them."""
+    logits: dict[str, int] = {}
+    churn = 0
+    distinct, counts = event.distinct_parts()
+    for p in distinct:
+        hit = memo.get(id(p))
+        if hit is None:
+            hit = memo[id(p)] = _part_groups(p.terms)
+        n = counts[id(p)]
+        for k, v in hit[0]:
+            logits[k] = logits.get(k, 0) + v * n
+        churn += hit[1] * n
+    return logits, churn
+
+
+def _part_groups(terms: dict[str, int]) -> tuple[list[tuple[str, int]], int]:
+    """One part's logits terms and its activations-plus-backward bytes (zero terms left out,
+    as a merge leaves them)."""
+    new = terms.keys() - _CLASSIFIED
+    if new:
+        if len(_CLASSIFIED) > 65536:  # term names are few; bound the memo all the same
+            _CLASSIFIED.clear()
+            for keys in _GROUP_KEYS.values():
+                keys.clear()
+            new = set(terms)
+        for key in new:
+            for group, keys in _GROUP_KEYS.items():
+                if key.startswith(group + "/") or f"/{group}/" in key:
+                    keys.add(key)
+        _CLASSIFIED.update(new)
+    logits = [(k, int(terms[k])) for k in terms.keys() & _GROUP_KEYS["logits"] if terms[k]]
+    churn = sum(map(int, map(terms.__getitem__, terms.keys() & _GROUP_KEYS["activations"])))
+    churn += sum(map(int, map(terms.__getitem__, terms.keys() & _GROUP_KEYS["backward"])))
+    return logits, churn
 
 
 def step_events(spec: JobSpec):
@@ -79,7 +126,6 @@ def allocator_replayer(spec: JobSpec, gpu, plan: StepPlan, desc: ModelDesc, para
     GPU named, the allocator may reserve its memory less the CUDA context and `outside`
     (managed memory): a step that needs more frees its cached blocks and retries, as malloc
     does; one that still does not fit reports its unconstrained reserve."""
-    capacity = replay_capacity(spec, gpu, outside)
     ops: list = []
 
     def run(default: bool = False):
@@ -91,6 +137,7 @@ def allocator_replayer(spec: JobSpec, gpu, plan: StepPlan, desc: ModelDesc, para
             pieces = tensor_pieces(desc, params, plan) if params is not None else None
             ops.extend(build_events(plan, pieces).compact())
         conf = parse_alloc_conf(None if default else spec.alloc_conf)
+        capacity = replay_capacity(spec, gpu, outside)  # here: most estimates never replay
         result = replay(ops[0], ops[1], conf, capacity)
         return replay(ops[0], ops[1], conf, None) if result.out_of_memory else result
     return run

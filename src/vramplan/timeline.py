@@ -9,7 +9,9 @@ exist during forward and backward (they are created in the first step and kept).
 """
 from __future__ import annotations
 
+from itertools import accumulate, chain, repeat
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from vramplan.breakdown import Breakdown
 
@@ -48,6 +50,11 @@ class Event:
                 v = memo[id(p)] = sum(int(x) for k, x in p.terms.items() if k.startswith(prefixes))
             total += v
         return total
+
+    def distinct_parts(self) -> tuple[list[Breakdown], dict[int, int]]:
+        """The Breakdowns whose sum `live` is, each once (by identity, in order of first
+        place), and how often each is counted."""
+        return _distinct(self._parts if self._live is None else [self._live])
 
     @live.setter
     def live(self, value: Breakdown) -> None:
@@ -115,6 +122,15 @@ def _sum(parts) -> Breakdown:
     """The parts merged in order. Identical layers share one Breakdown object, so each
     distinct part is merged once, times its count, at its first place (the same terms in
     the same key order as merging every part)."""
+    distinct, counts = _distinct(parts)
+    out = Breakdown()
+    for p in distinct:
+        out.merge(p, times=counts[id(p)])
+    return out
+
+
+def _distinct(parts) -> tuple[list, dict[int, int]]:
+    """The distinct parts (by identity) in order of first place, and each one's count."""
     counts: dict[int, int] = {}
     distinct = []
     for p in parts:
@@ -124,9 +140,29 @@ def _sum(parts) -> Breakdown:
         else:
             counts[key] = 1
             distinct.append(p)
-    out = Breakdown()
-    for p in distinct:
-        out.merge(p, times=counts[id(p)])
+    return distinct, counts
+
+
+_TERMS = attrgetter("terms")
+
+
+def _each_total(parts: list[Breakdown]) -> list[int]:
+    """[p.total() for p in parts], summed in C."""
+    return list(map(sum, map(dict.values, map(_TERMS, parts))))
+
+
+def _totals(parts: list[Breakdown], memo: dict[int, int]) -> list[int]:
+    """Each part's total(), each distinct part (by identity) summed once; `memo` keeps the
+    totals by id for the other lists of the same walk (a loop: building a dict of the ids
+    costs more than looking each one up, measured in instructions under callgrind)."""
+    get = memo.get
+    out = []
+    for b in parts:
+        key = id(b)
+        t = get(key)
+        if t is None:
+            t = memo[key] = b.total()
+        out.append(t)
     return out
 
 
@@ -150,19 +186,13 @@ def _walk(plan: StepPlan, build: bool) -> list:
     memo: dict[int, int] = {}
 
     def totals(parts: list) -> list[int]:
-        out = []
-        for b in parts:
-            t = memo.get(id(b))
-            if t is None:
-                t = memo[id(b)] = b.total()
-            out.append(t)
-        return out
+        return _totals(parts, memo)
     accum = plan.grads_alive_in_forward
     grads_t, acts_t = totals(stage_grads), totals(plan.stage_acts)
     own_acts = plan.stage_acts_at_peak or plan.stage_acts
     own_grads = plan.stage_grads_at_peak or stage_grads
     own_acts_t, own_grads_t = totals(own_acts), totals(own_grads)
-    trans_t = [b.total() for b in plan.stage_backward_transient]
+    trans_t = _each_total(plan.stage_backward_transient)
     grads_tot = sum(grads_t)
     fwd_grads = list(stage_grads) if accum else []
     static_tot = plan.static.total()
@@ -185,30 +215,44 @@ def _walk(plan: StepPlan, build: bool) -> list:
     # Backward, last stage first: earlier stages' activations and this stage's (less what
     # its own backward has freed by its peak) are alive, with the gradients made so far
     # and this stage's transients; then its activations go.
-    prefix = [0]
-    for t in acts_t:
-        prefix.append(prefix[-1] + t)
+    prefix = [0, *accumulate(acts_t)]
     done: list[Breakdown] = list(fwd_grads)
     done_tot = grads_tot if accum else 0
     fused = plan.in_backward
-    for i in range(n - 1, -1, -1):
-        mine = [] if accum else [own_grads[i]]
-        total = static_tot + done_tot + (0 if accum else own_grads_t[i]) + prefix[i] + own_acts_t[i] + trans_t[i]
-        if build:
-            parts = [plan.static, *done, *mine, *plan.stage_acts[:i], own_acts[i], plan.stage_backward_transient[i]]
-            out.append(Event("backward", plan.labels[i] if plan.labels else f"stage {i} backward", parts, total))
-        else:
+    static, stage_acts, trans, moments = (plan.static, plan.stage_acts, plan.stage_backward_transient,
+                                          plan.stage_backward_moment)
+    labels = plan.labels or [f"stage {i} backward" for i in range(n)]
+    grows = not accum and fused is None
+    backward: range | tuple = range(n - 1, -1, -1)
+    if not build and not moments and fused is None:
+        # totals only, no extra moments: the loop below in C (the same integers; stage i's
+        # gradients made so far are those of stages i+1.., the last ones first)
+        made = repeat(grads_tot) if accum else accumulate(chain((0,), reversed(grads_t)))
+        own_g = repeat(0) if accum else reversed(own_grads_t)
+        out.extend(map(sum, zip(repeat(static_tot), made, own_g, prefix[n - 1::-1],
+                                reversed(own_acts_t), reversed(trans_t))))
+        backward = ()
+    for i in backward:
+        total = static_tot + done_tot + prefix[i] + own_acts_t[i] + trans_t[i]
+        if not accum:
+            total += own_grads_t[i]
+        if not build:
             out.append(total)
-        moment = plan.stage_backward_moment[i] if plan.stage_backward_moment else None
+        elif accum:
+            out.append(Event("backward", labels[i], [static, *done, *stage_acts[:i], own_acts[i], trans[i]], total))
+        else:
+            out.append(Event("backward", labels[i],
+                             [static, *done, own_grads[i], *stage_acts[:i], own_acts[i], trans[i]], total))
+        moment = moments[i] if moments else None
         if moment is not None:
             # the same stage's label: a later moment of its backward (translated like it)
-            event("backward", plan.labels[i] if plan.labels else f"stage {i} backward",
-                  lambda: [plan.static, *done, *plan.stage_acts[:i], moment], static_tot + done_tot + prefix[i] + moment.total())
+            event("backward", labels[i], lambda: [static, *done, *stage_acts[:i], moment],
+                  static_tot + done_tot + prefix[i] + moment.total())
         if fused is not None and fused[i].terms:
             # the stage's activations are gone; its largest parameter steps in the hook
-            event("backward", f"stage {i} step in backward", lambda: [plan.static, *plan.stage_acts[:i], fused[i]],
+            event("backward", f"stage {i} step in backward", lambda: [static, *stage_acts[:i], fused[i]],
                   static_tot + prefix[i] + fused[i].total())
-        if not accum and fused is None:
+        if grows:
             done.append(stage_grads[i])
             done_tot += grads_t[i]
     if plan.backward_end_transient is not None and fused is None:

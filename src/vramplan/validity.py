@@ -136,7 +136,8 @@ def _lora(desc: ModelDesc, spec: JobSpec) -> list[str]:
         raise SpecError("lora.target_modules", f"{', '.join(unmatched)} match no module of "
                         f"{desc.name}; name some of its layer modules ({', '.join(names[:12])}) or all-linear")
     refused = getattr(desc, "lora_refused_modules", ())
-    bad = sorted({p.module.rsplit(".", 1)[-1] for p in hit if p.module.rsplit(".", 1)[-1] in refused})
+    bad = sorted({p.module.rsplit(".", 1)[-1] for p in hit if p.module.rsplit(".", 1)[-1] in refused}
+                 if refused else ())  # most models refuse none: no walk over every target
     if bad and getattr(desc, "lora_refusal", "") == "mamba":
         # peft/tuners/tuners_utils.py _check_lora_target_modules_mamba raises ValueError for
         # out_proj and conv1d of Mamba-based model types (seen on CPU with Mamba2ForCausalLM)

@@ -7,13 +7,14 @@ aliases case-insensitively.
 """
 from __future__ import annotations
 
-import difflib
 import functools
 import json
+import os
 import re
 from dataclasses import dataclass, field
-from importlib import resources
 from typing import Any
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 
@@ -112,6 +113,7 @@ def _not_found(kind: str, index: dict[str, Any], query: str, loose: dict) -> "Un
     names = sorted({v.name for v in starting.values()})
     if len(names) > 1:
         return AmbiguousNameError(f"{kind} {query!r} is ambiguous: pass one of {', '.join(names)}", names)
+    import difflib
     close = names or difflib.get_close_matches(_key(query), list(index), n=3, cutoff=0.6)
     close = list(dict.fromkeys(index[c].name if c in index else c for c in close))
     hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
@@ -119,18 +121,39 @@ def _not_found(kind: str, index: dict[str, Any], query: str, loose: dict) -> "Un
 
 
 # ---------------------------------------------------------------- models
+def _read_json(*parts: str) -> Any:
+    """A data file of this package (a plain folder: importlib.resources costs ~10 ms of
+    imports at every CLI start)."""
+    with open(os.path.join(_HERE, *parts), encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+@functools.lru_cache(maxsize=None)
+def _model_entry(filename: str) -> CatalogModel:
+    """One file of models/, read once: the whole catalog and a lookup by file share it."""
+    data = _read_json("models", filename)
+    return CatalogModel(name=data["name"], hub_id=data["hub_id"], config=data["config"],
+                        aliases=tuple(data.get("aliases", ())), description=data.get("description", ""))
+
+
 @functools.lru_cache(maxsize=1)
 def _models() -> tuple[CatalogModel, ...]:
-    folder = resources.files(__name__).joinpath("models")
-    out = []
-    for item in sorted(folder.iterdir(), key=lambda p: p.name):
-        if not item.name.endswith(".json"):
-            continue
-        data = json.loads(item.read_text(encoding="utf-8"))
-        out.append(CatalogModel(name=data["name"], hub_id=data["hub_id"], config=data["config"],
-                                aliases=tuple(data.get("aliases", ())),
-                                description=data.get("description", "")))
-    return tuple(out)
+    names = sorted(n for n in os.listdir(os.path.join(_HERE, "models")) if n.endswith(".json"))
+    return tuple(_model_entry(n) for n in names)
+
+
+@functools.lru_cache(maxsize=256)
+def _model_file(key: str) -> CatalogModel | None:
+    """The entry in models/<key>.json when its name is `key`, else None. Every file is named
+    after its entry's name and no two entries share a name, hub id or alias
+    (tests/test_catalog.py), so this is the entry the whole index gives for `key`: a CLI
+    run reads one file instead of all of them."""
+    if not key or os.path.basename(key) != key or key.startswith(".") or os.sep in key:
+        return None
+    if not os.path.isfile(os.path.join(_HERE, "models", key + ".json")):
+        return None
+    entry = _model_entry(key + ".json")
+    return entry if _key(entry.name) == key else None
 
 
 @functools.lru_cache(maxsize=1)
@@ -148,13 +171,17 @@ def list_models() -> list[CatalogModel]:
 
 def find_model(name_or_hub_id: str) -> CatalogModel:
     """The catalog entry whose name, hub id or alias matches (case-insensitive)."""
+    if _models.cache_info().currsize == 0:  # the whole catalog not read yet
+        hit = _model_file(_key(name_or_hub_id))
+        if hit is not None:
+            return hit
     return _lookup("model", _model_index(), name_or_hub_id)
 
 
 # ---------------------------------------------------------------- GPUs
 @functools.lru_cache(maxsize=1)
 def _gpus() -> tuple[GPU, ...]:
-    data = json.loads(resources.files(__name__).joinpath("gpus.json").read_text(encoding="utf-8"))
+    data = _read_json("gpus.json")
     out = []
     for raw in data["gpus"]:
         raw = dict(raw)

@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import functools
 import json
-from importlib import resources
+import os
 
 
 @functools.lru_cache(maxsize=None)
 def _entries(folder: str) -> dict[str, dict]:
     out = {}
-    for item in resources.files(__package__).joinpath(folder).iterdir():
-        if item.name.endswith(".json"):
-            data = json.loads(item.read_text(encoding="utf-8"))
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), folder)
+    for name in os.listdir(root):
+        if name.endswith(".json"):
+            with open(os.path.join(root, name), encoding="utf-8") as fh:
+                data = json.load(fh)
             out[data["name"]] = data
             out[data["hub_id"].lower()] = data
     return out
@@ -28,6 +30,12 @@ def _entries(folder: str) -> dict[str, dict]:
 def find_pipeline(name: str) -> dict:
     """A diffusion/video pipeline by catalog name or hub id."""
     return _find("diffusion", name)
+
+
+def pipeline_or_none(name: str) -> dict | None:
+    """find_pipeline's entry, or None where `name` is no pipeline (no suggestion looked for:
+    the CLI asks this of every model name)."""
+    return _entries("diffusion").get(name.strip().lower())
 
 
 def find_vlm(name: str) -> dict:

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import functools
 import json
-from importlib import resources
+import os
 
 
 @functools.lru_cache(maxsize=None)
 def _read(name: str) -> dict:
-    return json.loads(resources.files("vramplan.catalog").joinpath(name).read_text(encoding="utf-8"))
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), name), encoding="utf-8") as fh:
+        return json.load(fh)
 
 
 def cuda_runtime() -> dict:

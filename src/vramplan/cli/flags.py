@@ -213,11 +213,8 @@ def _diffusion(args, data: dict) -> dict:
 def _catalog_pipeline(model) -> dict | None:
     if not isinstance(model, str):
         return None
-    from vramplan.catalog.pipelines import find_pipeline
-    try:
-        return find_pipeline(model)
-    except KeyError:
-        return None
+    from vramplan.catalog.pipelines import pipeline_or_none
+    return pipeline_or_none(model)
 
 
 def strategy_from_flags(text: str):

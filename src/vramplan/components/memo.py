@@ -52,7 +52,7 @@ def _shared_entries(items: list[Breakdown]) -> list[Breakdown]:
 # layout, the GPU and the run's environment. A search varies several of them.
 LAYOUT_FIELDS = frozenset({"model", "gpu", "num_gpus", "parallel", "grad_accum_steps", "cuda_version",
                            "alloc_conf", "lengths", "online", "trust_remote_code", "compile"})
-_FIELDS: dict[type, tuple[str, ...]] = {}
+_FIELDS: dict[tuple, Callable] = {}
 
 
 def _frozen(value):
@@ -68,13 +68,31 @@ def _frozen(value):
     return value
 
 
+# Types whose values _frozen returns unchanged, known without asking each value: builtins
+# that are no dict or list, and enums (spec choices) without a to_dict.
+_PLAIN_TYPES: dict[type, bool] = {}
+
+
+def _plain(kind: type) -> bool:
+    plain = _PLAIN_TYPES.get(kind)
+    if plain is None:
+        import enum
+        plain = _PLAIN_TYPES[kind] = (
+            (kind.__module__ == "builtins" or issubclass(kind, enum.Enum))
+            and not issubclass(kind, (dict, list)) and not hasattr(kind, "to_dict"))
+    return plain
+
+
 def spec_key(spec, drop: frozenset = LAYOUT_FIELDS) -> tuple | None:
     """Every field of `spec` but `drop`, as a hashable key; None where one is not hashable."""
-    names = _FIELDS.get(type(spec))
-    if names is None:
+    read = _FIELDS.get((type(spec), drop))
+    if read is None:
         from dataclasses import fields
-        names = _FIELDS[type(spec)] = tuple(f.name for f in fields(spec))
-    key = tuple(_frozen(getattr(spec, n)) for n in names if n not in drop)
+        from operator import attrgetter
+        names = [f.name for f in fields(spec) if f.name not in drop]
+        read = _FIELDS[(type(spec), drop)] = attrgetter(*names) if len(names) > 1 else (
+            lambda s, n=tuple(names): tuple(getattr(s, x) for x in n))
+    key = tuple(v if _plain(type(v)) else _frozen(v) for v in read(spec))
     try:
         hash(key)
     except TypeError:

@@ -2,6 +2,8 @@
 tensors. The figures and their sources are data (catalog/cuda_runtime.json)."""
 from __future__ import annotations
 
+from functools import lru_cache
+
 from vramplan.units import MiB, round_up
 
 # PyTorch's caching allocator rounds every request up to a multiple of 512 bytes
@@ -52,8 +54,14 @@ def cublaslt_workspace_bytes(gpu_name: str | None, training: bool = True) -> int
 
 def blas_workspace_terms(gpu_name: str | None, training: bool = True) -> list[tuple[str, int]]:
     """The named allocated terms: runtime/cublas_workspace and runtime/cublaslt_workspace."""
-    return [("runtime/cublas_workspace", cublas_workspace_bytes(gpu_name, training)),
-            ("runtime/cublaslt_workspace", cublaslt_workspace_bytes(gpu_name, training))]
+    return list(_blas_workspace_terms(gpu_name, training))
+
+
+@lru_cache(maxsize=64)
+def _blas_workspace_terms(gpu_name: str | None, training: bool) -> tuple[tuple[str, int], ...]:
+    # catalog data read once and cached: the figures depend on the GPU name only
+    return (("runtime/cublas_workspace", cublas_workspace_bytes(gpu_name, training)),
+            ("runtime/cublaslt_workspace", cublaslt_workspace_bytes(gpu_name, training)))
 
 
 def _version(text: str) -> tuple[int, ...]:
@@ -79,6 +87,7 @@ def _context_entry(gpu_name: str | None, cuda_version: str | None) -> dict | Non
     return None
 
 
+@lru_cache(maxsize=64)
 def cuda_context_bytes(gpu_name: str | None, cuda_version: str | None = None) -> int:
     """The CUDA context (driver state and loaded kernels), outside the caching allocator so
     only in nvidia-smi. Published or measured figures per architecture and module loading

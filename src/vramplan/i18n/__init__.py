@@ -18,11 +18,10 @@ from __future__ import annotations
 import gettext as _gettext
 import os
 import re
-from pathlib import Path
 from typing import Mapping, Sequence
 
 DOMAIN = "vramplan"
-LOCALE_DIR = Path(__file__).resolve().parent.parent / "locale"
+LOCALE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(__file__))), "locale")
 LANGUAGES = ("en", "zh")
 """Languages the CLI offers; `en` is the source language and the default."""
 DEFAULT_LANGUAGE = "en"

@@ -20,7 +20,7 @@ TRANSLATED = tuple(lang for lang in LANGUAGES if lang != "en")
 
 
 def po_path(lang: str) -> Path:
-    return LOCALE_DIR / lang / "LC_MESSAGES" / f"{DOMAIN}.po"
+    return Path(LOCALE_DIR) / lang / "LC_MESSAGES" / f"{DOMAIN}.po"
 
 
 def extract():

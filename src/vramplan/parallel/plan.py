@@ -134,7 +134,7 @@ def _select(items: list, stage: int, pp: int, layers: range) -> list:
     """Forward stages (embedding, layers..., head) that live on a pipeline stage."""
     first, last = stage == 0, stage == pp - 1
     out = [items[0]] if first else []
-    out += [items[i + 1] for i in layers]
+    out += items[layers.start + 1:layers.stop + 1] if layers.step == 1 else [items[i + 1] for i in layers]
     if last:
         out.append(items[-1])
     return out
@@ -256,8 +256,7 @@ def _host(spec: JobSpec, lay: Layout, sets: RankSets) -> Breakdown:
 
 
 def _wbytes(spec: JobSpec, params: ParamSet) -> int:
-    ps = [p for p in params.params]
-    return nbytes(1, ps[0].dtype) if ps else 2
+    return nbytes(1, params.params[0].dtype) if params.params else 2
 
 
 def _engine_buffers(desc, spec, lay: Layout, sets: RankSets, out: StepPlan, stage: int, layers: range,
@@ -313,7 +312,8 @@ def _zero2_first_reduction(desc, spec, sets: RankSets, out: StepPlan, lay: Layou
     part = Breakdown()
     for g in out.grads_by_stage:
         part.merge(g)
-    largest = max((p.numel for p in sets.full.trainable() if stage_of(desc, p) == at), default=0)
+    largest = memo(sets, ("largest_trainable", at), lambda: max(
+        (p.numel for p in sets.full.trainable() if stage_of(desc, p) == at), default=0))
     own = (out.stage_acts_at_peak or out.stage_acts)[at]
     out.stage_backward_moment = [None] * len(out.grads_by_stage)
     out.stage_backward_moment[at] = engines.zero2_first_reduction(own, out.stage_backward_transient[at],
@@ -357,7 +357,9 @@ def _zero(spec, lay: Layout, sets: RankSets, out: StepPlan, unit: dict, root: li
     # The gradient partitions live in the persistent flat buffer (engines.zero3_reduce):
     # it replaces the per-stage sharded gradients.
     out.static.add("zero/grad_partitions_flat_buffer", reduce.total("zero/grad_partitions"))
-    out.grads_by_stage = [Breakdown() for _ in out.grads_by_stage]
+    # one empty Breakdown for every stage, as components/memo.cached hands out equal stages'
+    # gradients (the timeline then sums it once)
+    out.grads_by_stage = [Breakdown()] * len(out.grads_by_stage)
     out.static.merge(engines.zero3_hpz_secondary(lay, dtypes_of(spec).weights, memo(sets, "numels", lambda: tuple(p.numel for p in full.params))))
     live = engines.zero3_live(lay, dtypes_of(spec).weights, biggest, memo(sets, "numel", lambda: numel(full.params)))
     for t in [out.forward_end_transient, out.loss_backward_transient, *out.stage_backward_transient]:

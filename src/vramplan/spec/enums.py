@@ -7,7 +7,6 @@ JobSpec; `JobSpec.to_dict()` writes the same keys back. Validation raises `SpecE
 """
 from __future__ import annotations
 
-import difflib
 import enum
 from typing import Any
 
@@ -80,6 +79,7 @@ class _Choice(str, enum.Enum):
         for member in cls:
             if member.value == text:
                 return member
+        import difflib
         hint = difflib.get_close_matches(text, choices, n=1)
         extra = f" Did you mean {hint[0]!r}?" if hint else ""
         raise SpecError(field_name, f"unknown value {value!r}; choose one of {', '.join(choices)}.{extra}")

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -35,6 +34,7 @@ def required_keys(section: str, cls, data: Mapping) -> None:
 
 
 def did_you_mean(key: str, known) -> str:
+    import difflib  # on a bad key only: not at every start
     hint = difflib.get_close_matches(key, list(known), n=1)
     return f"; did you mean {hint[0]!r}?" if hint else ""
 

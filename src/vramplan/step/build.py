@@ -91,28 +91,32 @@ def build_step(desc: ModelDesc, spec: JobSpec, params: ParamSet, acts: Activatio
     # Layers with one signature share their saved list; build each list's breakdowns once
     # (the timeline only reads them).
     built: dict[tuple, tuple[Breakdown, Breakdown]] = {}
+    offloading = spec.activation_offloading
     for i, st in enumerate(acts.stages):
-        group = "activations/layers" if st.label.startswith("layer") else f"activations/{st.label}"
+        layer = st.label.startswith("layer")
+        group = "activations/layers" if layer else f"activations/{st.label}"
         key = (id(st.saved), group, st.freed_before_peak)
-        if key not in built:
-            built[key] = (_stage_breakdown(st.saved, group),
-                          _stage_breakdown([x for x in st.saved if x[0] not in st.freed_before_peak], group))
-        stage_acts.append(built[key][0])
-        at_peak.append(built[key][1])
-        if spec.activation_offloading:
+        pair = built.get(key)
+        if pair is None:
+            pair = built[key] = (_stage_breakdown(st.saved, group),
+                                 _stage_breakdown([x for x in st.saved if x[0] not in st.freed_before_peak], group))
+        stage_acts.append(pair[0])
+        at_peak.append(pair[1])
+        if offloading:
             # between its forward and its backward a stage keeps on the device only what
             # OffloadActivations leaves there (components/offloading.py)
             keep = acts.head_linear_saved if i == n - 1 else ()
             stage_acts[-1] = _stage_breakdown(device_resident(st.saved, keep), group)
-        if st.label.startswith("layer"):
+        if layer:
             # a layer's transients: one template per signature, a copy per layer (callers
             # add to each layer's own)
             tkey = (id(st.recompute) if st.recompute else None, "transient", st.freed_before_peak,
                     id(st.backward_transient))
-            if tkey not in built:
-                built[tkey] = (_transient(acts, st), Breakdown())
-            transients.append(Breakdown(dict(built[tkey][0].terms)))
-            labels.append(f"{st.label} backward")
+            template = built.get(tkey)
+            if template is None:
+                template = built[tkey] = (_transient(acts, st), Breakdown())
+            transients.append(Breakdown(dict(template[0].terms)))
+            labels.append(st.label + " backward")
             continue
         t = _transient(acts, st)
         if i == n - 1:
