@@ -73,8 +73,11 @@ def test_training_args_bf16_estimates_what_precision_bf16_does(tmp_path):
     path.write_text(json.dumps({"output_dir": "o", "bf16": True, "model_init_kwargs": {"dtype": "float32"}}))
     over, _ = import_config_files(training_args=str(path))
     assert over["stack"] == "trl" and over["load_dtype"] == "float32"
+    # a TRL config left without gradient_checkpointing runs with TRL's default, true
+    # (trl/trainer/base_config.py _BaseConfig)
+    assert over["gradient_checkpointing"] == "full"
     imported = vramplan.estimate(load_spec({**BASE, **over}))
-    typed = est(precision="bf16", stack="trl", load_dtype="float32")
+    typed = est(precision="bf16", stack="trl", load_dtype="float32", gradient_checkpointing="full")
     assert imported.peak_allocated_bytes == typed.peak_allocated_bytes
 
 

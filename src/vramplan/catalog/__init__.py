@@ -8,14 +8,12 @@ aliases case-insensitively.
 from __future__ import annotations
 
 import functools
-import json
 import os
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
-
+from vramplan.catalog.data_files import has_file, json_names, read_json
 
 
 class UnknownNameError(KeyError):
@@ -122,10 +120,7 @@ def _not_found(kind: str, index: dict[str, Any], query: str, loose: dict) -> "Un
 
 # ---------------------------------------------------------------- models
 def _read_json(*parts: str) -> Any:
-    """A data file of this package (a plain folder: importlib.resources costs ~10 ms of
-    imports at every CLI start)."""
-    with open(os.path.join(_HERE, *parts), encoding="utf-8") as fh:
-        return json.load(fh)
+    return read_json(*parts)
 
 
 @functools.lru_cache(maxsize=None)
@@ -138,8 +133,7 @@ def _model_entry(filename: str) -> CatalogModel:
 
 @functools.lru_cache(maxsize=1)
 def _models() -> tuple[CatalogModel, ...]:
-    names = sorted(n for n in os.listdir(os.path.join(_HERE, "models")) if n.endswith(".json"))
-    return tuple(_model_entry(n) for n in names)
+    return tuple(_model_entry(n) for n in json_names("models"))
 
 
 @functools.lru_cache(maxsize=256)
@@ -150,7 +144,7 @@ def _model_file(key: str) -> CatalogModel | None:
     run reads one file instead of all of them."""
     if not key or os.path.basename(key) != key or key.startswith(".") or os.sep in key:
         return None
-    if not os.path.isfile(os.path.join(_HERE, "models", key + ".json")):
+    if not has_file("models", key + ".json"):
         return None
     entry = _model_entry(key + ".json")
     return entry if _key(entry.name) == key else None

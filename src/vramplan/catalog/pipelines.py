@@ -10,20 +10,17 @@ them for weights (they are data, not derived here).
 from __future__ import annotations
 
 import functools
-import json
-import os
+
+from vramplan.catalog.data_files import json_names, read_json
 
 
 @functools.lru_cache(maxsize=None)
 def _entries(folder: str) -> dict[str, dict]:
     out = {}
-    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), folder)
-    for name in os.listdir(root):
-        if name.endswith(".json"):
-            with open(os.path.join(root, name), encoding="utf-8") as fh:
-                data = json.load(fh)
-            out[data["name"]] = data
-            out[data["hub_id"].lower()] = data
+    for name in json_names(folder):
+        data = read_json(folder, name)
+        out[data["name"]] = data
+        out[data["hub_id"].lower()] = data
     return out
 
 

@@ -4,14 +4,13 @@ first use and cached, nothing at import."""
 from __future__ import annotations
 
 import functools
-import json
-import os
+
+from vramplan.catalog.data_files import read_json
 
 
 @functools.lru_cache(maxsize=None)
 def _read(name: str) -> dict:
-    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), name), encoding="utf-8") as fh:
-        return json.load(fh)
+    return read_json(name)
 
 
 def cuda_runtime() -> dict:
