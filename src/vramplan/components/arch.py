@@ -124,10 +124,10 @@ def model_rows(spec) -> tuple[int, int]:
     DataCollatorForLanguageModeling with padding_free (trl/trainer/sft_trainer.py
     `torch_call`: `input_ids = [torch.cat(input_ids, dim=0)]`), so SDPA's block-causal mask
     is (1, 1, b*s, b*s). Measured: bench/trainers `sft/*/packing`, `padding-free`."""
-    from vramplan.spec.stack import Framework
+    from vramplan.spec.stack import TRAINER_STEP_FRAMEWORKS
 
     b, s = spec.micro_batch_size, spec.seq_len
-    if spec.packing and spec.stack.framework in (Framework.HF_TRAINER, Framework.TRL):
+    if spec.packing and spec.stack.framework in TRAINER_STEP_FRAMEWORKS:
         return 1, b * s
     return b, s
 

@@ -68,6 +68,9 @@ AUTOCAST_FRAMEWORKS = frozenset({Framework.HF_TRAINER, Framework.TRL, Framework.
 MASTER_FRAMEWORKS = frozenset({Framework.DEEPSPEED, Framework.MEGATRON})
 PURE_FRAMEWORKS = frozenset({Framework.TORCHTUNE, Framework.LITGPT})
 FP32_PARAM_FRAMEWORKS = frozenset({Framework.TORCHTITAN})
+# Whose step is transformers' Trainer.training_step with its (or TRL's) collators: the loss
+# returned detached, packed batches flattened to one row (step/build.py, components/arch.py).
+TRAINER_STEP_FRAMEWORKS = frozenset({Framework.HF_TRAINER, Framework.TRL})
 
 _LABELS = {
     Framework.PLAIN: "no framework named", Framework.HF_TRAINER: "HF Trainer", Framework.TRL: "TRL", Framework.DEEPSPEED: "DeepSpeed",
@@ -180,4 +183,5 @@ def parse_stack(value: Any) -> StackConfig:
 
 
 __all__ = ["Framework", "StackConfig", "parse_cuda_version", "parse_dtype", "parse_stack",
-           "AUTOCAST_FRAMEWORKS", "MASTER_FRAMEWORKS", "PURE_FRAMEWORKS", "FP32_PARAM_FRAMEWORKS"]
+           "AUTOCAST_FRAMEWORKS", "MASTER_FRAMEWORKS", "PURE_FRAMEWORKS", "FP32_PARAM_FRAMEWORKS",
+           "TRAINER_STEP_FRAMEWORKS"]

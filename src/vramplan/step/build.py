@@ -22,7 +22,7 @@ from vramplan.components.weights import (
 )
 from vramplan.model import ModelDesc
 from vramplan.spec import JobSpec
-from vramplan.spec.stack import Framework
+from vramplan.spec.stack import TRAINER_STEP_FRAMEWORKS
 from vramplan.timeline import StepPlan
 from vramplan.units import nbytes
 
@@ -41,7 +41,7 @@ def rank_step(desc: ModelDesc, spec: JobSpec, params: ParamSet, acts: Activation
 
 def _optimizer_extras(spec: JobSpec, params: ParamSet, acts: ActivationPlan) -> Breakdown:
     out = cached(params, ("temporaries",) + state_key(spec), lambda: step_temporaries(spec, params))
-    if acts.input_leaf_bytes and spec.stack.framework not in (Framework.HF_TRAINER, Framework.TRL):
+    if acts.input_leaf_bytes and spec.stack.framework not in TRAINER_STEP_FRAMEWORKS:
         # the loss (and so its graph, holding the input leaf and its gradient) is kept until
         # after optimizer.step() in a plain training loop; HF Trainer's (and TRL's)
         # `training_step` returns `loss.detach()` (transformers/trainer.py), so the graph and
