@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from itertools import repeat
 from operator import mul
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,3 +95,25 @@ class Breakdown:
 def _positive_ints(terms: dict) -> bool:
     """Every value a plain int above 0 (what `merge` adds unchanged), checked in C."""
     return not terms or (set(map(type, terms.values())) == {int} and min(terms.values()) > 0)
+
+
+def shared(parts: list[Breakdown]) -> list[Breakdown]:
+    """The distinct Breakdowns of `parts` by identity, in order of first place. Lists of a
+    plan's stages share one object between equal stages (identical layers): what is added
+    to every stage is added to each of these once."""
+    seen: set[int] = set()
+    out = []
+    for p in parts:
+        if id(p) not in seen:
+            seen.add(id(p))
+            out.append(p)
+    return out
+
+
+def own(parts: list[Breakdown], i: int) -> Breakdown:
+    """parts[i] as an object of its own (a copy where another place shares it), for what is
+    added to that stage alone."""
+    p = parts[i]
+    if any(q is p for j, q in enumerate(parts) if j != i % len(parts)):
+        p = parts[i] = Breakdown(dict(p.terms))
+    return p

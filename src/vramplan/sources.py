@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-from typing import Any
 
 from vramplan.model import ModelDesc
 from vramplan.spec import JobSpec, SpecError, Task
@@ -66,7 +65,7 @@ def _from_hub(hub_id: str, online: bool = False) -> dict:
     return _read_config_file(path)
 
 
-def resolve_hf_config(model: Any, *, online: bool = False) -> tuple[str, dict]:
+def resolve_hf_config(model: object, *, online: bool = False) -> tuple[str, dict]:
     """(display name, Hugging Face config dict) for a spec's `model` field; a hub id outside
     the catalog and the local cache is fetched only when `online`."""
     if isinstance(model, dict):

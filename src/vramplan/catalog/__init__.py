@@ -11,7 +11,6 @@ import functools
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any
 
 from vramplan.catalog.data_files import has_file, json_names, read_json
 
@@ -38,7 +37,7 @@ class CatalogModel:
     """Short lowercase slug, e.g. `llama-3.1-8b`."""
     hub_id: str
     """Hugging Face repository the config was taken from, e.g. `meta-llama/Llama-3.1-8B`."""
-    config: dict[str, Any]
+    config: dict[str, object]
     """The model's config.json fields (for multimodal repos: as published, with text_config)."""
     aliases: tuple[str, ...] = ()
     description: str = ""
@@ -87,13 +86,13 @@ def _loose(text: str) -> str:
     return "".join(ch for ch in text.lower() if ch.isalnum())
 
 
-def _lookup(kind: str, index: dict[str, Any], query: str) -> Any:
+def _lookup(kind: str, index: dict[str, object], query: str) -> object:
     """Exact (case-insensitive) name or alias, then the same letters and digits; anything
     else asks: several entries that the query begins are listed, never guessed between."""
     hit = index.get(_key(query))
     if hit is not None:
         return hit
-    loose: dict[str, dict[int, Any]] = {}
+    loose: dict[str, dict[int, object]] = {}
     for key, value in index.items():
         loose.setdefault(_loose(key), {})[id(value)] = value
     same = loose.get(_loose(query), {})
@@ -102,7 +101,7 @@ def _lookup(kind: str, index: dict[str, Any], query: str) -> Any:
     raise _not_found(kind, index, query, loose)
 
 
-def _not_found(kind: str, index: dict[str, Any], query: str, loose: dict) -> "UnknownNameError":
+def _not_found(kind: str, index: dict[str, object], query: str, loose: dict) -> "UnknownNameError":
     q = _loose(query)
     starting = {}
     for key, values in loose.items():
@@ -119,7 +118,7 @@ def _not_found(kind: str, index: dict[str, Any], query: str, loose: dict) -> "Un
 
 
 # ---------------------------------------------------------------- models
-def _read_json(*parts: str) -> Any:
+def _read_json(*parts: str) -> object:
     return read_json(*parts)
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _ON_DISK = os.path.isdir(_HERE)
@@ -20,7 +19,7 @@ def _node(parts: tuple[str, ...]):
     return node
 
 
-def read_json(*parts: str) -> Any:
+def read_json(*parts: str) -> object:
     """catalog/<parts...> parsed."""
     if _ON_DISK:
         with open(os.path.join(_HERE, *parts), encoding="utf-8") as fh:

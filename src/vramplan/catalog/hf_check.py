@@ -9,7 +9,6 @@ enforce when they are built or run (cited at each).
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from vramplan.model import MAX_LAYERS
 
@@ -65,7 +64,7 @@ _ACTIVATIONS = ("gelu", "gelu_10", "gelu_accurate", "gelu_fast", "gelu_new", "ge
 up there (ACT2FN[config.hidden_act]) and raise KeyError for any other name."""
 
 
-def _field(config: dict, key: str, what: str, value: Any) -> ValueError:
+def _field(config: dict, key: str, what: str, value: object) -> ValueError:
     kind = config.get("model_type", "model")
     hint = (" (a string; write it without quotes)" if isinstance(value, str) and what != "a name"
             and "activation" not in what else "")

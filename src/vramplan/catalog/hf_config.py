@@ -5,14 +5,12 @@ one-line ValueError naming the field; and the checkpoint's dtype. The adapters
 (vramplan.catalog.hf, hf_extended, the family folders) read configs through it."""
 from __future__ import annotations
 
-from typing import Any
-
 _COMMON = {"num_key_value_heads": None, "head_dim": None, "attention_dropout": 0.0,
            "attention_bias": False, "mlp_bias": False, "hidden_act": "silu",
            "sliding_window": None}
 # Defaults of the transformers config classes for the keys read below (transformers 5.23).
 # A key absent from a family's table (and from _COMMON) is required in the config.
-CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
+CLASS_DEFAULTS: dict[str, dict[str, object]] = {
     "llama": {"max_position_embeddings": 2048, "tie_word_embeddings": False},
     "mistral": {"max_position_embeddings": 131072, "tie_word_embeddings": False,
                 "num_key_value_heads": 8, "sliding_window": 4096},
@@ -67,7 +65,7 @@ class HFCfg:
         self.model_type = model_type
         self.defaults = {**_COMMON, **CLASS_DEFAULTS[model_type]}
 
-    def __getitem__(self, key: str) -> Any:
+    def __getitem__(self, key: str) -> object:
         if key in self.raw:
             return self.raw[key]
         if key in self.defaults:

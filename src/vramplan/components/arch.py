@@ -10,7 +10,7 @@ Legend: b micro-batch, s sequence, h hidden, a heads, k KV heads, d head_dim, f 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from collections.abc import Callable
 
 from vramplan.components.graph import Param, Recorder, Sym
 from vramplan.model import ModelDesc, NormKind

@@ -6,7 +6,7 @@ Breakdowns, which callers extend, so each call gets a fresh copy.
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from vramplan.breakdown import Breakdown
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
 from types import ModuleType
-from typing import Any
 
 from vramplan.catalog.hf_extended import ExtendedDesc
 from vramplan.components.arch_vit import VisionDesc
@@ -44,20 +43,20 @@ class Cfg:
     """Config lookup: explicit key, else the config class's default, else a one-line
     ValueError naming the field."""
 
-    def __init__(self, config: dict, model_type: str, defaults: dict[str, Any],
+    def __init__(self, config: dict, model_type: str, defaults: dict[str, object],
                  aliases: dict[str, str] | None = None):
         self.raw = {(aliases or {}).get(k, k): v for k, v in config.items()}
         self.model_type = model_type
         self.defaults = defaults
 
-    def __getitem__(self, key: str) -> Any:
+    def __getitem__(self, key: str) -> object:
         if key in self.raw:
             return self.raw[key]
         if key in self.defaults:
             return self.defaults[key]
         raise ValueError(f"{self.model_type} config is missing required field {key!r}")
 
-    def get(self, key: str, default: Any = None) -> Any:
+    def get(self, key: str, default: object = None) -> object:
         value = self.raw.get(key, self.defaults.get(key, default))
         return default if value is None else value
 
@@ -93,7 +92,7 @@ def with_params(desc: ModelDesc, params: list[ParamEntry]) -> ModelDesc:
     return replace(desc, params=tuple(params))
 
 
-def extend(base: ModelDesc, cls: type, **extra: Any) -> ModelDesc:
+def extend(base: ModelDesc, cls: type, **extra: object) -> ModelDesc:
     """`base` as the ModelDesc subclass `cls`, with its extra fields set."""
     return cls(**{f.name: getattr(base, f.name) for f in fields(ModelDesc)}, **extra)
 
@@ -104,13 +103,13 @@ class TowerCtx:
     its parameters by name under the tower's prefix, LoRA targets, and per-forward shared
     tensors (rotary cos/sin)."""
 
-    vis: Any
+    vis: object
     params: dict[str, Param]
     lora: dict = field(default_factory=dict)
     shared: dict[str, Sym] = field(default_factory=dict)
 
     @property
-    def desc(self) -> Any:  # rms_norm reads ctx.desc.model_type
+    def desc(self) -> object:  # rms_norm reads ctx.desc.model_type
         return self.vis
 
     def p(self, name: str) -> Param:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import gettext as _gettext
 import os
 import re
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 DOMAIN = "vramplan"
 LOCALE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(__file__))), "locale")

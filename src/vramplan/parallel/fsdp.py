@@ -56,6 +56,8 @@ def fsdp_buffers(lay: Layout, out: StepPlan, unit: dict, root: list, layers: ran
     tensor-parallel embedding makes (dtensor_embedding_grad), else 0. `float8`: the
     gathered_bytes predicate of FSDP2's float8 all-gather, else None. `sizes` are bytes."""
     dim0 = lay.fsdp_version == 2
+    # each layer's transient gets its own terms below: one object per stage
+    out.stage_backward_transient = [Breakdown(dict(t.terms)) for t in out.stage_backward_transient]
     sizes = {i: gathered_bytes(unit[i], n, dim0, wb, float8) for i in layers}
     gsizes = {i: padded([p for p in unit[i] if p.trainable], n, dim0) for i in layers}
     root_w = gathered_bytes(root, n, dim0, wb, float8)

@@ -2,7 +2,7 @@
 torch.distributed.pipelining, the last stage's kept outputs."""
 from __future__ import annotations
 
-from vramplan.breakdown import Breakdown
+from vramplan.breakdown import Breakdown, shared
 from vramplan.components.dtypes import dtypes_of
 from vramplan.model import ModelDesc
 from vramplan.parallel.layout import Layout
@@ -23,7 +23,7 @@ def pipeline_buffers(desc: ModelDesc, spec: JobSpec, lay: Layout, out: StepPlan,
     if "current" not in terms:
         return
     last = stage == lay.pp - 1
-    for t in [out.loss_backward_transient, *out.stage_backward_transient]:
+    for t in shared([out.loss_backward_transient, *out.stage_backward_transient]):
         t.merge(terms["current"])
     # a fresh breakdown: the step's temporaries are memoized on the parameter set
     out.optimizer_temporaries = Breakdown().merge(out.optimizer_temporaries).merge(terms["current"])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from vramplan.breakdown import Breakdown
+from vramplan.breakdown import Breakdown, own, shared
 from vramplan.components.dtypes import dtypes_of
 from vramplan.components.float8 import gathered_in_float8
 from vramplan.components.optimizer import heads_of, optimizer_states, state_key, step_temporaries
@@ -181,7 +181,17 @@ def _stage_plan(desc, spec, params, plan: StepPlan, lay: Layout, stage: int, lay
         return scaled[id(b)]
 
     stage_acts = [sc(b) for b in _select(plan.stage_acts, stage, lay.pp, layers)]
-    trans = [acts.scale(b, lay, desc.num_kv_heads) for b in _select(plan.stage_backward_transient, stage, lay.pp, layers)]
+    # Layers share their transient (build_step): one scaled Breakdown each, so what is
+    # added to every layer below is added once per distinct transient (breakdown.shared),
+    # and what is added to one layer goes to its own copy (breakdown.own).
+    scaled_t: dict[int, Breakdown] = {}
+
+    def st(b: Breakdown) -> Breakdown:
+        if id(b) not in scaled_t:
+            scaled_t[id(b)] = acts.scale(b, lay, desc.num_kv_heads)
+        return scaled_t[id(b)]
+
+    trans = [st(b) for b in _select(plan.stage_backward_transient, stage, lay.pp, layers)]
     labels = _select(plan.labels or [f"stage {i}" for i in range(len(plan.stage_acts))], stage, lay.pp, layers)
     # The other micro-batches' saved activations live through forward and backward, not into
     # the optimizer step (the schedule has run every backward by then).
@@ -193,7 +203,7 @@ def _stage_plan(desc, spec, params, plan: StepPlan, lay: Layout, stage: int, lay
         others.add("activations/pipeline_in_flight", int(others_n * one))
     fwd_end = (acts.scale(plan.forward_end_transient, lay) if last else Breakdown()).merge(others)
     loss_bwd = (acts.scale(plan.loss_backward_transient, lay) if last else Breakdown()).merge(others)
-    for t in trans:
+    for t in shared(trans):
         t.merge(others)
     out = StepPlan(static=static, grads_by_stage=grads, stage_acts=stage_acts,
                    loss_saved=acts.scale(plan.loss_saved, lay) if last else Breakdown(),
@@ -293,7 +303,7 @@ def _engine_buffers(desc, spec, lay: Layout, sets: RankSets, out: StepPlan, stag
     if lay.cp > 1:
         kv = 4 * nbytes(spec.micro_batch_size * (spec.seq_len // lay.seq_shards) * desc.num_kv_heads * desc.head_dim,
                         dtypes_of(spec).compute)
-        for t in out.stage_backward_transient:
+        for t in shared(out.stage_backward_transient):
             t.add("cp/ring_kv_buffers", kv)
     if lay.pp > 1:
         pipeline_buffers(desc, spec, lay, out, stage)
@@ -344,10 +354,9 @@ def _zero(spec, lay: Layout, sets: RankSets, out: StepPlan, unit: dict, root: li
         # peak, so the flatten is counted in the epilogue only.
         if lay.offload_optimizer == "none":
             out.optimizer_temporaries.merge(engines.zero12_step_grad(states_numel))
-        for i, t in enumerate(out.stage_backward_transient):
+        for t in shared(out.stage_backward_transient):
             t.merge(ipg)
-            if i == 0:
-                t.merge(flat)
+        own(out.stage_backward_transient, 0).merge(flat)
         return
     biggest = memo(sets, ("biggest", tuple(unit)),
                    lambda: max([numel(u) for u in unit.values()] + [max((p.numel for p in root), default=0)]))
@@ -362,7 +371,7 @@ def _zero(spec, lay: Layout, sets: RankSets, out: StepPlan, unit: dict, root: li
     out.grads_by_stage = [Breakdown()] * len(out.grads_by_stage)
     out.static.merge(engines.zero3_hpz_secondary(lay, dtypes_of(spec).weights, memo(sets, "numels", lambda: tuple(p.numel for p in full.params))))
     live = engines.zero3_live(lay, dtypes_of(spec).weights, biggest, memo(sets, "numel", lambda: numel(full.params)))
-    for t in [out.forward_end_transient, out.loss_backward_transient, *out.stage_backward_transient]:
+    for t in shared([out.forward_end_transient, out.loss_backward_transient, *out.stage_backward_transient]):
         t.merge(live)
-    for t in out.stage_backward_transient:
+    for t in shared(out.stage_backward_transient):
         t.add("zero/unsharded_grads", biggest * gb)

@@ -8,8 +8,6 @@ JobSpec; `JobSpec.to_dict()` writes the same keys back. Validation raises `SpecE
 from __future__ import annotations
 
 import enum
-from typing import Any
-
 
 class SpecError(ValueError):
     """Bad job spec input: the message names the field and the fix."""
@@ -62,7 +60,7 @@ class _Choice(str, enum.Enum):
     """An enum whose values are the spec's spelling; parse() accepts _ for - and any case."""
 
     @classmethod
-    def parse(cls, value: Any, field_name: str):
+    def parse(cls, value: object, field_name: str):
         if isinstance(value, cls):
             return value
         if isinstance(value, str):   # the usual case, without listing the choices

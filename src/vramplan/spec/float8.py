@@ -5,7 +5,6 @@ without changing what autograd saves)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from vramplan.spec.enums import SpecError, _Choice
 from vramplan.spec.sections import boolean, number
@@ -65,7 +64,7 @@ def check_all_gather(float8: Float8Config, parallel) -> None:
                         "shard-grad-op or hybrid-shard with fsdp_version 2); drop it otherwise")
 
 
-def parse_float8(value: Any) -> Float8Config | None:
+def parse_float8(value: object) -> Float8Config | None:
     """`float8: tensorwise` (a recipe name) or a mapping of Float8Config fields; None: off."""
     if value is None or isinstance(value, Float8Config):
         return value
@@ -81,7 +80,7 @@ def parse_float8(value: Any) -> Float8Config | None:
     return Float8Config(**value)
 
 
-def parse_neftune(value: Any) -> float | None:
+def parse_neftune(value: object) -> float | None:
     """transformers TrainingArguments.neftune_noise_alpha: None (off) or a positive number."""
     if value is None:
         return None

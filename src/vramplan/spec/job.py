@@ -5,7 +5,7 @@ import json
 import operator
 import os
 from dataclasses import dataclass, field, fields
-from typing import Any, Mapping
+from collections.abc import Mapping
 
 from vramplan.spec.enums import (
     Attention, Backend, Checkpointing, LogprobHead, LossImpl, Method, Optimizer, OptimizerImpl,
@@ -272,7 +272,7 @@ class JobSpec:
     def to_dict(self, *, as_given: bool = False) -> dict:
         """The fields as spec keys; as_given: without a seq_len the user did not give, so
         that load_spec of it keeps the default (capped again for the model)."""
-        out: dict[str, Any] = {}
+        out: dict[str, object] = {}
         for f in fields(self):
             value = getattr(self, f.name)
             if (value is None or f.name == "seq_len_given" or (f.name == "parallel" and value.is_trivial)
@@ -298,7 +298,7 @@ class JobSpec:
         return load_spec(data)
 
 
-def _section(name: str, value: Any):
+def _section(name: str, value: object):
     cls = _SECTIONS[name]
     if value is None or isinstance(value, cls):
         return value

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping
+from collections.abc import Mapping
 
 from vramplan.spec.enums import SpecError
 from vramplan.spec.sections import positive_int
@@ -91,7 +91,7 @@ class LengthsConfig:
         return ([(0.0, self.min or 1)] + [(p / 100, v) for p, v in self.percentiles] + [(1.0, self.max)])
 
     def to_dict(self) -> dict:
-        out: dict[str, Any] = {f"p{_pct(p)}": v for p, v in self.percentiles}
+        out: dict[str, object] = {f"p{_pct(p)}": v for p, v in self.percentiles}
         for key in _KEYS:
             value = getattr(self, key)
             if value is not None and not (key == "steps" and value == 100) and not (key == "seed" and value == 0):
@@ -119,7 +119,7 @@ def _check_percentiles(pairs, top: int | None) -> tuple[tuple[float, int], ...]:
     return tuple(out)
 
 
-def parse_lengths(value: Any) -> LengthsConfig | None:
+def parse_lengths(value: object) -> LengthsConfig | None:
     """The section from a spec mapping: `pNN` keys are percentiles, the rest are fields."""
     if value is None or isinstance(value, LengthsConfig):
         return value

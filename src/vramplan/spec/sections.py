@@ -4,7 +4,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from collections.abc import Mapping
 
 from vramplan.spec.enums import QuantType, SpecError
 
@@ -13,13 +13,13 @@ MAX_COUNT = 2**53
 """Largest count a spec field takes (floats are exact up to here); far beyond any GPU."""
 
 
-def _show(value: Any) -> str:
+def _show(value: object) -> str:
     text = repr(value)
     kind = "" if isinstance(value, (int, float, str)) else f" (a {type(value).__name__})"
     return (text if len(text) <= 60 else text[:57] + "...") + kind
 
 
-def string_keys(prefix: str, data: Any) -> None:
+def string_keys(prefix: str, data: object) -> None:
     """The keys of a spec mapping are field names (strings)."""
     for key in data:
         if not isinstance(key, str):
@@ -44,7 +44,7 @@ MAX_GPUS = 1 << 20
 thousand); a count like 1e12 is a slip, and sharding over it would print a tiny number."""
 
 
-def count_field(name: str, value: Any) -> int:
+def count_field(name: str, value: object) -> int:
     """A top-level count of the spec (micro_batch_size, num_gpus, ...): positive_int, and
     num_gpus at most MAX_GPUS."""
     number = positive_int(name, value)
@@ -53,7 +53,7 @@ def count_field(name: str, value: Any) -> int:
     return number
 
 
-def positive_int(name: str, value: Any, *, minimum: int = 1, maximum: int = MAX_COUNT) -> int:
+def positive_int(name: str, value: object, *, minimum: int = 1, maximum: int = MAX_COUNT) -> int:
     """Accept ints (and integral floats/strings like '4'); anything else names the field."""
     want = f"expected an integer >= {minimum}"
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
@@ -74,7 +74,7 @@ def positive_int(name: str, value: Any, *, minimum: int = 1, maximum: int = MAX_
     return number
 
 
-def number(name: str, value: Any, *, low: float = 0.0, high: float = 1.0) -> float:
+def number(name: str, value: object, *, low: float = 0.0, high: float = 1.0) -> float:
     """A finite real number in [low, high]; booleans, strings of words and lists name the field."""
     want = f"expected a number in [{low:g}, {high:g}]"
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
@@ -91,7 +91,7 @@ def number(name: str, value: Any, *, low: float = 0.0, high: float = 1.0) -> flo
 fraction = number
 
 
-def boolean(name: str, value: Any) -> bool:
+def boolean(name: str, value: object) -> bool:
     """Only a real true/false: YAML's quoted 'no' or JSON's "false" is a string, and a
     string is true to Python, so it is refused instead of being read the wrong way."""
     if isinstance(value, bool):
@@ -100,7 +100,7 @@ def boolean(name: str, value: Any) -> bool:
     raise SpecError(name, f"expected true or false, got {_show(value)}{hint}")
 
 
-def string_list(name: str, value: Any) -> tuple[str, ...]:
+def string_list(name: str, value: object) -> tuple[str, ...]:
     if isinstance(value, str):
         return (value,)
     if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
@@ -108,7 +108,7 @@ def string_list(name: str, value: Any) -> tuple[str, ...]:
     raise SpecError(name, f"expected a list of module names, got {_show(value)}")
 
 
-def choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
+def choice(name: str, value: object, choices: tuple[str, ...]) -> str:
     """One of `choices` (case and _/- insensitive)."""
     text = value.strip().lower().replace("_", "-") if isinstance(value, str) else None
     if text not in choices:
@@ -128,7 +128,7 @@ _EXTRA_SIZES = ("stage3_prefetch_bucket_size", "stage3_max_live_parameters", "st
 _EXTRA_FLAGS = ("overlap_comm", "contiguous_gradients", "distributed_optimizer", "gradient_as_bucket_view")
 
 
-def check_extras(extras: Any) -> dict:
+def check_extras(extras: object) -> dict:
     """parallel.extras: engine knobs read from config files; counts are positive integers
     (or "auto", resolved from the model), switches are booleans."""
     if not isinstance(extras, dict):

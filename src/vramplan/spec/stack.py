@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Mapping
+from collections.abc import Mapping
 
 from vramplan.spec.enums import SpecError, _Choice
 
@@ -90,7 +90,7 @@ _DTYPE_WORDS = {
 }
 
 
-def parse_dtype(value: Any, field_name: str) -> str | None:
+def parse_dtype(value: object, field_name: str) -> str | None:
     """A dtype as the spec spells it (fp32, bf16, fp16) from itself or a torch dtype word
     (`float32`, `bfloat16`, `torch.float16`, ...); None and "auto" mean the stack's default."""
     if value is None:
@@ -104,7 +104,7 @@ def parse_dtype(value: Any, field_name: str) -> str | None:
                                 "bfloat16, float16, torch.bfloat16), or auto for the stack's default")
 
 
-def parse_cuda_version(value: Any) -> str:
+def parse_cuda_version(value: object) -> str:
     """The spec's `cuda_version`: a version like 12.4."""
     text = str(value).strip()
     parts = text.split(".")
@@ -113,7 +113,7 @@ def parse_cuda_version(value: Any) -> str:
     return text
 
 
-def _version(value: Any, field_name: str) -> str | None:
+def _version(value: object, field_name: str) -> str | None:
     if value is None:
         return None
     text = str(value).strip()
@@ -165,7 +165,7 @@ class StackConfig:
                 "trl": self.trl, "peft": self.peft}
 
 
-def parse_stack(value: Any) -> StackConfig:
+def parse_stack(value: object) -> StackConfig:
     """`stack: torchtune` (a framework name) or a mapping of StackConfig fields."""
     if value is None:
         return StackConfig()

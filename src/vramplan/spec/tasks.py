@@ -8,7 +8,7 @@ parsing and validation live here so job.py only delegates.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any, Mapping
+from collections.abc import Mapping
 
 from vramplan.spec.enums import LossImpl, Precision, SpecError, Task
 from vramplan.spec.sections import boolean, fraction, positive_int
@@ -28,7 +28,7 @@ ROLE_METHODS = ("frozen", "full", "lora")
 PLACEMENTS = ("gpu", "cpu", "other-gpu")
 
 
-def model_ref(name: str, value: Any, *, allow_precomputed: bool = True) -> str | dict | None:
+def model_ref(name: str, value: object, *, allow_precomputed: bool = True) -> str | dict | None:
     """A model field: catalog name / hub id / path, an inline HF config, or 'precomputed'."""
     if value is None:
         return None
@@ -232,7 +232,7 @@ class DiffusionConfig:
 SECTIONS = {"generation": GenerationConfig, "vision": VisionConfig, "diffusion": DiffusionConfig}
 
 
-def parse_section(name: str, value: Any):
+def parse_section(name: str, value: object):
     cls = SECTIONS[name]
     if value is None or isinstance(value, cls):
         return value
@@ -245,7 +245,7 @@ def parse_section(name: str, value: Any):
     return cls(**value)
 
 
-def parse_models(value: Any) -> tuple[ModelRole, ...]:
+def parse_models(value: object) -> tuple[ModelRole, ...]:
     if value in (None, (), []):
         return ()
     if not isinstance(value, (list, tuple)):
@@ -282,10 +282,10 @@ def drop_unread_sections(data: dict, changed) -> None:
             data.pop(name, None)
 
 
-def check_task_fields(spec) -> dict[str, Any]:
+def check_task_fields(spec) -> dict[str, object]:
     """Validate the multi-model fields against the task; returns normalized values."""
     task = spec.task
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     from vramplan.spec.enums import Method
     if task is not Task.INFERENCE:  # a section the method never reads would be ignored, the number not the job's
         if spec.lora is not None and spec.method not in (Method.LORA, Method.QLORA):

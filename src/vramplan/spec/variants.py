@@ -3,7 +3,7 @@ can fail: what fit's enumeration needs for thousands of layouts alike but for th
 parallel section and batch split (load_spec of each takes ~0.3 ms)."""
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 from vramplan.spec.enums import USER_ERRORS, SpecError, Task, as_spec_error
 from vramplan.spec.job import JobSpec, _section, copy_with
@@ -11,7 +11,7 @@ from vramplan.spec.optimizers import check_optimizer_fields
 from vramplan.spec.sections import ParallelConfig
 
 
-def with_dotted(data: Mapping[str, Any], changes: Iterable[tuple[str, Any]]) -> dict:
+def with_dotted(data: Mapping[str, object], changes: Iterable[tuple[str, object]]) -> dict:
     """A copy of the spec mapping `data` with `changes` set; a dotted key reaches into its
     section (`parallel.zero_stage`, `lora.r`), copying that section."""
     out = dict(data)
@@ -24,7 +24,7 @@ def with_dotted(data: Mapping[str, Any], changes: Iterable[tuple[str, Any]]) -> 
     return out
 
 
-def load_section(name: str, value: Any):
+def load_section(name: str, value: object):
     """A spec section (`parallel`, `lora`, ...) from a mapping, validated as load_spec
     validates it; None for None."""
     try:

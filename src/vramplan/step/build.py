@@ -108,14 +108,14 @@ def build_step(desc: ModelDesc, spec: JobSpec, params: ParamSet, acts: Activatio
             keep = acts.head_linear_saved if i == n - 1 else ()
             stage_acts[-1] = _stage_breakdown(device_resident(st.saved, keep), group)
         if layer:
-            # a layer's transients: one template per signature, a copy per layer (callers
-            # add to each layer's own)
+            # a layer's transients: one Breakdown per signature, shared by its layers (what
+            # the parallel layer adds to one layer alone goes to a copy: breakdown.own)
             tkey = (id(st.recompute) if st.recompute else None, "transient", st.freed_before_peak,
                     id(st.backward_transient))
             template = built.get(tkey)
             if template is None:
                 template = built[tkey] = (_transient(acts, st), Breakdown())
-            transients.append(Breakdown(dict(template[0].terms)))
+            transients.append(template[0])
             labels.append(st.label + " backward")
             continue
         t = _transient(acts, st)
