@@ -141,6 +141,9 @@ class Estimate:
     def _parallel_dict(self) -> dict:
         if self.parallel is None:
             return {}
-        return {"parallel": self.parallel.to_dict(), "communication": dict(self.parallel.communication),
+        par = self.parallel.to_dict()
+        if par["pp_stage_peaks"] is None:  # no pipeline: the one stage's peak is the step's
+            par["pp_stage_peaks"] = [self.peak_allocated_bytes]
+        return {"parallel": par, "communication": dict(self.parallel.communication),
                 "host_bytes": {"per_rank": self.parallel.host.total(), "per_node": self.parallel.host_per_node,
                                "terms": self.parallel.host.to_dict()}}

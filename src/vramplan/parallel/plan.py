@@ -31,7 +31,9 @@ class ParallelReport:
     layout: Layout
     stage: int
     """Pipeline stage of the reported (worst) rank."""
-    stage_peaks: list[int]
+    stage_peaks: list[int] | None
+    """Each pipeline stage's allocated peak; None without a pipeline (pp 1): the one
+    stage's peak is then the step's own (result.Estimate reports it), not walked twice."""
     communication: dict[str, dict]
     host: Breakdown
     notes: list[str] = field(default_factory=list)
@@ -43,15 +45,16 @@ class ParallelReport:
 
     def to_dict(self) -> dict:
         return {**self.layout.to_dict(), "reported_pp_stage": self.stage,
-                "pp_stage_peaks": list(self.stage_peaks), "notes": list(self.notes)}
+                "pp_stage_peaks": None if self.stage_peaks is None else list(self.stage_peaks),
+                "notes": list(self.notes)}
 
 
 def rank_plan(desc: ModelDesc, spec: JobSpec, params: ParamSet, plan: StepPlan) -> tuple[StepPlan, ParallelReport]:
     lay = Layout.of(spec, desc.hidden_size)
     ranges = pp_layers(desc.num_layers, lay.pp, lay.extras.get("pp_layers"))
     plans = [_worst_backward(desc, spec, params, plan, lay, r, ranges[r]) for r in range(lay.pp)]
-    peaks = [peak_total(p) for p, _ in plans]
-    worst = max(range(lay.pp), key=lambda r: peaks[r])
+    peaks = [peak_total(p) for p, _ in plans] if lay.pp > 1 else None
+    worst = max(range(lay.pp), key=lambda r: peaks[r]) if peaks else 0
     best_plan, sets = plans[worst]
     comm = _volumes(desc, spec, lay, sets, ranges[worst])
     host = _host(spec, lay, sets)
