@@ -62,3 +62,21 @@ def test_models_lists_every_kind_and_filters(capsys):
 def test_diffusion_flag_with_another_task_is_one_line(capsys):
     code, _, err = run(capsys, "estimate", "llama-3.2-1b", "--task", "sft", "--num-frames", "9")
     assert code == 2 and "diffusion" in err and err.count("\n") == 1
+
+
+def test_fit_without_a_step_time_model_claims_no_speed(capsys):
+    """No FLOPs model covers a diffusion pipeline: fit, fewest GPUs and largest batch report
+    no step time (not 0 s/step) and rank no layout as faster than another."""
+    base = ["fit", "stable-diffusion-v1-5", "--gpu", "a100-40gb", "--num-gpus", "2"]
+    code, out, _ = run(capsys, *base, "--json")
+    results = json.loads(out)["results"]
+    assert code == 0 and results
+    assert all(r["step_time_s"] is None and r["step_time"]["total_s"] is None for r in results)
+    assert not any("faster" in w or "fastest" in w for r in results for w in r["why"])
+    code, text, _ = run(capsys, *base)
+    assert "not ranked by speed" in " ".join(text.split()) and "0.000 s/step" not in text
+    code, text, _ = run(capsys, "fit", "stable-diffusion-v1-5", "--gpu", "a100-40gb", "--minimize", "num_gpus")
+    assert code == 0 and "step time not modelled" in text and "s/step" not in text
+    # a language model keeps its step times
+    code, out, _ = run(capsys, "fit", "qwen2.5-0.5b", "--gpu", "a100-40gb", "--json", "--top-k", "2")
+    assert all(r["step_time_s"] > 0 for r in json.loads(out)["results"])

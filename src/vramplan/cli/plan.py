@@ -240,10 +240,10 @@ def _fit_maximize(spec, ev, axes, args) -> int:
     elif solved.value is None:
         print(_("no layout fits even at {name}=1 on {gpu}").format(name=args.maximize, gpu=ev.gpu.name))
     else:
-        print(_("largest {name} that fits on {gpu}: {value} ({gib} GiB, {seconds:.3f} s/step), with "
+        print(_("largest {name} that fits on {gpu}: {value} ({gib} GiB, {time}), with "
                 "gradient_checkpointing={ckpt}, parallel={parallel}").format(
             name=args.maximize, gpu=ev.gpu.name, value=solved.value, gib=_gib(solved.estimate.device_bytes),
-            seconds=solved.step.total_s, ckpt=solved.spec.gradient_checkpointing.value,
+            time=_per_step(solved.step), ckpt=solved.spec.gradient_checkpointing.value,
             parallel=solved.spec.parallel.to_dict() if not solved.spec.parallel.is_trivial else 'none'))
     return 0 if solved.value else 1
 
@@ -258,10 +258,15 @@ def _fit_minimize(spec, ev, axes, args) -> int:
         print(_("does not fit on {n} x {gpu} in any layout searched").format(n=max_gpus, gpu=ev.gpu.name))
     else:
         best = report.results[0]
-        print(_("fewest GPUs: {n} x {gpu}, with {changes} ({gib} GiB, {seconds:.3f} s/step)").format(
+        print(_("fewest GPUs: {n} x {gpu}, with {changes} ({gib} GiB, {time})").format(
             n=n, gpu=ev.gpu.name, changes=best.changes, gib=_gib(best.estimate.device_bytes),
-            seconds=best.step_time_s))
+            time=_per_step(best.step)))
     return 0 if n else 1
+
+
+def _per_step(step) -> str:
+    """'0.123 s/step', or that no step-time model covers the model (plan.steptime.StepTime.modelled)."""
+    return _("{seconds:.3f} s/step").format(seconds=step.total_s) if step.modelled else _("step time not modelled")
 
 
 # ------------------------------------------------------------------ check

@@ -159,7 +159,7 @@ class CompareRow:
                 "spec": None if self.spec is None else self.spec.to_dict(),
                 "estimate": None if self.estimate is None else self.estimate.to_dict(),
                 "fits": self.fits, "saving_bytes": self.saving_bytes, "saving_pct": self.saving_pct,
-                "step_time_s": None if self.step is None else self.step.total_s,
+                "step_time_s": None if self.step is None or not self.step.modelled else self.step.total_s,
                 "relative_step_time": self.relative_step_time,
                 "comm_bytes": None if self.step is None else self.step.comm_bytes,
                 "note": self.note}

@@ -53,8 +53,9 @@ class FitResult:
     why: list[str] = field(default_factory=list)
 
     @property
-    def step_time_s(self) -> float:
-        return self.step.total_s
+    def step_time_s(self) -> float | None:
+        """Seconds per step; None where the step time is not modelled (StepTime.modelled)."""
+        return self.step.total_s if self.step.modelled else None
 
     def to_dict(self) -> dict:
         return {"spec": self.spec.to_dict(), "changes": dict(self.changes),
@@ -350,6 +351,9 @@ def _top_terms(step: StepTime, n: int = 2) -> str:
 
 def _explain(results: list[FitResult], ev: Evaluator) -> None:
     """One line per reason: spare memory, where the time goes, and what it beats."""
+    if results and not results[0].step.modelled:
+        _explain_untimed(results, ev)
+        return
     for i, r in enumerate(results):
         spare = ev.limit_bytes - r.estimate.device_bytes
         if ev.headroom_bytes:
@@ -364,6 +368,23 @@ def _explain(results: list[FitResult], ev: Evaluator) -> None:
                              pct=_pct(nxt.step_time_s, r.step_time_s), gap=_largest_gap(r.step, nxt.step)))
         if i == 0:
             r.why.insert(0, Msg("fastest layout that fits"))
+
+
+def _explain_untimed(results: list[FitResult], ev: Evaluator) -> None:
+    """Without a step-time model every layout ties on time: they keep the search space's
+    order (no sharding before ZeRO stages, no offload before offload, the larger
+    micro-batch first), and no line claims one is faster."""
+    for i, r in enumerate(results):
+        spare = (ev.limit_bytes - r.estimate.device_bytes) / GiB
+        if ev.headroom_bytes:
+            r.why.append(Msg("fits with {gib:.2f} GiB to spare after keeping {kept:.2f} GiB free",
+                             gib=spare, kept=ev.headroom_bytes / GiB))
+        else:
+            r.why.append(Msg("fits with {gib:.2f} GiB to spare", gib=spare))
+        if i == 0:
+            r.why.insert(0, Msg("first layout of the search space that fits"))
+            r.why.append(Msg("step time not modelled for this model (no FLOPs model for diffusion or video "
+                             "pipelines): layouts in the search space's order, not ranked by speed"))
 
 
 def _pct(slow: float, fast: float) -> str:

@@ -60,7 +60,7 @@ class Solved:
         return {"maximize": self.name, "value": self.value,
                 "spec": None if self.spec is None else self.spec.to_dict(),
                 "estimate": None if self.estimate is None else self.estimate.to_dict(),
-                "step_time_s": None if self.step is None else self.step.total_s,
+                "step_time_s": None if self.step is None or not self.step.modelled else self.step.total_s,
                 "layouts_tried": self.layouts_tried,
                 "sweep": [{"value": v, "device_bytes": b} for v, b in self.sweep]}
 

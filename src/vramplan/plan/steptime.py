@@ -50,8 +50,14 @@ class StepTime:
     def total_s(self) -> float:
         return sum(self.terms.values())
 
+    @property
+    def modelled(self) -> bool:
+        """False where no FLOPs model covers the model (diffusion and video pipelines: the
+        evaluator has no transformer description to count): no term, and no time to report."""
+        return bool(self.terms)
+
     def to_dict(self) -> dict:
-        return {"total_s": self.total_s, "mfu": self.mfu, "flops": self.flops,
+        return {"total_s": self.total_s if self.modelled else None, "mfu": self.mfu, "flops": self.flops,
                 "comm_bytes": self.comm_bytes, "terms": dict(self.terms)}
 
 

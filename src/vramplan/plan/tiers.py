@@ -43,7 +43,7 @@ class TierRow:
                 "strategy": None if self.best is None else self.best.strategy.name,
                 "changes": None if self.best is None else dict(self.best.strategy.changes),
                 "device_bytes": None if self.best is None else self.best.estimate.device_bytes,
-                "step_time_s": None if self.best is None else self.best.step.total_s}
+                "step_time_s": None if self.best is None or not self.best.step.modelled else self.best.step.total_s}
 
 
 def gpu_tiers(spec: JobSpec, desc: ModelDesc | None = None, *, gpus=None,

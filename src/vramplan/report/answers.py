@@ -87,7 +87,7 @@ def compare_table(rows, title: str) -> Tabular:
 
 def fit_table(report, gpu_name: str) -> Tabular:
     rows = [[i, _changes(r.changes), gib(r.estimate.device_bytes), gib(report.limit_bytes - r.estimate.device_bytes),
-             round(r.step_time_s, 3), tr(r.why[0]) if r.why else ""] for i, r in enumerate(report.results, 1)]
+             None if r.step_time_s is None else round(r.step_time_s, 3), tr(r.why[0]) if r.why else ""] for i, r in enumerate(report.results, 1)]
     note = _(" (interrupted: best so far)") if report.interrupted else ""
     title = ngettext("{settled:,} of {total:,} layouts settled with {estimates} estimate in {seconds:.2f} s "
                      "on {gpu}{note}",

@@ -126,7 +126,7 @@ function renderFit(answer) {
   status.textContent = fmt(t("fit_searched"), {total: answer.candidates_total, estimates: answer.estimates_computed,
                                                seconds: answer.elapsed_s.toFixed(2), headroom: gib(answer.headroom_bytes)});
   const rows = answer.results.map((r, i) => [String(i + 1), layout(r.changes), gib(r.estimate.device_bytes),
-                                             r.step_time_s.toFixed(3)]);
+                                             r.step_time_s == null ? "-" : r.step_time_s.toFixed(3)]);
   table("#fit", ["#", t("layout"), t("level_device"), t("step_time_s")], rows);
   if (!answer.results.length) {
     const lines = [t("fit_none")];
