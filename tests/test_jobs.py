@@ -83,7 +83,7 @@ def test_distill_rejects_a_teacher_with_another_vocabulary():
 
 
 def test_grpo_generation_kv_cache_by_hand():
-    e = est(task="grpo", precision="bf16", max_new_tokens=256, num_generations=4, seq_len=16)
+    e = est(task="grpo", precision="bf16", max_new_tokens=256, num_generations=2, seq_len=16)
     gen = next(ev for ev in e.events if ev.phase == "generation")
     # 2 (K, V) x layers x rows x kv_heads x (prompt + completion - 1) x head_dim x 2 bytes:
     # the last sampled token is never fed back through the model
@@ -92,7 +92,7 @@ def test_grpo_generation_kv_cache_by_hand():
 
 
 def test_vllm_engine_reserves_its_fraction_of_the_gpu():
-    spec = {**BASE, "backend": "cuda", "task": "grpo", "max_new_tokens": 32, "gpu": "h100-80gb",
+    spec = {**BASE, "backend": "cuda", "task": "grpo", "max_new_tokens": 32, "gpu": "h100-80gb", "num_generations": 2,
             "generation": {"engine": "vllm", "gpu_memory_utilization": 0.5}}
     e = vramplan.estimate(spec)
     assert e.components.terms["generation/vllm_engine"] == e.gpu.memory_bytes // 2
@@ -171,7 +171,7 @@ def test_grpo_under_zero3_gathers_the_whole_policy_for_generation():
     # TRL's unwrap_model_for_generation wraps generate in GatheredParameters(model.parameters()):
     # each rank holds every full 16-bit weight beside its partition, unless the switch is off
     job = {"model": "qwen2.5-0.5b", "task": "grpo", "precision": "bf16", "micro_batch_size": 2, "seq_len": 128,
-           "max_new_tokens": 64, "num_gpus": 4, "parallel": {"zero_stage": 3}}
+           "max_new_tokens": 64, "num_generations": 2, "num_gpus": 4, "parallel": {"zero_stage": 3}}
     e = vramplan.estimate(job)
     one = vramplan.estimate({**job, "num_gpus": 1, "parallel": {"zero_stage": 0}})
     gen = max((ev for ev in e.events if ev.phase == "generation"), key=lambda ev: ev.live.total())

@@ -64,7 +64,7 @@ def test_given_seq_len_past_positions_is_still_refused(model):
 
 
 def test_completion_tokens_leave_room_in_the_cap():
-    spec = load_spec({"model": "gpt2", "task": "grpo", "max_new_tokens": 100})
+    spec = load_spec({"model": "gpt2", "task": "grpo", "max_new_tokens": 100, "micro_batch_size": 8})
     limit = _limit("gpt2")
     capped = assume_seq_len(resolve_model(spec), spec)
     assert capped.seq_len + capped.max_new_tokens == limit and not capped.seq_len_given

@@ -40,14 +40,10 @@ from vramplan.jobs.trained import (
 )
 from vramplan.model import ModelDesc
 from vramplan.spec import JobSpec, LogprobHead, Method, Task
-from vramplan.spec.tasks import PRECOMPUTED
+from vramplan.spec.tasks import GRPO_MAX_COMPLETION, GRPO_NUM_GENERATIONS, PRECOMPUTED
 from vramplan.timeline import StepPlan
 from vramplan.units import nbytes
 
-GRPO_NUM_GENERATIONS = 8
-"""trl GRPOConfig.num_generations default."""
-GRPO_MAX_COMPLETION = 512
-"""trl GRPOConfig.max_completion_length default."""
 
 
 def kv_cache(desc: ModelDesc, rows: int, length: int, c: str) -> Breakdown:

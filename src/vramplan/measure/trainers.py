@@ -40,6 +40,7 @@ from .build import (
     apply_method, build_model, build_optimizer, job_dict,
 )
 from .trainer_meter import metered_train
+from vramplan.spec.tasks import GRPO_MAX_COMPLETION, GRPO_NUM_GENERATIONS
 
 TRL_TASKS = {"dpo": "DPOTrainer", "ipo": "DPOTrainer", "kto": "KTOTrainer",
              "reward-model": "RewardTrainer", "grpo": "GRPOTrainer",
@@ -169,8 +170,9 @@ def _grpo(job: dict, dtype, flags: dict):
     policy = policy_model(job, dtype)
     vocab = policy.config.vocab_size
     b = int(job.get("micro_batch_size", 1))
-    g = int(job.get("num_generations") or b)
-    new = int(job.get("max_new_tokens") or 16)
+    # the estimate's defaults, TRL's (spec/tasks.py; the spec refuses a batch they do not divide)
+    g = int(job.get("num_generations") or GRPO_NUM_GENERATIONS)
+    new = int(job.get("max_new_tokens") or GRPO_MAX_COMPLETION)
     ref = job.get("reference_model")
     # The spec's reference: none for "precomputed" (GRPOConfig.beta = 0.0, TRL 1.x's default,
     # builds no reference); else beta = 0.04 (TRL 0.x's default). A LoRA policy is its own

@@ -355,12 +355,7 @@ def _explain(results: list[FitResult], ev: Evaluator) -> None:
         _explain_untimed(results, ev)
         return
     for i, r in enumerate(results):
-        spare = ev.limit_bytes - r.estimate.device_bytes
-        if ev.headroom_bytes:
-            r.why.append(Msg("fits with {gib:.2f} GiB to spare after keeping {kept:.2f} GiB free",
-                             gib=spare / GiB, kept=ev.headroom_bytes / GiB))
-        else:
-            r.why.append(Msg("fits with {gib:.2f} GiB to spare", gib=spare / GiB))
+        r.why.append(_spare(r, ev))
         r.why.append(Msg("{seconds:.3f} s/step ({terms})", seconds=r.step_time_s, terms=_top_terms(r.step)))
         if i + 1 < len(results):
             nxt = results[i + 1]
@@ -375,16 +370,19 @@ def _explain_untimed(results: list[FitResult], ev: Evaluator) -> None:
     order (no sharding before ZeRO stages, no offload before offload, the larger
     micro-batch first), and no line claims one is faster."""
     for i, r in enumerate(results):
-        spare = (ev.limit_bytes - r.estimate.device_bytes) / GiB
-        if ev.headroom_bytes:
-            r.why.append(Msg("fits with {gib:.2f} GiB to spare after keeping {kept:.2f} GiB free",
-                             gib=spare, kept=ev.headroom_bytes / GiB))
-        else:
-            r.why.append(Msg("fits with {gib:.2f} GiB to spare", gib=spare))
+        r.why.append(_spare(r, ev))
         if i == 0:
             r.why.insert(0, Msg("first layout of the search space that fits"))
             r.why.append(Msg("step time not modelled for this model (no FLOPs model for diffusion or video "
                              "pipelines): layouts in the search space's order, not ranked by speed"))
+
+
+def _spare(r: FitResult, ev: Evaluator) -> Msg:
+    spare = (ev.limit_bytes - r.estimate.device_bytes) / GiB
+    if ev.headroom_bytes:
+        return Msg("fits with {gib:.2f} GiB to spare after keeping {kept:.2f} GiB free", gib=spare,
+                   kept=ev.headroom_bytes / GiB)
+    return Msg("fits with {gib:.2f} GiB to spare", gib=spare)
 
 
 def _pct(slow: float, fast: float) -> str:

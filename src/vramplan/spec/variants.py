@@ -9,6 +9,7 @@ from vramplan.spec.enums import USER_ERRORS, SpecError, Task, as_spec_error
 from vramplan.spec.job import JobSpec, _section, copy_with
 from vramplan.spec.optimizers import check_optimizer_fields
 from vramplan.spec.sections import ParallelConfig
+from vramplan.spec.tasks import check_generation_batch
 
 
 def with_dotted(data: Mapping[str, object], changes: Iterable[tuple[str, object]]) -> dict:
@@ -56,6 +57,7 @@ def check_layout(spec: JobSpec) -> None:
                         "denoiser are not modelled yet; use zero_stage or fsdp")
     check_optimizer_fields(spec)
     spec._check_float8()
+    check_generation_batch(spec)
 
 
 __all__ = ["check_layout", "load_section", "with_dotted", "with_layout"]

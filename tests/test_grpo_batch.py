@@ -1,0 +1,62 @@
+"""TRL's GRPO batch rules: vramplan refuses a GRPO job exactly where trl.GRPOConfig (the
+installed TRL) refuses the same batch, and says which field to change."""
+import itertools
+from unittest import mock
+
+import pytest
+
+from vramplan import load_spec
+from vramplan.cli import main
+from vramplan.spec import SpecError
+
+trl = pytest.importorskip("trl")
+
+
+def _trl_accepts(tmp_path, mb, ga, dp, gens, gen_batch):
+    kwargs = dict(output_dir=str(tmp_path), per_device_train_batch_size=mb, gradient_accumulation_steps=ga,
+                  use_cpu=True, bf16=False, report_to=[])
+    if gens is not None:
+        kwargs["num_generations"] = gens
+    if gen_batch is not None:   # TRL's generation_batch_size counts every process's rows
+        kwargs["generation_batch_size"] = gen_batch * dp
+    with mock.patch.object(trl.GRPOConfig, "world_size", new_callable=mock.PropertyMock, return_value=dp):
+        try:
+            trl.GRPOConfig(**kwargs)
+        except ValueError:
+            return False
+    return True
+
+
+def _vramplan_accepts(mb, ga, dp, gens, gen_batch):
+    job = {"model": "qwen2.5-0.5b", "task": "grpo", "micro_batch_size": mb, "grad_accum_steps": ga, "num_gpus": dp}
+    if gens is not None:
+        job["num_generations"] = gens
+    if gen_batch is not None:
+        job["generation"] = {"generation_batch_size": gen_batch}
+    try:
+        load_spec(job)
+    except SpecError as exc:
+        assert exc.field in ("num_generations", "generation.generation_batch_size"), exc
+        return False
+    return True
+
+
+CASES = list(itertools.product((1, 2, 3, 4, 8), (1, 2, 4), (1, 2, 4), (None, 2, 3, 4, 16), (None, 12, 16)))
+
+
+@pytest.mark.parametrize("mb, ga, dp, gens, gen_batch", CASES[::7])
+def test_accepts_exactly_what_trl_accepts(tmp_path, mb, ga, dp, gens, gen_batch):
+    assert _vramplan_accepts(mb, ga, dp, gens, gen_batch) == _trl_accepts(tmp_path, mb, ga, dp, gens, gen_batch)
+
+
+def test_both_answers_occur_in_the_cases(tmp_path):
+    answers = {_vramplan_accepts(*c) for c in CASES[::7]}
+    assert answers == {True, False}
+
+
+def test_the_default_job_is_one_line_naming_num_generations(capsys):
+    code = main(["estimate", "qwen2.5-0.5b", "--task", "grpo"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1
+    assert "num_generations" in err and "TRL's default" in err and "multiple of 8" in err
+    assert main(["estimate", "qwen2.5-0.5b", "--task", "grpo", "--micro-batch-size", "8"]) == 0
