@@ -94,7 +94,8 @@ class GenerationConfig:
     """vLLM: fraction of the GPU's memory the engine takes (TRL GRPOConfig
     vllm_gpu_memory_utilization default 0.3)."""
     generation_batch_size: int | None = None
-    """Sequences generated at once; None: micro_batch_size (TRL's per-device batch)."""
+    """Completions one GPU generates at once; None: micro_batch_size x grad_accum_steps (TRL's
+    generation batch per process: steps_per_generation defaults to gradient_accumulation_steps)."""
     ds3_gather_for_generation: bool = True
     """TRL GRPOConfig's switch (default True): under ZeRO-3, `unwrap_model_for_generation`
     gathers every policy parameter for the whole generation (trl/models/utils.py,
