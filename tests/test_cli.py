@@ -155,3 +155,21 @@ def test_measure_attributes_each_model_of_a_multi_model_job(tmp_path):
     # both models' weights are alive in the optimizer step, in the meter and in the estimate
     assert abs(err["params"]) < 0.01 and abs(err["grads"]) < 0.01
     assert abs(err["peak"]) < 0.02
+
+
+def test_measure_runs_trl_for_a_precomputed_reference(tmp_path):
+    # reference_model: precomputed is TRL's precompute_ref_log_probs (scored in the trainer's
+    # __init__, no reference kept): `vramplan measure` runs KTOTrainer itself, not a written-out step
+    pytest.importorskip("trl")
+    import subprocess
+    import sys
+    spec = tmp_path / "kto.yaml"
+    spec.write_text("model: {model_type: llama, vocab_size: 500, hidden_size: 64, intermediate_size: 128, "
+                    "num_hidden_layers: 2, num_attention_heads: 4, num_key_value_heads: 2}\n"
+                    "task: kto\nreference_model: precomputed\nmethod: full\nprecision: fp32\nmicro_batch_size: 2\n"
+                    "seq_len: 32\nbackend: cpu\n")
+    out = subprocess.run([sys.executable, "-m", "vramplan", "measure", "--spec", str(spec), "--device", "cpu",
+                          "--json"], capture_output=True, text=True, timeout=600)
+    data = json.loads(out.stdout)
+    assert data["runner"]["library"] == "trl" and data["runner"]["entry"] == "KTOTrainer" and data["failure"] is None
+    assert abs(data["error"]["peak"]) < 0.02

@@ -106,6 +106,8 @@ CASES = dict([
     case("dpo/bf16/lora/adapter-disabled/gc", task="dpo", precision="bf16", **LORA, gradient_checkpointing="full"),
     case("ipo/bf16/full/ref-separate", task="ipo", precision="bf16"),
     case("dpo/bf16/full/ref-precomputed", task="dpo", precision="bf16", reference_model="precomputed"),
+    case("kto/bf16/full/ref-precomputed", task="kto", precision="bf16", reference_model="precomputed"),
+    case("kto/fp32/lora/ref-precomputed", task="kto", precision="fp32", reference_model="precomputed", **LORA),
     case("grpo/bf16/lora/g4-c32", **GRPO, precision="bf16", **LORA),
     case("grpo/bf16/full/g8-c32/gc", **dict(GRPO, num_generations=8), precision="bf16",
          gradient_checkpointing="full"),

@@ -73,8 +73,8 @@ def _library_ok(job: dict) -> bool:
 
     if (job["task"] not in TRL_TASKS and not trl_sft(job)) or job.get("vision") or job.get("models"):
         return False
-    if job.get("reference_model") == "precomputed":
-        return False  # TRL precomputes reference log-probs before train(); not metered here
+    # reference_model precomputed: the builders set TRL's precompute_ref_log_probs (DPO, KTO;
+    # GRPO's beta 0), which scores the dataset in the trainer's __init__, before the metered steps
     if job.get("logprob_head") == "full" and job["task"] in ("dpo", "ipo", "distill"):
         return False  # TRL 0.x's full-logits step: TRL 1.16 runs none; the written-out step does
     return runs_library("dpo" if trl_sft(job) else job["task"])  # SFTTrainer: whether trl is there

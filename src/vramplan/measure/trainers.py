@@ -134,9 +134,13 @@ def _kto(job: dict, dtype, flags: dict):
     policy = policy_model(job, dtype)
     vocab = policy.config.vocab_size
     ref = job.get("reference_model")
+    # precomputed: as DPO's, KTOTrainer `__init__` scores the dataset (`_precompute_ref_logps`)
+    # with no reference kept (kto_trainer.py: ref_model None when precompute_ref_log_probs)
+    precomputed = ref == "precomputed"
     lora_ref = ref is None and job.get("method") in ("lora", "qlora")
-    ref_model = None if lora_ref else frozen_model(job, ref or job["model"], dtype)
-    args = KTOConfig(**common_args(job, flags), max_length=int(job["seq_len"]), dataset_num_proc=None)
+    ref_model = None if lora_ref or precomputed else frozen_model(job, ref or job["model"], dtype)
+    args = KTOConfig(**common_args(job, flags), max_length=int(job["seq_len"]), dataset_num_proc=None,
+                     precompute_ref_log_probs=precomputed)
     trainer = KTOTrainer(model=policy, ref_model=ref_model, args=args,
                          train_dataset=data.dataset(data.unpaired_rows(num_rows(job), job["seq_len"], vocab)),
                          processing_class=data.tokenizer(vocab), optimizers=optimizers_for(policy, job))
