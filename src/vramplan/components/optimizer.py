@@ -153,12 +153,32 @@ def is_paged(spec: JobSpec) -> bool:
     return spec.optimizer in (Optimizer.PAGED_ADAMW_8BIT, Optimizer.PAGED_ADAMW_32BIT)
 
 
+# Optimizers whose per-parameter state reads only the parameter's size and dtype (state_tensors)
+_SIZE_ONLY = _ADAM_LIKE + (Optimizer.SGD, Optimizer.LION, Optimizer.ADAMW_8BIT, Optimizer.PAGED_ADAMW_8BIT,
+                           Optimizer.PAGED_ADAMW_32BIT)
+
+
 def optimizer_states(spec: JobSpec, params: ParamSet, heads: tuple[int, int] | None = None) -> Breakdown:
     out = Breakdown()
     group = "optimizer_paged" if is_paged(spec) else "optimizer"
-    for p in params.trainable():
-        for name, size in state_tensors(spec, p, heads).items():
-            out.add(f"{group}/{name}", size)
+    if spec.optimizer in _SIZE_ONLY:
+        # one state_tensors per distinct (numel, dtype), times its count, in order of first
+        # place: the same terms in the same order as adding every parameter's (identical
+        # layers repeat a few shapes; a search asks for many parameter sets)
+        counts: dict[tuple[int, str], list] = {}
+        for p in params.trainable():
+            hit = counts.get((p.numel, p.dtype))
+            if hit is None:
+                counts[(p.numel, p.dtype)] = [p, 1]
+            else:
+                hit[1] += 1
+        for p, n in counts.values():
+            for name, size in state_tensors(spec, p, heads).items():
+                out.add(f"{group}/{name}", size * n)
+    else:
+        for p in params.trainable():
+            for name, size in state_tensors(spec, p, heads).items():
+                out.add(f"{group}/{name}", size)
     if dtypes_of(spec).master_weights:
         out.add("master_weights/fp32", sum(nbytes(p.numel, "fp32") for p in params.trainable()))
     return out

@@ -14,19 +14,32 @@ from vramplan.units import nbytes
 
 
 def weight_terms(spec: JobSpec, params: ParamSet) -> Breakdown:
-    out = Breakdown()
+    # each distinct kind of tensor (what _weight_terms reads of it) once, times its count, in
+    # order of first place: the same terms in the same order as adding every parameter's
+    counts: dict[tuple, list] = {}
     for p in params.params:
-        if p.kind == "base" and p.dtype in QUANT_DTYPES and spec.quantization is not None:
-            codes, state = quantized_linear_bytes(spec, p)
-            out.add("weights/quantized", codes)
-            out.add("weights/quant_state", state)
-        elif p.kind == "lora":
-            out.add("weights/lora_adapters", nbytes(p.numel, p.dtype))
-        elif p.kind == "saved_copy":
-            out.add("weights/modules_to_save", nbytes(p.numel, p.dtype))
+        key = (p.kind, p.dtype, p.trainable, p.shape, p.full_shape, p.name.endswith("gate_up_proj"))
+        hit = counts.get(key)
+        if hit is None:
+            counts[key] = [p, 1]
         else:
-            out.add("weights/trainable" if p.trainable else "weights/frozen", nbytes(p.numel, p.dtype))
+            hit[1] += 1
+    out = Breakdown()
+    for p, n in counts.values():
+        for name, size in _weight_terms(spec, p):
+            out.add(name, size * n)
     return out
+
+
+def _weight_terms(spec: JobSpec, p: HeldParam) -> tuple[tuple[str, int], ...]:
+    if p.kind == "base" and p.dtype in QUANT_DTYPES and spec.quantization is not None:
+        codes, state = quantized_linear_bytes(spec, p)
+        return ("weights/quantized", codes), ("weights/quant_state", state)
+    if p.kind == "lora":
+        return (("weights/lora_adapters", nbytes(p.numel, p.dtype)),)
+    if p.kind == "saved_copy":
+        return (("weights/modules_to_save", nbytes(p.numel, p.dtype)),)
+    return (("weights/trainable" if p.trainable else "weights/frozen", nbytes(p.numel, p.dtype)),)
 
 
 def quantized_linear_bytes(spec: JobSpec, p: HeldParam) -> tuple[int, int]:
