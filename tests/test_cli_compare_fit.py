@@ -128,6 +128,17 @@ def test_emit_refuses_what_the_format_cannot_say():
     assert command_line(load_spec({"model": "qwen2.5-0.5b"})) == "vramplan estimate qwen2.5-0.5b"
 
 
+@pytest.mark.parametrize("job", [{"task": "grpo"}, {"task": "grpo", "micro_batch_size": 4, "num_generations": 4},
+                                 {"task": "dpo", "micro_batch_size": 2}, {"task": "kto", "reference_model": "precomputed"}])
+def test_command_line_keeps_the_task(capsys, job):
+    # the printed command estimates the same job: the task is said, its defaults are not
+    spec = load_spec({"model": "qwen2.5-0.5b", **job})
+    argv = shlex.split(command_line(spec))
+    again = json.loads(run(capsys, *argv[1:], "--json")[1])
+    assert again["spec"]["task"] == job["task"]
+    assert {k: v for k, v in again["spec"].items() if k != "load_dtype"} == spec.to_dict()
+
+
 def test_fit_emit_on_the_command_line(capsys):
     code, out, err = run(capsys, "fit", *JOB, "--precision", "mixed-bf16", "--emit", "deepspeed")
     cfg = json.loads(out)

@@ -13,8 +13,9 @@ trl = pytest.importorskip("trl")
 
 
 def _trl_accepts(tmp_path, mb, ga, dp, gens, gen_batch):
-    kwargs = dict(output_dir=str(tmp_path), per_device_train_batch_size=mb, gradient_accumulation_steps=ga,
-                  use_cpu=True, bf16=False, report_to=[])
+    kwargs = dict(output_dir=str(tmp_path), gradient_accumulation_steps=ga, use_cpu=True, bf16=False, report_to=[])
+    if mb is not None:   # None: each side's default
+        kwargs["per_device_train_batch_size"] = mb
     if gens is not None:
         kwargs["num_generations"] = gens
     if gen_batch is not None:   # TRL's generation_batch_size counts every process's rows
@@ -28,7 +29,9 @@ def _trl_accepts(tmp_path, mb, ga, dp, gens, gen_batch):
 
 
 def _vramplan_accepts(mb, ga, dp, gens, gen_batch):
-    job = {"model": "qwen2.5-0.5b", "task": "grpo", "micro_batch_size": mb, "grad_accum_steps": ga, "num_gpus": dp}
+    job = {"model": "qwen2.5-0.5b", "task": "grpo", "grad_accum_steps": ga, "num_gpus": dp}
+    if mb is not None:
+        job["micro_batch_size"] = mb
     if gens is not None:
         job["num_generations"] = gens
     if gen_batch is not None:
@@ -41,7 +44,7 @@ def _vramplan_accepts(mb, ga, dp, gens, gen_batch):
     return True
 
 
-CASES = list(itertools.product((1, 2, 3, 4, 8), (1, 2, 4), (1, 2, 4), (None, 2, 3, 4, 16), (None, 12, 16)))
+CASES = list(itertools.product((None, 1, 2, 3, 4, 8), (1, 2, 4), (1, 2, 4), (None, 2, 3, 4, 16), (None, 12, 16)))
 
 
 @pytest.mark.parametrize("mb, ga, dp, gens, gen_batch", CASES[::7])
@@ -54,9 +57,19 @@ def test_both_answers_occur_in_the_cases(tmp_path):
     assert answers == {True, False}
 
 
-def test_the_default_job_is_one_line_naming_num_generations(capsys):
-    code = main(["estimate", "qwen2.5-0.5b", "--task", "grpo"])
+def test_the_default_job_is_trls_default_job(tmp_path):
+    # no batch named: TRL's defaults (per_device_train_batch_size, num_generations), which TRL accepts
+    trl_default = trl.GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to=[])
+    spec = load_spec({"model": "qwen2.5-0.5b", "task": "grpo"})
+    assert spec.micro_batch_size == trl_default.per_device_train_batch_size
+    assert _vramplan_accepts(None, 1, 1, None, None) and _trl_accepts(tmp_path, None, 1, 1, None, None)
+    assert load_spec({"model": "qwen2.5-0.5b", "task": "dpo"}).micro_batch_size == 1   # only GRPO's is TRL's
+
+
+def test_a_refused_batch_is_one_line_naming_num_generations(capsys):
+    assert main(["estimate", "qwen2.5-0.5b", "--task", "grpo"]) == 0
+    capsys.readouterr()
+    code = main(["estimate", "qwen2.5-0.5b", "--task", "grpo", "--micro-batch-size", "1"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1
     assert "num_generations" in err and "TRL's default" in err and "multiple of 8" in err
-    assert main(["estimate", "qwen2.5-0.5b", "--task", "grpo", "--micro-batch-size", "8"]) == 0

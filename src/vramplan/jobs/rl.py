@@ -40,7 +40,8 @@ from vramplan.jobs.trained import (
 )
 from vramplan.model import ModelDesc
 from vramplan.spec import JobSpec, LogprobHead, Method, Task
-from vramplan.spec.tasks import GRPO_MAX_COMPLETION, GRPO_NUM_GENERATIONS, PRECOMPUTED
+from vramplan.spec.grpo import GRPO_MAX_COMPLETION, GRPO_NUM_GENERATIONS
+from vramplan.spec.tasks import PRECOMPUTED
 from vramplan.timeline import StepPlan
 from vramplan.units import nbytes
 

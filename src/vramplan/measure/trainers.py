@@ -40,7 +40,7 @@ from .build import (
     apply_method, build_model, build_optimizer, job_dict,
 )
 from .trainer_meter import metered_train
-from vramplan.spec.tasks import GRPO_MAX_COMPLETION, GRPO_NUM_GENERATIONS
+from vramplan.spec.grpo import GRPO_MAX_COMPLETION, GRPO_NUM_GENERATIONS
 
 TRL_TASKS = {"dpo": "DPOTrainer", "ipo": "DPOTrainer", "kto": "KTOTrainer",
              "reward-model": "RewardTrainer", "grpo": "GRPOTrainer",

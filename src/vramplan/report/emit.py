@@ -23,12 +23,14 @@ def command_line(spec: JobSpec) -> str:
     data = spec.to_dict(as_given=True)
     if not isinstance(data.get("model"), str):
         raise SpecError("model", "an inline model config has no command-line form; use --save-spec")
-    base = load_spec({"model": data["model"], "task": data.get("task")}).to_dict()
+    # the task's own defaults (GRPO's micro-batch, a diffusion section) are not printed; the task is
+    plain = load_spec({"model": data["model"]})
+    base = {**load_spec({"model": data["model"], "task": data.get("task")}).to_dict(), "task": plain.task.value}
     words = ["vramplan", "estimate", data["model"]]
     for key in _FLAG_KEYS:
         if data.get(key) is not None and data.get(key) != base.get(key):
             words += ["--" + key.replace("_", "-"), str(data[key])]
-    par, par0 = data.get("parallel") or {}, load_spec({"model": data["model"]}).parallel.to_dict()
+    par, par0 = data.get("parallel") or {}, plain.parallel.to_dict()
     for key in _PARALLEL_KEYS:
         if key in par and par[key] != par0.get(key):
             words += ["--" + key.replace("_", "-"), str(par[key]).lower()]

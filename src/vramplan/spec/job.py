@@ -9,14 +9,14 @@ from collections.abc import Mapping
 
 from vramplan.spec.enums import (
     Attention, Backend, Checkpointing, LogprobHead, LossImpl, Method, Optimizer, OptimizerImpl,
-    Precision, QuantType, SpecError, Task,
+    Precision, QuantType, SpecError, Task, USER_ERRORS, as_spec_error,
 )
-from vramplan.spec.enums import USER_ERRORS, as_spec_error
 from vramplan.spec.sections import (FreezeConfig, LoraConfig, ParallelConfig, QuantConfig, boolean, count_field,
                                     did_you_mean, fraction, positive_int, quant_facts, required_keys, string_keys)
 from vramplan.spec.low_rank import LowRankConfig
 from vramplan.spec.float8 import Float8Config, check_all_gather, parse_float8, parse_neftune
 from vramplan.spec import tasks as _tasks
+from vramplan.spec.grpo import default_micro_batch
 from vramplan.spec.stack import Framework, StackConfig, parse_cuda_version, parse_dtype, parse_stack
 
 _ENUMS = {
@@ -75,7 +75,8 @@ class JobSpec:
     """Decoupled/L2 weight decay, 0.01 as torch's AdamW default (and vramplan's measurement
     harness, for every optimizer). Only SGD's decay changes memory: torch's SGD adds it
     out of place (`grads = _foreach_add(grads, params, alpha=weight_decay)`)."""
-    micro_batch_size: int = 1
+    micro_batch_size: int | None = None
+    """Rows per micro-step; not given: 1, or under task grpo TRL's (spec/grpo.py default_micro_batch)."""
     seq_len: int | None = None
     """Tokens per row; not given: DEFAULT_SEQ_LEN, capped at a model's learned positions
     (validity.py assume_seq_len, whose answer notes it)."""
@@ -168,6 +169,7 @@ class JobSpec:
         set_("seq_len_given", self.seq_len is not None if self.seq_len_given is None else bool(self.seq_len_given))
         if self.seq_len is None:
             set_("seq_len", DEFAULT_SEQ_LEN)
+        set_("micro_batch_size", default_micro_batch(self.task) if self.micro_batch_size is None else self.micro_batch_size)
         for name in _INTS:
             set_(name, count_field(name, getattr(self, name)))
         set_("stack", parse_stack(self.stack))
@@ -349,8 +351,9 @@ def _load(source, overrides: dict) -> JobSpec:
     string_keys("", data)
     if isinstance(data.get("gradient_checkpointing"), bool):
         data["gradient_checkpointing"] = "full" if data["gradient_checkpointing"] else "none"
-    if "seq_len" in data and data["seq_len"] is None:  # written null: a slip, not "the default"
-        positive_int("seq_len", None)
+    for key in ("seq_len", "micro_batch_size"):
+        if key in data and data[key] is None:  # written null: a slip, not "the default"
+            positive_int(key, None)
     known = {f.name for f in fields(JobSpec)} - {"seq_len_given"}
     for key in data:
         if key not in known:
@@ -366,8 +369,7 @@ def _load(source, overrides: dict) -> JobSpec:
 
 
 _SLOTS = tuple(f.name for f in fields(JobSpec))
-_SLOT_SET = frozenset(_SLOTS)
-_SET, _GET_ALL = object.__setattr__, operator.attrgetter(*_SLOTS)
+_SLOT_SET, _SET, _GET_ALL = frozenset(_SLOTS), object.__setattr__, operator.attrgetter(*_SLOTS)
 _SETTERS = tuple(JobSpec.__dict__[name].__set__ for name in _SLOTS)   # the slots' own descriptors
 
 

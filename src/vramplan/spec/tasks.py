@@ -21,10 +21,6 @@ embeddings, VAE latents): it holds no memory during training."""
 REFERENCE_TASKS = (Task.DPO, Task.IPO, Task.KTO)
 NO_REFERENCE_TASKS = (Task.ORPO, Task.SIMPO)
 RL_TASKS = (Task.PPO, Task.GRPO)
-GRPO_NUM_GENERATIONS = 8
-"""trl GRPOConfig.num_generations default (trl/trainer/grpo_config.py)."""
-GRPO_MAX_COMPLETION = 512
-"""trl GRPOConfig.max_completion_length default."""
 MULTI_MODEL_TASKS = REFERENCE_TASKS + NO_REFERENCE_TASKS + RL_TASKS + (
     Task.REWARD_MODEL, Task.DISTILL, Task.DIFFUSION)
 
@@ -360,35 +356,3 @@ def needs_several_models(spec) -> bool:
 __all__ = ["DiffusionConfig", "GenerationConfig", "ModelRole", "PRECOMPUTED", "VisionConfig",
            "check_task_fields", "model_ref", "needs_several_models", "parse_models", "parse_section"]
 
-
-def check_generation_batch(spec) -> None:
-    """TRL's GRPO batch rules (trl/trainer/grpo_config.py GRPOConfig.__post_init__), on the
-    spec's layout: the generation batch of all processes (per_device_train_batch_size x
-    num_processes x steps_per_generation, steps_per_generation defaulting to
-    gradient_accumulation_steps) holds whole prompt groups, so num_generations divides it;
-    and a generation batch given explicitly is a whole number of training batches. Here a
-    GPU generates `generation.generation_batch_size` rows, else micro_batch_size x
-    grad_accum_steps, and the data-parallel GPUs are its processes."""
-    if spec.task is not Task.GRPO:
-        return
-    mb, ga = spec.micro_batch_size, spec.grad_accum_steps
-    dp = max(1, spec.num_gpus // spec.parallel.model_parallel)
-    given = spec.generation.generation_batch_size if spec.generation is not None else None
-    if given is not None and given % mb:
-        raise SpecError("generation.generation_batch_size",
-                        f"{given} is not a whole number of micro-batches of {mb}; TRL refuses it "
-                        f"(GRPOConfig: generation_batch_size divisible by the global batch); use a multiple of {mb}")
-    per_gpu = given if given is not None else mb * ga
-    rows, gens = per_gpu * dp, spec.num_generations or GRPO_NUM_GENERATIONS
-    if rows % gens:
-        what = (f"generation_batch_size {given}" if given is not None
-                else f"micro_batch_size {mb} x grad_accum_steps {ga}")
-        named = "num_generations" if spec.num_generations else "num_generations, TRL's default"
-        head = (f"TRL's GRPO generates whole groups of {gens} completions per prompt ({named}), but a step "
-                f"generates {rows} ({what} x {dp} data-parallel GPUs)")
-        if rows < 2:
-            raise SpecError("num_generations", f"{head}; raise micro_batch_size or grad_accum_steps to generate "
-                                               f"a multiple of {gens} per step")
-        raise SpecError("num_generations", f"{head}; set num_generations to a divisor of {rows} (at least 2), or "
-                                           f"raise micro_batch_size or grad_accum_steps to generate a multiple "
-                                           f"of {gens} per step")

@@ -9,7 +9,7 @@ from vramplan.spec.enums import USER_ERRORS, SpecError, Task, as_spec_error
 from vramplan.spec.job import JobSpec, _section, copy_with
 from vramplan.spec.optimizers import check_optimizer_fields
 from vramplan.spec.sections import ParallelConfig
-from vramplan.spec.tasks import check_generation_batch
+from vramplan.spec.grpo import check_generation_batch
 
 
 def with_dotted(data: Mapping[str, object], changes: Iterable[tuple[str, object]]) -> dict:
