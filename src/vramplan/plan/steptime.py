@@ -118,7 +118,7 @@ class LayoutTime:
     to the last bit. A search evaluates thousands of splits of a few hundred layouts."""
 
     __slots__ = ("spec", "d", "s", "L", "n_matmul", "attn_width", "full", "ckpt", "every", "pp", "tp",
-                 "rate", "mfu", "gpu", "counts", "trainable", "act_row", "offload", "shard_local")
+                 "rate", "mfu", "gpu", "counts", "trainable", "act_row", "offload", "shard_local", "link")
 
     def __init__(self, counts: ModelCounts, spec: JobSpec, gpu, *, mfu: float = DEFAULT_MFU,
                  trainable_params: int | None = None):
@@ -132,6 +132,9 @@ class LayoutTime:
         self.ckpt, self.every = spec.gradient_checkpointing, spec.checkpoint_every
         self.pp, self.tp = spec.parallel.pp, spec.parallel.tp
         self.rate = peak_tflops(gpu, spec.precision) * 1e12 * mfu * spec.num_gpus
+        self.link = gpu.interconnect_gbps * 1e9
+        # the offload terms' split-free part, the same operations in the same order
+        self.offload = _offload_parts(spec, trainable_params if trainable_params is not None else counts.num_params)
 
     def at(self, micro_batch_size: int, grad_accum_steps: int, communication: dict | None = None, *,
            comm: bool = True) -> StepTime:
@@ -168,11 +171,15 @@ class LayoutTime:
             compute = (out.flops / rate)
             out.terms["pipeline/bubble"] = compute * (self.pp - 1) / ga
         comm = _communication(self.counts, spec, self.d, self.trainable, communication, mb, ga) if comm else {}
-        link = self.gpu.interconnect_gbps * 1e9
+        link = self.link
         for name, nbytes in comm.items():
             out.terms[f"comm/{name}"] = nbytes / link
             out.comm_bytes += nbytes
-        _offload_terms(out, spec, self.trainable if self.trainable is not None else self.counts.num_params, ga)
+        optimizer, params = self.offload
+        if optimizer is not None:
+            out.terms["offload/pcie"], out.terms["offload/cpu_optimizer"] = optimizer
+        if params is not None:
+            out.terms["offload/params_pcie"] = params * ga / (PCIE_HOST_GBPS * 1e9)
         return out
 
 
@@ -230,16 +237,20 @@ def _reported_bytes(comm: dict) -> float | None:
     return float(sum(nested)) if nested else None
 
 
-def _offload_terms(out: StepTime, spec: JobSpec, trainable: int, ga: int) -> None:
+def _offload_parts(spec: JobSpec, trainable: int) -> tuple[tuple[float, float] | None, float | None]:
+    """The offload terms of a layout, read once per LayoutTime: the optimizer offload's two
+    terms (seconds), and the parameter offload's bytes per accumulation step (`at` multiplies
+    by the steps and divides by the link, in that order, as the one expression did)."""
     par = spec.parallel
     shard = max(1, spec.num_gpus // (par.tp * par.pp)) if par.zero_stage or par.fsdp != "none" else 1
     local = trainable / shard
+    optimizer = params = None
     if par.offload_optimizer != "none":
         # Gradients down and updated weights up over the host link (ZeRO-Offload, fig. 2).
         moved = 2 * local * _grad_bytes_per_elem(spec)
-        out.terms["offload/pcie"] = moved / (PCIE_HOST_GBPS * 1e9)
-        out.terms["offload/cpu_optimizer"] = local / CPU_ADAM_PARAMS_PER_S
+        optimizer = (moved / (PCIE_HOST_GBPS * 1e9), local / CPU_ADAM_PARAMS_PER_S)
     if par.offload_params != "none":
-        # Parameters fetched for forward and again for backward (ZeRO-Infinity).
-        moved = 2 * local * _grad_bytes_per_elem(spec) * ga
-        out.terms["offload/params_pcie"] = moved / (PCIE_HOST_GBPS * 1e9)
+        # Parameters fetched for forward and again for backward (ZeRO-Infinity): 2 * local *
+        # bytes per element * accumulation steps, left to right
+        params = 2 * local * _grad_bytes_per_elem(spec)
+    return optimizer, params
