@@ -149,6 +149,23 @@ TEMPLATES = (
     N_("no CUDA GPU here (torch.cuda.is_available() is False); use --device cpu or --fake"),
     N_("no GPU {device}: {n} visible"),
     N_("expected a port number from 0 to 65535, got {value}"),
+    # badinput3: a model of the wrong kind, engine knobs, ignored fields
+    N_("{name} is not a diffusion pipeline; task diffusion needs one from `vramplan models` (e.g. flux.1-dev), "
+       "or drop task diffusion for a language model"),
+    N_("{name} is not a vision-language model; drop the vision section, or use a model from `vramplan models` "
+       "that takes images"),
+    N_("unknown engine setting"),
+    N_("pp {pp} x {v} virtual stages = {chunks} model chunks for {name}'s {layers} layers: every chunk needs a "
+       "layer; use virtual_stages <= {most}"),
+    N_("{group} does not divide {ranks}, the data-parallel ranks hybrid-shard splits into (replicate, shard) "
+       "groups; use a shard group size that divides it, e.g. the GPUs per node"),
+    N_("only optimizer sgd takes momentum, not {optimizer}; drop momentum or set optimizer: sgd"),
+    N_("task {task} has no classification head; drop num_labels or set task: sequence-classification"),
+    N_("task {task} does not pack rows (TRL's trainer for it has no packing or padding_free); drop packing, or "
+       "use task {tasks}"),
+    N_("this job needs {size} PiB per GPU, beyond any GPU (the largest hold a few hundred GB); lower "
+       "micro_batch_size or seq_len, or shard more"),
+    N_("this job needs {size} PiB per GPU, beyond any GPU (the largest hold a few hundred GB); lower it"),
     # vramplan.files: spec and config files
     N_("{path}: file not found"),
     N_("{path}: not a regular file; pass the path of a YAML/JSON file"),
