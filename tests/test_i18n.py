@@ -203,6 +203,15 @@ def test_config_file_errors_translate_after_the_path(capsys, tmp_path):
     assert "必须是 0、1、2 或 3" in zh and "7" in zh
 
 
+def test_recipe_errors_translate_after_the_path_and_its_kind(capsys, tmp_path):
+    recipe = tmp_path / "train.yaml"  # the path is followed by the recipe's kind: `(llama-factory)`
+    recipe.write_text("model_name_or_path: qwen2.5-0.5b\nfinetuning_type: lorra\n")
+    code, _, zh = run(capsys, "--lang", "zh", "estimate", "--recipe", str(recipe))
+    line = zh.strip().splitlines()[-1]
+    assert code == 2 and line.startswith("vramplan: 错误：" + str(recipe) + " (llama-factory): finetuning_type: ")
+    assert "之一" in line and "'lorra'" in line and "'lora'" in line
+
+
 def test_unmatched_error_stays_english():
     from vramplan.i18n.errors import localize
     set_language("zh")

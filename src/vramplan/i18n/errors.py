@@ -155,6 +155,13 @@ TEMPLATES = (
     N_("{name} is not a vision-language model; drop the vision section, or use a model from `vramplan models` "
        "that takes images"),
     N_("unknown engine setting"),
+    N_("expected one of {choices}, got {value}"),
+    N_("LLaMA-Factory quantizes only for finetuning_type lora, not {ft}; set finetuning_type: lora or drop "
+       "quantization_bit"),
+    N_("no catalog model has {name} in its name or hub id; run `vramplan models` for the list, or pass a "
+       "hub id or config.json to estimate"),
+    N_("no catalog model of kind {kind} has {name} in its name or hub id; run `vramplan models` for the list, "
+       "or pass a hub id or config.json to estimate"),
     N_("pp {pp} x {v} virtual stages = {chunks} model chunks for {name}'s {layers} layers: every chunk needs a "
        "layer; use virtual_stages <= {most}"),
     N_("{group} does not divide {ranks}, the data-parallel ranks hybrid-shard splits into (replicate, shard) "
@@ -211,8 +218,9 @@ TEMPLATES = (
 HINT = N_("did you mean {suggestion}?")
 
 _HINT_RE = re.compile(r"(?P<body>.*?)(?:;| ) ?[Dd]id you mean (?P<suggestion>.+)\?")
-_FIELD_RE = re.compile(r"(?P<field>[\w./~\[\]-]+): (?P<rest>.+)", re.S)
-"""`field: rest`; a config file's path may stand before the field (`ds.json: zero_optimization.stage: ...`)."""
+_FIELD_RE = re.compile(r"(?P<field>[\w./~\[\]-]+(?: \([\w-]+\))?): (?P<rest>.+)", re.S)
+"""`field: rest`; a config file's path may stand before the field (`ds.json: zero_optimization.stage: ...`),
+with the recipe's kind after it (`train.yaml (llama-factory): cutoff_len: ...`)."""
 
 
 def _pattern(template: str) -> re.Pattern:
