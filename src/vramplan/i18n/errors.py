@@ -155,6 +155,7 @@ TEMPLATES = (
     N_("{name} is not a vision-language model; drop the vision section, or use a model from `vramplan models` "
        "that takes images"),
     N_("unknown engine setting"),
+    N_("quantization_config must be a mapping with quant_method (as transformers saves it), got {value}"),
     N_("config field {key} must be a torch dtype name (bfloat16, float16, float32, ...), got {value}"),
     N_("expected one of {choices}, got {value}"),
     N_("LLaMA-Factory quantizes only for finetuning_type lora, not {ft}; set finetuning_type: lora or drop "
