@@ -218,6 +218,9 @@ FLAGS = [  # (command line, a substring of the one error line); {tmp} is a folde
     (["serve", "--port", "99999"], "port"),
     (["estimate", "--spec", "/dev/null"], "not a regular file"),
     (["estimate", "--spec", "-"], "not a regular file"),
+    # badinput3: a filter that matches nothing printed an empty table (read as an empty catalog), exit 0
+    (["models", "nosuch-model-xyz"], "no catalog model has 'nosuch-model-xyz'"),
+    (["models", "llama", "--kind", "diffusion"], "of kind diffusion"),
 ]
 
 

@@ -167,6 +167,9 @@ ERRORS = [
     (["estimate"], "必填", "num_params"),
     (["fit", "qwen2.5-0.5b", "--gpu", "t4", "--vary", "nosuch"], "未知的搜索维度", "'nosuch'"),
     (["estimate", "qwen2.5-0.5b", "--num-gpus", "2", "--tp", "3"], "无法按 tp x pp x cp = 3 切分", "num_gpus"),
+    (["estimate", "gpt2", "--seq-len", "256", "--task", "kto", "--packing"], "不支持序列打包", "packing"),
+    (["estimate", "gpt2", "--seq-len", "256", "--momentum", "0.9"], "只有优化器 sgd 接受 momentum", "momentum"),
+    (["estimate", "llama-3.2-1b", "--task", "diffusion"], "不是扩散管线", "'llama-3.2-1b'"),
     (["estimate", "qwen2.5-0.5b", "--zero-stage", "5"], "必须是 0、1、2 或 3", "parallel.zero_stage"),
     (["estimate", "qwen2.5-0.5b", "--lora-dropout", "2", "--method", "lora"], "之间的数", "[0, 0.999]"),
     (["estimate", "--spec", "/nonexistent/job.yaml"], "文件不存在", "/nonexistent/job.yaml"),
@@ -198,6 +201,15 @@ def test_config_file_errors_translate_after_the_path(capsys, tmp_path):
     code, _, zh = run(capsys, "--lang", "zh", "estimate", "qwen2.5-0.5b", "--deepspeed", str(ds))
     assert code == 2 and zh.startswith("vramplan: 错误：" + str(ds) + ": zero_optimization.stage: ")
     assert "必须是 0、1、2 或 3" in zh and "7" in zh
+
+
+def test_recipe_errors_translate_after_the_path_and_its_kind(capsys, tmp_path):
+    recipe = tmp_path / "train.yaml"  # the path is followed by the recipe's kind: `(llama-factory)`
+    recipe.write_text("model_name_or_path: qwen2.5-0.5b\nfinetuning_type: lorra\n")
+    code, _, zh = run(capsys, "--lang", "zh", "estimate", "--recipe", str(recipe))
+    line = zh.strip().splitlines()[-1]
+    assert code == 2 and line.startswith("vramplan: 错误：" + str(recipe) + " (llama-factory): finetuning_type: ")
+    assert "之一" in line and "'lorra'" in line and "'lora'" in line
 
 
 def test_unmatched_error_stays_english():

@@ -24,6 +24,12 @@ def check_job(desc: ModelDesc, spec: JobSpec) -> list[str]:
     notes += _trainable(desc, spec)
     if not spec.parallel.is_trivial or spec.num_gpus > 1:
         notes += _parallel(desc, spec)
+    if spec.backend.value == "cpu" and spec.optimizer.value.startswith("paged-"):
+        notes.append(Msg("optimizer: bitsandbytes has no paged optimizers on CPU (it warns and keeps the "
+                         "states as plain tensors); {name} is counted unpaged", name=spec.optimizer.value))
+    if spec.parallel.sp and spec.parallel.tp == 1:
+        notes.append(Msg("parallel.sp: sequence parallelism splits activations over the tp group, and tp is 1; "
+                         "Megatron turns it off (arguments.py), so it saves nothing here: set parallel.tp >= 2"))
     tokens = spec.micro_batch_size * spec.seq_len // (spec.parallel.cp * spec.parallel.ulysses)
     if tokens > LARGE_TOKENS:
         notes.append(Msg("absurd size? micro_batch_size x seq_len = {tokens:,} tokens per GPU per "
@@ -39,8 +45,13 @@ def check_size(device_bytes: int, spec: JobSpec) -> None:
     field = "seq_len" if spec.seq_len >= spec.micro_batch_size else "micro_batch_size"
     if spec.seq_len * spec.micro_batch_size <= 2**20:
         field = "model" if spec.model is not None else "num_params"
+        if spec.num_labels > 2**20 and spec.task is Task.SEQUENCE_CLASSIFICATION:
+            field = "num_labels"
+        elif spec.lora is not None and spec.method in (Method.LORA, Method.QLORA) and spec.lora.r > 2**16:
+            field = "lora.r"
+    fix = "lower it" if field in ("num_labels", "lora.r") else "lower micro_batch_size or seq_len, or shard more"
     raise SpecError(field, f"this job needs {device_bytes / 2**50:,.0f} PiB per GPU, beyond any GPU "
-                    "(the largest hold a few hundred GB); lower micro_batch_size or seq_len, or shard more")
+                    f"(the largest hold a few hundred GB); {fix}")
 
 
 def assume_seq_len(desc: ModelDesc, spec: JobSpec) -> JobSpec:
@@ -167,6 +178,21 @@ def _parallel(desc: ModelDesc, spec: JobSpec) -> list[str]:
     if par.pp > desc.num_layers:
         raise SpecError("parallel.pp", f"{par.pp} pipeline stages for {desc.name}'s {desc.num_layers} "
                         "layers: every stage needs a layer; use pp <= num_layers")
+    v = par.extras.get("virtual_stages")
+    if par.pp > 1 and par.pp_schedule == "interleaved" and isinstance(v, int) and par.pp * v > desc.num_layers:
+        # Megatron (core/transformer/transformer_block.py get_num_layers_to_build) and
+        # torch.distributed.pipelining build pp x v model chunks, each of whole layers.
+        raise SpecError("parallel.extras.virtual_stages", f"pp {par.pp} x {v} virtual stages = {par.pp * v} model "
+                        f"chunks for {desc.name}'s {desc.num_layers} layers: every chunk needs a layer; use "
+                        f"virtual_stages <= {max(desc.num_layers // par.pp, 1)}")
+    group = par.extras.get("shard_group_size")
+    ranks = n // mp * par.cp * par.ulysses
+    if par.fsdp == "hybrid-shard" and isinstance(group, int) and group < ranks and ranks % group:
+        # torch FSDP HYBRID_SHARD / HSDP: init_device_mesh((replicate, shard)) needs
+        # replicate x shard = the data-parallel ranks.
+        raise SpecError("parallel.extras.shard_group_size", f"{group} does not divide {ranks}, the data-parallel ranks "
+                        "hybrid-shard splits into (replicate, shard) groups; use a shard group size that divides "
+                        "it, e.g. the GPUs per node")
     _experts(desc, spec, n // mp)
     if par.cp > 1 and spec.seq_len % (2 * par.cp):
         # megatron/core/utils.py get_batch_on_this_cp_rank views the sequence as 2 * cp chunks

@@ -81,6 +81,14 @@ class HFCfg:
 
 
 _CONFIG_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+_TORCH_DTYPES = frozenset((
+    "bfloat16 bit bits16 bits1x8 bits2x4 bits4x2 bits8 bool cdouble cfloat chalf complex128 complex32 complex64 "
+    "double float float16 float32 float4_e2m1fn_x2 float64 float8_e4m3fn float8_e4m3fnuz float8_e5m2 "
+    "float8_e5m2fnuz float8_e8m0fnu half int int1 int16 int2 int3 int32 int4 int5 int6 int64 int7 int8 long "
+    "qint32 qint8 quint2x4 quint4x2 quint8 short uint1 uint16 uint2 uint3 uint32 uint4 uint5 uint6 uint64 uint7 "
+    "uint8").split())
+"""The torch.dtype names of torch 2.13 (`dir(torch)`): PretrainedConfig.__init__ turns a
+string `dtype` into `getattr(torch, dtype)`, so any other word fails its load (AttributeError)."""
 
 
 def checkpoint_dtype(config: dict) -> str | None:
@@ -89,6 +97,9 @@ def checkpoint_dtype(config: dict) -> str | None:
     for cfg in (config, config.get("text_config") if isinstance(config.get("text_config"), dict) else {}):
         for key in ("dtype", "torch_dtype"):
             value = str(cfg.get(key) or "").replace("torch.", "")
+            if isinstance(cfg.get(key), str) and value not in _TORCH_DTYPES and value != "auto":
+                raise ValueError(f"config field {key!r} must be a torch dtype name (bfloat16, float16, "
+                                 f"float32, ...), got {cfg[key]!r}")
             if value in _CONFIG_DTYPES:
                 return _CONFIG_DTYPES[value]
     return None

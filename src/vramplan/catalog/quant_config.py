@@ -24,6 +24,10 @@ def checkpoint_quantization(config: dict) -> tuple[tuple[str, object], ...]:
     """Sorted (field, value) items of the quantization section; () when unquantized. An
     unknown `quant_method` is kept as ("unsupported", name) for resolve() to refuse."""
     qc = config.get("quantization_config")
+    if qc is not None and not isinstance(qc, dict):
+        # transformers' AutoHfQuantizer.supports_quant_method calls `.get("quant_method")` on it
+        raise ValueError(f"quantization_config must be a mapping with quant_method (as transformers saves it), "
+                         f"got {qc!r}")
     if not isinstance(qc, dict):
         return ()
     method = qc.get("quant_method", "")

@@ -10,6 +10,11 @@ from vramplan.i18n import N_, _
 def cmd_models(args) -> int:
     from vramplan.listing import model_rows
     rows = model_rows(args.kind, args.name)
+    if args.name is not None and not rows and not args.json:  # an empty table would read as an empty catalog
+        from vramplan.spec import SpecError
+        kind = f"model of kind {args.kind}" if args.kind else "model"
+        raise SpecError("name", f"no catalog {kind} has {args.name!r} in its name or hub id; run "
+                        "`vramplan models` for the list, or pass a hub id or config.json to estimate")
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0

@@ -149,8 +149,10 @@ def state_key(spec: JobSpec) -> tuple:
 
 def is_paged(spec: JobSpec) -> bool:
     """Paged optimizers keep state in CUDA managed memory, which the caching allocator (and
-    so max_memory_allocated) does not count (bitsandbytes/optim/optimizer.py, paged=True)."""
-    return spec.optimizer in (Optimizer.PAGED_ADAMW_8BIT, Optimizer.PAGED_ADAMW_32BIT)
+    so max_memory_allocated) does not count (bitsandbytes/optim/optimizer.py, paged=True).
+    On CPU, Optimizer8bit.get_state_buffer warns "Paged optimizers are not supported on CPU"
+    and makes plain zeros_like states (bitsandbytes 0.50), so nothing is paged there."""
+    return spec.backend is not Backend.CPU and spec.optimizer in (Optimizer.PAGED_ADAMW_8BIT, Optimizer.PAGED_ADAMW_32BIT)
 
 
 # Optimizers whose per-parameter state reads only the parameter's size and dtype (state_tensors)

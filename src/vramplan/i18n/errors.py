@@ -149,6 +149,32 @@ TEMPLATES = (
     N_("no CUDA GPU here (torch.cuda.is_available() is False); use --device cpu or --fake"),
     N_("no GPU {device}: {n} visible"),
     N_("expected a port number from 0 to 65535, got {value}"),
+    # badinput3: a model of the wrong kind, engine knobs, ignored fields
+    N_("{name} is not a diffusion pipeline; task diffusion needs one from `vramplan models` (e.g. flux.1-dev), "
+       "or drop task diffusion for a language model"),
+    N_("{name} is not a vision-language model; drop the vision section, or use a model from `vramplan models` "
+       "that takes images"),
+    N_("unknown engine setting"),
+    N_("quantization_config must be a mapping with quant_method (as transformers saves it), got {value}"),
+    N_("config field {key} must be a torch dtype name (bfloat16, float16, float32, ...), got {value}"),
+    N_("expected one of {choices}, got {value}"),
+    N_("LLaMA-Factory quantizes only for finetuning_type lora, not {ft}; set finetuning_type: lora or drop "
+       "quantization_bit"),
+    N_("no catalog model has {name} in its name or hub id; run `vramplan models` for the list, or pass a "
+       "hub id or config.json to estimate"),
+    N_("no catalog model of kind {kind} has {name} in its name or hub id; run `vramplan models` for the list, "
+       "or pass a hub id or config.json to estimate"),
+    N_("pp {pp} x {v} virtual stages = {chunks} model chunks for {name}'s {layers} layers: every chunk needs a "
+       "layer; use virtual_stages <= {most}"),
+    N_("{group} does not divide {ranks}, the data-parallel ranks hybrid-shard splits into (replicate, shard) "
+       "groups; use a shard group size that divides it, e.g. the GPUs per node"),
+    N_("only optimizer sgd takes momentum, not {optimizer}; drop momentum or set optimizer: sgd"),
+    N_("task {task} has no classification head; drop num_labels or set task: sequence-classification"),
+    N_("task {task} does not pack rows (TRL's trainer for it has no packing or padding_free); drop packing, or "
+       "use task {tasks}"),
+    N_("this job needs {size} PiB per GPU, beyond any GPU (the largest hold a few hundred GB); lower "
+       "micro_batch_size or seq_len, or shard more"),
+    N_("this job needs {size} PiB per GPU, beyond any GPU (the largest hold a few hundred GB); lower it"),
     # vramplan.files: spec and config files
     N_("{path}: file not found"),
     N_("{path}: not a regular file; pass the path of a YAML/JSON file"),
@@ -194,8 +220,9 @@ TEMPLATES = (
 HINT = N_("did you mean {suggestion}?")
 
 _HINT_RE = re.compile(r"(?P<body>.*?)(?:;| ) ?[Dd]id you mean (?P<suggestion>.+)\?")
-_FIELD_RE = re.compile(r"(?P<field>[\w./~\[\]-]+): (?P<rest>.+)", re.S)
-"""`field: rest`; a config file's path may stand before the field (`ds.json: zero_optimization.stage: ...`)."""
+_FIELD_RE = re.compile(r"(?P<field>[\w./~\[\]-]+(?: \([\w-]+\))?): (?P<rest>.+)", re.S)
+"""`field: rest`; a config file's path may stand before the field (`ds.json: zero_optimization.stage: ...`),
+with the recipe's kind after it (`train.yaml (llama-factory): cutoff_len: ...`)."""
 
 
 def _pattern(template: str) -> re.Pattern:

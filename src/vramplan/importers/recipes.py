@@ -89,6 +89,15 @@ def _llama_factory(cfg: dict, source: str) -> tuple[dict, ImportReport]:
     quant = cfg.get("quantization_bit")
     if quant is not None and quant not in (4, 8) or isinstance(quant, bool):
         raise ImportError_(rep.source, "quantization_bit", f"vramplan models 4 or 8, got {quant!r}")
+    if ft not in _LF_FINETUNING:  # hparams/finetuning_args.py: Literal["lora", "oft", "freeze", "full"]
+        from vramplan.spec.sections import did_you_mean
+        raise ImportError_(rep.source, "finetuning_type", f"expected one of {', '.join(_LF_FINETUNING)}, got "
+                           f"{ft!r}{did_you_mean(str(ft), _LF_FINETUNING)}")
+    if quant is not None and ft not in ("lora", "oft"):
+        # hparams/parser.py _verify_model_args: "Quantization is only compatible with the LoRA
+        # or OFT method." (a frozen quantized base takes adapters only)
+        raise ImportError_(rep.source, "quantization_bit", f"LLaMA-Factory quantizes only for finetuning_type lora, "
+                           f"not {ft}; set finetuning_type: lora or drop quantization_bit")
     if ft == "lora":
         out["method"] = "qlora" if quant else "lora"
         target = cfg.get("lora_target", "all")
@@ -105,7 +114,8 @@ def _llama_factory(cfg: dict, source: str) -> tuple[dict, ImportReport]:
         out["method"] = "full"
         rep.use("finetuning_type", "method")
     else:
-        rep.unresolved["finetuning_type"] = f"{ft!r}: freeze needs the trained layers; set freeze in the spec"
+        rep.unresolved["finetuning_type"] = (f"{ft!r}: freeze needs the trained layers; set freeze in the spec"
+                                             if ft == "freeze" else f"{ft!r}: OFT adapters are not modelled")
     for p in ("bf16", "fp16"):
         if _switch(rep, p, cfg.get(p)):
             out["precision"] = p  # the HF Trainer's flag: autocast over the load dtype
@@ -135,6 +145,7 @@ def _llama_factory(cfg: dict, source: str) -> tuple[dict, ImportReport]:
 # LLaMA-Factory `stage` (hparams/finetuning_args.py) and `pref_loss` -> the spec's task.
 # hinge and kto_pair losses hold what sigmoid DPO holds (two models' log-probs of pairs).
 _LF_STAGES = {"pt": "pretrain", "sft": "sft", "kto": "kto"}
+_LF_FINETUNING = ("lora", "oft", "freeze", "full")
 _LF_PREF_LOSS = {"sigmoid": "dpo", "hinge": "dpo", "kto_pair": "dpo", "ipo": "ipo", "orpo": "orpo",
                  "simpo": "simpo"}
 
@@ -153,6 +164,10 @@ def _llama_factory_stage(cfg: dict, out: dict, rep: ImportReport) -> None:
             rep.use("pref_loss", "task")
     elif stage in _LF_STAGES:
         out["task"] = _LF_STAGES[stage]
+    elif stage not in ("rm", "ppo"):  # hparams/finetuning_args.py: Literal["pt", "sft", "rm", "ppo", "dpo", "kto"]
+        from vramplan.spec.sections import did_you_mean
+        raise ImportError_(rep.source, "stage", f"expected one of pt, sft, rm, ppo, dpo, kto, got {stage!r}"
+                           f"{did_you_mean(stage, ('pt', 'sft', 'rm', 'ppo', 'dpo', 'kto'))}")
     else:
         # rm and ppo wrap the model in TRL's AutoModelForCausalLMWithValueHead (full LM logits
         # beside the value head), which the reward-model and ppo tasks do not model

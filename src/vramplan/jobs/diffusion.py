@@ -48,7 +48,13 @@ def resolve_pipeline(model) -> dict:
             raise ValueError("an inline pipeline needs kind, denoiser, vae and text_encoders")
         return model
     from vramplan.catalog.pipelines import find_pipeline
-    return find_pipeline(model)
+    try:
+        return find_pipeline(model)
+    except KeyError as exc:  # a language model (or a typo) under task diffusion
+        hint = str(exc.args[0]).partition("; did you mean")[1:]
+        raise SpecError("model", f"{model!r} is not a diffusion pipeline; task diffusion needs one from "
+                        f"`vramplan models` (e.g. flux.1-dev), or drop task diffusion for a language model"
+                        + "".join(hint)) from None
 
 
 def check_spec_shape(spec: JobSpec) -> None:

@@ -109,8 +109,7 @@ def grads_where(held: ParamSet, pick, key: str = "vision_tower/gradients") -> Br
 
 
 def _extra_stages(vis, spec, held, n, side, rows, S):
-    """(label, saved Breakdown, grads Breakdown) for the tower (trained) and projector,
-    in forward order."""
+    """(label, saved Breakdown, grads Breakdown) for the tower (trained) and projector, in forward order."""
     ctx = _vit_ctx(vis, held)
     seen: set[int] = set()
     rec = Recorder(backend=spec.backend.value, seen=seen)
@@ -327,12 +326,13 @@ def resolve_vlm(model):
     from vramplan.jobs import _desc
     try:
         entry = find_vlm(model)
-    except KeyError as exc:  # a config.json path, hub id or language-model catalog entry of a VLM
+    except KeyError:  # a config.json path, hub id or language-model catalog entry of a VLM
         from vramplan.sources import resolve_hf_config
         name, cfg = resolve_hf_config(model)
         own = _from_config(cfg, name)
-        if own is None:
-            raise exc from None
+        if own is None:  # a text model given a vision section (a typo failed in resolve_hf_config)
+            raise SpecError("vision", f"{model!r} is not a vision-language model; drop the vision section, or "
+                            "use a model from `vramplan models` that takes images") from None
         return own
     if "config" in entry:  # the published config.json fields, read like an inline config
         return _from_config(entry["config"], entry["name"])

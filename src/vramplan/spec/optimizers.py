@@ -1,7 +1,7 @@
 """Which optimizer settings go together (checked once, in JobSpec.__post_init__)."""
 from __future__ import annotations
 
-from vramplan.spec.enums import Backend, Method, Optimizer, SpecError
+from vramplan.spec.enums import Backend, Method, Optimizer, SpecError, Task
 
 LOW_RANK = (Optimizer.GALORE_ADAMW, Optimizer.APOLLO_ADAMW)
 FUSED_IN_BACKWARD = (Optimizer.LOMO, Optimizer.ADALOMO)
@@ -23,6 +23,16 @@ def check_optimizer_fields(spec) -> None:
     if spec.low_rank is not None and opt not in LOW_RANK:
         raise SpecError("low_rank", f"only galore-adamw and apollo-adamw project gradients; "
                         f"drop low_rank or change optimizer {opt.value}")
+    if spec.momentum and opt is not Optimizer.SGD:
+        # momentum is torch.optim.SGD's argument; the others keep their own moment states
+        # (AdamW's betas), so a momentum here changes nothing and is a slip.
+        raise SpecError("momentum", f"only optimizer sgd takes momentum, not {opt.value}; drop momentum or "
+                        "set optimizer: sgd")
+    if spec.num_labels != 2 and spec.task not in (Task.SEQUENCE_CLASSIFICATION, Task.REWARD_MODEL):
+        # the classification head (AutoModelForSequenceClassification's `score`) is built only
+        # for sequence-classification; a language model's head is its vocabulary.
+        raise SpecError("num_labels", f"task {spec.task.value} has no classification head; drop num_labels "
+                        "or set task: sequence-classification")
     if steps_in_backward(spec) and spec.grad_accum_steps > 1:
         # torchtune recipes: "Gradient accumulation is not supported with optimizer in bwd";
         # transformers' layer-wise GaLore: "does not support gradient accumulation".

@@ -33,9 +33,9 @@ def required_keys(section: str, cls, data: Mapping) -> None:
             raise SpecError(f"{section}.{f.name}", f"required in the {section} section; add {f.name}: <value>")
 
 
-def did_you_mean(key: str, known) -> str:
+def did_you_mean(key: str, known, cutoff: float = 0.6) -> str:
     import difflib  # on a bad key only: not at every start
-    hint = difflib.get_close_matches(key, list(known), n=1)
+    hint = difflib.get_close_matches(key, list(known), n=1, cutoff=cutoff)
     return f"; did you mean {hint[0]!r}?" if hint else ""
 
 
@@ -126,6 +126,8 @@ _EXTRA_SIZES = ("stage3_prefetch_bucket_size", "stage3_max_live_parameters", "st
                 "stage3_param_persistence_threshold")
 """DeepSpeed ZeRO-3 knobs where 0 is meaningful (no prefetch, nothing persistent)."""
 _EXTRA_FLAGS = ("overlap_comm", "contiguous_gradients", "distributed_optimizer", "gradient_as_bucket_view")
+_EXTRA_OTHER = ("pp_layers", "host_memory_bytes", "dist_backend", "zero_hpz_partition_size")
+_EXTRA_KNOWN = _EXTRA_COUNTS + _EXTRA_SIZES + _EXTRA_FLAGS + _EXTRA_OTHER
 
 
 def check_extras(extras: object) -> dict:
@@ -136,6 +138,9 @@ def check_extras(extras: object) -> dict:
     out = dict(extras)
     for key, value in extras.items():
         name = f"parallel.extras.{key}"
+        hint = "" if key in _EXTRA_KNOWN else did_you_mean(str(key), _EXTRA_KNOWN, 0.85)
+        if hint:  # a near miss of a knob read here (reduce_bucket_sise) would be dropped unread
+            raise SpecError(name, f"unknown engine setting{hint}")
         if key in _EXTRA_COUNTS and value != "auto":
             out[key] = positive_int(name, value)
         elif key in _EXTRA_FLAGS:

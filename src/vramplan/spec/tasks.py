@@ -288,6 +288,8 @@ def check_task_fields(spec) -> dict[str, object]:
     task = spec.task
     out: dict[str, object] = {}
     from vramplan.spec.enums import Method
+    from vramplan.spec.packing import check_packing
+    check_packing(spec)
     if task is not Task.INFERENCE:  # a section the method never reads would be ignored, the number not the job's
         if spec.lora is not None and spec.method not in (Method.LORA, Method.QLORA):
             raise SpecError("lora", f"applies to method lora or qlora, not {spec.method.value}; set method lora "
