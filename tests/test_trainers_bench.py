@@ -36,3 +36,23 @@ def test_padding_free_batches_are_one_row_as_the_collators_make_them():
     # the plain loop (bench/accuracy) keeps b rows: a bigger batch there is a different job
     plain = dict(job, stack="plain")
     assert estimate(plain).peak_allocated_bytes != estimate(dict(flat, stack="plain")).peak_allocated_bytes
+
+
+def test_the_trainer_built_optimizers_import_to_the_measured_jobs():
+    # the optim-* cases let the Trainer build its optimizer from TrainingArguments; the job
+    # each was estimated from must be what importers/hf_args.py makes of those arguments,
+    # weight_decay included (TrainingArguments' own default, read from the real dataclass)
+    import dataclasses
+
+    from transformers import TrainingArguments
+
+    from vramplan.importers.hf_args import from_training_args
+
+    default = {f.name: f.default for f in dataclasses.fields(TrainingArguments)}["weight_decay"]
+    rows = {n: r for n, r in MEASURED.items() if "optim" in r.get("trainer_args", {})}
+    assert len(rows) >= 4
+    for name, row in rows.items():
+        out, _ = from_training_args(dict(row["trainer_args"]))
+        assert out["weight_decay"] == default == row["job"]["weight_decay"], name
+        for key in ("optimizer", "optimizer_impl"):
+            assert out.get(key) == row["job"].get(key), (name, key)
