@@ -56,3 +56,19 @@ def test_the_trainer_built_optimizers_import_to_the_measured_jobs():
         assert out["weight_decay"] == default == row["job"]["weight_decay"], name
         for key in ("optimizer", "optimizer_impl"):
             assert out.get(key) == row["job"].get(key), (name, key)
+
+
+def test_label_smoothing_imports_and_is_refused_where_the_labelsmoother_does_not_run():
+    # TrainingArguments.label_smoothing_factor imports to the spec field the measured rows
+    # carry; a stack whose loss is not the Trainer's LabelSmoother is one line, exit 2
+    from vramplan.importers.hf_args import from_training_args
+    from vramplan.spec import SpecError
+
+    rows = [r for n, r in MEASURED.items() if r["job"].get("label_smoothing")]
+    assert rows
+    for row in rows:
+        out, _ = from_training_args({"label_smoothing_factor": row["job"]["label_smoothing"]})
+        assert out["label_smoothing"] == row["job"]["label_smoothing"] and out["stack"] == row["job"]["stack"]
+        with pytest.raises(SpecError) as err:
+            estimate(dict(row["job"], stack="plain"))
+        assert err.value.field == "label_smoothing"

@@ -123,8 +123,12 @@ CASES = dict([
          optimizer="sgd", optimizer_impl=None),
     case("sft/bf16/full/hf-trainer/optim-adamw_torch", task="sft", precision="bf16", stack="hf-trainer",
          optimizer_impl=None),
-    # a Trainer option with no spec word: gradient clipping off
+    # a Trainer option with no spec word: gradient clipping off; label smoothing (LabelSmoother)
     case("sft/fp32/full/hf-trainer/max-grad-norm-0", task="sft", precision="fp32", stack="hf-trainer"),
+    case("sft/bf16/full/hf-trainer/label-smoothing", task="sft", precision="bf16", stack="hf-trainer",
+         label_smoothing=0.1),
+    case("sft/fp32/full/hf-trainer/label-smoothing", task="sft", precision="fp32", stack="hf-trainer",
+         label_smoothing=0.1),
     # PEFT variations through the Trainer
     case("sft/bf16/lora/hf-trainer/ga4", task="sft", precision="bf16", stack="hf-trainer", **LORA,
          grad_accum_steps=4),

@@ -114,11 +114,14 @@ def _bf16(v, out, rep, name):
         rep.use(name, f"precision = {name} (autocast over the load dtype)")
 
 
-def _weight_decay(v, out, rep, name):
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise ImportError_(rep.source, name, f"expected a number, got {v!r}")
-    out["weight_decay"] = float(v)
-    rep.use(name, "weight_decay")
+def _number(key):
+    """A numeric field copied to spec `key` (the spec validates its range)."""
+    def handler(v, out, rep, name):
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise ImportError_(rep.source, name, f"expected a number, got {v!r}")
+        out[key] = float(v)
+        rep.use(name, key)
+    return handler
 
 
 def _model_init_kwargs(v, out, rep, name):
@@ -257,7 +260,8 @@ def _packing(v, out, rep, name):
 
 _FIELDS = {
     "per_device_train_batch_size": _batch, "gradient_accumulation_steps": _accum,
-    "gradient_checkpointing": _gc, "bf16": _bf16, "fp16": _bf16, "optim": _optim, "weight_decay": _weight_decay,
+    "gradient_checkpointing": _gc, "bf16": _bf16, "fp16": _bf16, "optim": _optim, "weight_decay": _number("weight_decay"),
+    "label_smoothing_factor": _number("label_smoothing"),
     "fsdp": _fsdp, "fsdp_config": _fsdp_config, "deepspeed": _deepspeed,
     "max_seq_length": _seq, "max_length": _seq, "use_peft": _lora,
     "model_init_kwargs": _model_init_kwargs, "optim_target_modules": _optim_target_modules,

@@ -96,7 +96,8 @@ def common_args(job: dict, flags: dict) -> dict:
                 gradient_accumulation_steps=int(job.get("grad_accum_steps", 1)), max_steps=2,
                 use_cpu=True, report_to="none", save_strategy="no", logging_strategy="no",
                 disable_tqdm=True, dataloader_num_workers=0, seed=0, gradient_checkpointing=gc,
-                learning_rate=float(job.get("learning_rate", 1e-4)), **flags)
+                learning_rate=float(job.get("learning_rate", 1e-4)),
+                label_smoothing_factor=float(job.get("label_smoothing", 0.0)), **flags)
 
 
 def optimizers_for(model, job: dict, flags: dict | None = None):

@@ -75,6 +75,8 @@ class JobSpec:
     """Decoupled/L2 weight decay, 0.01 as torch's AdamW default (and vramplan's measurement
     harness, for every optimizer). Only SGD's decay changes memory: torch's SGD adds it
     out of place (`grads = _foreach_add(grads, params, alpha=weight_decay)`)."""
+    label_smoothing: float = 0.0
+    """TrainingArguments.label_smoothing_factor: the HF Trainer's LabelSmoother loss (components/shifted_loss.py)."""
     micro_batch_size: int = 1
     seq_len: int | None = None
     """Tokens per row; not given: DEFAULT_SEQ_LEN, capped at a model's learned positions
@@ -277,7 +279,7 @@ class JobSpec:
             value = getattr(self, f.name)
             if (value is None or f.name == "seq_len_given" or (f.name == "parallel" and value.is_trivial)
                     or (f.name == "models" and not value)
-                    or (f.name in ("online", "optimizer_in_backward", "activation_offloading", "compile")
+                    or (f.name in ("online", "optimizer_in_backward", "activation_offloading", "compile", "label_smoothing")
                         and not value) or (f.name == "checkpoint_every" and value == 1)):
                 continue
             if f.name == "models":
