@@ -56,6 +56,8 @@ def test_the_trainer_built_optimizers_import_to_the_measured_jobs():
         assert out["weight_decay"] == default == row["job"]["weight_decay"], name
         for key in ("optimizer", "optimizer_impl"):
             assert out.get(key) == row["job"].get(key), (name, key)
+    # CLI flags laid over a spec (cli/flags.py) keep the spec's own weight_decay
+    assert "weight_decay" not in from_training_args({"optim": "sgd"}, "flags", file_defaults=False)[0]
 
 
 def test_label_smoothing_imports_and_is_refused_where_the_labelsmoother_does_not_run():

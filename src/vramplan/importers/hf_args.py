@@ -33,7 +33,10 @@ _NO_MEMORY = {"output_dir", "learning_rate", "lr_scheduler_type", "warmup_ratio"
               "eval_steps", "load_best_model_at_end", "metric_for_best_model", "gradient_checkpointing_kwargs"}
 
 
-def from_training_args(cfg: dict, source: str = "training-args") -> tuple[dict, ImportReport]:
+def from_training_args(cfg: dict, source: str = "training-args", *,
+                       file_defaults: bool = True) -> tuple[dict, ImportReport]:
+    """file_defaults: a whole file, whose missing fields run with TrainingArguments' defaults
+    (weight_decay 0.0); False for flags laid over a spec (cli/flags.py), which keep the spec's."""
     if not isinstance(cfg, dict):
         raise ImportError_(source, "config", "expected a mapping of TrainingArguments fields at the top level")
     rep = ImportReport(source)
@@ -48,7 +51,7 @@ def from_training_args(cfg: dict, source: str = "training-args") -> tuple[dict, 
             rep.ignored.append(name)
         else:
             rep.ignored.append(name)
-    if "weight_decay" not in cfg:
+    if "weight_decay" not in cfg and file_defaults:
         # TrainingArguments.weight_decay defaults to 0.0 (transformers/training_args.py), not
         # torch's AdamW 0.01 (the spec's default): SGD builds no decayed-gradient temporary
         # (torch/optim/sgd.py) under the Trainer's own optim (bench/trainers optim-sgd)
