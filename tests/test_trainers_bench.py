@@ -36,3 +36,41 @@ def test_padding_free_batches_are_one_row_as_the_collators_make_them():
     # the plain loop (bench/accuracy) keeps b rows: a bigger batch there is a different job
     plain = dict(job, stack="plain")
     assert estimate(plain).peak_allocated_bytes != estimate(dict(flat, stack="plain")).peak_allocated_bytes
+
+
+def test_the_trainer_built_optimizers_import_to_the_measured_jobs():
+    # the optim-* cases let the Trainer build its optimizer from TrainingArguments; the job
+    # each was estimated from must be what importers/hf_args.py makes of those arguments,
+    # weight_decay included (TrainingArguments' own default, read from the real dataclass)
+    import dataclasses
+
+    from transformers import TrainingArguments
+
+    from vramplan.importers.hf_args import from_training_args
+
+    default = {f.name: f.default for f in dataclasses.fields(TrainingArguments)}["weight_decay"]
+    rows = {n: r for n, r in MEASURED.items() if "optim" in r.get("trainer_args", {})}
+    assert len(rows) >= 4
+    for name, row in rows.items():
+        out, _ = from_training_args(dict(row["trainer_args"]))
+        assert out["weight_decay"] == default == row["job"]["weight_decay"], name
+        for key in ("optimizer", "optimizer_impl"):
+            assert out.get(key) == row["job"].get(key), (name, key)
+    # CLI flags laid over a spec (cli/flags.py) keep the spec's own weight_decay
+    assert "weight_decay" not in from_training_args({"optim": "sgd"}, "flags", file_defaults=False)[0]
+
+
+def test_label_smoothing_imports_and_is_refused_where_the_labelsmoother_does_not_run():
+    # TrainingArguments.label_smoothing_factor imports to the spec field the measured rows
+    # carry; a stack whose loss is not the Trainer's LabelSmoother is one line, exit 2
+    from vramplan.importers.hf_args import from_training_args
+    from vramplan.spec import SpecError
+
+    rows = [r for n, r in MEASURED.items() if r["job"].get("label_smoothing")]
+    assert rows
+    for row in rows:
+        out, _ = from_training_args({"label_smoothing_factor": row["job"]["label_smoothing"]})
+        assert out["label_smoothing"] == row["job"]["label_smoothing"] and out["stack"] == row["job"]["stack"]
+        with pytest.raises(SpecError) as err:
+            estimate(dict(row["job"], stack="plain"))
+        assert err.value.field == "label_smoothing"

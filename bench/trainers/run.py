@@ -111,9 +111,51 @@ CASES = dict([
     case("grpo/bf16/lora/g4-c32", **GRPO, precision="bf16", **LORA),
     case("grpo/bf16/full/g8-c32/gc", **dict(GRPO, num_generations=8), precision="bf16",
          gradient_checkpointing="full"),
+    # The HF Trainer building its own optimizer from TrainingArguments.optim (trainer_args
+    # below; no optimizers= handed in); the job is what importers/hf_args.py makes of it
+    case("sft/fp32/full/hf-trainer/optim-adamw_torch", task="sft", precision="fp32", stack="hf-trainer",
+         optimizer_impl=None),
+    case("sft/fp32/full/hf-trainer/optim-adamw_torch_fused", task="sft", precision="fp32", stack="hf-trainer",
+         optimizer_impl="fused"),
+    case("sft/fp32/full/hf-trainer/optim-adafactor", task="sft", precision="fp32", stack="hf-trainer",
+         optimizer="adafactor", optimizer_impl=None),
+    case("sft/fp32/full/hf-trainer/optim-sgd", task="sft", precision="fp32", stack="hf-trainer",
+         optimizer="sgd", optimizer_impl=None),
+    case("sft/bf16/full/hf-trainer/optim-adamw_torch", task="sft", precision="bf16", stack="hf-trainer",
+         optimizer_impl=None),
+    # a Trainer option with no spec word: gradient clipping off; label smoothing (LabelSmoother)
+    case("sft/fp32/full/hf-trainer/max-grad-norm-0", task="sft", precision="fp32", stack="hf-trainer"),
+    case("sft/bf16/full/hf-trainer/label-smoothing", task="sft", precision="bf16", stack="hf-trainer",
+         label_smoothing=0.1),
+    case("sft/fp32/full/hf-trainer/label-smoothing", task="sft", precision="fp32", stack="hf-trainer",
+         label_smoothing=0.1),
+    # PEFT variations through the Trainer
+    case("sft/bf16/lora/hf-trainer/ga4", task="sft", precision="bf16", stack="hf-trainer", **LORA,
+         grad_accum_steps=4),
+    case("sft/bf16/lora/hf-trainer/save-lm-head/dropout0.1", task="sft", precision="bf16", stack="hf-trainer",
+         method="lora", lora={"r": 8, "dropout": 0.1, "target_modules": ["q_proj", "v_proj"],
+                              "modules_to_save": ["lm_head"]}),
+    case("sft/bf16/lora/hf-trainer/all-linear/dropout0.05/gc", task="sft", precision="bf16", stack="hf-trainer",
+         method="lora", lora={"r": 16, "dropout": 0.05, "target_modules": "all-linear"},
+         gradient_checkpointing="full"),
+    case("sft/bf16/lora/sft-trainer/all-linear/dropout0.05", task="sft", precision="bf16",
+         method="lora", lora={"r": 16, "dropout": 0.05, "target_modules": "all-linear"}),
 ])
+# A job without optimizer_impl: the spec's default, as the importer leaves it for adamw_torch;
+# the Trainer's own optimizer takes TrainingArguments' weight_decay default, 0.0
+for _name, _job in CASES.items():
+    if _job.get("optimizer_impl", "") is None:
+        del _job["optimizer_impl"]
+    if "/optim-" in _name:
+        _job["weight_decay"] = 0.0
 # Trainer config fields the spec has no word for (measure_trainer's trainer_args).
 TRAINER_ARGS = {
+    "sft/fp32/full/hf-trainer/optim-adamw_torch": {"optim": "adamw_torch"},
+    "sft/fp32/full/hf-trainer/optim-adamw_torch_fused": {"optim": "adamw_torch_fused"},
+    "sft/fp32/full/hf-trainer/optim-adafactor": {"optim": "adafactor"},
+    "sft/fp32/full/hf-trainer/optim-sgd": {"optim": "sgd"},
+    "sft/bf16/full/hf-trainer/optim-adamw_torch": {"optim": "adamw_torch"},
+    "sft/fp32/full/hf-trainer/max-grad-norm-0": {"max_grad_norm": 0.0},
     "sft/bf16/lora/sft-trainer/gc/reentrant": {"gradient_checkpointing_kwargs": {"use_reentrant": True}},
     "sft/bf16/full/sft-trainer/padding-free": {"packing": False, "padding_free": True, "max_length": None},
 }

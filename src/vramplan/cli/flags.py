@@ -185,7 +185,7 @@ def _trainer_flags(args, data: dict) -> dict:
     if not given:
         return data
     from vramplan.importers.hf_args import from_training_args
-    overrides, rep = from_training_args(given, "flags")
+    overrides, rep = from_training_args(given, "flags", file_defaults=False)
     for name, why in rep.unresolved.items():
         raise SpecError(name, why)
     return {**data, **overrides}

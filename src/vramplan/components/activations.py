@@ -22,7 +22,7 @@ from vramplan.components.layer_backward import layer_backward
 from vramplan.components.memo import cached_plan, spec_key
 from vramplan.components.op_checkpoint import split_layer
 from vramplan.components.selective import split_attention_core
-from vramplan.components.shifted_loss import loss_kind, shifted_loss_terms
+from vramplan.components.shifted_loss import label_smoother_terms, loss_kind, shifted_loss_terms
 from vramplan.components.quant import SAVED, dequant_modes
 from vramplan.components.trainable import ParamSet
 from vramplan.model import MlpKind, ModelDesc
@@ -360,8 +360,9 @@ def _with_loss(desc: ModelDesc, spec: JobSpec, stages: list[Stage], logits: Sym,
         # Megatron-Core's vocab_parallel_cross_entropy (components/megatron_loss.py)
         saved, fwd, bwd0, head = megatron_ce_terms(tokens, v, c, grad_hidden)
         return ActivationPlan(stages, saved, fwd, bwd0, head, layer_backward(desc, spec))
-    if loss_kind(desc, spec):  # repository code's own loss (components/shifted_loss.py)
-        terms = shifted_loss_terms(desc, spec, v, c, _autocast(spec) is not None, grad_hidden, head_trains)
+    if loss_kind(desc, spec) or spec.label_smoothing:  # repository code's own loss, the Trainer's LabelSmoother
+        terms = (label_smoother_terms(b, s, v, c, grad_hidden) if spec.label_smoothing else  # (shifted_loss.py)
+                 shifted_loss_terms(desc, spec, v, c, _autocast(spec) is not None, grad_hidden, head_trains))
         return ActivationPlan(stages, *terms, layer_backward(desc, spec))
     saved.add("logits/log_softmax", full32).add("logits/labels", nbytes(tokens, "int64"))
     if desc.final_logit_softcapping:

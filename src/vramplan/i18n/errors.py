@@ -70,6 +70,9 @@ TEMPLATES = (
     N_("videos of LLaVA-OneVision are not modelled yet; set it to 0"),
     N_("LLaVA-OneVision with features other than the last layer's, all patches kept (-1, full), is not modelled"),
     N_("expected anyres_max_N, got {value}"),
+    # vramplan.spec: label_smoothing (spec/tasks.py check_task_fields)
+    N_("is modelled for the HF Trainer's LabelSmoother (task sft, stack hf-trainer, loss_impl standard); "
+       "use those or drop label_smoothing"),
     # vramplan.spec: keep_logits (spec/tasks.py check_keep_logits)
     N_("is modelled for tasks sft, pretrain and sequence-classification, not {task}; drop keep_logits"),
     N_("the fused linear cross-entropy never builds the logits; drop keep_logits or use loss_impl standard"),

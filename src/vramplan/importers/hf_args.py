@@ -26,14 +26,17 @@ _LOW_RANK_ARGS = {"rank": int, "update_proj_gap": int, "scale": float, "proj_typ
 _NO_MEMORY = {"output_dir", "learning_rate", "lr_scheduler_type", "warmup_ratio", "warmup_steps",
               "num_train_epochs", "max_steps", "logging_steps", "save_steps", "save_strategy",
               "eval_strategy", "evaluation_strategy", "report_to", "run_name", "seed", "logging_dir",
-              "save_total_limit", "push_to_hub", "weight_decay", "max_grad_norm", "adam_beta1",
+              "save_total_limit", "push_to_hub", "max_grad_norm", "adam_beta1",
               "adam_beta2", "adam_epsilon", "dataloader_num_workers", "remove_unused_columns",
               "overwrite_output_dir", "do_train", "do_eval", "hub_model_id", "logging_first_step",
               "dataset_text_field", "ddp_find_unused_parameters", "per_device_eval_batch_size",
               "eval_steps", "load_best_model_at_end", "metric_for_best_model", "gradient_checkpointing_kwargs"}
 
 
-def from_training_args(cfg: dict, source: str = "training-args") -> tuple[dict, ImportReport]:
+def from_training_args(cfg: dict, source: str = "training-args", *,
+                       file_defaults: bool = True) -> tuple[dict, ImportReport]:
+    """file_defaults: a whole file, whose missing fields run with TrainingArguments' defaults
+    (weight_decay 0.0); False for flags laid over a spec (cli/flags.py), which keep the spec's."""
     if not isinstance(cfg, dict):
         raise ImportError_(source, "config", "expected a mapping of TrainingArguments fields at the top level")
     rep = ImportReport(source)
@@ -48,6 +51,12 @@ def from_training_args(cfg: dict, source: str = "training-args") -> tuple[dict, 
             rep.ignored.append(name)
         else:
             rep.ignored.append(name)
+    if "weight_decay" not in cfg and file_defaults:
+        # TrainingArguments.weight_decay defaults to 0.0 (transformers/training_args.py), not
+        # torch's AdamW 0.01 (the spec's default): SGD builds no decayed-gradient temporary
+        # (torch/optim/sgd.py) under the Trainer's own optim (bench/trainers optim-sgd)
+        out["weight_decay"] = 0.0
+        rep.use("weight_decay (TrainingArguments' default, 0.0)", "weight_decay")
     if out["stack"] == "trl":
         _trl_defaults(cfg, out, rep)
     if "low_rank" in out and out.get("optimizer") not in ("galore-adamw", "apollo-adamw"):
@@ -106,6 +115,16 @@ def _bf16(v, out, rep, name):
     if v is not None and need_bool(rep, name, v):
         out.setdefault("precision", name)
         rep.use(name, f"precision = {name} (autocast over the load dtype)")
+
+
+def _number(key):
+    """A numeric field copied to spec `key` (the spec validates its range)."""
+    def handler(v, out, rep, name):
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise ImportError_(rep.source, name, f"expected a number, got {v!r}")
+        out[key] = float(v)
+        rep.use(name, key)
+    return handler
 
 
 def _model_init_kwargs(v, out, rep, name):
@@ -244,7 +263,8 @@ def _packing(v, out, rep, name):
 
 _FIELDS = {
     "per_device_train_batch_size": _batch, "gradient_accumulation_steps": _accum,
-    "gradient_checkpointing": _gc, "bf16": _bf16, "fp16": _bf16, "optim": _optim,
+    "gradient_checkpointing": _gc, "bf16": _bf16, "fp16": _bf16, "optim": _optim, "weight_decay": _number("weight_decay"),
+    "label_smoothing_factor": _number("label_smoothing"),
     "fsdp": _fsdp, "fsdp_config": _fsdp_config, "deepspeed": _deepspeed,
     "max_seq_length": _seq, "max_length": _seq, "use_peft": _lora,
     "model_init_kwargs": _model_init_kwargs, "optim_target_modules": _optim_target_modules,

@@ -96,10 +96,16 @@ def common_args(job: dict, flags: dict) -> dict:
                 gradient_accumulation_steps=int(job.get("grad_accum_steps", 1)), max_steps=2,
                 use_cpu=True, report_to="none", save_strategy="no", logging_strategy="no",
                 disable_tqdm=True, dataloader_num_workers=0, seed=0, gradient_checkpointing=gc,
-                learning_rate=float(job.get("learning_rate", 1e-4)), **flags)
+                learning_rate=float(job.get("learning_rate", 1e-4)),
+                label_smoothing_factor=float(job.get("label_smoothing", 0.0)), **flags)
 
 
-def optimizers_for(model, job: dict):
+def optimizers_for(model, job: dict, flags: dict | None = None):
+    """The spec's torch optimizer for the trainer, or (None, None) when the trainer args name
+    an ``optim`` string: then the Trainer builds its own (transformers/trainer.py
+    ``create_optimizer`` -> trainer_optimizer.py ``get_optimizer_cls_and_kwargs``)."""
+    if flags and "optim" in flags:
+        return None, None
     return build_optimizer([p for p in model.parameters() if p.requires_grad], job), None
 
 
@@ -123,7 +129,7 @@ def _dpo(job: dict, dtype, flags: dict):
                      loss_type=[DPO_LOSS[job["task"]]], dataset_num_proc=None)
     trainer = DPOTrainer(model=policy, ref_model=ref_model, args=args,
                          train_dataset=data.dataset(data.preference_rows(num_rows(job), job["seq_len"], vocab)),
-                         processing_class=data.tokenizer(vocab), optimizers=optimizers_for(policy, job))
+                         processing_class=data.tokenizer(vocab), optimizers=optimizers_for(policy, job, flags))
     models = {"policy": policy} | ({"reference": ref_model} if ref_model is not None else {})
     return trainer, models, {}
 
@@ -143,7 +149,7 @@ def _kto(job: dict, dtype, flags: dict):
                      precompute_ref_log_probs=precomputed)
     trainer = KTOTrainer(model=policy, ref_model=ref_model, args=args,
                          train_dataset=data.dataset(data.unpaired_rows(num_rows(job), job["seq_len"], vocab)),
-                         processing_class=data.tokenizer(vocab), optimizers=optimizers_for(policy, job))
+                         processing_class=data.tokenizer(vocab), optimizers=optimizers_for(policy, job, flags))
     models = {"policy": policy} | ({"reference": ref_model} if ref_model is not None else {})
     return trainer, models, {}
 
@@ -156,7 +162,7 @@ def _reward(job: dict, dtype, flags: dict):
     args = RewardConfig(**common_args(job, flags), max_length=int(job["seq_len"]), dataset_num_proc=None)
     trainer = RewardTrainer(model=policy, args=args,
                             train_dataset=data.dataset(data.reward_rows(num_rows(job), job["seq_len"], vocab)),
-                            processing_class=data.tokenizer(vocab), optimizers=optimizers_for(policy, job))
+                            processing_class=data.tokenizer(vocab), optimizers=optimizers_for(policy, job, flags))
     return trainer, {"policy": policy}, {}
 
 
@@ -194,7 +200,7 @@ def _grpo(job: dict, dtype, flags: dict):
     with mock.patch.object(grpo_trainer, "create_model_from_path", lambda *a, **k: frozen):
         trainer = GRPOTrainer(model=policy, reward_funcs=_length_reward, args=args,
                               train_dataset=data.dataset(data.prompt_rows(num_rows(job), job["seq_len"], vocab)),
-                              processing_class=data.tokenizer(vocab), optimizers=optimizers_for(policy, job))
+                              processing_class=data.tokenizer(vocab), optimizers=optimizers_for(policy, job, flags))
     models = {"policy": policy} | ({"reference": frozen} if frozen is not None else {})
     return trainer, models, {"generation": True}
 
@@ -209,7 +215,7 @@ def _sft(job: dict, dtype, flags: dict):
     collator = DataCollatorWithFlattening() if job.get("packing") else default_data_collator
     trainer = Trainer(model=policy, args=args, data_collator=collator,
                       train_dataset=data.dataset(data.lm_rows(num_rows(job), job["seq_len"], vocab)),
-                      optimizers=optimizers_for(policy, job))
+                      optimizers=optimizers_for(policy, job, flags))
     return trainer, {"policy": policy}, {}
 
 
@@ -228,7 +234,7 @@ def _sft_trl(job: dict, dtype, flags: dict):
     args = SFTConfig(**common_args(job, flags), dataset_num_proc=None)
     rows = data.lm_rows(4 * num_rows(job), s // 4, vocab) if pack else data.lm_rows(num_rows(job), s, vocab)
     trainer = SFTTrainer(model=policy, args=args, train_dataset=data.dataset({"input_ids": rows["input_ids"]}),
-                         processing_class=data.tokenizer(vocab), optimizers=optimizers_for(policy, job))
+                         processing_class=data.tokenizer(vocab), optimizers=optimizers_for(policy, job, flags))
     return trainer, {"policy": policy}, {}
 
 

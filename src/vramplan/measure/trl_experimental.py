@@ -59,7 +59,7 @@ def _gkd(job: dict, dtype, flags: dict):
     args = GKDConfig(**common_args(job, flags), lmbda=0.0, seq_kd=False, max_length=int(job["seq_len"]))
     trainer = GKDTrainer(model=policy, teacher_model=teacher, args=args, data_collator=default_data_collator,
                          train_dataset=data.dataset(data.distill_rows(num_rows(job), job["seq_len"], vocab)),
-                         processing_class=data.tokenizer(vocab), optimizers=optimizers_for(policy, job))
+                         processing_class=data.tokenizer(vocab), optimizers=optimizers_for(policy, job, flags))
     return trainer, {"policy": policy, "teacher": teacher}, {}
 
 
@@ -79,7 +79,7 @@ def _odds_ratio(job: dict, dtype, flags: dict):
     args = Config(**common_args(job, flags), max_length=seq_len, dataset_num_proc=None, **extra)
     trainer = Trainer(model=policy, args=args,
                       train_dataset=data.dataset(data.preference_rows(num_rows(job), seq_len, vocab)),
-                      processing_class=data.tokenizer(vocab), optimizers=optimizers_for(policy, job))
+                      processing_class=data.tokenizer(vocab), optimizers=optimizers_for(policy, job, flags))
     return trainer, {"policy": policy}, {}
 
 

@@ -66,15 +66,15 @@ class JobSpec:
     low_rank: LowRankConfig | None = None
     """galore-adamw / apollo-adamw: rank, target modules and projection (spec/sections.py)."""
     optimizer_in_backward: bool = False
-    """Step each parameter in a post-accumulate-grad hook during backward (torchtune's
-    optimizer_in_bwd, torch's register_post_accumulate_grad_hook): no full set of gradients
-    is ever alive (components/optimizer_in_backward.py). LOMO and AdaLomo always do."""
+    """Step each parameter in a post-accumulate-grad hook during backward (torchtune's optimizer_in_bwd):
+    no full set of gradients is ever alive (components/optimizer_in_backward.py). LOMO and AdaLomo do."""
     momentum: float = 0.0
     """SGD momentum; > 0 adds a momentum buffer per parameter."""
     weight_decay: float = 0.01
-    """Decoupled/L2 weight decay, 0.01 as torch's AdamW default (and vramplan's measurement
-    harness, for every optimizer). Only SGD's decay changes memory: torch's SGD adds it
-    out of place (`grads = _foreach_add(grads, params, alpha=weight_decay)`)."""
+    """Decoupled/L2 weight decay, 0.01 as torch's AdamW default (and the measurement harness's). Only
+    SGD's decay changes memory: torch's SGD adds it out of place (`_foreach_add(grads, params, ...)`)."""
+    label_smoothing: float = 0.0
+    """TrainingArguments.label_smoothing_factor: the HF Trainer's LabelSmoother loss (components/shifted_loss.py)."""
     micro_batch_size: int | None = None
     """Rows per micro-step; not given: 1, or under task grpo TRL's (spec/grpo.py default_micro_batch)."""
     seq_len: int | None = None
@@ -279,7 +279,7 @@ class JobSpec:
             value = getattr(self, f.name)
             if (value is None or f.name == "seq_len_given" or (f.name == "parallel" and value.is_trivial)
                     or (f.name == "models" and not value)
-                    or (f.name in ("online", "optimizer_in_backward", "activation_offloading", "compile")
+                    or (f.name in ("online", "optimizer_in_backward", "activation_offloading", "compile", "label_smoothing")
                         and not value) or (f.name == "checkpoint_every" and value == 1)):
                 continue
             if f.name == "models":

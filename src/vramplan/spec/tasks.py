@@ -297,6 +297,11 @@ def check_task_fields(spec) -> dict[str, object]:
         if spec.freeze is not None and spec.method is not Method.FREEZE:
             raise SpecError("freeze", f"applies to method freeze, not {spec.method.value}; set method freeze or "
                             "drop the freeze section")
+    out["label_smoothing"] = smooth = fraction("label_smoothing", spec.label_smoothing, high=0.999)
+    if smooth and (task is not Task.SFT or spec.stack.framework is not Framework.HF_TRAINER
+                   or spec.loss_impl is not LossImpl.STANDARD):
+        raise SpecError("label_smoothing", "is modelled for the HF Trainer's LabelSmoother (task sft, stack "
+                        "hf-trainer, loss_impl standard); use those or drop label_smoothing")
     for name in ("reference_model", "teacher", "reward_model", "critic_model"):
         out[name] = model_ref(name, getattr(spec, name), allow_precomputed=name == "reference_model")
     if out["reference_model"] is not None and task not in REFERENCE_TASKS + RL_TASKS:
