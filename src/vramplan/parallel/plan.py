@@ -176,24 +176,12 @@ def _stage_plan(desc, spec, params, plan: StepPlan, lay: Layout, stage: int, lay
         # gradient to CPU after reduce-scatter (_fsdp_param_group.post_backward). Only the
         # engine's buckets stay on the GPU.
         grads = [Breakdown() for _ in grads]
-    scaled: dict[int, Breakdown] = {}  # layers share breakdowns: scale each once
-
-    def sc(b: Breakdown) -> Breakdown:
-        if id(b) not in scaled:
-            scaled[id(b)] = acts.scale(b, lay, desc.num_kv_heads)
-        return scaled[id(b)]
-
+    # Layers share their breakdowns (build_step): each distinct one is scaled once. The
+    # transients get their own scaler (added to below, they must not alias the activations):
+    # what every layer gets is added once per distinct transient (breakdown.shared), and
+    # what one layer gets goes to its own copy (breakdown.own).
+    sc, st = _scaler(lay, desc.num_kv_heads), _scaler(lay, desc.num_kv_heads)
     stage_acts = [sc(b) for b in _select(plan.stage_acts, stage, lay.pp, layers)]
-    # Layers share their transient (build_step): one scaled Breakdown each, so what is
-    # added to every layer below is added once per distinct transient (breakdown.shared),
-    # and what is added to one layer goes to its own copy (breakdown.own).
-    scaled_t: dict[int, Breakdown] = {}
-
-    def st(b: Breakdown) -> Breakdown:
-        if id(b) not in scaled_t:
-            scaled_t[id(b)] = acts.scale(b, lay, desc.num_kv_heads)
-        return scaled_t[id(b)]
-
     trans = [st(b) for b in _select(plan.stage_backward_transient, stage, lay.pp, layers)]
     labels = _select(plan.labels or [f"stage {i}" for i in range(len(plan.stage_acts))], stage, lay.pp, layers)
     # The other micro-batches' saved activations live through forward and backward, not into
@@ -225,6 +213,17 @@ def _stage_plan(desc, spec, params, plan: StepPlan, lay: Layout, stage: int, lay
                          for b in _select(plan.stage_forward_transient, stage, lay.pp, layers)])
     _engine_buffers(desc, spec, lay, sets, out, stage, layers, params)
     return out, sets
+
+
+def _scaler(lay: Layout, kv_heads: int):
+    """acts.scale, once per distinct Breakdown object it is handed."""
+    scaled: dict[int, Breakdown] = {}
+
+    def sc(b: Breakdown) -> Breakdown:
+        if id(b) not in scaled:
+            scaled[id(b)] = acts.scale(b, lay, kv_heads)
+        return scaled[id(b)]
+    return sc
 
 
 def _grads_offloaded(lay: Layout) -> bool:
