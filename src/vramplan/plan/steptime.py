@@ -118,7 +118,7 @@ class LayoutTime:
     to the last bit. A search evaluates thousands of splits of a few hundred layouts."""
 
     __slots__ = ("spec", "d", "s", "L", "n_matmul", "attn_width", "full", "ckpt", "every", "pp", "tp",
-                 "rate", "mfu", "gpu", "counts", "trainable", "act_row", "offload", "shard_local", "link")
+                 "rate", "mfu", "gpu", "counts", "trainable", "offload", "link")
 
     def __init__(self, counts: ModelCounts, spec: JobSpec, gpu, *, mfu: float = DEFAULT_MFU,
                  trainable_params: int | None = None):
