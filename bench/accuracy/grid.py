@@ -99,12 +99,14 @@ def _short_targets(targets) -> str:
 
 
 def method_label(job: dict) -> str:
-    """full | lora-r8-q+v[-d0.1][-mts] | freeze-L-1+lm_head"""
+    """full | lora-r8-q+v[-d0.1][-dora][-rslora][-mts] | freeze-L-1+lm_head"""
     method = job.get("method", "full")
     if method == "lora":
         lora = job.get("lora", {})
         label = f"lora-r{lora.get('r', 8)}-{_short_targets(lora.get('target_modules', ['q_proj', 'v_proj']))}"
         label += f"-d{lora['dropout']}" if lora.get("dropout") else ""
+        label += "-dora" if lora.get("use_dora") else ""
+        label += "-rslora" if lora.get("use_rslora") else ""
         return label + ("-mts" if lora.get("modules_to_save") else "")
     if method == "freeze":
         fr = job.get("freeze", {})

@@ -16,6 +16,7 @@ from vramplan.components.arch import Ctx, local_window, model_rows, norm
 from vramplan.components.chunked_loss import chunked_loss_terms
 from vramplan.components.megatron_loss import megatron_ce_terms
 from vramplan.components.arch_gpt2_bert import family_forward, is_other, layer_fn, layer_prefix, other_embed, other_head
+from vramplan.components.dora import apply as dora_apply
 from vramplan.components.dtypes import dtypes_of
 from vramplan.components.graph import Param, Recorder, Storage, Sym
 from vramplan.components.layer_backward import layer_backward
@@ -79,7 +80,7 @@ def build_ctx(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Ctx:
     # padding, no packing) and head_dim <= 256 (integrations/sdpa_attention.py).
     gqa_native = not spec.packing and desc.head_dim <= 256
     ctx = Ctx(desc=desc, params=table, lora=lora,
-               lora_dropout=spec.lora.dropout if spec.lora else 0.0,
+               lora_dropout=spec.lora.dropout if spec.lora else 0.0, dora=bool(spec.lora and spec.lora.use_dora),
                act_dtype=dtypes_of(spec).weights if spec.method.value != "qlora"
                else spec.quantization.compute_dtype,
                attention=spec.attention.value, gqa_native=gqa_native, packed=spec.packing)
@@ -169,15 +170,15 @@ def _plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Activ
         x = Sym(x.name, x.shape, x.dtype, True, x.storage)
         input_leaf = x.storage.nbytes
     stages = [Stage("embedding", rec.saved_items(), [])]
-    cache: dict[tuple, tuple[list, bool, tuple | None, str, tuple, list]] = {}
+    cache: dict[tuple, tuple[list, bool, tuple | None, str, tuple, list, tuple]] = {}
     parts: dict[tuple, tuple] = {}   # one stage's lists per signature (shared, never changed in place)
-    gc, f8_layer, fwd_peaks, mlp_out = spec.gradient_checkpointing, (), {}, _MLP_OUT_INPUTS[desc.mlp]
+    gc, f8_layer, fwd_peaks, mlp_out, dora_at = spec.gradient_checkpointing, (), {}, _MLP_OUT_INPUTS[desc.mlp], {}
     hook = getattr(family_forward(desc), "backward_peak", None)
     for i in range(desc.num_layers):
         key = _signature(ctx, i, x)
         if key not in cache:
             cache[key] = _layer(ctx, spec, i, x, b, s, seen, gc is Checkpointing.OP_SELECTIVE)
-        saved, out_rg, op_split, out_dtype, f8_layer, fwd_peak = cache[key]
+        saved, out_rg, op_split, out_dtype, f8_layer, fwd_peak, dora = cache[key]
         # torchtitan <= 0.2 `_apply_layer_sac`: with selective_ac_option = N only every N-th
         # block (a global count from 1) is wrapped; checkpoint_every = 1 wraps them all.
         wrapped = gc is Checkpointing.FULL and (i + 1) % spec.checkpoint_every == 0
@@ -197,8 +198,8 @@ def _plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Activ
         stages.append(Stage(f"layer {i}", *parts[at]))
         if wrapped:
             fwd_peaks[len(stages) - 1] = fwd_peak  # what its forward holds, none of it saved
-        # a family that names its own backward peak (Jamba's Mamba scan): its temporaries and
-        # the saved tensors released before it
+        dora_at[len(stages) - 1] = (dora, wrapped)  # DoRA's linears (components/dora.py)
+        # a family's own backward peak (Jamba's Mamba scan): its temporaries, what it releases
         peak = hook(desc, spec, params, i, stages[-1].recompute or stages[-1].saved) if hook else None
         if peak is not None:
             stages[-1].backward_transient, stages[-1].freed_before_peak = peak
@@ -214,6 +215,8 @@ def _plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Activ
     if any(fwd_peaks.values()):
         plan.stage_forward_transient = [Breakdown({f"activations/checkpointed_forward/{n}": v for n, v in
                                                    fwd_peaks.get(j, [])}) for j in range(len(stages))]
+    if ctx.dora:
+        dora_apply(plan, dora_at, nbytes(x.numel, x.dtype))
     if spec.float8 is not None:
         from vramplan.components.float8 import apply
         res = dtypes_of(spec).weights
@@ -294,7 +297,7 @@ def _layer(ctx: Ctx, spec: JobSpec, i: int, x: Sym, b: int, s: int, seen: set[in
     out = layer_fn(ctx.desc)(rec, ctx, x, i, b, s)
     items = [(name, st.nbytes) for name, st in rec.saved.values() if not name.startswith("rotary/")]
     return (items, out.requires_grad, split_layer(rec, x) if op_selective else None, out.dtype,
-            tuple(rec.float8_linears), rec.forward_peak)
+            tuple(rec.float8_linears), rec.forward_peak, tuple(rec.dora_linears))
 
 
 def _shared_rotary(ctx: Ctx, stages: list[Stage]) -> None:

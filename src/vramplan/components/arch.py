@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from collections.abc import Callable
 
+from vramplan.components.dora import dora_linear
 from vramplan.components.graph import Param, Recorder, Sym
 from vramplan.model import ModelDesc, NormKind
 
@@ -32,6 +33,8 @@ class Ctx:
     gqa_native: bool
     """SDPA called with enable_gqa (k/v not repeated): transformers' use_gqa_in_sdpa."""
     training_dropout: bool = True
+    dora: bool = False
+    """PEFT use_dora: adapted linears run DoRA's forward (components/dora.py)."""
     packed: bool = False
     """Packed rows (spec.packing): position_ids restart per document and no attention_mask,
     so transformers' create_causal_mask builds a block-causal mask for SDPA
@@ -58,6 +61,8 @@ def lin(rec: Recorder, ctx: Ctx, x: Sym, module: str, name: str) -> Sym:
         return out
     a, b = ctx.lora[module]
     xa = rec.to(x, a.dtype, name=f"{name}.lora_in")  # `_cast_input_dtype` to the adapter dtype
+    if ctx.dora:
+        return dora_linear(rec, x, xa, out, w, bias, a, b, ctx.lora_dropout, name)
     xa = rec.dropout(xa, ctx.lora_dropout, name=f"{name}.lora_dropout")
     ya = rec.linear(xa, a, name=f"{name}.lora_A")
     yb = rec.linear(ya, b, name=f"{name}.lora_B")

@@ -73,6 +73,8 @@ class Recorder:
     """The converted linears seen, as (input name, tokens, in, out, input dtype, is head,
     bytes the recorder had saved by then, the linear's input included)
     (components/float8.py turns them into the casts' transients)."""
+    dora_linears: list = field(default_factory=list)
+    """DoRA linears seen, as (bytes saved by then, locals alive, transient) (components/dora.py)."""
     seen: set[int] = field(default_factory=set)
     """Storages already saved by an earlier stage (shared tensors are counted once)."""
     forward_peak: list = field(default_factory=list)

@@ -203,6 +203,11 @@ def _lora_set(desc: ModelDesc, spec: JobSpec, wdtype: str) -> ParamSet:
             adapter_dtype = _adapter_dtype(spec)
             held.append(HeldParam(p.module + ".lora_A", (spec.lora.r, fan_in), adapter_dtype, True, "lora", p.layer))
             held.append(HeldParam(p.module + ".lora_B", (fan_out, spec.lora.r), adapter_dtype, True, "lora", p.layer))
+            if spec.lora.use_dora:
+                # DoRA's magnitude vector, one per output row, cast with the adapters
+                # (peft/tuners/lora/dora.py DoraLinearLayer.update_layer: nn.Parameter(weight_norm))
+                held.append(HeldParam(p.module + ".lora_magnitude_vector", (fan_out,), adapter_dtype, True, "lora",
+                                      p.layer))
     saved, unmatched_save = _modules_to_save(desc, spec, wdtype)
     return ParamSet(tuple(held) + saved, unmatched + unmatched_save)
 

@@ -59,6 +59,8 @@ def _axolotl(cfg: dict, source: str) -> tuple[dict, ImportReport]:
         elif cfg.get("lora_target_modules"):
             lora["target_modules"] = cfg["lora_target_modules"]
         out["lora"] = lora
+        # axolotl's config schema: peft_use_dora / peft_use_rslora, passed to PEFT's LoraConfig
+        _lora_switches(cfg, rep, lora, {"peft_use_dora": "use_dora", "peft_use_rslora": "use_rslora"})
         for k in ("adapter", "lora_r", "lora_alpha", "lora_dropout", "lora_target_linear", "lora_target_modules", "load_in_4bit"):
             if k in cfg:
                 rep.use(k, "method/lora")
@@ -105,6 +107,8 @@ def _llama_factory(cfg: dict, source: str) -> tuple[dict, ImportReport]:
         out["lora"] = {"r": rank, "alpha": cfg.get("lora_alpha") or 2 * rank,
                        "dropout": cfg.get("lora_dropout", 0.0),
                        "target_modules": "all-linear" if target == "all" else [t.strip() for t in str(target).split(",")]}
+        # hparams/finetuning_args.py LoraArguments: use_dora, use_rslora (passed to PEFT's LoraConfig)
+        _lora_switches(cfg, rep, out["lora"], {"use_dora": "use_dora", "use_rslora": "use_rslora"})
         if quant:
             out["quantization"] = {"bits": int(quant), "type": "nf4" if int(quant) == 4 else "int8"}
         for k in ("finetuning_type", "lora_rank", "lora_alpha", "lora_dropout", "lora_target", "quantization_bit"):
@@ -214,6 +218,9 @@ def _torchtune(cfg: dict, source: str) -> tuple[dict, ImportReport]:
                 targets += ["gate_proj", "up_proj", "down_proj"]
             out["lora"] = {"r": model.get("lora_rank", 8), "alpha": model.get("lora_alpha", 16),
                            "dropout": model.get("lora_dropout", 0.0), "target_modules": targets}
+            # the lora builders' use_dora (torchtune/modules/peft/dora.py DoRALinear): read, so
+            # the spec can say it is not modelled rather than estimate plain LoRA
+            _lora_switches(model, rep, out["lora"], {"use_dora": "use_dora"}, prefix="model.")
             rep.use("model.lora_*", "lora")
     seq = need_mapping(rep, "tokenizer", cfg.get("tokenizer")).get("max_seq_len")
     if seq:
@@ -270,6 +277,15 @@ def _torchtune_switches(cfg: dict, out: dict, rep: ImportReport) -> None:
         rep.use("model.quantize_base", "method = qlora")
     if out.get("method") == "qlora":
         out.setdefault("quantization", {"bits": 4, "type": "nf4", "double_quant": True, "block_size": 64})
+
+
+def _lora_switches(cfg: dict, rep: ImportReport, lora: dict, names: dict, prefix: str = "") -> None:
+    """A recipe's DoRA / rsLoRA switches into the lora section as written (null: off); the
+    spec takes only a real true/false (spec.sections.boolean names lora.use_dora)."""
+    for key, field in names.items():
+        if key in cfg:
+            lora[field] = False if cfg[key] is None else cfg[key]
+            rep.use(prefix + key, f"lora.{field}")
 
 
 def _switch(rep: ImportReport, name: str, value) -> bool:

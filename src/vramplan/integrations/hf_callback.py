@@ -59,7 +59,9 @@ def _lora_fields(model) -> dict:
     quantized = getattr(model.get_base_model(), "is_loaded_in_4bit", False)
     out = {"method": "qlora" if quantized else "lora",
            "lora": {"r": cfg.r, "alpha": cfg.lora_alpha, "dropout": cfg.lora_dropout,
-                    "target_modules": targets, "modules_to_save": sorted(cfg.modules_to_save or ())}}
+                    "target_modules": targets, "modules_to_save": sorted(cfg.modules_to_save or ()),
+                    "use_dora": bool(getattr(cfg, "use_dora", False)),
+                    "use_rslora": bool(getattr(cfg, "use_rslora", False))}}
     return out
 
 

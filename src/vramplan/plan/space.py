@@ -60,7 +60,8 @@ def check_axes(axes: Mapping[str, tuple]) -> None:
     """Each value of each axis is one the spec takes for that field (SpecError naming the
     field otherwise): the search combines them unchecked (num_gpus 0 would divide by zero)."""
     from vramplan.spec import Attention, Checkpointing, LossImpl, Optimizer, Precision
-    from vramplan.spec.sections import LoraConfig, ParallelConfig, positive_int
+    from vramplan.spec.lora import LoraConfig
+    from vramplan.spec.sections import ParallelConfig, positive_int
     enums = {"gradient_checkpointing": Checkpointing, "optimizer": Optimizer, "precision": Precision,
              "attention": Attention, "loss_impl": LossImpl, "method": Method}
     for axis, values in axes.items():

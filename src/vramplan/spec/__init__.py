@@ -4,7 +4,8 @@ from vramplan.spec.enums import (
     QuantType, SpecError, Task,
 )
 from vramplan.spec.job import DEFAULT_SEQ_LEN, JobSpec, load_spec, save_spec
-from vramplan.spec.sections import FreezeConfig, LoraConfig, ParallelConfig, QuantConfig
+from vramplan.spec.lora import LoraConfig
+from vramplan.spec.sections import FreezeConfig, ParallelConfig, QuantConfig
 
 __all__ = [
     "DEFAULT_SEQ_LEN", "Attention", "Backend", "Checkpointing", "FreezeConfig", "JobSpec", "LoraConfig",

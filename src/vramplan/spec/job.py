@@ -11,7 +11,8 @@ from vramplan.spec.enums import (
     Attention, Backend, Checkpointing, LogprobHead, LossImpl, Method, Optimizer, OptimizerImpl,
     Precision, QuantType, SpecError, Task, USER_ERRORS, as_spec_error,
 )
-from vramplan.spec.sections import (FreezeConfig, LoraConfig, ParallelConfig, QuantConfig, boolean, count_field,
+from vramplan.spec.lora import LoraConfig, check_dora
+from vramplan.spec.sections import (FreezeConfig, ParallelConfig, QuantConfig, boolean, count_field,
                                     did_you_mean, fraction, positive_int, quant_facts, required_keys, string_keys)
 from vramplan.spec.low_rank import LowRankConfig
 from vramplan.spec.float8 import Float8Config, check_all_gather, parse_float8, parse_neftune
@@ -255,6 +256,7 @@ class JobSpec:
         if q is not None and self.task is not Task.INFERENCE and q.kernel not in quant_facts(q.type)[3]:
             raise SpecError("quantization.kernel", f"{q.kernel} has no backward (GPTQModel SUPPORTS_TRAINING); "
                             f"train on {', '.join(quant_facts(q.type)[3])}")
+        check_dora(self.lora, q, self.stack.framework.value)
         if q is not None and self.backend is Backend.CPU and q.type not in _CPU_QUANT:
             raise SpecError("backend", f"{q.type.value} kernels are modelled on cuda only; "
                             f"on cpu: {', '.join(t.value for t in _CPU_QUANT)}")

@@ -153,47 +153,6 @@ def check_extras(extras: object) -> dict:
     return out
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class LoraConfig:
-    """PEFT LoraConfig fields that change memory."""
-
-    r: int = 8
-    """Adapter rank: A is (r, in), B is (out, r) per targeted linear."""
-    alpha: float = 16.0
-    """Scaling numerator (alpha / r); no memory effect, kept for round-tripping."""
-    dropout: float = 0.0
-    """lora_dropout; > 0 saves a dropout mask and a dropped copy of each adapter input."""
-    target_modules: tuple[str, ...] | str | None = None
-    """Module name suffixes (PEFT matching) or "all-linear" (every linear but the output head).
-    None (the default): the stack's default, resolved per model in
-    `components.trainable.default_lora_targets` (PEFT's own per model type; all-linear
-    under LLaMA-Factory and ms-swift)."""
-    modules_to_save: tuple[str, ...] = ()
-    """Modules trained in full beside the adapters (PEFT keeps a trainable copy of each)."""
-
-    def __post_init__(self):
-        object.__setattr__(self, "r", positive_int("lora.r", self.r))
-        object.__setattr__(self, "alpha", number("lora.alpha", self.alpha, high=1e6))
-        object.__setattr__(self, "dropout", fraction("lora.dropout", self.dropout, high=0.999))
-        targets = self.target_modules
-        if targets is None:
-            pass
-        elif isinstance(targets, str) and targets.replace("_", "-").lower() == ALL_LINEAR:
-            targets = ALL_LINEAR
-        else:
-            targets = string_list("lora.target_modules", targets)
-            if not targets:
-                raise SpecError("lora.target_modules", "is empty; name modules or use 'all-linear'")
-        object.__setattr__(self, "target_modules", targets)
-        object.__setattr__(self, "modules_to_save", string_list("lora.modules_to_save", self.modules_to_save))
-
-    def to_dict(self) -> dict:
-        targets = self.target_modules
-        return {"r": self.r, "alpha": self.alpha, "dropout": self.dropout,
-                "target_modules": targets if targets is None or isinstance(targets, str) else list(targets),
-                "modules_to_save": list(self.modules_to_save)}
-
-
 # Per quantization type: the bit widths its library stores, its default group size (None:
 # the type has no groups), its kernels (the first is the default) and those with a backward.
 _QUANT_FACTS = {

@@ -1,0 +1,121 @@
+"""DoRA (Liu et al. 2024, arXiv 2402.09353) as PEFT 0.21 runs it (`LoraConfig(use_dora=True)`).
+
+PEFT wraps each adapted linear as LoRA does and adds, per linear, a trained magnitude vector
+m of `out` elements (peft/tuners/lora/dora.py DoraLinearLayer.update_layer: an nn.Parameter,
+cast with the adapters: it gets a gradient and optimizer states). Its forward
+(peft/tuners/lora/variants.py DoraLinearVariant.forward, then DoraLinearLayer.forward) is
+
+    lora_weight = lora_B(lora_A(eye(in))).T                   # get_lora_weight: (out, in)
+    weight      = dequantize_module_weight(base).to(x.dtype)  # a copy when the dtype differs
+    norm        = ||weight + scaling * lora_weight.detach()||  # get_weight_norm, per row
+    s           = (m / norm.detach()).view(1, -1)              # DivBackward keeps norm
+    y_lora      = lora_B(lora_A(x))                            # saves x and lora_A's output
+    base_result = result (- bias)   |  F.linear(dropout(x), weight) with lora_dropout > 0
+    out         = result + (s - 1) * base_result + s * y_lora * scaling
+
+so autograd keeps, beyond LoRA's, `base_result` and `y_lora` ((s - 1) * base_result and
+s * y_lora each keep the other operand, T x out), s - 1, s and the norm (out each); with
+dropout, F.linear with the frozen weight keeps that weight: the x-dtype copy of the base
+weight (out x in) when the base is 16-bit or quantized and the adapters fp32.
+The weight norm is computed at every forward and detached, so its out x in temporaries are
+held only while the DoRA forward runs: eye(in), lora_A(eye) (in x r), lora_weight (in x out;
+its graph keeps the first two until the forward returns), the base weight's copy, and in
+get_weight_norm `scaling * lora_weight` and the sum (out x in each). Under gradient
+checkpointing the layer's forward runs again in backward, and so do they.
+
+Legend: T tokens, i in_features, o out_features, r rank, E adapter dtype bytes.
+"""
+from __future__ import annotations
+
+import math
+
+from vramplan.components.graph import Param, Recorder, Sym
+from vramplan.units import nbytes
+
+
+def dora_linear(rec: Recorder, x: Sym, xa: Sym, out: Sym, w: Param, bias: Param | None,
+                a: Param, b: Param, dropout: float, name: str) -> Sym:
+    """One adapted linear under DoRA: `out` is the base layer's result, `xa` its input cast to
+    the adapters' dtype (lora.Linear.forward `_cast_input_dtype`). Records what autograd saves
+    and appends (saved before, alive locals, transient) to `rec.dora_linears`."""
+    tokens, fan_in, fan_out, r = math.prod(x.shape[:-1]), x.shape[-1], out.shape[-1], a.shape[0]
+    ad = a.dtype
+    before = rec.saved_bytes()
+    # dequantize_module_weight(base).to(x.dtype): a new tensor unless the weight is already
+    # a plain tensor of the adapters' dtype
+    w_copy = nbytes(fan_in * fan_out, ad) if w.dtype != ad else 0
+    if dropout > 0:
+        # variants.py: x = dropout(x); base_result = None, so DoraLinearLayer.forward computes
+        # F.linear(x, weight) itself, which keeps the (copied) frozen weight for grad_input
+        xd = rec.dropout(xa, dropout, name=f"{name}.lora_dropout")
+        if w_copy and xd.requires_grad:
+            rec.save(rec.new(f"{name}.dora_weight", (fan_out, fan_in), ad, False))
+        base = rec.linear(xd, Param(w.name, (fan_out, fan_in), ad, False), name=f"{name}.dora_base")
+        w_copy = 0 if xd.requires_grad else w_copy  # counted as saved
+    else:
+        xd = xa
+        base = out if bias is None else rec.add(out, out, name=f"{name}.dora_base")  # result - bias
+    ya = rec.linear(xd, a, name=f"{name}.lora_A")
+    yb = rec.linear(ya, b, name=f"{name}.lora_B")
+    # mag_norm_scale = magnitude / weight_norm: DivBackward keeps the (detached) norm
+    norm = rec.new(f"{name}.dora_norm", (fan_out,), ad, False)
+    rec.save(norm)
+    s = rec.new(f"{name}.dora_scale", (1, fan_out), ad, True)
+    t1 = rec.new(f"{name}.dora_scale_m1", (1, fan_out), ad, True)  # mag_norm_scale - 1
+    t2 = rec.mul(t1, base, name=f"{name}.dora_base_scaled")
+    t3 = rec.mul(s, yb, name=f"{name}.dora_lora_scaled")
+    t4 = rec.scale(t3, name=f"{name}.dora_lora_scaling")
+    result_dora = rec.add(t2, t4, name=f"{name}.dora_out")
+    summed = rec.add(out, result_dora, name=f"{name}.lora_sum")
+    # alive as locals while the norm is computed: the base result and the cast input
+    local = sum(t.storage.nbytes for t in {id(out.storage): out, id(xa.storage): xa}.values())
+    rec.dora_linears.append((before, local, transient(tokens, fan_in, fan_out, r, ad, w_copy,
+                                                      t2.storage.nbytes, yb.storage.nbytes)))
+    return rec.to(summed, out.dtype, name=name)
+
+
+def transient(tokens: int, fan_in: int, fan_out: int, r: int, ad: str, w_copy: int,
+              t2: int, y_lora: int) -> int:
+    """The most one DoRA forward holds beyond what it saves and its caller's locals: the
+    norm (get_weight_norm's `scaling * lora_weight` and the sum, with eye(i), lora_A(eye),
+    lora_weight and the weight copy alive), or later the output's products: (s - 1) *
+    base_result, s * y_lora and its `* scaling` (T x o each) with y_lora made, while the
+    locals eye, lora_A(eye), lora_weight and the weight copy are still referenced."""
+    held = nbytes(fan_in * fan_in, ad) + nbytes(fan_in * r, ad) + nbytes(fan_in * fan_out, ad) + w_copy
+    at_norm = held + 2 * nbytes(fan_in * fan_out, ad)
+    at_output = held + y_lora + t2 + 2 * y_lora
+    return max(at_norm, at_output)
+
+
+def forward_term(linears, saved_total: int | None) -> int:
+    """A layer's DoRA forward transient beyond what the plan counts at its end: with the
+    layer's saved tensors kept (`saved_total`), the worst linear's moment less them; in a
+    checkpointed forward (None), which keeps nothing, its moment alone."""
+    if saved_total is None:
+        return max((local + t for _, local, t in linears), default=0)
+    return max(0, max((before + local + t for before, local, t in linears), default=0) - saved_total)
+
+
+def apply(plan, dora_at: dict, grad_hidden: int) -> None:
+    """Add DoRA's transients to an ActivationPlan: `dora_at` maps a stage index to (its DoRA
+    linears, whether the stage is a checkpointed layer). The forward's per stage; under
+    checkpointing the recomputed forward's in the layer's backward, with the incoming
+    hidden-state gradient (`grad_hidden`) alive, beyond what the backward counts there."""
+    from vramplan.breakdown import Breakdown
+
+    before = plan.stage_forward_transient or [Breakdown() for _ in plan.stages]
+    fwd = []
+    for j, (st, prev) in enumerate(zip(plan.stages, before)):
+        linears, wrapped = dora_at.get(j, ((), False))
+        saved = None if wrapped else sum(v for _, v in st.saved)
+        fwd.append(Breakdown(dict(prev.terms)).add("dora/forward_weight_norm", forward_term(linears, saved)))
+    plan.stage_forward_transient = fwd
+    extra = 0
+    for j, (linears, wrapped) in dora_at.items():
+        st = plan.stages[j]
+        if wrapped and st.recompute:
+            counted = sum(v for _, v in st.recompute) + plan.layer_backward_transient.total()
+            moment = max((before + local + t for before, local, t in linears), default=0) + grad_hidden
+            extra = max(extra, moment - counted)
+    if extra > 0:
+        plan.layer_backward_transient.add("dora/recomputed_weight_norm", extra)

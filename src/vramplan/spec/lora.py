@@ -1,0 +1,73 @@
+"""The spec's lora section: PEFT's LoraConfig fields, and the combinations PEFT refuses."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vramplan.spec.enums import QuantType, SpecError
+from vramplan.spec.sections import ALL_LINEAR, boolean, number, positive_int, string_list
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LoraConfig:
+    """PEFT LoraConfig fields that change memory."""
+
+    r: int = 8
+    """Adapter rank: A is (r, in), B is (out, r) per targeted linear."""
+    alpha: float = 16.0
+    """Scaling numerator (alpha / r); no memory effect, kept for round-tripping."""
+    dropout: float = 0.0
+    """lora_dropout; > 0 saves a dropout mask and a dropped copy of each adapter input."""
+    target_modules: tuple[str, ...] | str | None = None
+    """Module name suffixes (PEFT matching) or "all-linear" (every linear but the output head).
+    None (the default): the stack's default, resolved per model in
+    `components.trainable.default_lora_targets` (PEFT's own per model type; all-linear
+    under LLaMA-Factory and ms-swift)."""
+    modules_to_save: tuple[str, ...] = ()
+    """Modules trained in full beside the adapters (PEFT keeps a trainable copy of each)."""
+    use_dora: bool = False
+    """DoRA (Liu et al. 2024, arXiv 2402.09353; PEFT `use_dora`): a trained magnitude vector per
+    adapted linear and a re-normalised output (components/dora.py models what it holds)."""
+    use_rslora: bool = False
+    """rsLoRA (Kalajdzievski 2023, arXiv 2312.03732; PEFT `use_rslora`): scaling alpha/sqrt(r)
+    instead of alpha/r; no memory effect, kept for round-tripping."""
+
+    def __post_init__(self):
+        object.__setattr__(self, "r", positive_int("lora.r", self.r))
+        object.__setattr__(self, "use_dora", boolean("lora.use_dora", self.use_dora))
+        object.__setattr__(self, "use_rslora", boolean("lora.use_rslora", self.use_rslora))
+        object.__setattr__(self, "alpha", number("lora.alpha", self.alpha, high=1e6))
+        object.__setattr__(self, "dropout", fraction("lora.dropout", self.dropout, high=0.999))
+        targets = self.target_modules
+        if targets is None:
+            pass
+        elif isinstance(targets, str) and targets.replace("_", "-").lower() == ALL_LINEAR:
+            targets = ALL_LINEAR
+        else:
+            targets = string_list("lora.target_modules", targets)
+            if not targets:
+                raise SpecError("lora.target_modules", "is empty; name modules or use 'all-linear'")
+        object.__setattr__(self, "target_modules", targets)
+        object.__setattr__(self, "modules_to_save", string_list("lora.modules_to_save", self.modules_to_save))
+
+    def to_dict(self) -> dict:
+        targets = self.target_modules
+        return {"r": self.r, "alpha": self.alpha, "dropout": self.dropout,
+                "target_modules": targets if targets is None or isinstance(targets, str) else list(targets),
+                "modules_to_save": list(self.modules_to_save),
+                **({"use_dora": True} if self.use_dora else {}),
+                **({"use_rslora": True} if self.use_rslora else {})}
+
+
+def check_dora(lora: LoraConfig | None, quantization, framework: str) -> None:
+    """DoRA where PEFT refuses it, or where a framework runs its own (not modelled)."""
+    if lora is None or not lora.use_dora:
+        return
+    if quantization is not None and quantization.type in (QuantType.GPTQ, QuantType.AWQ):
+        # peft/tuners/lora/gptq.py GPTQLoraLinear and awq.py AwqLoraLinear __init__:
+        # "does not support DoRA yet, please set it to False"
+        raise SpecError("lora.use_dora", f"PEFT's LoRA layer for {quantization.type.value} weights refuses DoRA "
+                        "(peft/tuners/lora/gptq.py, awq.py); set use_dora false or quantize with "
+                        "nf4, int8, hqq or torchao-int8")
+    if framework == "torchtune":
+        raise SpecError("lora.use_dora", "torchtune's own DoRALinear is not modelled (vramplan models "
+                        "PEFT's DoRA); set use_dora false or use a PEFT-based stack")
