@@ -194,7 +194,9 @@ def dequant_copies(q: QuantConfig) -> int:
     """Full-width compute-dtype tensors alive at the peak of one dequantization: hqq
     Quantizer.dequantize `((W_r - meta["zero"]) * meta["scale"])` holds the unpacked codes
     W_r (bitpack.py unpack_*: `torch.empty([k * _step, ...], dtype=compute_dtype)`), the
-    difference and the product; bitsandbytes dequantize_4bit writes its output directly."""
+    difference and the product (hqq's default HQQBackend.PYTORCH; the optional CUDA ATEN
+    backend's fused `hqq_aten.dequantize` makes one); bitsandbytes dequantize_4bit writes its
+    output directly."""
     return 3 if q.type is QuantType.HQQ else 1
 
 
