@@ -79,6 +79,10 @@ def test_floor_at_most_the_estimate(name):
             continue
         claimed += 1
         assert 0 < f <= est.device_bytes, (c.change_dict, f, est.device_bytes)
+        # with `above`, the weaker floors (without the states, from the micro-batch-1 plan)
+        for above in (0, est.device_bytes // 2, f - 1):
+            weak = floor.device_floor(c.spec, above=above)
+            assert weak is not None and 0 < weak <= f, (c.change_dict, above, weak, f)
     assert claimed >= 0.8 * tried          # the floor is claimed on most layouts it is tried on
 
 

@@ -114,25 +114,27 @@ def _param_tables(params: ParamSet) -> tuple[dict[str, Param], dict[str, tuple[P
     return table, pairs
 
 
-def _autocast(spec: JobSpec) -> str | None:
-    return dtypes_of(spec).autocast
-
-
 def _recorder(spec: JobSpec, seen: set[int]) -> Recorder:
-    saved = q.compute_dtype if (q := spec.quantization) is not None and dequant_modes(q)[0] == SAVED else None
+    q = spec.quantization
+    saved = q.compute_dtype if q is not None and dequant_modes(q)[0] == SAVED else None
     f8 = (True, spec.float8.convert_lm_head) if spec.float8 is not None else None
-    return Recorder(autocast=_autocast(spec), backend=spec.backend.value, seen=seen, dequant_saved=saved, float8=f8,
-                    quant_input_saved=kernel_saves_input(q))
+    return Recorder(autocast=dtypes_of(spec).autocast, backend=spec.backend.value, seen=seen, dequant_saved=saved,
+                    float8=f8, quant_input_saved=kernel_saves_input(q))
 
 
 def plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> ActivationPlan:
     """The saved tensors of one model's step. Memoized on the model, its parameter set and
     the spec's fields but the layout's (components/memo.py LAYOUT_FIELDS): a search
     re-estimates one model under many layouts that share them. Callers get a copy."""
+    return _copy(shared_plan(desc, spec, params))
+
+
+def shared_plan(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> ActivationPlan:
+    """plan_activations' memoized plan itself, uncopied: for callers that only read it."""
     key = spec_key(spec)
     if key is None:
         return _plan_activations(desc, spec, params)
-    return _copy(cached_plan(desc, params, key, lambda: _plan_activations(desc, spec, params)))
+    return cached_plan(desc, params, key, lambda: _plan_activations(desc, spec, params))
 
 
 def _copy(plan: ActivationPlan) -> ActivationPlan:
@@ -145,8 +147,7 @@ def _copy(plan: ActivationPlan) -> ActivationPlan:
                            for st in plan.stages], bd(plan.loss_saved), bd(plan.forward_end_transient),
                           bd(plan.loss_backward_transient), bd(plan.head_backward_transient),
                           bd(plan.layer_backward_transient), plan.input_leaf_bytes, plan.head_input,
-                          plan.head_linear_saved,
-                          None if plan.stage_forward_transient is None
+                          plan.head_linear_saved, None if plan.stage_forward_transient is None
                           else [bd(b) for b in plan.stage_forward_transient])
 
 
@@ -170,9 +171,9 @@ def _plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Activ
         input_leaf = x.storage.nbytes
     stages = [Stage("embedding", rec.saved_items(), [])]
     cache: dict[tuple, tuple[list, bool, tuple | None, str, tuple, list]] = {}
-    gc = spec.gradient_checkpointing
-    f8_layer: tuple = ()
-    fwd_peaks: dict[int, list] = {}
+    parts: dict[tuple, tuple] = {}   # one stage's lists per signature (shared, never changed in place)
+    gc, f8_layer, fwd_peaks, mlp_out = spec.gradient_checkpointing, (), {}, _MLP_OUT_INPUTS[desc.mlp]
+    hook = getattr(family_forward(desc), "backward_peak", None)
     for i in range(desc.num_layers):
         key = _signature(ctx, i, x)
         if key not in cache:
@@ -180,22 +181,29 @@ def _plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Activ
         saved, out_rg, op_split, out_dtype, f8_layer, fwd_peak = cache[key]
         # torchtitan <= 0.2 `_apply_layer_sac`: with selective_ac_option = N only every N-th
         # block (a global count from 1) is wrapped; checkpoint_every = 1 wraps them all.
-        wrapped = (i + 1) % spec.checkpoint_every == 0
-        if gc is Checkpointing.FULL and wrapped:
-            # torch.utils.checkpoint (non-reentrant, transformers 5's default) keeps the
-            # layer's inputs for the recomputation and nothing the layer saves.
-            stages.append(Stage(f"layer {i}", [("checkpoint/layer_input", x.storage.nbytes)], saved, _MLP_OUT_INPUTS[desc.mlp]))
+        wrapped = gc is Checkpointing.FULL and (i + 1) % spec.checkpoint_every == 0
+        at = (key, wrapped, x.storage.nbytes)
+        if at not in parts:
+            if wrapped:
+                # torch.utils.checkpoint (non-reentrant, transformers 5's default) keeps the
+                # layer's inputs for the recomputation and nothing the layer saves.
+                parts[at] = ([("checkpoint/layer_input", x.storage.nbytes)], saved, mlp_out)
+            elif gc is Checkpointing.OP_SELECTIVE:
+                keep, redo, dropped = op_split
+                parts[at] = (keep, redo, mlp_out + dropped)
+            elif gc is Checkpointing.SELECTIVE:
+                parts[at] = split_attention_core(saved) + (mlp_out,)
+            else:
+                parts[at] = (saved, [], mlp_out)
+        stages.append(Stage(f"layer {i}", *parts[at]))
+        if wrapped:
             fwd_peaks[len(stages) - 1] = fwd_peak  # what its forward holds, none of it saved
-        elif gc is Checkpointing.OP_SELECTIVE:
-            keep, redo, dropped = op_split
-            stages.append(Stage(f"layer {i}", keep, redo, _MLP_OUT_INPUTS[desc.mlp] + dropped))
-        elif gc is Checkpointing.SELECTIVE:
-            keep, redo = split_attention_core(saved)
-            stages.append(Stage(f"layer {i}", keep, redo, _MLP_OUT_INPUTS[desc.mlp]))
-        else:
-            stages.append(Stage(f"layer {i}", saved, [], _MLP_OUT_INPUTS[desc.mlp]))
+        # a family that names its own backward peak (Jamba's Mamba scan): its temporaries and
+        # the saved tensors released before it
+        peak = hook(desc, spec, params, i, stages[-1].recompute or stages[-1].saved) if hook else None
+        if peak is not None:
+            stages[-1].backward_transient, stages[-1].freed_before_peak = peak
         # the layer's output dtype: Mamba's fp32 residual stream (residual_in_fp32) widens it
-        _family_backward_peak(desc, spec, params, i, stages[-1])
         x = Sym(f"layer{i}.out", x.shape, out_dtype, out_rg, Storage(nbytes(x.numel, out_dtype)))
     _shared_rotary(ctx, stages)
     head_rec = _recorder(spec, seen)
@@ -212,7 +220,7 @@ def _plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Activ
         res = dtypes_of(spec).weights
         apply(plan, spec, f8_layer, head_rec.float8_linears, desc.hidden_size, res, _MLP_OUT_INPUTS[desc.mlp],
               dtypes_of(spec).gradients)
-    if _autocast(spec) and spec.gradient_checkpointing is not Checkpointing.NONE:
+    if dtypes_of(spec).autocast and spec.gradient_checkpointing is not Checkpointing.NONE:
         # autocast caches the low-precision copy of a weight only when it is a leaf that
         # requires grad (aten/src/ATen/autocast_mode.cpp `cached_cast`: `arg.is_leaf() &&
         # arg.requires_grad()`), until the region exits; so under checkpointing, where the
@@ -290,16 +298,6 @@ def _layer(ctx: Ctx, spec: JobSpec, i: int, x: Sym, b: int, s: int, seen: set[in
             tuple(rec.float8_linears), rec.forward_peak)
 
 
-def _family_backward_peak(desc: ModelDesc, spec: JobSpec, params: ParamSet, i: int, stage: Stage) -> None:
-    """A family whose layer peaks in backward elsewhere than in its MLP (Jamba's Mamba scan)
-    names that moment: its temporaries and the saved tensors released before it."""
-    forward = family_forward(desc)
-    hook = getattr(forward, "backward_peak", None) if forward is not None else None
-    peak = hook(desc, spec, params, i, stage.recompute or stage.saved) if hook else None
-    if peak is not None:
-        stage.backward_transient, stage.freed_before_peak = peak
-
-
 def _shared_rotary(ctx: Ctx, stages: list[Stage]) -> None:
     if "cos" in ctx.shared and any(st.saved or st.recompute for st in stages[1:]):
         # cos and sin (Llama); one complex freqs_cis (Llama-4) is kept under "cos" alone
@@ -362,7 +360,7 @@ def _with_loss(desc: ModelDesc, spec: JobSpec, stages: list[Stage], logits: Sym,
         return ActivationPlan(stages, saved, fwd, bwd0, head, layer_backward(desc, spec))
     if loss_kind(desc, spec) or spec.label_smoothing:  # repository code's own loss, the Trainer's LabelSmoother
         terms = (label_smoother_terms(b, s, v, c, grad_hidden) if spec.label_smoothing else  # (shifted_loss.py)
-                 shifted_loss_terms(desc, spec, v, c, _autocast(spec) is not None, grad_hidden, head_trains))
+                 shifted_loss_terms(desc, spec, v, c, dtypes_of(spec).autocast is not None, grad_hidden, head_trains))
         return ActivationPlan(stages, *terms, layer_backward(desc, spec))
     saved.add("logits/log_softmax", full32).add("logits/labels", nbytes(tokens, "int64"))
     if desc.final_logit_softcapping:

@@ -92,7 +92,13 @@ def spec_key(spec, drop: frozenset = LAYOUT_FIELDS) -> tuple | None:
         names = [f.name for f in fields(spec) if f.name not in drop]
         read = _FIELDS[(type(spec), drop)] = attrgetter(*names) if len(names) > 1 else (
             lambda s, n=tuple(names): tuple(getattr(s, x) for x in n))
-    key = tuple(v if _plain(type(v)) else _frozen(v) for v in read(spec))
+    key = read(spec)
+    try:
+        hash(key)       # every value hashable: each is its own _frozen form (dicts and
+        return key      # lists never hash; other values are returned unchanged)
+    except TypeError:
+        pass
+    key = tuple(v if _plain(type(v)) else _frozen(v) for v in key)
     try:
         hash(key)
     except TypeError:

@@ -35,17 +35,43 @@ def tp_shape(p: HeldParam, t: int) -> tuple[int, ...]:
     PEFT's Megatron LoRA splits B with a column base and A with a row base)."""
     if t == 1 or not p.shape:
         return p.shape
-    leaf = _leaf(p)
-    is_bias = p.name.endswith(".bias")
-    if any(leaf == c or leaf.endswith(c) for c in _COLUMN) or "embed" in leaf:
-        if p.kind == "lora":
-            return (-(-p.shape[0] // t),) + p.shape[1:] if p.name.endswith("lora_B") else p.shape
+    key = (p.name, p.kind, len(p.shape))
+    dim = _SPLIT_DIM.get(key)
+    if dim is None:
+        if len(_SPLIT_DIM) >= 1 << 16:
+            _SPLIT_DIM.clear()
+        dim = _SPLIT_DIM[key] = _split_dim(p)
+    if dim == 0:
         return (-(-p.shape[0] // t),) + p.shape[1:]
-    if any(leaf == r or leaf.endswith(r) for r in _ROW) and not is_bias and len(p.shape) == 2:
-        if p.kind == "lora":
-            return (p.shape[0], -(-p.shape[1] // t)) if p.name.endswith("lora_A") else p.shape
+    if dim == 1:
         return (p.shape[0], -(-p.shape[1] // t))
     return p.shape
+
+
+# (name, kind, ndim) -> the dimension tensor parallelism splits (None: replicated); the
+# rule reads only these, and a search asks it of the same tensors under every TP degree
+_SPLIT_DIM: dict[tuple, int | None] = {}
+
+
+def _split_dim(p: HeldParam) -> int | None:
+    """The rule by what it reads: the module's leaf name, the tensor's own name, kind and
+    rank (identical layers' tensors share one entry)."""
+    leaf = _leaf(p)
+    key = (leaf, p.name.rsplit(".", 1)[-1], p.kind, len(p.shape))
+    if key not in _BY_LEAF:
+        _BY_LEAF[key] = _rule(p, leaf)
+    return _BY_LEAF[key]
+
+
+_BY_LEAF: dict[tuple, int | None] = {}
+
+
+def _rule(p: HeldParam, leaf: str) -> int | None:
+    if any(leaf == c or leaf.endswith(c) for c in _COLUMN) or "embed" in leaf:
+        return 0 if p.kind != "lora" or p.name.endswith("lora_B") else None
+    if any(leaf == r or leaf.endswith(r) for r in _ROW) and not p.name.endswith(".bias") and len(p.shape) == 2:
+        return 1 if p.kind != "lora" or p.name.endswith("lora_A") else None
+    return None
 
 
 def pp_layers(num_layers: int, pp: int, split: list[int] | None = None) -> list[range]:

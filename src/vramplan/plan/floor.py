@@ -33,7 +33,7 @@ tests/test_fit_floor.py checks floor <= device_bytes over many layouts.
 """
 from __future__ import annotations
 
-from vramplan.components.activations import plan_activations
+from vramplan.components.activations import shared_plan
 from vramplan.components.memo import spec_key
 from vramplan.components.optimizer import state_key
 from vramplan.breakdown import Breakdown
@@ -50,6 +50,7 @@ from vramplan.parallel.pipeline import pipeline_static_bytes
 from vramplan.parallel.plan import stage_model_states
 from vramplan.parallel.shard import pp_layers
 from vramplan.spec import Backend, JobSpec, SpecError, Task
+from vramplan.spec.job import copy_with
 from vramplan.spec.tasks import needs_several_models
 
 
@@ -60,6 +61,7 @@ class MemoryFloor:
         self.desc = desc
         self.gpu = gpu
         self._lists: dict[tuple, int] = {}   # (group, saved list's content, scaling) -> bytes
+        self._by_id: dict[tuple, tuple] = {}  # (id of a saved list, group, scaling) -> (list, bytes)
         self._outside: dict[tuple, tuple[int, int]] = {}
         self._state_memo: dict[tuple, tuple] = {}
         self._acts: dict[tuple, tuple] = {}
@@ -81,17 +83,23 @@ class MemoryFloor:
             if lay.ulysses > 1:
                 return None
             params = param_set(desc, mspec)
-            per, loss, largest = self._activations(mspec, lay, params)
+            exact = self._activations(mspec, lay, params) if above is None or mspec.micro_batch_size == 1 else None
+            # plan/fit.py's fact 2: every saved activation, logit and input tensor is a
+            # multiple of the micro-batch, so the plan at micro-batch 1 (every split list
+            # has it, so a search plans it once) gives a floor for a larger one; the exact
+            # plan is made only where that floor does not already exceed `above`
+            small = exact or self._activations(copy_with(mspec, micro_batch_size=1), lay, params)
         except (SpecError, ValueError):
             return None                 # the estimate says why; claim nothing
         ranges = pp_layers(desc.num_layers, lay.pp, lay.extras.get("pp_layers"))
-        if lay.pp > 1 and len(per) != desc.num_layers + 2:
+        if lay.pp > 1 and len(small[0]) != desc.num_layers + 2:
             return None                 # stages are embedding, layers..., head (parallel.plan._select)
         last = len(ranges) - 1
         accum = mspec.grad_accum_steps > 1   # build_step's grads_alive_in_forward (no pipeline)
         outside, workspaces = self._outside_bytes(mspec, lay)
 
-        def floor(states: list[tuple[int, int]]) -> int:
+        def floor(states: list[tuple[int, int]], acts: tuple[list[int], int, int]) -> int:
+            per, loss, largest = acts
             best = 0
             for s, r in enumerate(ranges):   # (the workspaces: in every stage's static part)
                 act = sum(per) if lay.pp == 1 else (sum(per[i + 1] for i in r) + (per[0] if s == 0 else 0)
@@ -115,13 +123,23 @@ class MemoryFloor:
             return reserved_from_allocated(best, largest, sum(per)) + outside
         # without the model states first (still a floor): enough where it already exceeds
         # `above`, and the states need the rank's parameter sets
-        partial = floor([(0, 0)] * len(ranges))
-        if (above is not None and partial > above) or (mspec.parallel.is_trivial and mspec.num_gpus <= 1):
-            return partial
-        return floor(self._states(mspec, lay, params))
+        def bound(acts: tuple[list[int], int, int]) -> int:
+            partial = floor([(0, 0)] * len(ranges), acts)
+            if (above is not None and partial > above) or (mspec.parallel.is_trivial and mspec.num_gpus <= 1):
+                return partial
+            return floor(self._states(mspec, lay, params), acts)
+        if exact is None:
+            weak = bound(small)
+            if weak > above:
+                return weak
+            try:
+                exact = self._activations(mspec, lay, params)
+            except (SpecError, ValueError):
+                return None
+        return bound(exact)
 
     def _activations(self, spec: JobSpec, lay: Layout, params) -> tuple[list[int], int, int]:
-        """From the step's activation plan (components/activations.py plan_activations,
+        """From the step's activation plan (components/activations.py shared_plan,
         memoized on the model, the parameter set and spec_key, so kept here under the same
         key and what scale reads of the layout): each stage's saved activations on the rank;
         the last stage's loss terms (loss_saved and the larger of forward_end_transient and
@@ -134,7 +152,7 @@ class MemoryFloor:
         hit = self._acts.get(key) if key is not None else None
         if hit is not None and hit[0] is params:
             return hit[1]
-        acts = plan_activations(self.desc, spec, params)
+        acts = shared_plan(self.desc, spec, params)     # read only
         per = [self._stage_total(st, lay, scaling) for st in acts.stages]
         parts = [scale(b, lay) for b in (acts.loss_saved, acts.forward_end_transient, acts.loss_backward_transient)]
         loss = parts[0].total() + max(parts[1].total(), parts[2].total())
@@ -151,6 +169,11 @@ class MemoryFloor:
         Kept per content of the list (identical layers save alike; other micro-batches and
         layouts repeat lists) and scaling: the total reads nothing else."""
         group = "activations/layers" if st.label.startswith("layer") else f"activations/{st.label}"
+        # first by the list's identity (layers and plans share lists, and the entry keeps
+        # the list alive, so its id is not reused), then by its content
+        hit = self._by_id.get((id(st.saved), group, scaling))
+        if hit is not None:
+            return hit[1]
         key = (group, tuple(st.saved), scaling)
         total = self._lists.get(key)
         if total is None:
@@ -158,6 +181,7 @@ class MemoryFloor:
             for name, size in st.saved:
                 bd.add(f"{group}/{name}", size)
             total = self._lists[key] = scale(bd, lay, scaling[-1]).total()
+        self._by_id[(id(st.saved), group, scaling)] = (st.saved, total)
         return total
 
     def _states(self, spec: JobSpec, lay: Layout, params) -> list[int]:
