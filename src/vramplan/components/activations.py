@@ -23,7 +23,7 @@ from vramplan.components.memo import cached_plan, spec_key
 from vramplan.components.op_checkpoint import split_layer
 from vramplan.components.selective import split_attention_core
 from vramplan.components.shifted_loss import label_smoother_terms, loss_kind, shifted_loss_terms
-from vramplan.components.quant import SAVED, dequant_modes
+from vramplan.components.quant import SAVED, dequant_modes, kernel_saves_input
 from vramplan.components.trainable import ParamSet
 from vramplan.model import MlpKind, ModelDesc
 from vramplan.spec import Checkpointing, JobSpec, LossImpl, Task
@@ -118,7 +118,8 @@ def _recorder(spec: JobSpec, seen: set[int]) -> Recorder:
     q = spec.quantization
     saved = q.compute_dtype if q is not None and dequant_modes(q)[0] == SAVED else None
     f8 = (True, spec.float8.convert_lm_head) if spec.float8 is not None else None
-    return Recorder(autocast=dtypes_of(spec).autocast, backend=spec.backend.value, seen=seen, dequant_saved=saved, float8=f8)
+    return Recorder(autocast=dtypes_of(spec).autocast, backend=spec.backend.value, seen=seen, dequant_saved=saved,
+                    float8=f8, quant_input_saved=kernel_saves_input(q))
 
 
 def plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> ActivationPlan:

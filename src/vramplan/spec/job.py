@@ -23,9 +23,9 @@ _ENUMS = {
     "optimizer_impl": OptimizerImpl, "gradient_checkpointing": Checkpointing,
     "attention": Attention, "backend": Backend, "loss_impl": LossImpl, "logprob_head": LogprobHead,
 }
-# Quantized bases whose training step runs on CPU (bitsandbytes >= 0.49's CPU backend,
-# GPTQModel's TorchLinear, torchao's int8/fp8 weight-only tensors), so can be measured there.
-_CPU_QUANT = (QuantType.NF4, QuantType.FP4, QuantType.INT8, QuantType.GPTQ,
+# Quantized bases whose training step runs on CPU (bitsandbytes >= 0.49's CPU backend, GPTQModel's
+# TorchLinear, torchao's int8/fp8 weight-only tensors, hqq's PYTORCH backend): measurable there.
+_CPU_QUANT = (QuantType.NF4, QuantType.FP4, QuantType.INT8, QuantType.GPTQ, QuantType.HQQ,
               QuantType.TORCHAO_INT8, QuantType.TORCHAO_FP8)
 _SECTIONS = {"lora": LoraConfig, "quantization": QuantConfig, "freeze": FreezeConfig,
              "parallel": ParallelConfig, "low_rank": LowRankConfig}
