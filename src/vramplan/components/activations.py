@@ -117,9 +117,9 @@ def _param_tables(params: ParamSet) -> tuple[dict[str, Param], dict[str, tuple[P
 def _recorder(spec: JobSpec, seen: set[int]) -> Recorder:
     q = spec.quantization
     saved = q.compute_dtype if q is not None and dequant_modes(q)[0] == SAVED else None
-    f8 = (True, spec.float8.convert_lm_head) if spec.float8 is not None else None
     return Recorder(autocast=dtypes_of(spec).autocast, backend=spec.backend.value, seen=seen, dequant_saved=saved,
-                    float8=f8, quant_input_saved=kernel_saves_input(q))
+                    float8=(True, spec.float8.convert_lm_head) if spec.float8 is not None else None,
+                    quant_input_saved=kernel_saves_input(q))
 
 
 def plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> ActivationPlan:
