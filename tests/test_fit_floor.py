@@ -79,6 +79,8 @@ def test_floor_at_most_the_estimate(name):
             continue
         claimed += 1
         assert 0 < f <= est.device_bytes, (c.change_dict, f, est.device_bytes)
+        # the same floor from the layout's kept model spec, layout and parameter set
+        assert floor.device_floor(c.spec, layout=c.layout) == f, c.change_dict
         # with `above`, the weaker floors (without the states, from the micro-batch-1 plan)
         for above in (0, est.device_bytes // 2, f - 1):
             weak = floor.device_floor(c.spec, above=above)
@@ -104,7 +106,7 @@ def test_fit_with_the_floor_answers_as_without_it(monkeypatch):
     job, axes = NOTHING_FITS
     spec = load_spec(job)
     with_floor = fit(spec, axes=axes, top_k=5, suggest=False)
-    monkeypatch.setattr(MemoryFloor, "device_floor", lambda self, spec, above=None: None)
+    monkeypatch.setattr(MemoryFloor, "device_floor", lambda self, spec, above=None, layout=None: None)
     without = fit(spec, axes=axes, top_k=5, suggest=False)
     assert with_floor.closest is not None and answers(with_floor) == answers(without)
     assert with_floor.estimates_computed < without.estimates_computed

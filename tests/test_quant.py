@@ -212,11 +212,12 @@ _STEP_MODEL = {"model_type": "llama", "hidden_size": 128, "intermediate_size": 3
 
 
 @pytest.mark.parametrize("quant,library", [({"type": "nf4"}, "bitsandbytes"),
-                                           ({"type": "torchao-int8"}, "torchao")])
+                                           ({"type": "torchao-int8"}, "torchao"),
+                                           ({"type": "hqq", "bits": 4, "group_size": 64}, "hqq")])
 def test_qlora_step_peak_within_2_percent(quant, library):
     pytest.importorskip("torch")
     pytest.importorskip("peft")
-    pytest.importorskip(library, reason=f"{library} (test extra) is not installed")
+    pytest.importorskip(library, reason=f"{library} ({'measure' if library == 'hqq' else 'test'} extra) is not installed")
     job = {"model": _STEP_MODEL, "task": "sft", "method": "qlora", "quantization": quant, "precision": "bf16",
            "lora": {"r": 4, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
                                                "down_proj"]},
@@ -224,6 +225,18 @@ def test_qlora_step_peak_within_2_percent(quant, library):
     measured = measure_fresh(job, device="cpu")["peak_allocated_bytes"]  # the layer tests leave tensors
     estimated = vramplan.estimate(vramplan.load_spec(job)).peak_allocated_bytes
     assert abs(estimated / measured - 1) < 0.02
+
+
+def test_committed_step_measurements_are_estimated_within_2_percent():
+    """bench/quant/results.json: each QLoRA step measured on a real quantized base (GPTQModel
+    and hqq included, which CI does not install) against today's estimate of the same job."""
+    from pathlib import Path
+
+    rows = json.loads((Path(__file__).resolve().parents[1] / "bench" / "quant" / "results.json").read_text())["steps"]
+    assert {r["job"]["quantization"]["type"] for r in rows} >= {"nf4", "int8", "gptq", "hqq", "torchao-int8"}
+    for r in rows:
+        estimated = vramplan.estimate(vramplan.load_spec(r["job"])).peak_allocated_bytes
+        assert abs(estimated / r["measured_peak_bytes"] - 1) < 0.02, r["name"]
 
 
 def test_moe_experts_quantize_only_as_transformers_4_linears():

@@ -8,7 +8,7 @@
 2. steps: two QLoRA training steps of a tiny Llama on a real quantized base under the exact
    CPU meter (vramplan.measure; one process per job), next to vramplan.estimate.
 
-    PYTHONPATH=src python bench/quant/run.py [storage|steps]   # writes results.json
+    PYTHONPATH=src python bench/quant/run.py [storage|steps] [--only NAME]   # writes results.json
     PYTHONPATH=src python bench/quant/run.py --reestimate      # new estimates, same measurements
 """
 from __future__ import annotations
@@ -24,8 +24,10 @@ SHAPES = ((384, 512), (688, 256), (256, 1024))
 
 TINY = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 688, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 2048, "max_position_embeddings": 512}
+WIDE = dict(TINY, intermediate_size=2048, vocab_size=256)
+"""A wide MLP and a small vocabulary: the layer's backward, not the head's, sets the peak."""
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-STEPS = [  # (name, quantization, precision, gradient_checkpointing)
+STEPS = [  # (name, quantization, precision, gradient_checkpointing[, model, micro batch, seq_len])
     ("nf4 double-quant", {"type": "nf4"}, "bf16", "none"),
     ("nf4 double-quant, checkpointing", {"type": "nf4"}, "bf16", "full"),
     ("fp4", {"type": "fp4", "double_quant": False}, "bf16", "none"),
@@ -37,12 +39,18 @@ STEPS = [  # (name, quantization, precision, gradient_checkpointing)
     ("torchao int8 weight-only", {"type": "torchao-int8"}, "bf16", "none"),
     ("torchao int8 weight-only, checkpointing", {"type": "torchao-int8"}, "bf16", "full"),
     ("torchao fp8 weight-only", {"type": "torchao-fp8"}, "bf16", "none"),
+    ("hqq 4-bit g64", {"type": "hqq", "bits": 4, "group_size": 64}, "bf16", "none"),
+    ("hqq 4-bit g64, checkpointing", {"type": "hqq", "bits": 4, "group_size": 64}, "bf16", "full"),
+    ("hqq 2-bit g16", {"type": "hqq", "bits": 2, "group_size": 16}, "bf16", "none"),
+    ("hqq 8-bit g64", {"type": "hqq", "bits": 8, "group_size": 64}, "bf16", "none"),
+    ("hqq 4-bit g64, wide MLP, checkpointing", {"type": "hqq", "bits": 4, "group_size": 64}, "bf16", "full",
+     WIDE, 1, 64),
 ]
 
 
-def _job(quant: dict, precision: str, gc: str) -> dict:
-    return {"model": TINY, "task": "sft", "method": "qlora", "lora": {"r": 8, "target_modules": TARGETS},
-            "quantization": quant, "precision": precision, "micro_batch_size": 2, "seq_len": 128,
+def _job(quant: dict, precision: str, gc: str, model: dict = TINY, batch: int = 2, seq: int = 128) -> dict:
+    return {"model": model, "task": "sft", "method": "qlora", "lora": {"r": 8, "target_modules": TARGETS},
+            "quantization": quant, "precision": precision, "micro_batch_size": batch, "seq_len": seq,
             "backend": "cpu", "gradient_checkpointing": gc}
 
 
@@ -154,8 +162,8 @@ def run_step(index: int) -> dict:
     import vramplan
     from vramplan.measure import measure
 
-    name, quant, precision, gc = STEPS[index]
-    job = _job(quant, precision, gc)
+    name, *args = STEPS[index]
+    job = _job(*args)
     est = vramplan.estimate(vramplan.load_spec(job))
     res = measure(job, device="cpu")
     return {"name": name, "job": job, "measured_peak_bytes": res.peak_allocated_bytes,
@@ -163,9 +171,15 @@ def run_step(index: int) -> dict:
             "error": round(est.peak_allocated_bytes / res.peak_allocated_bytes - 1, 5)}
 
 
-def run_steps() -> list[dict]:
+def run_steps(old: list[dict] = (), only: str | None = None) -> list[dict]:
+    """Every step, one process each; with `only`, the steps whose name contains it, the
+    others keeping their committed rows."""
+    kept = {r["name"]: r for r in old}
     rows = []
     for i in range(len(STEPS)):
+        if only is not None and only not in STEPS[i][0] and STEPS[i][0] in kept:
+            rows.append(kept[STEPS[i][0]])
+            continue
         out = subprocess.run([sys.executable, __file__, "--step", str(i)], capture_output=True, text=True,
                              env=dict(os.environ, TQDM_DISABLE="1"))
         line = [x for x in out.stdout.splitlines() if x.startswith("{")]
@@ -211,12 +225,13 @@ def main(argv: list[str]) -> None:
     path = os.path.join(HERE, "results.json")
     old = json.load(open(path)) if os.path.exists(path) else {}
     what = argv[0] if argv else "all"
+    only = argv[argv.index("--only") + 1] if "--only" in argv else None
     if what == "--reestimate":
         out = dict(old, steps=reestimate(old.get("steps", [])))
     else:
         out = {"versions": versions(old.get("versions", {})),
                "storage": run_storage(old.get("storage", [])) if what in ("all", "storage") else old.get("storage", []),
-               "steps": run_steps() if what in ("all", "steps") else old.get("steps", [])}
+               "steps": run_steps(old.get("steps", []), only) if what in ("all", "steps") else old.get("steps", [])}
     with open(path, "w") as fh:
         json.dump(out, fh, indent=1)
         fh.write("\n")

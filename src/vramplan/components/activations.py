@@ -24,7 +24,7 @@ from vramplan.components.memo import cached_plan, spec_key
 from vramplan.components.op_checkpoint import split_layer
 from vramplan.components.selective import split_attention_core
 from vramplan.components.shifted_loss import label_smoother_terms, loss_kind, shifted_loss_terms
-from vramplan.components.quant import SAVED, dequant_modes
+from vramplan.components.quant import SAVED, dequant_modes, kernel_saves_input
 from vramplan.components.trainable import ParamSet
 from vramplan.model import MlpKind, ModelDesc
 from vramplan.spec import Checkpointing, JobSpec, LossImpl, Task
@@ -118,8 +118,9 @@ def _param_tables(params: ParamSet) -> tuple[dict[str, Param], dict[str, tuple[P
 def _recorder(spec: JobSpec, seen: set[int]) -> Recorder:
     q = spec.quantization
     saved = q.compute_dtype if q is not None and dequant_modes(q)[0] == SAVED else None
-    f8 = (True, spec.float8.convert_lm_head) if spec.float8 is not None else None
-    return Recorder(autocast=dtypes_of(spec).autocast, backend=spec.backend.value, seen=seen, dequant_saved=saved, float8=f8)
+    return Recorder(autocast=dtypes_of(spec).autocast, backend=spec.backend.value, seen=seen, dequant_saved=saved,
+                    float8=(True, spec.float8.convert_lm_head) if spec.float8 is not None else None,
+                    quant_input_saved=kernel_saves_input(q))
 
 
 def plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> ActivationPlan:
@@ -249,21 +250,24 @@ def _signature(ctx: Ctx, i: int, x: Sym) -> tuple:
     """What makes one layer's saved set differ from another's."""
     if "layer_keys" not in ctx.shared_keys:
         ctx.shared_keys["layer_keys"] = _layer_keys_memo(ctx)
-    kind = getattr(ctx.desc, "layer_kind", None)  # a family's per-layer variants (Llama-4's NoPE layers)
-    return (i in ctx.desc.moe_layers, ctx.shared_keys["layer_keys"].get(i), x.requires_grad, x.dtype,
-            local_window(ctx.desc, i), kind(i) if kind else None)
+    return ctx.shared_keys["layer_keys"][i] + (x.requires_grad, x.dtype)
 
 
-_LAYER_KEYS: dict[int, tuple[object, dict]] = {}
+_LAYER_KEYS: dict[int, tuple[object, list]] = {}
 
 
-def _layer_keys_memo(ctx: Ctx) -> dict[int, tuple]:
-    """_layer_keys depends only on the parameter set, which param_set memoizes."""
+def _layer_keys_memo(ctx: Ctx) -> list[tuple]:
+    """Per layer, what of its signature the input does not change: whether it is MoE, its
+    parameters' _layer_keys, its local window and its family's variant (Llama-4's NoPE
+    layers). These depend only on the model and the parameter set, which param_set memoizes."""
     owner = ctx.shared_keys.get("param_set")
     hit = _LAYER_KEYS.get(id(owner))
     if owner is not None and hit is not None and hit[0] is owner:
         return hit[1]
-    keys = _layer_keys(ctx)
+    desc, flags = ctx.desc, _layer_keys(ctx)
+    kind = getattr(desc, "layer_kind", None)
+    keys = [(i in desc.moe_layers, flags.get(i), local_window(desc, i), kind(i) if kind else None)
+            for i in range(desc.num_layers)]
     if owner is not None:
         if len(_LAYER_KEYS) >= 64:
             _LAYER_KEYS.pop(next(iter(_LAYER_KEYS)))

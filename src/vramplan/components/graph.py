@@ -63,6 +63,9 @@ class Recorder:
     """Compute dtype of quantized weights a kernel dequantizes outside an autograd.Function
     (GPTQModel TorchLinear: `torch.matmul(x, self.dequantize_weight())`), so MmBackward keeps
     the dequantized copy; None for kernels that keep only the packed weight."""
+    quant_input_saved: bool = False
+    """A quantized kernel whose autograd.Function saves its input whenever that input needs a
+    gradient (hqq HQQMatmulNoCacheMul, components/quant.py kernel_saves_input)."""
     last_linear_input: Sym | None = None
     ops: list | None = None
     """When a list: (aten op, outputs) of the matmuls and attention kernels, in call order,
@@ -147,6 +150,8 @@ class Recorder:
             self.save(wc)
         if xin.requires_grad and self.dequant_saved and w.dtype in QUANT_DTYPES:
             self.save(self.new(f"dequantized_weight/{w.name}", w.shape, self.dequant_saved, False))
+        if x.requires_grad and self.quant_input_saved and w.dtype in QUANT_DTYPES:
+            self.save(x)
         rg = x.requires_grad or w.trainable or bool(bias and bias.trainable)
         out_features = w.shape[0] if not name.startswith("conv1d") else w.shape[1]
         out = self.new(name, x.shape[:-1] + (out_features,), xin.dtype, rg)

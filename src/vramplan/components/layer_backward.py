@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from vramplan.breakdown import Breakdown
 from vramplan.components.dtypes import dtypes_of
-from vramplan.components.quant import TRANSIENT, dequant_modes
-from vramplan.components.trainable import is_quantized
+from vramplan.components.quant import TRANSIENT, dequant_copies, dequant_modes, dequant_numel, kernel_saves_input
+from vramplan.components.trainable import is_quantized, param_set
 from vramplan.model import MlpKind, ModelDesc, ParamEntry
 from vramplan.spec import JobSpec
 from vramplan.units import nbytes
@@ -44,10 +44,26 @@ def layer_backward(desc: ModelDesc, spec: JobSpec) -> Breakdown:
         # n_mlp such gradients; the weight lifts the layer's peak only by what it exceeds
         # them by (the layer's largest weight stands for the projection's).
         largest = max((_linear_numel(p) for p in desc.params if p.layer == 0 and is_quantized(spec, p)), default=0)
-        dq = nbytes(largest, c)
+        dq = dequant_copies(q) * nbytes(dequant_numel(q, largest), c)
         if q.type.value in ("nf4", "fp4") and q.double_quant:
             dq += 4 * -(-largest // q.block_size)
         extra = dq + nbytes(tokens * width, c) - n_mlp * nbytes(tokens * width, c)
+        if kernel_saves_input(q) and desc.moe is None:
+            extra += _kept_input_at_out_projection(desc, spec, tokens * width, c)
         if extra > 0:
             out.add("backward/dequantized_weight", extra)
     return out
+
+
+def _kept_input_at_out_projection(desc: ModelDesc, spec: JobSpec, numel: int, c: str) -> int:
+    """A kernel that saves its input (hqq HQQMatmulNoCacheMul) still holds the MLP output
+    projection's input (act * up, freed at the modelled moment) while it dequantizes in
+    backward; the LoRA branch of that projection, created after the base call (a higher
+    sequence number, run first by the autograd engine), has by then freed the copy of the
+    input cast to the adapters' dtype (peft/tuners/lora/hqq.py `_cast_input_dtype`)."""
+    params = param_set(desc, spec).params
+    out_proj = next((p for p in desc.params if p.layer == 0 and is_quantized(spec, p) and len(p.shape) == 2
+                     and p.shape[-1] == desc.intermediate_size), None)
+    lora_a = next((p for p in params if out_proj is not None and p.name == out_proj.module + ".lora_A"), None)
+    cast = nbytes(numel, lora_a.dtype) if lora_a is not None and lora_a.dtype != c else 0
+    return nbytes(numel, c) - cast

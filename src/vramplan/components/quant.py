@@ -80,7 +80,7 @@ def _awq(q: QuantConfig, m: int, n: int) -> tuple[int, int]:
 
 
 def _hqq(q: QuantConfig, m: int, n: int) -> tuple[int, int]:
-    # hqq 0.2.7 hqq/core/quantize.py Quantizer.quantize (axis 1: the weight as (numel/g, g)
+    # hqq 0.2.7 / 0.2.8.post1 hqq/core/quantize.py Quantizer.quantize (axis 1: the weight as (numel/g, g)
     # rows) then Quantizer.pack: 8/4/2/1 bits pack 1/2/4/8 codes per uint8; 3 bits pack 10
     # rows into one int32 row (pack_3bit_32, rows padded to a multiple of 10). meta: scale
     # and zero, one each per group, in the compute dtype (16-bit) when not quantized.
@@ -107,6 +107,9 @@ def _torchao_int4(q: QuantConfig, m: int, n: int) -> tuple[int, int]:
     # out_features to one of 8, packs two codes per byte (aten._convert_weight_to_int4pack,
     # int32 [m/8][n/(8*16)][32][4]) and keeps scale and zero together in bf16
     # (n/g, m, 2) (utils.py pack_tinygemm_scales_and_zeros). Needs CUDA; not measured on CPU.
+    # (The CPU format, prototype Int4OpaqueTensor, packs (m, n/2) uint8 without padding, but
+    # its `_weight_int4pack_mm_for_cpu` has no derivative, so no LoRA step runs on it: vramplan
+    # keeps torchao-int4 on cuda, bench/quant/README.md.)
     n_pad, m_pad = _ceil(n, 1024) * 1024, _ceil(m, 8) * 8
     return n_pad * m_pad // 2, 2 * 2 * m_pad * (n_pad // q.group_size)
 
@@ -158,7 +161,7 @@ _MODES = {
     # the Function (not saved); backward dequantizes again.
     (QuantType.AWQ, "gemm"): (TRANSIENT, TRANSIENT),
     # hqq/core/quantize.py HQQLinear.forward_pytorch_backprop -> HQQMatmulNoCacheMul: dequantize
-    # in forward and again in backward, nothing saved.
+    # in forward and again in backward, no weight saved (its input is: kernel_saves_input).
     (QuantType.HQQ, "hqq"): (TRANSIENT, TRANSIENT),
     # torchao 0.18 weight-only tensors implement F.linear at the torch-function level, so
     # autograd sees their inside: Int8Tensor (int8_tensor.py) `torch.mm(x, qdata.t().to(x.dtype))`
@@ -166,7 +169,8 @@ _MODES = {
     # full-width weight for backward.
     (QuantType.TORCHAO_INT8, "torchao"): (SAVED, NONE),
     (QuantType.TORCHAO_FP8, "torchao"): (SAVED, NONE),
-    # Int4 (tinygemm `_weight_int4pack_mm`) serves inference only (PEFT refuses it).
+    # Int4 (tinygemm `_weight_int4pack_mm`) serves inference only (PEFT refuses Int4Tensor; the
+    # CPU Int4OpaqueTensor's `_weight_int4pack_mm_for_cpu` has no derivative in torch 2.13).
     (QuantType.TORCHAO_INT4, "torchao"): (NONE, NONE),
     # Inference-only kernels: fused, no full weight.
     (QuantType.GPTQ, "exllama"): (NONE, NONE),
@@ -175,3 +179,30 @@ _MODES = {
     (QuantType.AWQ, "gemv"): (NONE, NONE),
     (QuantType.AWQ, "marlin"): (NONE, NONE),
 }
+
+
+def kernel_saves_input(q: QuantConfig | None) -> bool:
+    """Whether the kernel's autograd.Function keeps the layer's input for backward although
+    the frozen weight's backward never reads it: hqq 0.2.8 HQQMatmulNoCacheMul.setup_context
+    `ctx.save_for_backward(x, bias)` (HQQMatmulNoCacheDeq the same), while its backward
+    computes only `ctx.matmul(grad_output, transpose=False)`. bitsandbytes MatMul4Bit keeps
+    `(None, B)`, GPTQ's and torchao's matmuls save the input only for a weight gradient."""
+    return q is not None and q.type is QuantType.HQQ
+
+
+def dequant_copies(q: QuantConfig) -> int:
+    """Full-width compute-dtype tensors alive at the peak of one dequantization: hqq
+    Quantizer.dequantize `((W_r - meta["zero"]) * meta["scale"])` holds the unpacked codes
+    W_r (bitpack.py unpack_*: `torch.empty([k * _step, ...], dtype=compute_dtype)`), the
+    difference and the product (hqq's default HQQBackend.PYTORCH; the optional CUDA ATEN
+    backend's fused `hqq_aten.dequantize` makes one); bitsandbytes dequantize_4bit writes its
+    output directly."""
+    return 3 if q.type is QuantType.HQQ else 1
+
+
+def dequant_numel(q: QuantConfig, numel: int) -> int:
+    """Elements of the unpacked codes of a weight of `numel` elements: hqq's 3-bit layout
+    unpacks its rows padded to a multiple of 10 (bitpack.py unpack_3bit_32, then sliced)."""
+    if q.type is QuantType.HQQ and q.bits == 3:
+        return q.group_size * 10 * _ceil(_ceil(numel, q.group_size), 10)
+    return numel

@@ -104,10 +104,17 @@ def stage_of(desc: ModelDesc, p: HeldParam) -> int:
 
 
 def gradient_stages(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> list[Breakdown]:
+    """Each forward stage's gradients (stage_of), by kind: what Breakdown.add of every
+    trainable parameter's gradient gives, summed in plain dicts (a search asks this of
+    every rank's parameter set)."""
     stages = [Breakdown() for _ in range(num_stages(desc))]
+    plain = not getattr(desc, "num_encoder_layers", 0)   # a layer's stage is then layer + 1
     for p in params.trainable():
-        key = "gradients/lora_adapters" if p.kind == "lora" else "gradients/trainable"
-        stages[stage_of(desc, p)].add(key, nbytes(p.numel, grad_dtype(spec, p)))
+        size = nbytes(p.numel, grad_dtype(spec, p))
+        if size:
+            key = "gradients/lora_adapters" if p.kind == "lora" else "gradients/trainable"
+            terms = stages[p.layer + 1 if plain and p.layer is not None else stage_of(desc, p)].terms
+            terms[key] = terms.get(key, 0) + size
     return stages
 
 

@@ -18,7 +18,7 @@ t tokens per image in the tower, t_v visual tokens per image, e vision hidden.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from vramplan.breakdown import Breakdown
 from vramplan.components.activations import plan_activations
@@ -236,7 +236,7 @@ def vlm_estimate(vis, lm: ModelDesc, spec: JobSpec, gpu=None):
     # even with a frozen embedding (LoRA): replay with the embedding seen as trained, then
     # drop what a trained embedding alone would save (its ids).
     embed_frozen = any(p.name.endswith("embed_tokens.weight") and not p.trainable for p in params.params)
-    act_params = ParamSet(tuple(replace(p, trainable=True) if p.name.endswith("embed_tokens.weight") else p
+    act_params = ParamSet(tuple(p._replace(trainable=True) if p.name.endswith("embed_tokens.weight") else p
                                 for p in params.params)) if embed_frozen else params
     acts = plan_activations(lm, one, act_params)
     if embed_frozen:

@@ -6,7 +6,9 @@ bitsandbytes (>= 0.49 runs Linear4bit and Linear8bitLt on CPU) goes through
 ``from_pretrained(..., quantization_config=BitsAndBytesConfig(...))``
 (transformers/quantizers/quantizer_bnb_4bit.py); torchao int8/fp8 weight-only through
 ``torchao.quantization.quantize_`` with its filter of ``nn.Linear`` modules but the
-output head (what transformers' TorchAoHfQuantizer converts).
+output head (what transformers' TorchAoHfQuantizer converts); hqq through its own
+``AutoHQQHFModel.quantize_model`` (transformers 5.24 cannot load an HqqConfig:
+quantizers/base.py get_quantize_ops "QuantizationMethod.HQQ is not available yet").
 """
 from __future__ import annotations
 
@@ -27,8 +29,10 @@ def quantize_base(model: torch.nn.Module, job: dict, device: str) -> torch.nn.Mo
         return _torchao(model, qtype)
     if qtype == "gptq" and q.get("kernel", "torch") == "torch":
         return _gptq(model, q)
+    if qtype == "hqq":
+        return _hqq(model, q)
     raise ValueError(f"quantization.type: measuring {qtype} is not implemented (measured: nf4, fp4, int8, "
-                     "torchao-int8, torchao-fp8, gptq with the torch kernel)")
+                     "torchao-int8, torchao-fp8, gptq with the torch kernel, hqq)")
 
 
 def _bitsandbytes(model, q: dict, device: str):
@@ -88,6 +92,22 @@ def _gptq(model, q: dict):
     model.config.quantization_config = {"quant_method": "gptq", "bits": int(q.get("bits", 4)),
                                         "group_size": int(q.get("group_size", 128)),
                                         "desc_act": bool(q.get("desc_act", False))}
+    return model
+
+
+def _hqq(model, q: dict):
+    """hqq 0.2.8 `AutoHQQHFModel.quantize_model` (hqq/models/base.py): every decoder linear
+    (the linear tags: lm_head stays) becomes an HQQLinear with hqq's BaseQuantizeConfig (axis
+    1, transformers' HqqConfig default), on the default backend HQQBackend.PYTORCH
+    (`forward_pytorch_backprop`, the one with a backward; ATEN needs CUDA); it sets
+    `hqq_quantized`, which peft's prepare_model_for_kbit_training reads (no fp32 upcast)."""
+    from hqq.core.quantize import BaseQuantizeConfig, HQQBackend, HQQLinear
+    from hqq.models.hf.base import AutoHQQHFModel
+
+    HQQLinear.set_backend(HQQBackend.PYTORCH)
+    compute = DTYPES[q.get("compute_dtype", "bf16")]
+    config = BaseQuantizeConfig(nbits=int(q.get("bits", 4)), group_size=int(q.get("group_size", 64)), axis=1)
+    AutoHQQHFModel.quantize_model(model, quant_config=config, compute_dtype=compute, device="cpu")
     return model
 
 

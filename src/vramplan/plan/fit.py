@@ -186,7 +186,7 @@ class _Groups:
         lower bound on its device memory known without estimating it; by fact 2 no larger
         micro-batch of the group needs less. None where no floor is claimed."""
         if key not in self.group_floor:
-            self.group_floor[key] = self.floor.device_floor(smallest.spec, above=self.ev.limit_bytes)
+            self.group_floor[key] = self.floor.device_floor(smallest.spec, self.ev.limit_bytes, smallest.layout)
         return self.group_floor[key]
 
     def _family_too_big(self, c: Candidate) -> bool:
@@ -198,7 +198,7 @@ class _Groups:
 
     def _fits(self, c: Candidate) -> bool:
         """The estimate's verdict, unless the floor already says no (plan/floor.py)."""
-        floor = self.floor.device_floor(c.spec, above=self.ev.limit_bytes)
+        floor = self.floor.device_floor(c.spec, self.ev.limit_bytes, c.layout)
         if floor is not None and floor > self.ev.limit_bytes:
             return False
         return self.ev.fits(c.spec)
@@ -332,7 +332,7 @@ def _closest(ev: Evaluator, cands: list[Candidate], floor: MemoryFloor | None = 
     order = list(leanest.values())
     if not order:
         return None
-    floors = [(floor.device_floor(c.spec) if floor is not None else None) or 0 for c in order]
+    floors = [(floor.device_floor(c.spec, layout=c.layout) if floor is not None else None) or 0 for c in order]
     best: tuple[int, int] | None = None
     for i in sorted(range(len(order)), key=lambda i: floors[i]):
         if best is not None and floors[i] > best[0]:

@@ -65,24 +65,28 @@ class MemoryFloor:
         self._outside: dict[tuple, tuple[int, int]] = {}
         self._state_memo: dict[tuple, tuple] = {}
         self._acts: dict[tuple, tuple] = {}
+        self._layouts: dict[int, tuple] = {}  # id of a layout spec -> (it, _head of it)
 
-    def device_floor(self, spec: JobSpec, above: int | None = None) -> int | None:
+    def device_floor(self, spec: JobSpec, above: int | None = None, layout: JobSpec | None = None) -> int | None:
         """A lower bound on estimate_model(desc, spec, gpu).device_bytes (module docstring);
         None where none is claimed. With `above`, a weaker floor may be returned once it
-        exceeds `above` (what a caller comparing with a limit needs)."""
+        exceeds `above` (what a caller comparing with a limit needs). `layout`: `spec` at
+        another batch split (plan/space.py Candidate.layout), whose model spec, layout and
+        parameter set, which read no batch field, are kept for the splits a search asks."""
         desc = self.desc
-        if desc is None or needs_several_models(spec) or spec.task is Task.INFERENCE:
-            return None
-        if spec.activation_offloading or spec.lengths is not None or spec.alloc_conf is not None:
-            return None
         try:
-            mspec = model_spec(desc, spec)
-            if sft_head(mspec, desc.hidden_size, desc.vocab_size, bool(desc.final_logit_softcapping)) is not None:
+            if layout is None:
+                head = self._head(spec)
+            else:
+                hit = self._layouts.get(id(layout))
+                if hit is None or hit[0] is not layout:
+                    hit = self._layouts[id(layout)] = (layout, self._head(layout))
+                head = hit[1]
+            if head is None:
                 return None
-            lay = Layout.of(mspec, desc.hidden_size)
-            if lay.ulysses > 1:
-                return None
-            params = param_set(desc, mspec)
+            mspec, lay, params = head
+            if layout is not None:
+                mspec = copy_with(mspec, micro_batch_size=spec.micro_batch_size, grad_accum_steps=spec.grad_accum_steps)
             exact = self._activations(mspec, lay, params) if above is None or mspec.micro_batch_size == 1 else None
             # plan/fit.py's fact 2: every saved activation, logit and input tensor is a
             # multiple of the micro-batch, so the plan at micro-batch 1 (every split list
@@ -137,6 +141,21 @@ class MemoryFloor:
             except (SpecError, ValueError):
                 return None
         return bound(exact)
+
+    def _head(self, spec: JobSpec) -> tuple | None:
+        """(model spec, Layout, parameter set) of `spec`, None where no floor is claimed:
+        several models, inference, or where another step adds to or changes the terms
+        after planning (module docstring). Reads no batch field."""
+        desc = self.desc
+        if desc is None or needs_several_models(spec) or spec.task is Task.INFERENCE:
+            return None
+        if spec.activation_offloading or spec.lengths is not None or spec.alloc_conf is not None:
+            return None
+        mspec = model_spec(desc, spec)
+        if sft_head(mspec, desc.hidden_size, desc.vocab_size, bool(desc.final_logit_softcapping)) is not None:
+            return None
+        lay = Layout.of(mspec, desc.hidden_size)
+        return None if lay.ulysses > 1 else (mspec, lay, param_set(desc, mspec))
 
     def _activations(self, spec: JobSpec, lay: Layout, params) -> tuple[list[int], int, int]:
         """From the step's activation plan (components/activations.py shared_plan,
