@@ -18,7 +18,8 @@ from vramplan.components.megatron_loss import megatron_ce_terms
 from vramplan.components.arch_gpt2_bert import family_forward, is_other, layer_fn, layer_prefix, other_embed, other_head
 from vramplan.components.dora import apply as dora_apply
 from vramplan.components.dtypes import dtypes_of
-from vramplan.components.graph import Param, Recorder, Storage, Sym
+from vramplan.components.forward_ctx import build_ctx
+from vramplan.components.graph import Recorder, Storage, Sym
 from vramplan.components.layer_backward import layer_backward
 from vramplan.components.memo import cached_plan, spec_key
 from vramplan.components.op_checkpoint import split_layer
@@ -72,47 +73,6 @@ class ActivationPlan:
     """Names of what the output head's linear saved (its input, an autocast copy)."""
     stage_forward_transient: list[Breakdown] | None = None
     """Per stage: held only while its forward runs (float8 casts, components/float8.py)."""
-
-
-def build_ctx(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Ctx:
-    table, lora = _param_tables(params)
-    # transformers: use_gqa_in_sdpa -> enable_gqa when there is no attention mask (no
-    # padding, no packing) and head_dim <= 256 (integrations/sdpa_attention.py).
-    gqa_native = not spec.packing and desc.head_dim <= 256
-    ctx = Ctx(desc=desc, params=table, lora=lora,
-               lora_dropout=spec.lora.dropout if spec.lora else 0.0, dora=bool(spec.lora and spec.lora.use_dora),
-               act_dtype=dtypes_of(spec).weights if spec.method.value != "qlora"
-               else spec.quantization.compute_dtype,
-               attention=spec.attention.value, gqa_native=gqa_native, packed=spec.packing)
-    ctx.shared_keys["param_set"] = params
-    return ctx
-
-
-_TABLES: dict[int, tuple[ParamSet, dict, dict]] = {}
-
-
-def _param_tables(params: ParamSet) -> tuple[dict[str, Param], dict[str, tuple[Param, Param]]]:
-    """Parameters by name as the forward sees them, and LoRA (A, B) by wrapped module; read
-    only, so memoized per (immutable, memoized) ParamSet."""
-    hit = _TABLES.get(id(params))
-    if hit is not None and hit[0] is params:
-        return hit[1], hit[2]
-    table: dict[str, Param] = {}
-    lora: dict[str, list[Param]] = {}
-    for p in params.params:
-        if p.kind == "lora":
-            module, _ = p.name.rsplit(".", 1)
-            lora.setdefault(module, []).append(Param(p.name, p.shape, p.dtype, True))
-        elif p.kind == "saved_copy":
-            name = p.name.split("#", 1)[0]
-            table[name] = Param(name, p.shape, p.dtype, True)
-        elif p.name not in table:
-            table[p.name] = Param(p.name, p.shape, p.dtype, p.trainable)
-    pairs = {m: (ab[0], ab[1]) for m, ab in lora.items()}
-    if len(_TABLES) >= 64:
-        _TABLES.pop(next(iter(_TABLES)))
-    _TABLES[id(params)] = (params, table, pairs)
-    return table, pairs
 
 
 def _recorder(spec: JobSpec, seen: set[int]) -> Recorder:

@@ -114,7 +114,10 @@ def apply(plan, dora_at: dict, grad_hidden: int) -> None:
     for j, (linears, wrapped) in dora_at.items():
         st = plan.stages[j]
         if wrapped and st.recompute:
-            counted = sum(v for _, v in st.recompute) + plan.layer_backward_transient.total()
+            # what the backward counts at the layer's peak: the recomputed tensors less those
+            # released before it (the MLP output projection's input), and its temporaries
+            counted = (sum(v for n, v in st.recompute if n not in st.freed_before_peak)
+                       + plan.layer_backward_transient.total())
             moment = max((before + local + t for before, local, t in linears), default=0) + grad_hidden
             extra = max(extra, moment - counted)
     if extra > 0:

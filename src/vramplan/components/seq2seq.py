@@ -24,9 +24,8 @@ from __future__ import annotations
 
 from vramplan.breakdown import Breakdown
 from vramplan.components import activations
-from vramplan.components.activations import (
-    _MLP_OUT_INPUTS, ActivationPlan, Stage, build_ctx,
-)
+from vramplan.components.activations import _MLP_OUT_INPUTS, ActivationPlan, Stage
+from vramplan.components.forward_ctx import build_ctx
 from vramplan.components.arch import lin
 from vramplan.components.arch_t5 import t5_block, t5_norm
 from vramplan.components.graph import Recorder, Sym

@@ -111,9 +111,8 @@ class JobSpec:
     """Preference/RL log-prob head: auto (what TRL 1.16 does), full, selective or chunked."""
     gradient_checkpointing: Checkpointing = Checkpointing.NONE
     checkpoint_every: int = 1
-    """With full checkpointing: wrap one layer in N, the N-th, 2N-th, ... (torchtitan's
-    `selective_ac_option = "N"`, torchtitan <= 0.2 `_apply_layer_sac`); the others keep
-    everything they save."""
+    """With full checkpointing: wrap one layer in N, the N-th, 2N-th, ... (torchtitan's `selective_ac_option
+    = "N"`, torchtitan <= 0.2 `_apply_layer_sac`); the others keep everything they save."""
     attention: Attention = Attention.SDPA
     backend: Backend = Backend.CUDA
     gpu: str | None = None

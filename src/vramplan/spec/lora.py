@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vramplan.spec.enums import QuantType, SpecError
-from vramplan.spec.sections import ALL_LINEAR, boolean, number, positive_int, string_list
+from vramplan.spec.sections import ALL_LINEAR, boolean, fraction, number, positive_int, string_list
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
