@@ -127,6 +127,10 @@ def _add_spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lora-alpha", type=float)
     p.add_argument("--lora-dropout", type=float)
     p.add_argument("--lora-target-modules", help=_("comma-separated names or all-linear"))
+    p.add_argument("--use-dora", "--lora-use-dora", dest="lora_use_dora", action="store_true", default=None,
+                   help=_("DoRA (PEFT use_dora): a trained magnitude per adapted linear and its weight norm"))
+    p.add_argument("--use-rslora", "--lora-use-rslora", dest="lora_use_rslora", action="store_true", default=None,
+                   help=_("rsLoRA (PEFT use_rslora): scaling alpha/sqrt(r); no memory effect"))
     add_section_flags(p)
     p.add_argument("--packing", action="store_true", default=None, help=_("packed rows without padding, documents told apart by position_ids"))
     p.add_argument("--activation-offloading", action="store_true", default=None,
@@ -220,7 +224,7 @@ def flags_to_data(args, data: dict, *, imply: bool = True) -> dict:
                    if getattr(args, "diffusion_" + n, None) is not None}
         data = {**data, "diffusion": {**(data.get("diffusion") or {}), **section}} if section else data
     lora = data.get("lora") or {}
-    for key in ("r", "alpha", "dropout", "target_modules"):
+    for key in ("r", "alpha", "dropout", "target_modules", "use_dora", "use_rslora"):
         value = getattr(args, f"lora_{key}", None)
         if value is not None and isinstance(lora, dict):  # else load_spec names the field
             lora = {**lora, key: value.split(",") if key == "target_modules" and value != "all-linear" else value}

@@ -249,7 +249,9 @@ def mlp_shared(rec: Recorder, ctx: Ctx, x: Sym, pre: str) -> Sym:
         gate, up = rec.view(gu, half, "mlp/gate"), rec.view(gu, half, "mlp/up")
     else:
         gate = lin(rec, ctx, x, f"{pre}.gate_proj", "mlp/gate")
+        rec.held.append(gate)  # act_fn(gate) (gate's size) is alive while up_proj runs
         up = lin(rec, ctx, x, f"{pre}.up_proj", "mlp/up")
+        rec.held.pop()
     act = activation(rec, gate, desc.hidden_act, "mlp/act")
     prod = rec.mul(act, up, name="mlp/act_times_up")
     return lin(rec, ctx, prod, f"{pre}.down_proj", "mlp/down")

@@ -67,8 +67,10 @@ def dora_linear(rec: Recorder, x: Sym, xa: Sym, out: Sym, w: Param, bias: Param 
     t4 = rec.scale(t3, name=f"{name}.dora_lora_scaling")
     result_dora = rec.add(t2, t4, name=f"{name}.dora_out")
     summed = rec.add(out, result_dora, name=f"{name}.lora_sum")
-    # alive as locals while the norm is computed: the base result and the cast input
+    # alive as locals while the norm is computed: the base result, the cast input, and what
+    # the caller holds (rec.held: LlamaMLP's activated gate during up_proj)
     local = sum(t.storage.nbytes for t in {id(out.storage): out, id(xa.storage): xa}.values())
+    local += sum(t.storage.nbytes for t in rec.held)
     rec.dora_linears.append((before, local, transient(tokens, fan_in, fan_out, r, ad, w_copy,
                                                       t2.storage.nbytes, yb.storage.nbytes)))
     return rec.to(summed, out.dtype, name=name)

@@ -78,6 +78,10 @@ class Recorder:
     (components/float8.py turns them into the casts' transients)."""
     dora_linears: list = field(default_factory=list)
     """DoRA linears seen, as (bytes saved by then, locals alive, transient) (components/dora.py)."""
+    held: list = field(default_factory=list)
+    """Tensors the caller holds, unsaved, while the next linear runs: LlamaMLP's
+    act_fn(gate_proj(x)) during up_proj(x) (Python evaluates the product's operands left to
+    right). Read by components/dora.py, whose temporaries sit on top of them."""
     seen: set[int] = field(default_factory=set)
     """Storages already saved by an earlier stage (shared tensors are counted once)."""
     forward_peak: list = field(default_factory=list)

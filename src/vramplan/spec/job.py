@@ -254,7 +254,7 @@ class JobSpec:
         if q is not None and self.task is not Task.INFERENCE and q.kernel not in quant_facts(q.type)[3]:
             raise SpecError("quantization.kernel", f"{q.kernel} has no backward (GPTQModel SUPPORTS_TRAINING); "
                             f"train on {', '.join(quant_facts(q.type)[3])}")
-        check_dora(self.lora, q, self.stack.framework.value)
+        check_dora(self.lora, q, self.stack.framework.value, self.task.value)
         if q is not None and self.backend is Backend.CPU and q.type not in _CPU_QUANT:
             raise SpecError("backend", f"{q.type.value} kernels are modelled on cuda only; "
                             f"on cpu: {', '.join(t.value for t in _CPU_QUANT)}")

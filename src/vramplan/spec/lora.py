@@ -58,10 +58,14 @@ class LoraConfig:
                 **({"use_rslora": True} if self.use_rslora else {})}
 
 
-def check_dora(lora: LoraConfig | None, quantization, framework: str) -> None:
-    """DoRA where PEFT refuses it, or where a framework runs its own (not modelled)."""
+def check_dora(lora: LoraConfig | None, quantization, framework: str, task: str) -> None:
+    """DoRA where PEFT refuses it, or where it is not modelled (a framework's own DoRA, the
+    diffusion denoisers' adapters)."""
     if lora is None or not lora.use_dora:
         return
+    if task == "diffusion":
+        raise SpecError("lora.use_dora", "DoRA is modelled on language models' linears (components/dora.py), "
+                        "not on diffusion denoisers; set use_dora false")
     if quantization is not None and quantization.type in (QuantType.GPTQ, QuantType.AWQ):
         # peft/tuners/lora/gptq.py GPTQLoraLinear and awq.py AwqLoraLinear __init__:
         # "does not support DoRA yet, please set it to False"
