@@ -45,11 +45,20 @@ STEPS = [  # (name, quantization, precision, gradient_checkpointing[, model, mic
     ("hqq 8-bit g64", {"type": "hqq", "bits": 8, "group_size": 64}, "bf16", "none"),
     ("hqq 4-bit g64, wide MLP, checkpointing", {"type": "hqq", "bits": 4, "group_size": 64}, "bf16", "full",
      WIDE, 1, 64),
+    # DoRA (PEFT use_dora): DoraLinearLayer dequantizes the base weight at every forward
+    # (peft/utils/integrations.py dequantize_module_weight) for the weight norm
+    ("nf4 double-quant, DoRA", {"type": "nf4"}, "bf16", "none", TINY, 2, 128, {"use_dora": True}),
+    ("nf4 double-quant, DoRA, dropout", {"type": "nf4"}, "bf16", "none", TINY, 2, 128,
+     {"use_dora": True, "dropout": 0.05}),
+    ("hqq 4-bit g64, DoRA, wide MLP, checkpointing", {"type": "hqq", "bits": 4, "group_size": 64}, "bf16", "full",
+     WIDE, 1, 64, {"use_dora": True}),
 ]
 
 
-def _job(quant: dict, precision: str, gc: str, model: dict = TINY, batch: int = 2, seq: int = 128) -> dict:
-    return {"model": model, "task": "sft", "method": "qlora", "lora": {"r": 8, "target_modules": TARGETS},
+def _job(quant: dict, precision: str, gc: str, model: dict = TINY, batch: int = 2, seq: int = 128,
+         lora: dict | None = None) -> dict:
+    return {"model": model, "task": "sft", "method": "qlora",
+            "lora": {"r": 8, "target_modules": TARGETS, **(lora or {})},
             "quantization": quant, "precision": precision, "micro_batch_size": batch, "seq_len": seq,
             "backend": "cpu", "gradient_checkpointing": gc}
 

@@ -23,11 +23,9 @@ its graph keeps the first two until the forward returns), the base weight's copy
 get_weight_norm `scaling * lora_weight` and the sum (out x in each). Under gradient
 checkpointing the layer's forward runs again in backward, and so do they.
 
-Legend: T tokens, i in_features, o out_features, r rank, E adapter dtype bytes.
+Legend: T tokens, i in_features, o out_features, r rank.
 """
 from __future__ import annotations
-
-import math
 
 from vramplan.components.graph import Param, Recorder, Sym
 from vramplan.units import nbytes
@@ -38,11 +36,12 @@ def dora_linear(rec: Recorder, x: Sym, xa: Sym, out: Sym, w: Param, bias: Param 
     """One adapted linear under DoRA: `out` is the base layer's result, `xa` its input cast to
     the adapters' dtype (lora.Linear.forward `_cast_input_dtype`). Records what autograd saves
     and appends (saved before, alive locals, transient) to `rec.dora_linears`."""
-    tokens, fan_in, fan_out, r = math.prod(x.shape[:-1]), x.shape[-1], out.shape[-1], a.shape[0]
+    fan_in, fan_out, r = x.shape[-1], out.shape[-1], a.shape[0]
     ad = a.dtype
     before = rec.saved_bytes()
     # dequantize_module_weight(base).to(x.dtype): a new tensor unless the weight is already
-    # a plain tensor of the adapters' dtype
+    # a plain tensor of the adapters' dtype; alive from here to the end of the forward
+    # (saved too with dropout; `before` does not count it, the transient does)
     w_copy = nbytes(fan_in * fan_out, ad) if w.dtype != ad else 0
     if dropout > 0:
         # variants.py: x = dropout(x); base_result = None, so DoraLinearLayer.forward computes
@@ -51,7 +50,6 @@ def dora_linear(rec: Recorder, x: Sym, xa: Sym, out: Sym, w: Param, bias: Param 
         if w_copy and xd.requires_grad:
             rec.save(rec.new(f"{name}.dora_weight", (fan_out, fan_in), ad, False))
         base = rec.linear(xd, Param(w.name, (fan_out, fan_in), ad, False), name=f"{name}.dora_base")
-        w_copy = 0 if xd.requires_grad else w_copy  # counted as saved
     else:
         xd = xa
         base = out if bias is None else rec.add(out, out, name=f"{name}.dora_base")  # result - bias
@@ -67,26 +65,34 @@ def dora_linear(rec: Recorder, x: Sym, xa: Sym, out: Sym, w: Param, bias: Param 
     t4 = rec.scale(t3, name=f"{name}.dora_lora_scaling")
     result_dora = rec.add(t2, t4, name=f"{name}.dora_out")
     summed = rec.add(out, result_dora, name=f"{name}.lora_sum")
-    # alive as locals while the norm is computed: the base result, the cast input, and what
-    # the caller holds (rec.held: LlamaMLP's activated gate during up_proj)
-    local = sum(t.storage.nbytes for t in {id(out.storage): out, id(xa.storage): xa}.values())
+    # alive as locals while the norm is computed: the base result, the input and its cast to
+    # the adapters' dtype, and what the caller holds (rec.held: LlamaMLP's activated gate
+    # during up_proj)
+    local = sum(t.storage.nbytes for t in {id(out.storage): out, id(x.storage): x, id(xa.storage): xa}.values())
     local += sum(t.storage.nbytes for t in rec.held)
-    rec.dora_linears.append((before, local, transient(tokens, fan_in, fan_out, r, ad, w_copy,
-                                                      t2.storage.nbytes, yb.storage.nbytes)))
+    products = yb.storage.nbytes + t2.storage.nbytes + 2 * t3.storage.nbytes  # y_lora, t2, t3, t4
+    rec.dora_linears.append((before, local, transient(fan_in, fan_out, r, ad, rec.autocast, w_copy, products)))
     return rec.to(summed, out.dtype, name=name)
 
 
-def transient(tokens: int, fan_in: int, fan_out: int, r: int, ad: str, w_copy: int,
-              t2: int, y_lora: int) -> int:
-    """The most one DoRA forward holds beyond what it saves and its caller's locals: the
-    norm (get_weight_norm's `scaling * lora_weight` and the sum, with eye(i), lora_A(eye),
-    lora_weight and the weight copy alive), or later the output's products: (s - 1) *
-    base_result, s * y_lora and its `* scaling` (T x o each) with y_lora made, while the
-    locals eye, lora_A(eye), lora_weight and the weight copy are still referenced."""
-    held = nbytes(fan_in * fan_in, ad) + nbytes(fan_in * r, ad) + nbytes(fan_in * fan_out, ad) + w_copy
-    at_norm = held + 2 * nbytes(fan_in * fan_out, ad)
-    at_output = held + y_lora + t2 + 2 * y_lora
-    return max(at_norm, at_output)
+def transient(fan_in: int, fan_out: int, r: int, ad: str, autocast: str | None, w_copy: int,
+              products: int) -> int:
+    """The most one DoRA forward holds beyond what it saves and its caller's locals.
+    get_lora_weight's graph keeps eye(i) and lora_A(eye) (saved by the matmuls, as lora_A and
+    lora_B train) while lora_weight lives, to the end of the forward. Then the norm
+    (get_weight_norm's `scaling * lora_weight` and the sum, o x i each), or later the output's
+    products (`products`: y_lora, (s - 1) * base_result, s * y_lora and its `* scaling`).
+    Under autocast (aten/src/ATen/autocast_mode.cpp: linear in the lower precision) the
+    matmuls take a low-precision copy of eye, and lora_weight comes out low-precision, then
+    `.to(x.dtype)` copies it; the fp32 eye, a local of get_lora_weight, is freed on return."""
+    low = autocast if autocast and autocast != ad else None
+    eye, ii, io = fan_in * fan_in, fan_in * r, fan_in * fan_out
+    if low is None:
+        held, first = nbytes(eye, ad) + nbytes(ii, ad) + nbytes(io, ad) + w_copy, 0
+    else:
+        held = nbytes(eye, low) + nbytes(ii, low) + nbytes(io, ad) + w_copy
+        first = nbytes(eye, ad) + nbytes(eye, low) + nbytes(ii, low) + nbytes(io, low)  # in get_lora_weight
+    return max(first, held + 2 * nbytes(io, ad), held + products)
 
 
 def forward_term(linears, saved_total: int | None) -> int:
