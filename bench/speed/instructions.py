@@ -33,6 +33,15 @@ estimate(spec); estimate(spec)
 for _ in range({n}):
     estimate(spec)
 """
+# fit's default-axes search (run.py fit_default) in a fresh process, as run.py times it; the
+# same process without the search (imports, the spec) is subtracted
+_FIT = """
+from vramplan.plan import fit
+from vramplan.spec import load_spec
+spec = load_spec({job})
+if {run}:
+    fit(spec, top_k=5, suggest=False)
+"""
 
 
 def _instructions(src: str, argv: list[str]) -> int:
