@@ -73,3 +73,22 @@ def test_a_refused_batch_is_one_line_naming_num_generations(capsys):
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1
     assert "num_generations" in err and "TRL's default" in err and "multiple of 8" in err
+
+
+def test_fit_offers_only_splits_trl_accepts(tmp_path):
+    """fit varies the micro-batch of a GRPO job with an explicit generation batch: every
+    layout it enumerates is one load_spec accepts, and the splits it drops are those TRL
+    refuses (the generation batch is no whole number of micro-batches)."""
+    from vramplan.plan.evaluate import trained_desc
+    from vramplan.plan.space import enumerate_candidates
+    job = {"model": "qwen2.5-0.5b", "task": "grpo", "gpu": "a100-80gb", "num_gpus": 2, "micro_batch_size": 4,
+           "grad_accum_steps": 4, "generation": {"generation_batch_size": 12}}
+    spec = load_spec(job)
+    cands = list(enumerate_candidates(spec, trained_desc(spec), {"parallel.zero_stage": (0, 2)}))
+    offered = {c.micro_batch_size for c in cands}
+    for c in cands:
+        load_spec(dict(job, micro_batch_size=c.micro_batch_size, grad_accum_steps=c.grad_accum_steps,
+                       parallel={"zero_stage": dict(c.values)["parallel.zero_stage"]}))
+    rows = 4 * 4   # per GPU, what every split divides
+    for mb in (d for d in range(1, rows + 1) if rows % d == 0):
+        assert (mb in offered) == _trl_accepts(tmp_path, mb, rows // mb, 2, None, 12), mb

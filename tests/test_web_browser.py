@@ -192,3 +192,17 @@ def test_a_model_with_learned_positions_opens_without_a_sequence_length(page, se
     page.fill("#seq_len", "2048")  # typed past the positions: refused, naming the field
     page.wait_for_selector("#error", state="visible")
     assert "seq_len" in page.text_content("#error")
+
+
+def test_grpo_from_the_default_page_is_trls_default_batch(page, server, tmp_path):
+    # the page sends no micro_batch_size until one is typed: choosing GRPO gets TRL's
+    # default batch (8 rows, one group of 8 generations), as the CLI does, not a refusal of 1
+    page.goto(server)
+    page.wait_for_function("document.body.dataset.state === 'ready'")
+    assert page.input_value("#micro_batch_size") == ""
+    page.fill("#model", "qwen2.5-0.5b")
+    page.select_option("#task", "grpo")
+    sent, peak = shown(page, model="qwen2.5-0.5b", task="grpo")
+    assert "micro_batch_size" not in sent
+    assert page.is_hidden("#error")
+    assert peak == cli_estimate(sent, tmp_path)["peak_allocated_bytes"]

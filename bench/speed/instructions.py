@@ -5,7 +5,8 @@
 
 Per run.py ESTIMATES case: the instructions of a process that estimates the spec 2 + N times
 less those of one that estimates it twice, over N (model resolution and memos warm, as
-run.py's `repeat`); and the instructions of the whole `vramplan estimate llama-3.1-8b --gpu
+run.py's `repeat`); those of fit's default-axes search (run.py fit_default, cold, in a fresh
+process, less the same process without it); and the instructions of the whole `vramplan estimate llama-3.1-8b --gpu
 a100-80gb --json` process (start, imports, estimate, the allocator replay its JSON holds).
 Needs valgrind on PATH; takes some minutes (valgrind runs Python ~50x slower). PYTHONHASHSEED
 is fixed, so a figure is the same from run to run.
@@ -22,7 +23,7 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from run import ESTIMATES, ROOT, baseline_tree  # noqa: E402
+from run import DEFAULT_FIT, ESTIMATES, ROOT, baseline_tree  # noqa: E402
 
 _CHILD = """
 import sys
@@ -31,6 +32,15 @@ spec = load_spec({job})
 estimate(spec); estimate(spec)
 for _ in range({n}):
     estimate(spec)
+"""
+# fit's default-axes search (run.py fit_default) in a fresh process, as run.py times it; the
+# same process without the search (imports, the spec) is subtracted
+_FIT = """
+from vramplan.plan import fit
+from vramplan.spec import load_spec
+spec = load_spec({job})
+if {run}:
+    fit(spec, top_k=5, suggest=False)
 """
 
 
@@ -51,6 +61,8 @@ def measure(src: str, n: int) -> dict:
         base = _instructions(src, ["-c", _CHILD.format(job=repr(job), n=0)])
         more = _instructions(src, ["-c", _CHILD.format(job=repr(job), n=n)])
         out[name] = {"instructions_per_estimate": (more - base) // n}
+    fit = [_instructions(src, ["-c", _FIT.format(job=repr(DEFAULT_FIT), run=run)]) for run in (False, True)]
+    out["fit_default"] = {"instructions": fit[1] - fit[0]}
     out["cli"] = {"instructions": _instructions(
         src, ["-m", "vramplan", "estimate", "llama-3.1-8b", "--gpu", "a100-80gb", "--json"])}
     return out

@@ -78,15 +78,14 @@ class ActivationPlan:
 def _recorder(spec: JobSpec, seen: set[int]) -> Recorder:
     q = spec.quantization
     saved = q.compute_dtype if q is not None and dequant_modes(q)[0] == SAVED else None
+    f8 = (True, spec.float8.convert_lm_head) if spec.float8 is not None else None
     return Recorder(autocast=dtypes_of(spec).autocast, backend=spec.backend.value, seen=seen, dequant_saved=saved,
-                    float8=(True, spec.float8.convert_lm_head) if spec.float8 is not None else None,
-                    quant_input_saved=kernel_saves_input(q))
+                    float8=f8, quant_input_saved=kernel_saves_input(q))
 
 
 def plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> ActivationPlan:
-    """The saved tensors of one model's step. Memoized on the model, its parameter set and
-    the spec's fields but the layout's (components/memo.py LAYOUT_FIELDS): a search
-    re-estimates one model under many layouts that share them. Callers get a copy."""
+    """The saved tensors of one model's step, memoized on the model, its parameter set and the
+    spec's fields but the layout's (memo.py LAYOUT_FIELDS). Callers get a copy."""
     return _copy(shared_plan(desc, spec, params))
 
 

@@ -215,6 +215,17 @@ class Evaluator:
         except (SpecError, ValueError):
             return None
 
+    def reports_communication(self, spec: JobSpec) -> bool:
+        """Whether the estimate of `spec` reports its own `communication` (which step_time
+        then takes), known without estimating it where it is sure: a single-model job on one
+        GPU with no sharding has no parallel plan (estimation.estimate_model runs rank_plan
+        only otherwise), so none; any other layout of one model has one, and its collectives
+        (True here even where they are none: a search then bounds step time without them and
+        computes each layout's own, which gives the same answers). Other jobs: their estimate."""
+        if self.desc is not None and not needs_several_models(spec):
+            return not (spec.parallel.is_trivial and spec.num_gpus <= 1)
+        return reported_communication(self.estimate(spec)) is not None
+
     def verdict(self, spec: JobSpec) -> Verdict:
         est = self.estimate(spec)
         return Verdict(spec=spec, estimate=est, fits=est.device_bytes <= self.limit_bytes,

@@ -32,7 +32,7 @@ from typing import Callable
 
 from vramplan.estimation import Estimate
 from vramplan.i18n import Msg
-from vramplan.plan.evaluate import Evaluator, accum_of, memory_key, reported_communication
+from vramplan.plan.evaluate import Evaluator, accum_of, memory_key
 from vramplan.plan.floor import MemoryFloor
 from vramplan.plan.space import Candidate, default_axes, enumerate_candidates
 from vramplan.plan.steptime import StepTime
@@ -238,7 +238,7 @@ def fit(spec: JobSpec, gpu=None, *, axes: dict | None = None, top_k: int = 5,
     if evaluator is None and headroom_bytes is None:
         ev.headroom_bytes = default_fit_headroom(ev.capacity_bytes)
     calls_before = ev.calls
-    reports_comm = reported_communication(ev.estimate(spec)) is not None
+    reports_comm = ev.reports_communication(spec)
     space = default_axes(spec, ev.desc) if axes is None else axes
     cands = list(enumerate_candidates(spec, ev.desc, space, max_micro_batch=max_micro_batch))
     groups = _Groups(ev)

@@ -13,10 +13,10 @@ from typing import Any, Iterator, Mapping
 
 from vramplan.model import ModelDesc
 from vramplan.plan.steptime import data_parallel, global_batch
-from vramplan.spec import JobSpec, Method, ParallelConfig, SpecError, load_spec
+from vramplan.spec import JobSpec, Method, ParallelConfig, SpecError, Task, load_spec
 from vramplan.spec.job import copy_with
 from vramplan.spec.tasks import drop_unread_sections
-from vramplan.spec.variants import load_section, with_dotted, with_layout
+from vramplan.spec.variants import check_layout, load_section, with_dotted, with_layout
 
 # Axes a user may open with --vary, and the values tried when none are given.
 KNOWN_AXES: dict[str, tuple] = {
@@ -200,9 +200,24 @@ def enumerate_candidates(spec: JobSpec, desc: ModelDesc | None, axes: Mapping[st
         if layout is None:
             continue
         shared = tuple(zip(names, combo))
+        # check_layout's one rule that reads the split itself, not only the rows per rank
+        # it divides (GRPO's explicit generation batch holds whole micro-batches, spec/grpo.py)
+        per_split = layout.task is Task.GRPO
         for mb, ga in splits:
+            if per_split and not _split_valid(layout, mb, ga):
+                continue
             yield Candidate(index, shared, layout, mb, ga)
             index += 1
+
+
+def _split_valid(layout: JobSpec, mb: int, ga: int) -> bool:
+    """Whether load_spec would take `layout` at this batch split (check_layout runs every
+    check that reads the split)."""
+    try:
+        check_layout(with_batch(layout, mb, ga))
+    except SpecError:
+        return False
+    return True
 
 
 def _data(base: dict, names: list[str], combo: tuple) -> dict:

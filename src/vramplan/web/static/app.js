@@ -6,8 +6,10 @@
 
 const GiB = 2 ** 30;
 // No seq_len: left empty, the estimator's default applies (2048, capped at a model's
-// learned positions, with a note); typed, it is the user's and checked as such.
-const DEFAULT_SPEC = {model: "llama-3.2-1b", micro_batch_size: 1, gpu: "a100-80gb"};
+// learned positions, with a note); typed, it is the user's and checked as such. No
+// micro_batch_size either: its default is 1, and TRL's 8 under GRPO (1 would be refused:
+// TRL generates whole groups of 8 completions).
+const DEFAULT_SPEC = {model: "llama-3.2-1b", gpu: "a100-80gb"};
 const $ = (sel) => document.querySelector(sel);
 const state = {spec: {}, lang: "en", strings: {}, answers: {}, generation: 0, controller: null, timer: null};
 
