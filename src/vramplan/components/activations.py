@@ -180,7 +180,7 @@ def _plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Activ
     if spec.float8 is not None:
         from vramplan.components.float8 import apply
         res = dtypes_of(spec).weights
-        apply(plan, spec, f8_layer, head_rec.float8_linears, desc.hidden_size, res, _MLP_OUT_INPUTS[desc.mlp],
+        apply(plan, spec, f8_layer, head_rec.float8_linears, desc.hidden_size, res, mlp_out,
               dtypes_of(spec).gradients)
     if dtypes_of(spec).autocast and spec.gradient_checkpointing is not Checkpointing.NONE:
         # autocast caches the low-precision copy of a weight only when it is a leaf that

@@ -27,6 +27,7 @@ Legend: T tokens, i in_features, o out_features, r rank.
 """
 from __future__ import annotations
 
+from vramplan.breakdown import Breakdown
 from vramplan.components.graph import Param, Recorder, Sym
 from vramplan.units import nbytes
 
@@ -109,8 +110,6 @@ def apply(plan, dora_at: dict, grad_hidden: int) -> None:
     linears, whether the stage is a checkpointed layer). The forward's per stage; under
     checkpointing the recomputed forward's in the layer's backward, with the incoming
     hidden-state gradient (`grad_hidden`) alive, beyond what the backward counts there."""
-    from vramplan.breakdown import Breakdown
-
     before = plan.stage_forward_transient or [Breakdown() for _ in plan.stages]
     fwd = []
     for j, (st, prev) in enumerate(zip(plan.stages, before)):

@@ -39,13 +39,12 @@ class HeldParam(namedtuple("_HeldFields", "name shape dtype trainable kind layer
                 layer: int | None = None, full_shape: tuple[int, ...] = ()):
         return tuple.__new__(cls, (name, shape, dtype, trainable, kind, layer, full_shape, math.prod(shape)))
 
-    def __getnewargs__(self):
-        return tuple(self)[:7]
+    def __getnewargs__(self):   # the constructor's arguments: every field but the derived numel
+        return tuple(self)[:-1]
 
     def _replace(self, **changes) -> "HeldParam":
-        fields = dict(zip(self._fields[:7], self))
-        fields.update(changes)
-        return HeldParam(**fields)
+        """namedtuple's _replace builds the tuple without __new__; this recomputes numel."""
+        return HeldParam(**{**dict(zip(self._fields[:-1], self)), **changes})
 
 
 @dataclass(frozen=True, slots=True)

@@ -108,12 +108,11 @@ def gradient_stages(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> list[Br
     trainable parameter's gradient gives, summed in plain dicts (a search asks this of
     every rank's parameter set)."""
     stages = [Breakdown() for _ in range(num_stages(desc))]
-    plain = not getattr(desc, "num_encoder_layers", 0)   # a layer's stage is then layer + 1
     for p in params.trainable():
         size = nbytes(p.numel, grad_dtype(spec, p))
         if size:
             key = "gradients/lora_adapters" if p.kind == "lora" else "gradients/trainable"
-            terms = stages[p.layer + 1 if plain and p.layer is not None else stage_of(desc, p)].terms
+            terms = stages[stage_of(desc, p)].terms
             terms[key] = terms.get(key, 0) + size
     return stages
 

@@ -13,10 +13,10 @@ from typing import Any, Iterator, Mapping
 
 from vramplan.model import ModelDesc
 from vramplan.plan.steptime import data_parallel, global_batch
-from vramplan.spec import JobSpec, Method, ParallelConfig, SpecError, Task, load_spec
+from vramplan.spec import JobSpec, Method, ParallelConfig, SpecError, load_spec
 from vramplan.spec.job import copy_with
 from vramplan.spec.tasks import drop_unread_sections
-from vramplan.spec.variants import check_layout, load_section, with_dotted, with_layout
+from vramplan.spec.variants import check_layout, load_section, split_checked, with_dotted, with_layout
 
 # Axes a user may open with --vary, and the values tried when none are given.
 KNOWN_AXES: dict[str, tuple] = {
@@ -200,9 +200,7 @@ def enumerate_candidates(spec: JobSpec, desc: ModelDesc | None, axes: Mapping[st
         if layout is None:
             continue
         shared = tuple(zip(names, combo))
-        # check_layout's one rule that reads the split itself, not only the rows per rank
-        # it divides (GRPO's explicit generation batch holds whole micro-batches, spec/grpo.py)
-        per_split = layout.task is Task.GRPO
+        per_split = split_checked(layout)
         for mb, ga in splits:
             if per_split and not _split_valid(layout, mb, ga):
                 continue
@@ -273,7 +271,8 @@ def with_batch(spec: JobSpec, micro_batch_size: int, grad_accum_steps: int) -> J
     """`spec` with another micro-batch split, without validating the whole spec again.
 
     Both values are positive integers by construction (divisors of the rows per rank), and
-    no other field depends on them, so the copy is as valid as `spec`. This is the hot loop
+    no other field depends on them, so the copy is as valid as `spec` wherever check_layout
+    reads only the rows per rank (spec.variants.split_checked says where it does not). This is the hot loop
     of a 10k-layout search: `JobSpec.with_` re-validates everything (~0.1 ms each)."""
     return copy_with(spec, micro_batch_size=int(micro_batch_size), grad_accum_steps=int(grad_accum_steps))
 

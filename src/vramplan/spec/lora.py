@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vramplan.spec.enums import QuantType, SpecError
-from vramplan.spec.sections import ALL_LINEAR, boolean, fraction, number, positive_int, string_list
+from vramplan.spec.sections import boolean, fraction, module_targets, number, positive_int, string_list
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -37,16 +37,8 @@ class LoraConfig:
         object.__setattr__(self, "use_rslora", boolean("lora.use_rslora", self.use_rslora))
         object.__setattr__(self, "alpha", number("lora.alpha", self.alpha, high=1e6))
         object.__setattr__(self, "dropout", fraction("lora.dropout", self.dropout, high=0.999))
-        targets = self.target_modules
-        if targets is None:
-            pass
-        elif isinstance(targets, str) and targets.replace("_", "-").lower() == ALL_LINEAR:
-            targets = ALL_LINEAR
-        else:
-            targets = string_list("lora.target_modules", targets)
-            if not targets:
-                raise SpecError("lora.target_modules", "is empty; name modules or use 'all-linear'")
-        object.__setattr__(self, "target_modules", targets)
+        if self.target_modules is not None:
+            object.__setattr__(self, "target_modules", module_targets("lora.target_modules", self.target_modules))
         object.__setattr__(self, "modules_to_save", string_list("lora.modules_to_save", self.modules_to_save))
 
     def to_dict(self) -> dict:

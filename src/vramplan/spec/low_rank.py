@@ -5,7 +5,7 @@ import re
 from dataclasses import dataclass
 
 from vramplan.spec.enums import SpecError
-from vramplan.spec.sections import ALL_LINEAR, number, positive_int, string_list
+from vramplan.spec.sections import ALL_LINEAR, module_targets, number, positive_int
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -29,13 +29,8 @@ class LowRankConfig:
         object.__setattr__(self, "update_proj_gap", positive_int("low_rank.update_proj_gap", self.update_proj_gap))
         if self.scale is not None:
             object.__setattr__(self, "scale", number("low_rank.scale", self.scale, high=1e6))
-        targets = self.target_modules
-        if isinstance(targets, str) and targets.replace("_", "-").lower() == ALL_LINEAR:
-            targets = ALL_LINEAR
-        else:
-            targets = string_list("low_rank.target_modules", targets)
-            if not targets:
-                raise SpecError("low_rank.target_modules", "is empty; name modules or use 'all-linear'")
+        targets = module_targets("low_rank.target_modules", self.target_modules)
+        if targets != ALL_LINEAR:
             for t in targets:  # transformers also matches each as a regular expression
                 try:
                     re.compile(t)

@@ -117,6 +117,18 @@ def choice(name: str, value: object, choices: tuple[str, ...]) -> str:
 
 
 ALL_LINEAR = "all-linear"
+
+
+def module_targets(name: str, value: object) -> tuple[str, ...] | str:
+    """A target_modules field: "all-linear" (any spelling of it) or a non-empty list of names."""
+    if isinstance(value, str) and value.replace("_", "-").lower() == ALL_LINEAR:
+        return ALL_LINEAR
+    targets = string_list(name, value)
+    if not targets:
+        raise SpecError(name, "is empty; name modules or use 'all-linear'")
+    return targets
+
+
 FSDP_MODES = ("none", "full-shard", "shard-grad-op", "hybrid-shard", "no-shard")
 PP_SCHEDULES = ("1f1b", "interleaved", "gpipe", "all-forward-all-backward")
 """Schedules vramplan.parallel.activations.pipeline_in_flight models."""

@@ -60,4 +60,12 @@ def check_layout(spec: JobSpec) -> None:
     check_generation_batch(spec)
 
 
-__all__ = ["check_layout", "load_section", "with_dotted", "with_layout"]
+def split_checked(spec: JobSpec) -> bool:
+    """Whether check_layout reads the batch split itself, not only the rows per rank it
+    divides (what every split of a layout shares): GRPO's explicit generation batch holds
+    whole micro-batches (spec/grpo.py check_generation_batch). A search that copies a
+    validated layout to other splits checks each split of such a layout again."""
+    return spec.task is Task.GRPO
+
+
+__all__ = ["check_layout", "load_section", "split_checked", "with_dotted", "with_layout"]
