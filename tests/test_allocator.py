@@ -143,6 +143,24 @@ def test_replay_peaks_and_fragmentation():
     assert exp.reserved_bytes < res.reserved_bytes
 
 
+def test_state_made_by_the_first_step_lands_in_a_freed_block():
+    # Worked by hand from DeviceCachingAllocator::malloc. The step makes and frees a 30 MiB
+    # activation; the optimizer state (20 MiB) is made either at setup or by the first step.
+    step = ((1, 30 * MiB), (1, 0))
+    # At setup: a 20 MiB segment, then a 30 MiB one for the activation, reused by every step.
+    eager = replay(((0, 20 * MiB),), step)
+    assert eager.reserved_bytes == 50 * MiB
+    # By the first step: the state takes 20 MiB of the freed 30 MiB block (best fit, split:
+    # the 10 MiB remainder is above kSmallSize); the second step's activation finds no 30
+    # MiB block and opens a second 30 MiB segment.
+    lazy = replay((), step, first=((1, 30 * MiB), (1, 0), (0, 20 * MiB)))
+    assert lazy.reserved_bytes == 60 * MiB
+    # A state the size of the activation takes its block whole, and the next step opens
+    # one segment for its activation: 60 MiB as well, against 60 at setup.
+    same = replay((), step, first=((1, 30 * MiB), (1, 0), (0, 30 * MiB)))
+    assert same.reserved_bytes == replay(((0, 30 * MiB),), step).reserved_bytes == 60 * MiB
+
+
 @pytest.mark.parametrize("text, word", [
     ("expandable_segment:True", "did you mean 'expandable_segments'"),
     ("max_split_size_mb:10", "too small"),

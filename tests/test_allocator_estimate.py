@@ -3,6 +3,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -18,19 +19,41 @@ JOBS = [
 ]
 
 
-# Expandable segments map the large pool in 20 MiB pages and the small pool in 2 MiB pages
-# (Note [Expandable Segments]): where the default segments already fit the step tightly,
-# the last partly used pages can hold up to that much more; nowhere more than that.
-PAGES = 20 * 2**20 + 2 * 2**20
-
-
 @pytest.mark.parametrize("job", JOBS, ids=lambda j: j["model"] + "-" + j.get("method", "full"))
-def test_expandable_segments_never_raise_reserved_beyond_a_page(job):
+def test_an_alloc_conf_moves_the_reserve_by_what_its_replay_moves(job):
     base = vramplan.estimate(vramplan.load_spec(job))
     exp = vramplan.estimate(vramplan.load_spec(dict(job, alloc_conf="expandable_segments:True")))
-    assert exp.allocator.reserved_bytes <= base.allocator.reserved_bytes + PAGES
     assert exp.reserved_bytes - base.reserved_bytes == exp.allocator.reserved_bytes - base.allocator.reserved_bytes
     assert exp.peak_allocated_bytes == base.peak_allocated_bytes
+
+
+MEASURED = Path(__file__).resolve().parents[1] / "bench/cuda/results-cuda-alloc-conf-nvidia-h100-80gb-hbm3.json"
+
+
+def _measured_rows():
+    return [r for r in json.loads(MEASURED.read_text())["cases"] if "measured" in r]
+
+
+@pytest.mark.parametrize("row", _measured_rows(), ids=lambda r: r["name"])
+def test_the_replay_matches_the_reserve_measured_on_an_h100(row):
+    # bench/cuda/alloc_conf_cases.yaml measured on an H100 (torch 2.11): the replay of the
+    # step's events under the run's PYTORCH_CUDA_ALLOC_CONF against max_memory_reserved
+    est = vramplan.estimate(vramplan.load_spec(row["job"]))
+    measured = row["measured"]["peak_reserved_bytes"]
+    assert abs(est.allocator.reserved_bytes - measured) <= 0.05 * measured
+
+
+def test_expandable_segments_can_raise_the_reserve_as_they_did_on_an_h100():
+    # Lazily made optimizer states split blocks the second step's activations wanted: on the
+    # H100 expandable segments reserved 724 MiB more than the defaults for this job; the
+    # replay says so too (both runs in bench/cuda/results-cuda-alloc-conf-*.json).
+    rows = {r["name"]: r for r in _measured_rows()}
+    base, exp = rows["llama-3.2-1b/b4s1024/default"], rows["llama-3.2-1b/b4s1024/expandable"]
+    measured = exp["measured"]["peak_reserved_bytes"] - base["measured"]["peak_reserved_bytes"]
+    assert measured > 0
+    replayed = (vramplan.estimate(vramplan.load_spec(exp["job"])).allocator.reserved_bytes
+                - vramplan.estimate(vramplan.load_spec(base["job"])).allocator.reserved_bytes)
+    assert replayed > 0 and abs(replayed - measured) <= 0.25 * measured
 
 
 def test_expandable_segments_lower_reserved_where_there_is_fragmentation():
@@ -68,7 +91,9 @@ def test_compare_shows_what_expandable_segments_save():
     rows = compare(spec, strategies=[s for s in default_strategies(spec) if s.name in ("baseline", "expandable segments")])
     row = next(r for r in rows if r.strategy.name == "expandable segments")
     assert row.spec.alloc_conf == "expandable_segments:True"
-    assert row.saving_bytes == rows[0].estimate.reserved_bytes - row.estimate.reserved_bytes >= 0
+    # what the replay says, either way: expandable segments can also reserve more (they did
+    # on an H100, test_expandable_segments_can_raise_the_reserve_as_they_did_on_an_h100)
+    assert row.saving_bytes == rows[0].estimate.reserved_bytes - row.estimate.reserved_bytes
     # already expandable: no such row
     assert "expandable segments" not in [s.name for s in default_strategies(
         vramplan.load_spec(dict(JOBS[3], alloc_conf="expandable_segments:True")))]

@@ -57,9 +57,77 @@ def test_every_step_tensor_is_freed_once_and_setup_stays(name):
             dead.add(t)
     assert set(born) == dead
     assert all(kind is ALLOC and phase == "setup" for kind, *_, phase in events.setup)
-    # the setup holds the persistent state, one tensor per parameter for the optimizer states
+    # the setup holds the weights; the optimizer states, one tensor per parameter, are made
+    # by the first step where its optimizer phase begins (torch.optim `_init_group`)
     n_trainable = sum(1 for p in params.params if p.trainable)
-    assert sum(1 for e in events.setup if e[3] == "optimizer/exp_avg") == n_trainable
+    assert sum(1 for e in events.setup if e[3].startswith("weights/")) == len(params.params)
+    assert not any(e[3].startswith("optimizer/") for e in events.setup)
+    states = [(e, at) for e, at in zip(events.lazy, events.lazy_at) if e[3].startswith("optimizer/")]
+    assert sum(1 for e, _ in states if e[3] == "optimizer/exp_avg") == n_trainable
+    assert all(e[0] is ALLOC and e[4] == "optimizer" for e, _ in states)
+    (at,) = {at for _, at in states}  # where the optimizer phase begins
+    assert events.step[at][4] == "optimizer" and events.step[at - 1][4] == "backward"
+    first = events.first_step()
+    assert len(first) == len(events.step) + len(events.lazy)
+    assert set(first) >= {(e[1], e[2]) for e in events.lazy}
+
+
+def test_each_cublas_handle_makes_its_workspace_at_its_first_matmul():
+    spec = vramplan.load_spec({**JOBS["full"], "backend": "cuda", "gpu": "h100-80gb"})
+    from vramplan.device import step_events
+    from vramplan.components.runtime import blas_workspace_terms
+    events = step_events(spec)
+    assert not any(e[3].startswith("runtime/") for e in events.setup)
+    ws = [(e, at) for e, at in zip(events.lazy, events.lazy_at) if e[3] == "runtime/cublas_workspace"]
+    total = dict(blas_workspace_terms("h100-80gb"))["runtime/cublas_workspace"]
+    assert [e[2] for e, _ in ws] == [total // 2, total // 2]  # two handles, 32 MiB each on sm90
+    (fwd, at_f), (bwd, at_b) = sorted(ws, key=lambda x: x[1])
+    assert fwd[4] == "forward" and at_f == 0
+    assert bwd[4] == "backward" and events.step[at_b][4] == "backward"
+    assert events.step[at_b - 1][4] == "backward" and events.step[at_b - 1][3].startswith("logits/")
+
+
+def test_sharded_and_unsplit_plans_keep_their_states_at_setup():
+    # without per-parameter pieces (sharded plans: ZeRO engines make their states at
+    # initialization) the states stay in the setup
+    _, _, plan = _plan(JOBS["full"])
+    events = build_events(plan)
+    assert not events.lazy and any(e[3] == "optimizer/exp_avg" for e in events.setup)
+
+
+def test_gated_mlp_gradients_are_three_tensors():
+    desc, params, plan = _plan(JOBS["full"])
+    events = build_events(plan, tensor_pieces(desc, params, plan))
+    (total,) = {v for bd in plan.stage_backward_transient for t, v in bd if t == "backward/grad_mlp"}
+    made = [e[2] for e in events.step if e[0] is ALLOC and e[3] == "backward/grad_mlp"]
+    layers = desc.num_layers
+    assert len(made) == 3 * layers and set(made) == {total // 3}
+
+
+def test_a_checkpointed_layer_makes_its_recompute_tensors_in_forward_and_keeps_none():
+    desc, params, plan = _plan(JOBS["checkpointing"])
+    events = build_events(plan, tensor_pieces(desc, params, plan))
+    fwd = [e for e in events.step if e[4] == "forward" and e[3].startswith("activations/recomputed_layer/")]
+    assert fwd, "no forward churn for a checkpointed layer"
+    born = {e[1] for e in fwd if e[0] is ALLOC}
+    assert born == {e[1] for e in fwd if e[0] is FREE}  # every one freed within the forward
+    # a chain: never more than two of them alive at once
+    alive = peak = 0
+    for e in fwd:
+        alive += 1 if e[0] is ALLOC else -1
+        peak = max(peak, alive)
+    assert peak == 2
+
+
+def test_the_head_goes_on_with_the_loss_backward_s_logits_gradient():
+    # log_softmax's backward output is the upcast's input gradient: one tensor, freed once
+    # the 16-bit logits' gradient exists, never freed and made again
+    desc, params, plan = _plan(JOBS["full"])
+    events = build_events(plan, tensor_pieces(desc, params, plan))
+    made = [e for e in events.step if e[3] == "logits/grad_logits_fp32"]
+    assert [e[0] for e in made] == [ALLOC, FREE]
+    order = [(e[0], e[3]) for e in events.step]
+    assert order.index((ALLOC, "logits/grad_logits")) < order.index((FREE, "logits/grad_logits_fp32"))
 
 
 def test_order_follows_the_step():

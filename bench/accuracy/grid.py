@@ -153,7 +153,10 @@ def categories(job: dict) -> dict[str, str]:
 
 def measure_in_subprocess(job: dict, device: str, fake: bool) -> dict:
     args = [sys.executable, "-c", CHILD, str(SRC), json.dumps(job), device, "1" if fake else "0"]
-    proc = subprocess.run(args, capture_output=True, text=True, check=False, timeout=CASE_TIMEOUT_S)
+    env = dict(os.environ)
+    if job.get("alloc_conf"):  # read by the caching allocator when CUDA starts in the child
+        env["PYTORCH_CUDA_ALLOC_CONF"] = job["alloc_conf"]
+    proc = subprocess.run(args, capture_output=True, text=True, check=False, timeout=CASE_TIMEOUT_S, env=env)
     if proc.returncode != 0:
         raise RuntimeError(proc.stderr.strip()[-2000:])
     return json.loads(proc.stdout.strip().splitlines()[-1])

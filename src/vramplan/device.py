@@ -135,11 +135,13 @@ def allocator_replayer(spec: JobSpec, gpu, plan: StepPlan, desc: ModelDesc, para
         from vramplan.step import build_events
         if not ops:
             pieces = tensor_pieces(desc, params, plan) if params is not None else None
-            ops.extend(build_events(plan, pieces).compact())
+            events = build_events(plan, pieces)
+            ops.extend(events.compact())
+            ops.append(events.first_step() if events.lazy else None)
         conf = parse_alloc_conf(None if default else spec.alloc_conf)
         capacity = replay_capacity(spec, gpu, outside)  # here: most estimates never replay
-        result = replay(ops[0], ops[1], conf, capacity)
-        return replay(ops[0], ops[1], conf, None) if result.out_of_memory else result
+        result = replay(ops[0], ops[1], conf, capacity, first=ops[2])
+        return replay(ops[0], ops[1], conf, None, first=ops[2]) if result.out_of_memory else result
     return run
 
 

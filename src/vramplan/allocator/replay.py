@@ -52,15 +52,19 @@ class AllocatorResult:
 
 
 def replay(prologue: tuple, step: tuple, conf: AllocConf | None = None, capacity: int | None = None,
-           steps: int = DEFAULT_STEPS) -> AllocatorResult:
+           steps: int = DEFAULT_STEPS, first: tuple | None = None) -> AllocatorResult:
     """prologue, step: sequences of (handle, nbytes) ops; nbytes > 0 allocates the tensor
-    `handle`, nbytes == 0 frees it. Every tensor the step allocates it also frees.
+    `handle`, nbytes == 0 frees it. Every tensor the step allocates it also frees. `first`:
+    the first step's ops where they differ (tensors it makes and keeps, such as optimizer
+    states created at the first `step()`; StepEvents.first_step).
     Memoized: identical event lists (one model's repeated estimates) replay once."""
-    return _replay(tuple(prologue), tuple(step), conf or AllocConf(), capacity, steps)
+    return _replay(tuple(prologue), tuple(step), conf or AllocConf(), capacity, steps,
+                   None if first is None else tuple(first))
 
 
 @lru_cache(maxsize=16)
-def _replay(prologue: tuple, step: tuple, conf: AllocConf, capacity, steps: int) -> AllocatorResult:
+def _replay(prologue: tuple, step: tuple, conf: AllocConf, capacity, steps: int,
+            first: tuple | None = None) -> AllocatorResult:
     alloc = CachingAllocator(conf, capacity=capacity)
     live: dict[int, object] = {}
     try:
@@ -68,7 +72,7 @@ def _replay(prologue: tuple, step: tuple, conf: AllocConf, capacity, steps: int)
         for i in range(steps):
             made = alloc.num_device_alloc
             alloc.reset_peaks()
-            _run(alloc, step, live)
+            _run(alloc, first if i == 0 and first is not None else step, live)
             if i and alloc.num_device_alloc == made:
                 break  # served from the cache: the steady state is reached
     except OutOfMemory:

@@ -22,6 +22,12 @@ def _linear_numel(p: ParamEntry) -> int:
     return p.shape[0] * p.shape[-1]
 
 
+def mlp_grad_tensors(desc: ModelDesc) -> int:
+    """How many tensors `backward/grad_mlp` is: the gradients of gate, up and act * up
+    (gated), or of fc1's output and the activation (plain)."""
+    return 3 if desc.mlp is MlpKind.GATED else 2
+
+
 def layer_backward(desc: ModelDesc, spec: JobSpec) -> Breakdown:
     """Gradients of activations alive at a layer's backward peak (the MLP's backward, seen with
     the exact CPU meter at act * up's MulBackward): the incoming hidden-state gradient, the
@@ -31,7 +37,7 @@ def layer_backward(desc: ModelDesc, spec: JobSpec) -> Breakdown:
     c = dtypes_of(spec).compute if spec.method.value != "qlora" else spec.quantization.compute_dtype
     res = dtypes_of(spec).weights if spec.method.value != "qlora" else c
     width = desc.moe.expert_intermediate_size * desc.moe.top_k if desc.moe else desc.intermediate_size
-    n_mlp = 3 if desc.mlp is MlpKind.GATED else 2
+    n_mlp = mlp_grad_tensors(desc)
     out = (Breakdown().add("backward/grad_hidden", nbytes(tokens * desc.hidden_size, res))
            .add("backward/grad_mlp", n_mlp * nbytes(tokens * width, c)))
     q = spec.quantization

@@ -33,12 +33,29 @@ def torchao_state(opt: Optimizer, p: HeldParam, dtype: str) -> dict[str, int]:
     return {"exp_avg": one, "exp_avg_sq": one, "step": 4}
 
 
+# Bytes per element alive inside the state's `copy_` when it quantizes an fp32 moment
+# (subclass_8bit.py / subclass_4bit.py `aten.copy_`: `scale_tensor`, then
+# quant_utils.py `quantize_8bit_with_qmap` / `quantize_4bit_with_qmap`): at the rounding
+# `torch.where(residual >= (val_up - val_down) * 0.5, codes_up, codes)` the scaled input
+# (fp32), `codes` and `codes_up` (int64: `torch.where(..., 128, 0)` makes int64), val_down,
+# val_up and residual (fp32), the comparison (bool) and the where's int64 output:
+# 4 + 8 + 8 + 4 + 4 + 4 + 1 + 8. The H100 trace of AdamW8bit (bench/allocator/traces)
+# holds exactly these blocks at its optimizer peak.
+_REQUANTIZE = 41
+
+
 def torchao_step_temporary(opt: Optimizer, p: HeldParam, dtype: str) -> int:
     """torchao/optim/adam.py `single_param_adam`, one parameter at a time, run eagerly (the
-    meter's CPU path; torch.compile fuses it on CUDA, so this is an upper bound there): at
-    `p_f32 - lr * (exp_avg_f32 / bias_correction1) / denom` the decayed fp32 parameter
-    (`p_f32 - lr * weight_decay * p_f32`), exp_avg_f32 and exp_avg_sq_f32 (the `lerp`s of
-    the dequantized moments), `denom`, the quotient and its product with lr are alive: six
-    fp32 tensors of n; a 16-bit gradient adds its fp32 copy (`grad.float()`)."""
+    measured path; torch.compile fuses it where it runs). The larger of two moments:
+    - at `p_f32 - lr * (exp_avg_f32 / bias_correction1) / denom` the decayed fp32 parameter
+      (`p_f32 - lr * weight_decay * p_f32`), exp_avg_f32 and exp_avg_sq_f32 (the `lerp`s of
+      the dequantized moments), `denom`, the quotient and its product with lr: six fp32
+      tensors of n; a 16-bit gradient adds its fp32 copy (`grad.float()`);
+    - for a quantized state, at `exp_avg.copy_(exp_avg_f32)` (and again for exp_avg_sq) the
+      decayed parameter, both fp32 moments (and the gradient's fp32 copy) beside what the
+      requantization holds (_REQUANTIZE bytes per element)."""
     n = p.numel
-    return (6 + (dtype != "fp32")) * nbytes(n, "fp32")
+    update = (6 + (dtype != "fp32")) * nbytes(n, "fp32")
+    if not is_quantized(opt, p):
+        return update
+    return max(update, (3 + (dtype != "fp32")) * nbytes(n, "fp32") + _REQUANTIZE * n)

@@ -105,8 +105,11 @@ def build_model(job: dict, device: str = "cpu", dtype: torch.dtype = torch.float
     model_type = cfg.pop("model_type")
     from .standin_remote import STANDINS, build_standin
     if model_type in STANDINS:  # repository-code families: written-here stand-ins, never the repo's code
-        model = build_standin(model_type, cfg, job, dtype)
-        return model if device == "cpu" else model.to(device)
+        # Built on the device, as from_pretrained(device_map=...) builds it: the repository
+        # code keeps its rotary tables as plain attributes (not buffers) that .to() would
+        # leave on the CPU.
+        with torch.device(device):
+            return build_standin(model_type, cfg, job, dtype)
     remote = bool(job.get("trust_remote_code", False))
     config = AutoConfig.for_model(model_type, **cfg)
     attn = job.get("attention", "sdpa") or "sdpa"

@@ -283,10 +283,23 @@ class _NvmlReader:
             self.handle = None
 
 
+def _apply_alloc_conf(conf: str | None) -> None:
+    """The job's PYTORCH_CUDA_ALLOC_CONF for this process's caching allocator: through the
+    environment before CUDA starts (c10/cuda/CUDAAllocatorConfig reads it then), else
+    through torch.cuda.memory._set_allocator_settings (same syntax)."""
+    if not conf or os.environ.get("PYTORCH_CUDA_ALLOC_CONF") == conf:
+        return
+    if torch.cuda.is_initialized():
+        torch.cuda.memory._set_allocator_settings(conf)
+    else:
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = conf
+
+
 def run_cuda(job: Any, steps: int = 2) -> MeasureResult:
     if not torch.cuda.is_available():
         raise RuntimeError("device: cuda requested but torch.cuda.is_available() is False")
     job = job_dict(job)
+    _apply_alloc_conf(job.get("alloc_conf"))
     torch.manual_seed(0)
     built = build(job, "cuda")
     meter = CudaPhaseMeter()

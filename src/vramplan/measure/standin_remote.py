@@ -266,11 +266,12 @@ class Baichuan(_Base):
             return self.alibi_mask
         # _prepare_decoder_attention_mask(ones(b, s, bool)): _make_causal_mask + _expand_mask
         dtype, mn = x.dtype, torch.finfo(x.dtype).min
-        causal = torch.full((s, s), torch.tensor(mn))
-        cond = torch.arange(s)
+        dev = x.device  # _make_causal_mask(..., device=inputs_embeds.device)
+        causal = torch.full((s, s), torch.tensor(mn, device=dev), device=dev)
+        cond = torch.arange(s, device=dev)
         causal.masked_fill_(cond < (cond + 1).view(s, 1), 0)
         causal = causal.to(dtype)[None, None].expand(b, 1, s, s)
-        expanded = torch.ones((b, s), dtype=torch.bool)[:, None, None, :].expand(b, 1, s, s).to(dtype)
+        expanded = torch.ones((b, s), dtype=torch.bool, device=dev)[:, None, None, :].expand(b, 1, s, s).to(dtype)
         inverted = 1.0 - expanded
         return inverted.masked_fill(inverted.to(torch.bool), mn) + causal
 
@@ -278,7 +279,7 @@ class Baichuan(_Base):
         b, s = input_ids.shape
         x = self.model.embed_tokens(input_ids)
         mask = self.masks(x, b, s)
-        position_ids = torch.arange(0, s, dtype=torch.long).unsqueeze(0).view(-1, s)
+        position_ids = torch.arange(0, s, dtype=torch.long, device=x.device).unsqueeze(0).view(-1, s)
         for layer in self.model.layers:
             x = layer(x, mask, position_ids)
         hidden_states = self.model.norm(x)  # `hidden_states = outputs[0]`: alive through the loss

@@ -42,6 +42,12 @@ class Pieces:
     static: dict[str, tuple[int, ...]] = field(default_factory=dict)
     """term -> relative sizes of its tensors (parameter numels)."""
     grads_rest: list[tuple[int, ...]] | None = None
+    transient: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    """term of a stage's backward transients -> relative sizes of its tensors (the gated
+    MLP's gradients are three tensors, not one)."""
+    lazy: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """Persistent terms the first step makes, not the setup -> the phase that makes them,
+    or one phase per equal piece of the term (see step/pieces.py)."""
 
 
 @dataclass(slots=True)
@@ -50,6 +56,10 @@ class StepEvents:
     """Allocated once, before the first step, never freed."""
     step: list[Event]
     """One step; every tensor it allocates it frees."""
+    lazy: list[Event] = field(default_factory=list)
+    """Allocated once, by the first step, never freed."""
+    lazy_at: tuple[int, ...] = ()
+    """For each `lazy` event, the index in `step` it goes before in the first step."""
 
     def compact(self) -> tuple[tuple, tuple]:
         """(setup, step) as (tensor, nbytes) ops, nbytes 0 for a free: what the allocator
@@ -57,9 +67,27 @@ class StepEvents:
         return (tuple((t, b) for _, t, b, _, _ in self.setup),
                 tuple((t, b if k is ALLOC else 0) for k, t, b, _, _ in self.step))
 
+    def first_step(self) -> tuple:
+        """The first step's (tensor, nbytes) ops: `step` with the lazily created tensors
+        made where its optimizer phase begins."""
+        return tuple((t, b if k is ALLOC else 0) for k, t, b, _, _ in self.first_events())
+
+    def first_events(self) -> list[Event]:
+        """The first step's events: `step` with each lazily made tensor where it is made."""
+        before: dict[int, list] = {}
+        for at, e in zip(self.lazy_at, self.lazy):
+            before.setdefault(at, []).append(e)
+        out: list[Event] = []
+        for i, e in enumerate(self.step):
+            out += before.get(i, ())
+            out.append(e)
+        out += before.get(len(self.step), ())
+        return out
+
     def live_peak(self) -> tuple[int, int]:
-        """(peak live bytes, index of the step event that reaches it)."""
-        live = sum(e[2] for e in self.setup)
+        """(peak live bytes, index of the step event that reaches it), from the second step
+        on (every lazily created tensor alive)."""
+        live = sum(e[2] for e in self.setup) + sum(e[2] for e in self.lazy)
         best, at = live, -1
         for i, (kind, _, nbytes, _, _) in enumerate(self.step):
             live += nbytes if kind is ALLOC else -nbytes
@@ -152,6 +180,16 @@ def _release_with_grads(made: list, b: _Builder) -> None:
     b.live = level
 
 
+def _carried(b: _Builder, loss_bwd: list, head: Breakdown | None) -> list:
+    """The loss's backward tensors the head's backward goes on using: log_softmax's backward
+    output (`logits/grad_logits_fp32`) is the input gradient of the fp32 upcast's backward,
+    alive until that has made the 16-bit logits' gradient; the same tensor, not a second."""
+    if head is None:
+        return []
+    wanted = set(b.items(head, b.pieces.transient))
+    return [x for x in loss_bwd if (x[1], x[2]) in wanted]
+
+
 def _stage_grads(b: _Builder, i: int, cache: dict) -> tuple[list, list]:
     plan, p = b.plan, b.pieces
     at_peak = plan.stage_grads_at_peak[i] if plan.stage_grads_at_peak else None
@@ -164,9 +202,51 @@ def _stage_grads(b: _Builder, i: int, cache: dict) -> tuple[list, list]:
 
 def build_events(plan: StepPlan, pieces: Pieces | None = None) -> StepEvents:
     """The step's tensor events (see the module docstring)."""
+    events = _build(plan, pieces, None)
+    if any(t.startswith(RECOMPUTED) for bd in plan.stage_backward_transient for t in bd.terms):
+        events = _build(plan, pieces, events.live_peak()[0])
+    return events
+
+
+RECOMPUTED = "activations/recomputed_layer/"
+
+
+def _forward_churn(b: _Builder, trans: Breakdown, ceiling: int) -> None:
+    """A checkpointed layer's forward makes every tensor its recompute will make, and keeps
+    none (torch/utils/checkpoint.py, non-reentrant: the saved-tensor hooks store nothing):
+    each lives until the next op has made its output, a chain of pairs. Kept only where the
+    pair stays under the step's peak, so the peak stays timeline.walk's."""
+    prev = None
+    for term, nbytes in b.items(trans, b.pieces.transient):
+        if not term.startswith(RECOMPUTED):
+            continue
+        if b.live + nbytes > ceiling:
+            continue
+        made = b.alloc([(term, nbytes)], "forward")
+        if prev is not None:
+            b.free(prev, "forward")
+        prev = made
+    if prev is not None:
+        b.free(prev, "forward")
+
+
+def _build(plan: StepPlan, pieces: Pieces | None, ceiling: int | None) -> StepEvents:
     b = _Builder(plan, pieces)
-    b.alloc(b.items(plan.static, b.pieces.static), "setup")
+    lazy_terms = b.pieces.lazy
+    if plan.in_backward is not None:  # the hook steps each parameter as its gradient lands
+        lazy_terms = {t: m for t, m in lazy_terms.items() if "optimizer" not in m}
+    static = b.items(plan.static, b.pieces.static)
+    pending: dict[str, list] = {"setup": [x for x in static if x[0] not in lazy_terms]}
+    for term, nbytes in static:
+        moments = lazy_terms.get(term, ())
+        pieces = split_bytes(nbytes, (1,) * len(moments)) if len(moments) > 1 else [nbytes] * len(moments)
+        for moment, piece in zip(moments, pieces):
+            pending.setdefault(moment, []).append((term, piece))
+    b.alloc(pending.pop("setup"), "setup")
     setup, b.out = b.out, []
+    lazy = {m: b.alloc(items, m) for m, items in pending.items()}
+    lazy_events, b.out = b.out, []
+    at = {"forward": 0}
     n = len(plan.stage_acts)
     grads_made: list = []
     grad_cache: dict[int, tuple[list, list]] = {}
@@ -175,6 +255,8 @@ def build_events(plan: StepPlan, pieces: Pieces | None = None) -> StepEvents:
         saved = []
         for i, acts in enumerate(plan.stage_acts):
             saved.append(b.alloc(b.items(acts), "forward"))
+            if ceiling is not None:
+                _forward_churn(b, plan.stage_backward_transient[i], ceiling)
             if plan.stage_forward_transient and plan.stage_forward_transient[i].terms:
                 b.free(b.alloc(b.items(plan.stage_forward_transient[i]), "forward"), "forward")
         fwd_end = b.alloc(b.items(plan.forward_end_transient), "forward")
@@ -182,13 +264,19 @@ def build_events(plan: StepPlan, pieces: Pieces | None = None) -> StepEvents:
         b.free(fwd_end, "forward")
         loss_bwd = b.alloc(b.items(plan.loss_backward_transient), "backward")
         b.free(loss, "backward")
-        b.free(loss_bwd, "backward")
+        carried = _carried(b, loss_bwd, plan.stage_backward_transient[n - 1] if n else None)
+        b.free([x for x in loss_bwd if x not in carried], "backward")
         for i in range(n - 1, -1, -1):
             at_peak = plan.stage_acts_at_peak[i] if plan.stage_acts_at_peak else None
             kept = set(at_peak.terms) if at_peak is not None else None
             early = [x for x in saved[i] if kept is not None and x[1] not in kept]
             b.free(early, "backward")
-            trans = b.alloc(b.items(plan.stage_backward_transient[i]), "backward")
+            at.setdefault("backward", len(b.out))  # the head's backward: the first matmuls
+            items = b.items(plan.stage_backward_transient[i], b.pieces.transient)
+            if i == n - 1 and carried:
+                have = {(term, nbytes) for _, term, nbytes in carried}
+                items = [x for x in items if x not in have]
+            trans = b.alloc(items, "backward") + (carried if i == n - 1 else [])
             if plan.in_backward is not None:  # stepped and freed by the hook as it is made
                 made = b.alloc(_stage_grads(b, i, grad_cache)[0], "backward")
                 _release_with_grads([x for x in saved[i] if kept is None or x[1] in kept] + trans, b)
@@ -204,7 +292,11 @@ def build_events(plan: StepPlan, pieces: Pieces | None = None) -> StepEvents:
     if plan.backward_end_transient is not None and plan.in_backward is None:
         b.free(b.alloc(b.items(plan.backward_end_transient), "backward"), "backward")
     if plan.in_backward is None:
+        at["optimizer"] = len(b.out)
         temps = b.alloc(b.items(plan.optimizer_temporaries, b.pieces.static), "optimizer")
         b.free(temps, "optimizer")
         b.free(grads_made, "optimizer")
-    return StepEvents(setup=setup, step=b.out)
+    at.setdefault("backward", len(b.out))
+    at.setdefault("optimizer", len(b.out))
+    return StepEvents(setup=setup, step=b.out, lazy=lazy_events,
+                      lazy_at=tuple(at[m] for m, made in lazy.items() for _ in made))

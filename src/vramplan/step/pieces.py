@@ -8,6 +8,7 @@ So persistent terms and gradients are split in proportion to the parameter sizes
 """
 from __future__ import annotations
 
+from vramplan.components.layer_backward import mlp_grad_tensors
 from vramplan.components.quant import QUANT_DTYPES
 from vramplan.components.trainable import ParamSet
 from vramplan.components.weights import num_stages, stage_of
@@ -16,6 +17,13 @@ from vramplan.step.events import Pieces
 from vramplan.timeline import StepPlan
 
 _MEMO: dict[int, tuple[ParamSet, dict, list]] = {}
+BLAS_WORKSPACES = ("runtime/cublas_workspace", "runtime/cublaslt_workspace")
+HANDLES = ("forward", "backward")
+"""A step's two cuBLAS handles, each with its workspaces from the caching allocator, made at
+the handle's first matmul (aten/src/ATen/cuda/CublasHandlePool.cpp getNewWorkspace; handles
+are per thread: forward on the Python thread, backward on the autograd engine's device
+thread; catalog/cuda_runtime.json "cublas"). The traces show them: two 32 MiB blocks on
+sm90, one at the first forward linear, one at the first backward matmul."""
 
 
 def _groups(params: ParamSet) -> dict[str, tuple[int, ...]]:
@@ -52,7 +60,21 @@ def _per_stage(desc: ModelDesc, params: ParamSet) -> list[tuple[int, ...]]:
 
 
 def tensor_pieces(desc: ModelDesc, params: ParamSet, plan: StepPlan) -> Pieces:
-    """Pieces for a single-GPU plan (sharded plans keep one flat tensor per term)."""
+    """Pieces for a single-GPU plan (sharded plans keep one flat tensor per term). On one GPU
+    without an engine the optimizer's states are made by its first step (torch/optim/adamw.py
+    `_init_group`; transformers' Adafactor, bitsandbytes' and torchao's optimizers alike),
+    as every CUDA trace in bench/allocator/traces shows (the reserve before the first
+    forward holds the weights alone); ZeRO engines make theirs at initialization and are
+    sharded plans."""
+    transient = {"backward/grad_mlp": (1,) * mlp_grad_tensors(desc)}
+    lazy = {t: ("optimizer",) for t, _ in plan.static if t.startswith("optimizer/")}
+    # DoRA computes each weight's norm through the base and LoRA weights when PEFT wraps the
+    # model (peft/tuners/lora/dora.py update_layer -> get_weight_norm): the Python thread's
+    # handle is made then, before the first step (the DoRA trace's first 32 MiB block is in
+    # its backward).
+    handles = ("setup", "backward") if any(p.name.endswith("lora_magnitude_vector") for p in params.params) \
+        else HANDLES
+    lazy.update((t, handles) for t, _ in plan.static if t in BLAS_WORKSPACES)
     hit = _MEMO.get(id(params))
     if hit is None or hit[0] is not params:
         if len(_MEMO) >= 64:
@@ -65,10 +87,10 @@ def tensor_pieces(desc: ModelDesc, params: ParamSet, plan: StepPlan) -> Pieces:
         if group and len(groups[group]) > 1:
             static[term] = groups[group]
     if len(stages) != len(plan.grads_by_stage):
-        return Pieces(static=static)
+        return Pieces(static=static, transient=transient, lazy=lazy)
     rest = [_without_peak(stages[i], g.total(), plan.stage_grads_at_peak[i].total() if plan.stage_grads_at_peak else 0)
             for i, g in enumerate(plan.grads_by_stage)]
-    return Pieces(static=static, grads_rest=rest)
+    return Pieces(static=static, grads_rest=rest, transient=transient, lazy=lazy)
 
 
 def _without_peak(numels: tuple[int, ...], total: int, at_peak: int) -> tuple[int, ...]:

@@ -1,0 +1,160 @@
+#!/usr/bin/env python3
+"""Real CUDA steps' own allocation traces against vramplan's allocator model and event list.
+
+Each trace in traces/ (recorded on a GPU by bench/cuda/trace_cuda.py) holds every alloc and
+free PyTorch's caching allocator saw during a grid case's two training steps, the phase
+boundaries, and the measured `max_memory_reserved`. For each trace this prints:
+
+- `model on real`: the allocator model (vramplan.allocator.CachingAllocator) replaying the
+  real sequence of allocations; it should equal the measured reserve, byte for byte;
+- `events`: the model replaying vramplan's own event list for the same job
+  (vramplan.device.step_events, the replay `estimate` runs), and its error;
+- per phase, the reserve at the phase's end and the number of allocations, real and
+  event list;
+- `eager states`: the real sequence with the optimizer states that the first step creates
+  moved before the first forward (where an event list that makes them at setup puts them),
+  to show what their lazy creation (torch/optim/adam.py `_init_group`) is worth.
+
+    python bench/allocator/trace_compare.py [--traces DIR] [--json results-trace-compare.json]
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SHORT = {"forward": "fwd", "backward": "bwd", "optimizer": "opt"}
+sys.path.insert(0, str(HERE.parent.parent / "src"))
+
+
+def load(path: Path) -> tuple[dict, list]:
+    """(trace document, ops): ops as (kind 'a'|'f', addr, size, phase); a phase starts at its
+    marker, which is kept (it was a real allocation)."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as fh:
+        doc = json.load(fh)
+    actions, mark, phases = doc["actions"], doc["mark_bytes"], doc["phases"]
+    ops, phase = [], "init"
+    for act, addr, size, _ in doc["trace"]:
+        kind = actions[act]
+        if kind == "alloc" and mark < size <= mark + 512 * len(phases) and size % 512 == 0:
+            phase = phases[size // 512 - 1000 - 1]  # the marker itself was allocated too
+        if kind == "alloc":
+            ops.append(("a", addr, size, phase))
+        elif kind == "free_completed":
+            ops.append(("f", addr, size, phase))
+    return doc, ops
+
+
+def replay_real(ops: list, conf: str | None = None) -> tuple[int, dict]:
+    """The model on the real sequence under the run's PYTORCH_CUDA_ALLOC_CONF: (max
+    reserved, {phase: reserved at its end})."""
+    from vramplan.allocator import CachingAllocator
+    from vramplan.spec.alloc_conf import parse_alloc_conf
+    alloc, live, top, ends = CachingAllocator(parse_alloc_conf(conf)), {}, 0, {}
+    for kind, addr, size, phase in ops:
+        if kind == "a":
+            live[addr] = alloc.malloc(size)
+        elif addr in live:
+            alloc.free(live.pop(addr))
+        top = max(top, alloc.reserved)
+        ends[phase] = alloc.reserved
+    return top, ends
+
+
+def eager_states(ops: list) -> list:
+    """The real sequence with the first optimizer step's never-freed allocations (its
+    states) made before the first forward."""
+    last = {}
+    for i, (kind, addr, _, _) in enumerate(ops):
+        if kind == "a":
+            last[addr] = i
+        else:
+            last.pop(addr, None)
+    states = {i for i in last.values() if ops[i][3] == "s1.opt"}
+    first = next((i for i, op in enumerate(ops) if op[3] != "init"), len(ops))
+    rest = [op for i, op in enumerate(ops) if i not in states]
+    return rest[:first] + [ops[i] for i in sorted(states)] + rest[first:]
+
+
+def replay_events(job: dict) -> tuple[int, dict, dict]:
+    """vramplan's event list for the job through the model, as `estimate` replays it:
+    (max reserved, {phase: reserved at its end}, {phase: allocations})."""
+    import vramplan
+    from vramplan.allocator import CachingAllocator
+    from vramplan.device import step_events
+    from vramplan.spec.alloc_conf import parse_alloc_conf
+    events = step_events(vramplan.load_spec(dict(job)))
+    alloc, live, top, ends, counts = CachingAllocator(parse_alloc_conf(job.get("alloc_conf"))), {}, 0, {}, {}
+    for _, t, nbytes, _, _ in events.setup:
+        live[t] = alloc.malloc(nbytes)
+    ends["init"] = top = alloc.reserved
+    counts["init"] = len(events.setup)
+    for step in (1, 2):
+        # the first step makes the tensors it keeps (StepEvents.lazy)
+        for kind, t, nbytes, _, phase in events.first_events() if step == 1 else events.step:
+            name = f"s{step}.{SHORT[phase]}"
+            if kind == "alloc":
+                live[t] = alloc.malloc(nbytes)
+                counts[name] = counts.get(name, 0) + 1
+            else:
+                alloc.free(live.pop(t))
+            top = max(top, alloc.reserved)
+            ends[name] = alloc.reserved
+    return top, ends, counts
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--traces", default=str(HERE / "traces"))
+    ap.add_argument("--json", default=str(HERE / "results-trace-compare.json"))
+    args = ap.parse_args()
+    rows = []
+    for path in sorted(Path(args.traces).glob("*.json*")):
+        doc, ops = load(path)
+        measured = doc["max_memory_reserved"]
+        conf = doc["job"].get("alloc_conf")
+        real_top, real_ends = replay_real(ops, conf)
+        eager_top, _ = replay_real(eager_states(ops), conf)
+        ev_top, ev_ends, ev_counts = replay_events(doc["job"])
+        real_counts: dict = {}
+        for kind, _, size, phase in ops:
+            if kind == "a" and not doc["mark_bytes"] < size <= doc["mark_bytes"] + 512 * len(doc["phases"]):
+                real_counts[phase] = real_counts.get(phase, 0) + 1
+        rows.append({
+            "case": doc["case"], "gpu": doc["gpu"], "torch": doc["torch"],
+            "measured_reserved": measured, "model_on_real": real_top,
+            "events_reserved": ev_top, "events_error": (ev_top - measured) / measured,
+            "eager_states_reserved": eager_top, "eager_states_effect": (eager_top - real_top) / real_top,
+            "phases": {p: {"real_reserved_end": real_ends.get(p), "events_reserved_end": ev_ends.get(p),
+                           "real_allocs": real_counts.get(p, 0), "events_allocs": ev_counts.get(p, 0)}
+                       for p in ["init"] + doc["phases"]},
+        })
+    mib = 2**20
+    print(f"{'case':<68} {'measured':>9} {'model on real':>13} {'events':>16} {'eager states':>13}")
+    for r in rows:
+        print(f"{r['case'][:68]:<68} {r['measured_reserved'] / mib:9.0f} {r['model_on_real'] / mib:13.0f} "
+              f"{r['events_reserved'] / mib:8.0f} {100 * r['events_error']:+6.1f}% "
+              f"{100 * r['eager_states_effect']:+12.1f}%")
+    exact = sum(r["model_on_real"] == r["measured_reserved"] for r in rows)
+    errs = [r["events_error"] for r in rows]
+    summary = {"traces": len(rows), "model_on_real_exact": exact,
+               "events_median_abs": statistics.median(abs(e) for e in errs) if errs else None,
+               "events_median": statistics.median(errs) if errs else None}
+    print(f"\nmodel on the real sequence equals the measured reserve: {exact} of {len(rows)}")
+    if errs:
+        print(f"event list: median |err| {100 * summary['events_median_abs']:.1f}%, "
+              f"median {100 * summary['events_median']:+.1f}%")
+    with open(args.json, "w") as fh:
+        json.dump({"summary": summary, "rows": rows}, fh, indent=1)
+    print(f"wrote {os.path.relpath(args.json)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
