@@ -61,7 +61,7 @@ def replay_model(events, conf, steps):
     for step in range(steps):
         if step == steps - 1:
             alloc.reset_peaks()
-        for kind, t, nbytes, *_ in events.step:
+        for kind, t, nbytes, *_ in events.first_events() if step == 0 else events.step:
             if kind == "alloc":
                 live[t] = alloc.malloc(nbytes)
             else:
@@ -78,7 +78,7 @@ def replay_torch(torch, events, steps):
     for step in range(steps):
         if step == steps - 1:
             torch.cuda.reset_peak_memory_stats()
-        for kind, t, nbytes, *_ in events.step:
+        for kind, t, nbytes, *_ in events.first_events() if step == 0 else events.step:
             if kind == "alloc":
                 live[t] = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
             else:
@@ -114,7 +114,9 @@ def main() -> int:
            "max_memory_allocated": {"torch": got_alloc, "model": want_alloc}}
     if diverge is not None:
         step_index = diverge - 1
-        ev = events.step[step_index % len(events.step)] if step_index >= 0 else None
+        first = events.first_events()
+        ev = (first[step_index] if step_index < len(first) else
+              events.step[(step_index - len(first)) % len(events.step)]) if step_index >= 0 else None
         out["divergence_event"] = None if ev is None else list(ev)
         out["divergence_values"] = {"torch": got[diverge], "model": want[diverge]}
     path = os.path.join(HERE, f"results-cuda-{args.name}.json")

@@ -256,7 +256,9 @@ def length_ops(desc, spec, params, split: bool, extra_static=()):
             hit = memo[length] = tuple(batch + body + [(t, 0) for t, _ in batch])
         return hit
     base = events(spec.seq_len)
-    setup = tuple((t, b) for _, t, b, term, _ in base.setup if not term.startswith("batch/"))
+    # What the first step makes and keeps (optimizer states, cuBLAS workspaces) is set up
+    # before the run here: the schedule replays steps of many lengths, not a first step.
+    setup = tuple((t, b) for _, t, b, term, _ in base.setup + base.lazy if not term.startswith("batch/"))
     return setup, ops_for
 
 
