@@ -33,38 +33,20 @@ sys.path.insert(0, str(HERE.parent.parent / "src"))
 
 
 def load(path: Path) -> tuple[dict, list]:
-    """(trace document, ops): ops as (kind 'a'|'f', addr, size, phase); a phase starts at its
-    marker, which is kept (it was a real allocation)."""
+    """(trace document, ops) (vramplan.allocator.trace.ops)."""
+    from vramplan.allocator.trace import ops
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt") as fh:
         doc = json.load(fh)
-    actions, mark, phases = doc["actions"], doc["mark_bytes"], doc["phases"]
-    ops, phase = [], "init"
-    for act, addr, size, _ in doc["trace"]:
-        kind = actions[act]
-        if kind == "alloc" and mark < size <= mark + 512 * len(phases) and size % 512 == 0:
-            phase = phases[size // 512 - 1000 - 1]  # the marker itself was allocated too
-        if kind == "alloc":
-            ops.append(("a", addr, size, phase))
-        elif kind == "free_completed":
-            ops.append(("f", addr, size, phase))
-    return doc, ops
+    return doc, ops(doc)
 
 
-def replay_real(ops: list, conf: str | None = None) -> tuple[int, dict]:
+def replay_real(seq: list, conf: str | None = None) -> tuple[int, dict]:
     """The model on the real sequence under the run's PYTORCH_CUDA_ALLOC_CONF: (max
     reserved, {phase: reserved at its end})."""
-    from vramplan.allocator import CachingAllocator
+    from vramplan.allocator.trace import replay_ops
     from vramplan.spec.alloc_conf import parse_alloc_conf
-    alloc, live, top, ends = CachingAllocator(parse_alloc_conf(conf)), {}, 0, {}
-    for kind, addr, size, phase in ops:
-        if kind == "a":
-            live[addr] = alloc.malloc(size)
-        elif addr in live:
-            alloc.free(live.pop(addr))
-        top = max(top, alloc.reserved)
-        ends[phase] = alloc.reserved
-    return top, ends
+    return replay_ops(seq, parse_alloc_conf(conf))
 
 
 def eager_states(ops: list) -> list:
@@ -110,6 +92,7 @@ def replay_events(job: dict) -> tuple[int, dict, dict]:
 
 
 def main() -> int:
+    from vramplan.allocator.trace import is_marker
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--traces", default=str(HERE / "traces"))
     ap.add_argument("--json", default=str(HERE / "results-trace-compare.json"))
@@ -124,7 +107,7 @@ def main() -> int:
         ev_top, ev_ends, ev_counts = replay_events(doc["job"])
         real_counts: dict = {}
         for kind, _, size, phase in ops:
-            if kind == "a" and not doc["mark_bytes"] < size <= doc["mark_bytes"] + 512 * len(doc["phases"]):
+            if kind == "a" and not is_marker(doc, size):
                 real_counts[phase] = real_counts.get(phase, 0) + 1
         rows.append({
             "case": doc["case"], "gpu": doc["gpu"], "torch": doc["torch"],

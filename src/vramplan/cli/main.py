@@ -314,7 +314,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         _add_spec_args(m)
         m.add_argument("--device", default=None, help=_("cpu or cuda (default: cuda if available)"))
         m.add_argument("--fake", action="store_true", help=_("run under FakeTensorMode: no memory used"))
-        m.add_argument("--trace", action="store_true", help=_("list the tensors alive at the peak"))
+        m.add_argument("--trace", action="store_true",
+                       help=_("list the tensors alive at the peak; on CUDA, also record the caching "
+                              "allocator's trace and replay it through the allocator model"))
         m.add_argument("--json", action="store_true")
         m.set_defaults(func=cmd_measure)
     if only is not None:

@@ -16,7 +16,10 @@ JSON shape (schema ``vramplan.measure/1``)::
      "error": {peak, phases {forward, backward, optimizer}, params, grads, optimizer_states,
                activations_end_of_forward: estimate / measured - 1} | null,
      "failure": {"stage", "type", "message"} | null,
-     ["trace": {snapshot name: [raw storages]} with --trace]}
+     ["trace": {snapshot name: [raw storages]} with --trace],
+     ["allocator_trace": measure/cuda_trace.py's compact trace, "allocator": {allocations,
+      measured_reserved_bytes, model_on_trace_reserved_bytes, estimate_replay_reserved_bytes}
+      with --trace on CUDA]}
 """
 from __future__ import annotations
 
@@ -135,6 +138,10 @@ def measure_main(args) -> dict:
         out["measured"] = measured
         if trace and result.trace is not None:
             out["trace"] = {name: result.trace.raw(name) for name in result.trace.names()}
+        trace_doc = measured.pop("allocator_trace", None)
+        if trace_doc is not None:
+            out["allocator_trace"] = trace_doc
+            out["allocator"] = allocator_check(trace_doc, measured.get("peak_reserved_bytes"), est, spec)
     out["estimated"] = est.to_dict() if est is not None else None
     out["failure"] = out["failure"] or est_failure
     if est is not None and out["measured"]:
@@ -142,6 +149,21 @@ def measure_main(args) -> dict:
     if not getattr(args, "json", False):
         print(render(out, result.trace if result is not None and trace else None))
     return out
+
+
+def allocator_check(trace_doc: dict, measured_reserved: int | None, est, spec) -> dict:
+    """What the allocator did on this run against the model: the model replaying the run's
+    own allocations (the allocator's policy alone), and the estimate's replay of its event
+    list (the step as vramplan imagines it), beside the measured max_memory_reserved."""
+    from vramplan.allocator.trace import is_marker, ops, replay_ops
+    from vramplan.spec.alloc_conf import parse_alloc_conf
+    seq = ops(trace_doc)
+    on_trace, _ = replay_ops(seq, parse_alloc_conf(spec.alloc_conf))
+    alloc = est.allocator if est is not None else None
+    return {"allocations": sum(1 for kind, _, size, _ in seq if kind == "a" and not is_marker(trace_doc, size)),
+            "measured_reserved_bytes": measured_reserved,
+            "model_on_trace_reserved_bytes": on_trace,
+            "estimate_replay_reserved_bytes": alloc.reserved_bytes if alloc is not None else None}
 
 
 def render(out: dict, trace=None) -> str:
@@ -176,11 +198,21 @@ def render(out: dict, trace=None) -> str:
             if isinstance(value, float):
                 label = _pad(_("error of {name}").format(name=name), 34)
                 lines.append(f"  {label} {value:>+15.2%}")
+    check = out.get("allocator")
+    if check:
+        lines.append(_("allocator: {n} allocations traced; max_memory_reserved {measured}, the model on these "
+                       "allocations {model}, the estimate's replay {replay}").format(
+            n=check["allocations"], measured=_gib(check["measured_reserved_bytes"]),
+            model=_gib(check["model_on_trace_reserved_bytes"]), replay=_gib(check["estimate_replay_reserved_bytes"])))
     if trace is not None:
         for name in ("peak", "end_of_forward"):
             if name in trace.snapshots:
                 lines.append(trace.render(name, limit=40))
     return "\n".join(lines)
+
+
+def _gib(n: int | None) -> str:
+    return "-" if n is None else f"{n / 2**30:.2f} GiB"
 
 
 def _pad(text: str, width: int) -> str:

@@ -34,11 +34,12 @@ class MeasureResult:
     process_bytes: int | None = None  # CUDA only: NVML's used memory of this process alone
     trace: Any = None  # vramplan.measure.trace.Trace when trace=True
     runner: dict | None = None  # what ran: {library, version, entry[, note]}
+    allocator_trace: dict | None = None  # CUDA with trace=True: measure/cuda_trace.py's compact trace
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d.pop("trace")
-        for k in ("peak_reserved_bytes", "device_bytes", "process_bytes", "runner"):
+        for k in ("peak_reserved_bytes", "device_bytes", "process_bytes", "runner", "allocator_trace"):
             if d[k] is None:
                 d.pop(k)
         return d
@@ -66,7 +67,7 @@ def measure(job: Any, device: str = "cpu", fake: bool = False, trace: bool = Fal
     if device == "cuda" and not fake:
         _cuda_runs(job)
     if fake or device == "cuda":
-        result = run_fake(job, trace=trace, steps=steps) if fake else run_cuda(job, steps=steps)
+        result = run_fake(job, trace=trace, steps=steps) if fake else run_cuda(job, steps=steps, trace=trace)
         result.runner = loop_runner()
         return result
     if device != "cpu":

@@ -186,8 +186,11 @@ class CudaPhaseMeter:
     (the caching allocator rarely returns memory, so the largest end-of-phase
     reading is the run's device-level peak to within one phase's growth)."""
 
-    def __init__(self):
+    def __init__(self, marks: list[str] | None = None):
         self.phase_peaks: dict[str, int] = {}
+        self.marks = marks
+        """When a list: each phase's name is appended and its start marked in the allocator's
+        trace (measure/cuda_trace.py)."""
         self.reserved_peak = 0
         self.device_peak: int | None = None
         self.process_peak: int | None = None
@@ -199,6 +202,10 @@ class CudaPhaseMeter:
 
     @contextlib.contextmanager
     def phase(self, name: str):
+        if self.marks is not None:
+            from .cuda_trace import mark
+            self.marks.append(name)
+            mark(torch, len(self.marks))
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         try:
@@ -295,19 +302,27 @@ def _apply_alloc_conf(conf: str | None) -> None:
         os.environ["PYTORCH_CUDA_ALLOC_CONF"] = conf
 
 
-def run_cuda(job: Any, steps: int = 2) -> MeasureResult:
+def run_cuda(job: Any, steps: int = 2, trace: bool = False) -> MeasureResult:
+    """The CUDA step; `trace`: with PyTorch's own allocation trace of it, from the model's
+    build on (MeasureResult.allocator_trace, measure/cuda_trace.py)."""
     if not torch.cuda.is_available():
         raise RuntimeError("device: cuda requested but torch.cuda.is_available() is False")
     job = job_dict(job)
     _apply_alloc_conf(job.get("alloc_conf"))
-    torch.manual_seed(0)
-    built = build(job, "cuda")
-    meter = CudaPhaseMeter()
-    try:
-        stats = train_steps(built, job, meter, "cuda", steps)
-    finally:
-        meter.close()
+    from .cuda_trace import compact, recording
+    marks: list[str] | None = [] if trace else None
+    with recording(torch) if trace else contextlib.nullcontext():
+        torch.manual_seed(0)
+        built = build(job, "cuda")
+        meter = CudaPhaseMeter(marks)
+        try:
+            stats = train_steps(built, job, meter, "cuda", steps)
+        finally:
+            meter.close()
+        torch.cuda.synchronize()
+        events = torch.cuda.memory._snapshot()["device_traces"][torch.cuda.current_device()] if trace else None
     peak, name = meter.peak()
     return _result("cuda", peak, name, meter.phase_peaks, stats,
                    peak_reserved_bytes=meter.reserved_peak, device_bytes=meter.device_peak,
-                   process_bytes=meter.process_peak)
+                   process_bytes=meter.process_peak,
+                   allocator_trace=None if events is None else compact(events, marks))
