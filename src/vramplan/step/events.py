@@ -4,10 +4,15 @@ An event is `(kind, tensor, nbytes, term, phase)`: kind "alloc" or "free", a ten
 bytes, the breakdown term it belongs to and the phase. The order follows what the real step
 does (the same order timeline.walk takes its snapshots in):
 
-- setup (once, before the first step): what lives across steps -- weights, optimizer
-  states, the batch -- one tensor per parameter where the parameter sizes are known;
-- forward: each stage's saved tensors, layer by layer; then the logits and the loss's
-  saved tensors, after which the logits themselves go;
+- setup (once, before the first step): what lives across steps -- weights, the batch,
+  and, where nothing says otherwise, the optimizer states -- one tensor per parameter where
+  the parameter sizes are known;
+- lazy (once, in the first step): what the first step makes and keeps (`Pieces.lazy`): the
+  optimizer's states where its optimizer phase begins, each cuBLAS handle's workspace at
+  its first matmul (step/pieces.py has the sources);
+- forward: each stage's saved tensors, layer by layer (a checkpointed layer also makes and
+  frees the tensors its recompute will make); then the logits and the loss's saved
+  tensors, after which the logits themselves go;
 - backward: the loss's gradients, then per stage, last first: the tensors it frees before
   its peak, its transients (recomputed layer, activation gradients), the parameter
   gradients it has made by its peak; then its saved tensors and transients go in reverse
@@ -68,8 +73,8 @@ class StepEvents:
                 tuple((t, b if k is ALLOC else 0) for k, t, b, _, _ in self.step))
 
     def first_step(self) -> tuple:
-        """The first step's (tensor, nbytes) ops: `step` with the lazily created tensors
-        made where its optimizer phase begins."""
+        """The first step's (tensor, nbytes) ops: `step` with each lazily made tensor where
+        the first step makes it (StepEvents.first_events)."""
         return tuple((t, b if k is ALLOC else 0) for k, t, b, _, _ in self.first_events())
 
     def first_events(self) -> list[Event]:
