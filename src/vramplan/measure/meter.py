@@ -38,6 +38,7 @@ from torch.utils._pytree import tree_leaves
 
 
 def _is_dtensor(cls) -> bool:
+    """torch.distributed.tensor.DTensor, by name: the meter does not import torch.distributed."""
     return cls.__name__ == "DTensor" and cls.__module__.startswith("torch.distributed")
 
 
@@ -279,7 +280,7 @@ class MemoryMeter(TorchDispatchMode):
         if any(t is not torch.Tensor and is_traceable_wrapper_subclass_type(t) and not _is_dtensor(t)
                for t in types):
             # A tensor subclass with its own __torch_dispatch__ (torchao's quantized optimizer
-            # states, float8 tensors, DTensor): let it run its implementation, so the ops it
+            # states and weights, float8 tensors): let it run its implementation, so the ops it
             # makes on its inner tensors come back through this mode and are metered. The
             # mode is popped while its own __torch_dispatch__ runs (torch/utils/
             # _python_dispatch.py), so calling `func` here would run the subclass's code
