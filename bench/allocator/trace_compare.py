@@ -68,26 +68,17 @@ def replay_events(job: dict) -> tuple[int, dict, dict]:
     """vramplan's event list for the job through the model, as `estimate` replays it:
     (max reserved, {phase: reserved at its end}, {phase: allocations})."""
     import vramplan
-    from vramplan.allocator import CachingAllocator
     from vramplan.device import step_events
-    from vramplan.spec.alloc_conf import parse_alloc_conf
     events = step_events(vramplan.load_spec(dict(job)))
-    alloc, live, top, ends, counts = CachingAllocator(parse_alloc_conf(job.get("alloc_conf"))), {}, 0, {}, {}
-    for _, t, nbytes, _, _ in events.setup:
-        live[t] = alloc.malloc(nbytes)
-    ends["init"] = top = alloc.reserved
-    counts["init"] = len(events.setup)
+    seq = [("a", t, nbytes, "init") for _, t, nbytes, _, _ in events.setup]
     for step in (1, 2):
         # the first step makes the tensors it keeps (StepEvents.lazy)
         for kind, t, nbytes, _, phase in events.first_events() if step == 1 else events.step:
-            name = f"s{step}.{SHORT[phase]}"
-            if kind == "alloc":
-                live[t] = alloc.malloc(nbytes)
-                counts[name] = counts.get(name, 0) + 1
-            else:
-                alloc.free(live.pop(t))
-            top = max(top, alloc.reserved)
-            ends[name] = alloc.reserved
+            seq.append(("a" if kind == "alloc" else "f", t, nbytes, f"s{step}.{SHORT[phase]}"))
+    counts: dict[str, int] = {}
+    for kind, _, _, name in seq:
+        counts[name] = counts.get(name, 0) + (kind == "a")
+    top, ends = replay_real(seq, job.get("alloc_conf"))
     return top, ends, counts
 
 

@@ -45,13 +45,13 @@ def main() -> int:
     import grid
     from pathlib import Path
     from vramplan.measure import measure
-    from vramplan.measure.run_modes import _apply_alloc_conf
+    from vramplan.measure.run_modes import apply_alloc_conf
 
     cases = {c["name"]: c for c in grid.load_cases(Path(args.cases))}
     if args.case not in cases:
         print(f"--case: no case named {args.case!r} in {args.cases}")
         return 2
-    _apply_alloc_conf(cases[args.case]["job"].get("alloc_conf"))  # before CUDA starts
+    apply_alloc_conf(cases[args.case]["job"].get("alloc_conf"))  # before CUDA starts
     gpu = torch.cuda.get_device_name()
     job = grid.cuda_job(dict(cases[args.case]["job"]), gpu)
     result = measure(job, device="cuda", trace=True, steps=args.steps)

@@ -45,7 +45,8 @@ def reserved_bytes(events: list[Event], top: Event, conf_delta: int = 0) -> int:
     The replay's own reserve is not used as the level: its event list holds the saved
     tensors and the modelled transients, not every temporary of the real backward, and on
     the published GPU rows it is less accurate than this fitted reserve (single-model
-    nvidia-smi rows: median |err| 6.9% against 2.4%, bench/allocator/score_replay.py)."""
+    nvidia-smi rows: median |err| 9.1% against 2.1%, bench/allocator/score_replay.py), though
+    on the H100's own catalog-size runs it is the closer of the two (bench/cuda/README.md)."""
     ends = [e for e in events if e.label.startswith(("end of forward", "loss backward"))]
     # Each event's terms in the three groups, summed from its distinct parts (the peak's
     # from its live set), each part's group terms found once: the values _group(e.live, ...)

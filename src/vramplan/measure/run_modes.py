@@ -290,7 +290,7 @@ class _NvmlReader:
             self.handle = None
 
 
-def _apply_alloc_conf(conf: str | None) -> None:
+def apply_alloc_conf(conf: str | None) -> None:
     """The job's PYTORCH_CUDA_ALLOC_CONF for this process's caching allocator: through the
     environment before CUDA starts (c10/cuda/CUDAAllocatorConfig reads it then), else
     through torch.cuda.memory._set_allocator_settings (same syntax)."""
@@ -308,7 +308,7 @@ def run_cuda(job: Any, steps: int = 2, trace: bool = False) -> MeasureResult:
     if not torch.cuda.is_available():
         raise RuntimeError("device: cuda requested but torch.cuda.is_available() is False")
     job = job_dict(job)
-    _apply_alloc_conf(job.get("alloc_conf"))
+    apply_alloc_conf(job.get("alloc_conf"))
     from .cuda_trace import compact, recording
     marks: list[str] | None = [] if trace else None
     with recording(torch) if trace else contextlib.nullcontext():

@@ -205,15 +205,15 @@ def _stage_grads(b: _Builder, i: int, cache: dict) -> tuple[list, list]:
     return hit
 
 
+RECOMPUTED = "activations/recomputed_layer/"
+
+
 def build_events(plan: StepPlan, pieces: Pieces | None = None) -> StepEvents:
     """The step's tensor events (see the module docstring)."""
     events = _build(plan, pieces, None)
     if any(t.startswith(RECOMPUTED) for bd in plan.stage_backward_transient for t in bd.terms):
         events = _build(plan, pieces, events.live_peak()[0])
     return events
-
-
-RECOMPUTED = "activations/recomputed_layer/"
 
 
 def _forward_churn(b: _Builder, trans: Breakdown, ceiling: int) -> None:
