@@ -87,13 +87,16 @@ def _compute_sets(desc, spec, params, lay: Layout, stage: int, layers: range) ->
     zero3 = lay.engine == "zero" and lay.zero_stage == 3
     persist = int(lay.knob("stage3_param_persistence_threshold", DS_PARAM_PERSISTENCE_THRESHOLD)) if zero3 else 0
     expert_n = max(1, n // lay.ep) if lay.ep > 1 else None
-    flat = _shared(None, mp, ("dp", n, dim0, 0, expert_n),
-                   lambda: dp_shard(mp, n, per_param_dim0=dim0, expert_n=expert_n))
+
+    def flat() -> ParamSet:
+        return _shared(None, mp, ("dp", n, dim0, 0, expert_n),
+                       lambda: dp_shard(mp, n, per_param_dim0=dim0, expert_n=expert_n))
     # Persistent (small) ZeRO-3 parameters stay gathered; their gradients and optimizer
     # states are still partitioned (stage3.py treats ds_persist params like any other there).
-    flat_w = _shared(None, mp, ("dp", n, dim0, persist, expert_n),
-                     lambda: dp_shard(mp, n, per_param_dim0=dim0, persist_below=persist, expert_n=expert_n)
-                     ) if persist else flat
+    def flat_w() -> ParamSet:
+        return _shared(None, mp, ("dp", n, dim0, persist, expert_n),
+                       lambda: dp_shard(mp, n, per_param_dim0=dim0, persist_below=persist, expert_n=expert_n)
+                       ) if persist else flat()
     # Every sharding strategy but no-shard keeps only the shard at rest: SHARD_GRAD_OP
     # (FSDP2 reshard_after_forward=False) keeps the unsharded parameters from forward into
     # backward only, and frees them in the post-backward (FSDP1 torch/distributed/fsdp/
@@ -104,9 +107,10 @@ def _compute_sets(desc, spec, params, lay: Layout, stage: int, layers: range) ->
     fsdp_grads = lay.fsdp in ("full-shard", "hybrid-shard", "shard-grad-op")
     grads_mp = mp if lay.tp == 1 or not lay.dtensor_tp else _shared(
         desc, params, ("dtensor-grads", id(mp)), lambda: dtensor_embedding_grads(params, mp))
-    return RankSets(weights=flat_w if (zero3 or fsdp_params) else mp,
-                    grads=flat if (lay.zero_stage >= 2 or fsdp_grads) else grads_mp,
-                    states=flat if (lay.zero_stage >= 1 or lay.engine == "fsdp" or _distributed_optimizer(lay))
+    # the partitions are made only where the layout keeps one (DDP and TP-only layouts none)
+    return RankSets(weights=flat_w() if (zero3 or fsdp_params) else mp,
+                    grads=flat() if (lay.zero_stage >= 2 or fsdp_grads) else grads_mp,
+                    states=flat() if (lay.zero_stage >= 1 or lay.engine == "fsdp" or _distributed_optimizer(lay))
                     else mp, full=mp)
 
 

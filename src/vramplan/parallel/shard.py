@@ -115,6 +115,8 @@ def model_parallel_set(desc: ModelDesc, params: ParamSet, *, tp: int, ep: int, p
     when not given; megatron/core/transformer/moe/experts.py shards each expert's fc1 by
     columns and fc2 by rows over the expert-TP group)."""
     etp = tp if expert_tp is None else expert_tp
+    if tp == 1 and ep == 1 and pp == 1 and etp == 1:
+        return params                 # every tensor whole on the rank: the set itself
     held = []
     for p in params.params:
         if not on_stage(desc, p, stage, pp, layers):
@@ -170,6 +172,8 @@ def dp_shard(params: ParamSet, n: int, *, per_param_dim0: bool, persist_below: i
     FSDP1 FlatParameter, torch/distributed/fsdp/_flat_param.py `_get_shard`): ceil(numel/n).
     persist_below: ZeRO-3 keeps parameters with fewer elements unpartitioned
     (runtime/zero/parameter_offload.py, `persistence_threshold` -> `ds_persist`)."""
+    if n == 1 and (expert_n or 1) == 1:
+        return params                 # one rank in the group: nothing is partitioned
     held = []
     for p in params.params:
         k = expert_n if (expert_n and is_expert(p)) else n
