@@ -143,3 +143,36 @@ def test_a_small_controlnet_step_measured_fresh_matches_the_estimate():
     assert abs(e.peak_allocated_bytes / m["peak_allocated_bytes"] - 1) < 0.02
     for kind, value in m["phases"].items():
         assert abs(e.phases[kind] / value - 1) < 0.05, kind
+
+
+def _vae_event(e) -> tuple[int, dict]:
+    ev = next(ev for ev in e.events if ev.label.startswith("vae forward"))
+    return ev.total, ev.live.terms
+
+
+def test_vae_encode_tiled_and_sliced_matches_its_measured_phase():
+    """train_text_to_image_lora.py's VAE encode, measured as its own phase (`s{n}.encode`)
+    with `enable_tiling()` (AutoencoderKL's tile_sample_min_size = config.sample_size, 128
+    px here: 3 x 3 overlapping tiles of the 256 px batch) and `enable_slicing()` (one sample
+    at a time), against the estimate's VAE forward event."""
+    rows = json.loads((BENCH / "results.json").read_text())
+    for name in ("sd-lora/fp32/vae-tiling", "sd-lora/fp32/vae-slicing"):
+        row = rows[name]
+        measured = max(v for k, v in row["measured"]["phase_peaks"].items() if k.endswith(".encode"))
+        total, _ = _vae_event(vramplan.estimate(row["job"]))
+        assert abs(total / measured - 1) < 0.02, (name, f"{total / measured - 1:+.2%}")
+
+
+def test_vae_tiling_holds_one_tile_and_only_where_the_image_is_larger():
+    """The first level's working set (4 tensors of b x c x side^2): one 128 px tile a side
+    when tiled; a 128 px image is not tiled (AutoencoderKL._encode tiles only larger ones)."""
+    job = bench_job("sd-lora/fp32/vae-tiling")
+    untiled = copy.deepcopy(job)
+    del untiled["diffusion"]["vae_tiling"]
+    level = "vae/forward/level0"
+    b, c = job["micro_batch_size"], job["model"]["vae"]["block_out_channels"][0]
+    assert _vae_event(vramplan.estimate(job))[1][level] == 4 * b * c * 128 * 128 * 4
+    assert _vae_event(vramplan.estimate(untiled))[1][level] == 4 * b * c * 256 * 256 * 4
+    for j in (job, untiled):
+        j["diffusion"].update(height=128, width=128)
+    assert _vae_event(vramplan.estimate(job)) == _vae_event(vramplan.estimate(untiled))

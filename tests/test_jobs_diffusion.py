@@ -129,3 +129,30 @@ def test_gradients_kept_by_the_script_or_the_spec():
     with pytest.raises(vramplan.SpecError) as err:
         vramplan.load_spec({**job, "diffusion": {"set_grads_to_none": "no"}})
     assert err.value.field == "diffusion.set_grads_to_none"
+
+
+def _jobs_rows() -> dict:
+    import json
+    from pathlib import Path
+    return json.loads((Path(__file__).resolve().parents[1] / "bench" / "jobs" / "results.json").read_text())
+
+
+def test_sd35_qk_rms_norm_adds_what_autograd_saves():
+    """SD3.5's q/k RMSNorm on both streams (JointAttnProcessor2_0's norm_q, norm_k,
+    norm_added_q, norm_added_k; diffusers RMSNorm): the estimate's increase over the same
+    tiny SD3 without it against the measured increase (real diffusers step, exact meter)."""
+    rows = _jobs_rows()
+    for run in ("fp32/full", "bf16/lora"):
+        normed, plain = rows[f"diffusion/{run}/sd3.5-tiny"], rows[f"diffusion/{run}/sd3-tiny"]
+        measured = normed["measured"]["peak_allocated_bytes"] - plain["measured"]["peak_allocated_bytes"]
+        estimated = (vramplan.estimate(normed["job"]).peak_allocated_bytes
+                     - vramplan.estimate(plain["job"]).peak_allocated_bytes)
+        assert measured > 0 and abs(estimated / measured - 1) < 0.01, (run, estimated, measured)
+
+
+def test_sd35_medium_dual_attention_is_refused_in_one_line():
+    job = dict(_jobs_rows()["diffusion/fp32/full/sd3.5-tiny"]["job"])
+    job["model"] = {**job["model"], "denoiser": {**job["model"]["denoiser"], "dual_attention_layers": [0]}}
+    with pytest.raises(vramplan.SpecError) as err:
+        vramplan.estimate(job)
+    assert "dual_attention_layers" in str(err.value) and "\n" not in str(err.value)

@@ -73,6 +73,9 @@ SDXL = {
 # 16/32/96/256, 962,864 parameters) for examples/controlnet/train_controlnet.py.
 SD_CONTROLNET = {**SD, "name": "tiny-sd-controlnet",
                  "controlnet": {"conditioning_embedding_out_channels": [16, 32, 96, 256], "num_params": 962864}}
+# The SD pipeline with the VAE's tile at 128 px (AutoencoderKL reads tile_sample_min_size from
+# its config's sample_size), so that `enable_tiling()` splits a 256 px image into 3 x 3 tiles.
+SD_TILE128 = {**SD, "name": "tiny-sd-tile128", "vae": dict(SD["vae"], sample_size=128)}
 BASE = {"task": "diffusion", "stack": "diffusers-scripts", "method": "lora", "lora": {"r": 8},
         "micro_batch_size": 2, "optimizer": "adamw", "optimizer_impl": "foreach", "backend": "cpu"}
 VIDEO = {"height": 128, "width": 128, "num_frames": 9}
@@ -96,6 +99,10 @@ def cases() -> dict[str, dict]:
     for prec in ("fp32", "bf16"):
         out[f"sdxl-lora/{prec}"] = {**BASE, "model": SDXL, "precision": prec,
                                     "diffusion": {"height": 256, "width": 256, "num_frames": 1}}
+    for mode in ("tiling", "slicing"):  # the VAE encode in the step, tiled / one sample at a time
+        out[f"sd-lora/fp32/vae-{mode}"] = {**BASE, "model": SD_TILE128, "precision": "fp32",
+                                           "diffusion": {"height": 256, "width": 256, "num_frames": 1,
+                                                         f"vae_{mode}": True}}
     return out
 
 
@@ -114,8 +121,15 @@ def row(job: dict, measured: dict) -> dict:
     for kind, value in measured["phases"].items():
         if value:
             errors[kind] = e.phases.get(kind, 0) / value - 1
-    return {"job": job, "measured": measured,
-            "estimate": {"peak_allocated_bytes": e.peak_allocated_bytes, "phases": e.phases},
+    estimate = {"peak_allocated_bytes": e.peak_allocated_bytes, "phases": e.phases}
+    # the VAE encode inside the step (measured as its own phase, s{n}.encode) against the
+    # estimate's `vae forward` event: its peak, whether or not it is the step's
+    encode = [v for k, v in measured.get("phase_peaks", {}).items() if k.endswith(".encode") and k != "s0.encode"]
+    vae = [ev.total for ev in e.events if ev.label.startswith("vae forward")]
+    if encode and vae:
+        estimate["encode"] = vae[0]
+        errors["encode"] = vae[0] / max(encode) - 1
+    return {"job": job, "measured": measured, "estimate": estimate,
             "errors": {k: round(v, 4) for k, v in errors.items()}}
 
 
@@ -138,7 +152,8 @@ def main() -> None:
         runner = r["measured"].get("runner", {})
         print(f"{name:42s} {r['measured']['peak_allocated_bytes']:>12d} {r['estimate']['peak_allocated_bytes']:>12d} "
               f"{err['peak']:+.2%} {err.get('forward', 0):+.2%} {err.get('backward', 0):+.2%} "
-              f"{err.get('optimizer', 0):+.2%}  {runner.get('library')} {runner.get('version')}")
+              f"{err.get('optimizer', 0):+.2%}  {runner.get('library')} {runner.get('version')}"
+              + (f"  encode {err['encode']:+.2%}" if "encode" in err else ""))
 
 
 if __name__ == "__main__":

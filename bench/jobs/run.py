@@ -104,6 +104,13 @@ TINY_SD3 = {"name": "tiny-sd3", "kind": "mmdit",
                          "sample_size": 32, "pos_embed_max_size": 32, "num_params": 1088784},
             "vae": {"latent_channels": 4, "spatial_compression": 8, "temporal_compression": 1, "num_params": 0},
             "text_encoders": [dict(_CLIP, joins_sequence=True, d_model=64)] + _TE}
+# SD3.5 (large): the SD3 transformer with RMSNorm on q and k of both streams (qk_norm
+# "rms_norm": JointAttnProcessor2_0's norm_q / norm_k / norm_added_q / norm_added_k).
+TINY_SD35 = {**TINY_SD3, "name": "tiny-sd3.5",
+             "denoiser": dict(TINY_SD3["denoiser"], qk_norm="rms_norm", num_params=1089040)}
+# FLUX.1-schnell: Flux without the guidance embedder (guidance_embeds False; no `guidance` input).
+TINY_FLUX_SCHNELL = {**TINY_FLUX, "name": "tiny-flux-schnell",
+                     "denoiser": dict(TINY_FLUX["denoiser"], guidance_embeds=False, num_params=1797776)}
 TINY_WAN = {"name": "tiny-wan", "kind": "cross-dit",
             "denoiser": {"class": "WanTransformer3DModel", "num_layers": 2, "num_attention_heads": 4,
                          "attention_head_dim": 32, "in_channels": 4, "out_channels": 4, "patch_size": [1, 2, 2],
@@ -266,6 +273,14 @@ CASES = dict([
          set_grads_to_none=False)), model=TINY_FLUX, precision="bf16"),
     case("diffusion/bf16/lora/flux-tiny/ga2", **IMG, model=TINY_FLUX, precision="bf16", method="lora",
          lora={"r": 8}, grad_accum_steps=2),
+    # SD3.5's q/k RMSNorm and Flux schnell (issue 13's generation variants). Estimate error at
+    # the peak: sd3.5 fp32 full -1.49%, bf16 LoRA +0.06%; flux-schnell fp32 full +0.35%, bf16
+    # LoRA +0.12%.
+    case("diffusion/fp32/full/sd3.5-tiny", **IMG, model=TINY_SD35, precision="fp32"),
+    case("diffusion/bf16/lora/sd3.5-tiny", **IMG, model=TINY_SD35, precision="bf16", method="lora", lora={"r": 8}),
+    case("diffusion/fp32/full/flux-schnell-tiny", **IMG, model=TINY_FLUX_SCHNELL, precision="fp32"),
+    case("diffusion/bf16/lora/flux-schnell-tiny", **IMG, model=TINY_FLUX_SCHNELL, precision="bf16", method="lora",
+         lora={"r": 8}),
 ])
 
 

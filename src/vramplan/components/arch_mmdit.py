@@ -90,8 +90,8 @@ def joint_attention(rec: Recorder, ctx: DitCtx, hx: Sym, ht: Sym | None, prefix:
     if qk_norm:
         q, k = (rms_norm(rec, ctx, t, f"{prefix}.norm_{p}", rotary) for t, p in ((q, "q"), (k, "k")))
     if ht is not None:
-        tq, tk, _tv = (lin(rec, ctx, ht, h, f"{prefix}.add_{p}_proj") for p in "qkv")
-        if qk_norm:
+        tq, tk, _tv = (rec.view(lin(rec, ctx, ht, h, f"{prefix}.add_{p}_proj"), (b, a, m, d)) for p in "qkv")
+        if qk_norm:  # on the (b, a, m, d) heads view, as norm_q / norm_k on the image stream's
             rms_norm(rec, ctx, tq, f"{prefix}.norm_added_q", rotary), rms_norm(rec, ctx, tk, f"{prefix}.norm_added_k", rotary)
         q, k, v = (rec.new(f"{prefix}.cat_{p}", (b, a, m + n, d), hx.dtype, True) for p in "qkv")
     if rotary:

@@ -46,8 +46,8 @@ def vae_encode_forward(pipe: dict, b: int, frames: int, height: int, width: int,
     128 for the SD/CogVideoX VAEs, 96 for Wan's). What is in flight: a causal video VAE
     that encodes in frame chunks (`encode_chunk_frames`: AutoencoderKLWan._encode runs the
     first frame, then 4 at a time, with a cache of past frames) holds one chunk; slicing
-    (`enable_slicing`) one sample; tiling (`enable_tiling`) one tile of `tile_size` pixels a
-    side (AutoencoderKL.tiled_encode: tile_sample_min_size, 512 unless the entry says).
+    (`enable_slicing`) one sample; tiling (`enable_tiling`) one tile a side (`tile_side`) where
+    the image is larger than a tile (AutoencoderKL._encode tiles only then).
     LTX-Video's encoder folds `first_level_stride`^2 pixels into channels before its first
     level (AutoencoderKLLTXVideo patch_size 4), which then runs at 1/4 of each side."""
     vae = pipe["vae"]
@@ -56,12 +56,24 @@ def vae_encode_forward(pipe: dict, b: int, frames: int, height: int, width: int,
     if cfg is not None and cfg.vae_slicing:
         b = 1
     if cfg is not None and cfg.vae_tiling:
-        tile = vae.get("tile_size", 512)
+        tile = tile_side(vae)
         height, width = min(height, tile), min(width, tile)
     stride = vae.get("first_level_stride", 1)
     pixels = (height // stride) * (width // stride)
     return Breakdown().add("forward/level0", 4 * nbytes(b * ch * frames * pixels, c))
 
+
+
+def tile_side(vae: dict) -> int:
+    """Pixels a side of one tile of a tiled encode. diffusers
+    models/autoencoders/autoencoder_kl.py AutoencoderKL.__init__ sets `tile_sample_min_size =
+    config.sample_size`, and `_tiled_encode` runs `self.encoder` on `x[:, :, i:i + tile,
+    j:j + tile]` for i, j stepping by 0.75 tile (tile_overlap_factor 0.25): tiles overlap
+    but none is larger than the tile, the tiles' small latents are kept and blended after.
+    The video VAEs name their tile `tile_size` (tile_sample_min_height/width); 512 where the
+    entry gives neither."""
+    size = vae.get("tile_size") or vae.get("sample_size") or 512
+    return int(size[0] if isinstance(size, (list, tuple)) else size)
 
 
 def frozen_modules(pipe, spec, step, b, c, w, notes, tokens: int) -> dict[str, int]:
@@ -120,4 +132,4 @@ def frozen_modules(pipe, spec, step, b, c, w, notes, tokens: int) -> dict[str, i
     return total
 
 
-__all__ = ["frozen_block_forward", "frozen_modules", "text_encoder_forward", "vae_encode_forward"]
+__all__ = ["frozen_block_forward", "frozen_modules", "text_encoder_forward", "tile_side", "vae_encode_forward"]

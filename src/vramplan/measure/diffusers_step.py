@@ -33,7 +33,8 @@ The step's names live on as in the scripts (a loop body, nothing deleted): the p
 step's latents, noise, prediction and loss are alive until the next step rebinds them.
 Precomputed text embeddings / latents (`diffusion.text_encoders|vae: precomputed`) come in
 the batch instead. Phases: `s0.encode` (the cogvideo script's encoding ahead of training),
-`s{n}.fwd`, `s{n}.bwd`, `s{n}.opt`.
+`s{n}.fwd` (the image scripts' VAE encode inside it as `s{n}.encode`, a forward phase of
+its own so that its peak is reported: `phase_peaks`), `s{n}.bwd`, `s{n}.opt`.
 """
 from __future__ import annotations
 
@@ -162,7 +163,8 @@ def _unet_steps(p: _Pipeline, unet, optimizer, accelerator, meter, b: int, steps
             # the prepared dataloader's batch on the device: fp32 pixels, int64 token ids
             if p.vae is not None:
                 pixel_values = torch.randn(b, 3, h * s, w * s, generator=g)
-                latents = p.vae.encode(pixel_values.to(dtype=p.dtype)).latent_dist.sample()
+                with meter.phase(f"s{n}.encode"):  # the encode's own peak, beside the step's
+                    latents = p.vae.encode(pixel_values.to(dtype=p.dtype)).latent_dist.sample()
                 latents = latents * p.vae.config.scaling_factor
             else:
                 latents = torch.randn(b, c, h, w, generator=g).to(p.dtype)
@@ -207,7 +209,8 @@ def _sdxl_steps(p: _Pipeline, unet, optimizer, accelerator, meter, b: int, steps
         with meter.phase(f"s{n}.fwd"):
             if p.vae is not None:
                 pixel_values = torch.randn(b, 3, h * s, w * s, generator=g)
-                model_input = p.vae.encode(pixel_values).latent_dist.sample()
+                with meter.phase(f"s{n}.encode"):
+                    model_input = p.vae.encode(pixel_values).latent_dist.sample()
                 model_input = model_input * p.vae.config.scaling_factor
                 model_input = model_input.to(p.dtype)
             else:
