@@ -150,9 +150,29 @@ def test_sd35_qk_rms_norm_adds_what_autograd_saves():
         assert measured > 0 and abs(estimated / measured - 1) < 0.01, (run, estimated, measured)
 
 
-def test_sd35_medium_dual_attention_is_refused_in_one_line():
-    job = dict(_jobs_rows()["diffusion/fp32/full/sd3.5-tiny"]["job"])
-    job["model"] = {**job["model"], "denoiser": {**job["model"]["denoiser"], "dual_attention_layers": [0]}}
-    with pytest.raises(vramplan.SpecError) as err:
-        vramplan.estimate(job)
-    assert "dual_attention_layers" in str(err.value) and "\n" not in str(err.value)
+def test_sd35_medium_dual_attention_adds_what_autograd_saves():
+    """SD3.5-medium's MMDiT-X block (dual_attention_layers: SD35AdaLayerNormZeroX's second
+    modulation and the image-only attn2): the estimate's increase over the same tiny SD3.5
+    without it against the measured increase, trained and under LoRA."""
+    rows = _jobs_rows()
+    for run in ("fp32/full", "bf16/lora"):
+        dual, plain = rows[f"diffusion/{run}/sd3.5-medium-tiny"], rows[f"diffusion/{run}/sd3.5-tiny"]
+        measured = dual["measured"]["peak_allocated_bytes"] - plain["measured"]["peak_allocated_bytes"]
+        estimated = (vramplan.estimate(dual["job"]).peak_allocated_bytes
+                     - vramplan.estimate(plain["job"]).peak_allocated_bytes)
+        assert measured > 0 and abs(estimated / measured - 1) < 0.01, (run, estimated, measured)
+
+
+def test_sd35_medium_lora_adapters_count_as_peft_adds_them():
+    """attn2's to_q, to_k, to_v and to_out.0 match the scripts' target suffixes too."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("diffusers")
+    from peft import LoraConfig
+    from vramplan.measure.diffusion import build_denoiser
+    job = _jobs_rows()["diffusion/bf16/lora/sd3.5-medium-tiny"]["job"]
+    with torch.device("meta"):
+        model = build_denoiser(job["model"], job["diffusion"], torch.float32).requires_grad_(False)
+        model.add_adapter(LoraConfig(r=8, lora_alpha=8, target_modules=["to_q", "to_k", "to_v", "to_out.0"]))
+    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    assert any(n.startswith("transformer_blocks.0.attn2.") for n, p in model.named_parameters() if p.requires_grad)
+    assert vramplan.estimate(job).trainable_params == trained

@@ -108,6 +108,10 @@ TINY_SD3 = {"name": "tiny-sd3", "kind": "mmdit",
 # "rms_norm": JointAttnProcessor2_0's norm_q / norm_k / norm_added_q / norm_added_k).
 TINY_SD35 = {**TINY_SD3, "name": "tiny-sd3.5",
              "denoiser": dict(TINY_SD3["denoiser"], qk_norm="rms_norm", num_params=1089040)}
+# SD3.5-medium: MMDiT-X, its first block(s) with a second, image-only attention (attn2) beside the
+# joint one (dual_attention_layers; SD35AdaLayerNormZeroX's 9 modulation chunks).
+TINY_SD35_MEDIUM = {**TINY_SD35, "name": "tiny-sd3.5-medium",
+                    "denoiser": dict(TINY_SD35["denoiser"], dual_attention_layers=[0], num_params=1204688)}
 # FLUX.1-schnell: Flux without the guidance embedder (guidance_embeds False; no `guidance` input).
 TINY_FLUX_SCHNELL = {**TINY_FLUX, "name": "tiny-flux-schnell",
                      "denoiser": dict(TINY_FLUX["denoiser"], guidance_embeds=False, num_params=1797776)}
@@ -273,11 +277,18 @@ CASES = dict([
          set_grads_to_none=False)), model=TINY_FLUX, precision="bf16"),
     case("diffusion/bf16/lora/flux-tiny/ga2", **IMG, model=TINY_FLUX, precision="bf16", method="lora",
          lora={"r": 8}, grad_accum_steps=2),
-    # SD3.5's q/k RMSNorm and Flux schnell (issue 13's generation variants). Estimate error at
-    # the peak: sd3.5 fp32 full -1.49%, bf16 LoRA +0.06%; flux-schnell fp32 full +0.35%, bf16
-    # LoRA +0.12%.
+    # SD3.5's q/k RMSNorm, SD3.5-medium's dual attention and Flux schnell (issue 13's generation
+    # variants). Estimate error at the peak: sd3.5 fp32 full -1.49%, bf16 LoRA +0.06%;
+    # sd3.5-medium fp32 full -1.31%, bf16 LoRA +0.05%, bf16 LoRA gc -0.70% (its forward phase
+    # -5.01% -> +0.07% with the MMDiT-X block's no-grad locals); flux-schnell fp32 full +0.35%,
+    # bf16 LoRA +0.12%.
     case("diffusion/fp32/full/sd3.5-tiny", **IMG, model=TINY_SD35, precision="fp32"),
     case("diffusion/bf16/lora/sd3.5-tiny", **IMG, model=TINY_SD35, precision="bf16", method="lora", lora={"r": 8}),
+    case("diffusion/fp32/full/sd3.5-medium-tiny", **IMG, model=TINY_SD35_MEDIUM, precision="fp32"),
+    case("diffusion/bf16/lora/sd3.5-medium-tiny", **IMG, model=TINY_SD35_MEDIUM, precision="bf16", method="lora",
+         lora={"r": 8}),
+    case("diffusion/bf16/lora/sd3.5-medium-tiny/gc", **IMG, model=TINY_SD35_MEDIUM, precision="bf16", method="lora",
+         lora={"r": 8}, gradient_checkpointing="full"),
     case("diffusion/fp32/full/flux-schnell-tiny", **IMG, model=TINY_FLUX_SCHNELL, precision="fp32"),
     case("diffusion/bf16/lora/flux-schnell-tiny", **IMG, model=TINY_FLUX_SCHNELL, precision="bf16", method="lora",
          lora={"r": 8}),

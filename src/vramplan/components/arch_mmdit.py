@@ -9,7 +9,8 @@ Mirrors diffusers 0.42:
   `proj_out` over cat(attention, mlp));
 - `models/attention.py` JointTransformerBlock of SD3/SD3.5 (the double-stream block without
   rotary; q/k RMSNorm only where `qk_norm` is set; the last block's text stream stops after
-  its norm: `context_pre_only`);
+  its norm: `context_pre_only`; SD3.5-medium's `dual_attention_layers` add an image-only
+  `attn2`);
 - `models/transformers/transformer_wan.py` WanTransformerBlock (FP32LayerNorm + a learned
   `scale_shift_table` modulation, self-attention with RMSNorm over all heads and rotary,
   cross-attention to the text states, a GELU-tanh FeedForward of `ffn_dim`).
@@ -53,10 +54,16 @@ def ada_emb(rec: Recorder, ctx: DitCtx, temb: Sym, chunks: int, name: str) -> Sy
 
 
 def modulate(rec: Recorder, ctx: DitCtx, x: Sym, emb: Sym, name: str, fp32: bool = False) -> Sym:
-    """`norm(x) * (1 + scale) + shift`, the norm without affine weights; (1 + scale) is a
-    new (b, 1, h) tensor the product saves, as it saves the normed tensor."""
-    b, h = x.shape[0], x.shape[-1]
+    """`norm(x) * (1 + scale) + shift`, the norm without affine weights."""
+    h = x.shape[-1]
     normed = rec.layer_norm(rec.to(x, "fp32") if fp32 else x, Param(f"{name}.norm", (h,), ctx.dtype, False), name)
+    return scale_shift(rec, normed, emb, name, fp32)
+
+
+def scale_shift(rec: Recorder, normed: Sym, emb: Sym, name: str, fp32: bool = False) -> Sym:
+    """`normed * (1 + scale) + shift`: (1 + scale) is a new (b, 1, h) tensor the product
+    saves, as it saves the normed tensor (once, however many modulations read it)."""
+    b, h = normed.shape[0], normed.shape[-1]
     one_plus = rec.new(f"{name}.one_plus_scale", (b, 1, h), "fp32" if fp32 else emb.dtype, emb.requires_grad)
     return rec.add(rec.mul(normed, one_plus, name=f"{name}.scaled"), one_plus, name=f"{name}.modulated")
 
@@ -115,14 +122,27 @@ def feed_forward(rec: Recorder, ctx: DitCtx, x: Sym, name: str) -> Sym:
 
 
 def double_block(rec: Recorder, ctx: DitCtx, x: Sym, txt: Sym, temb: Sym, rotary: bool = True,
-                 qk_norm: bool = True, last: bool = False) -> tuple[Sym, Sym | None]:
-    """FluxTransformerBlock / JointTransformerBlock over b x n image and b x m text tokens."""
-    ex = ada_emb(rec, ctx, temb, 6, "norm1")
+                 qk_norm: bool = True, last: bool = False, dual: bool = False) -> tuple[Sym, Sym | None]:
+    """FluxTransformerBlock / JointTransformerBlock over b x n image and b x m text tokens.
+    `dual`: SD3.5-medium's MMDiT-X block (attention.py JointTransformerBlock with
+    use_dual_attention): SD35AdaLayerNormZeroX (normalization.py) makes 9 chunks and two
+    modulations of one LayerNorm output; after the joint attention's residual, `attn2`
+    (JointAttnProcessor2_0 without encoder states: the image stream's own q/k/v, q/k norms,
+    SDPA, to_out) and `gate_msa2 * attn_output2` join the residual stream."""
+    ex = ada_emb(rec, ctx, temb, 9 if dual else 6, "norm1")
     et = ada_emb(rec, ctx, temb, 2 if last else 6, "norm1_context")
-    hx = modulate(rec, ctx, x, ex, "norm1")
+    if dual:
+        h = x.shape[-1]
+        normed = rec.layer_norm(x, Param("norm1.norm", (h,), ctx.dtype, False), "norm1")
+        hx, hx2 = scale_shift(rec, normed, ex, "norm1"), scale_shift(rec, normed, ex, "norm1.msa2")
+    else:
+        hx = modulate(rec, ctx, x, ex, "norm1")
     ht = modulate(rec, ctx, txt, et, "norm1_context")
     ao, at = joint_attention(rec, ctx, hx, ht, rotary=rotary, qk_norm=qk_norm, last=last)
     x = gated(rec, x, ao, gate(rec, ex), "attn")
+    if dual:
+        o2, _ = joint_attention(rec, ctx, hx2, None, "attn2", rotary=rotary, qk_norm=qk_norm)
+        x = gated(rec, x, lin(rec, ctx, o2, x.shape[-1], "attn2.to_out.0", True), gate(rec, ex), "attn2")
     x = gated(rec, x, feed_forward(rec, ctx, modulate(rec, ctx, x, ex, "norm2"), "ff"), gate(rec, ex), "ff")
     if last:
         return x, None
@@ -175,4 +195,5 @@ def wan_block(rec: Recorder, ctx: DitCtx, x: Sym, txt: Sym, temb: Sym) -> Sym:
     return rec.to(gated(rec, rec.to(x, "fp32"), ff, gate(rec, e), "ffn"), x.dtype)
 
 
-__all__ = ["double_block", "feed_forward", "joint_attention", "modulate", "rms_norm", "single_block", "wan_block"]
+__all__ = ["double_block", "feed_forward", "joint_attention", "modulate", "rms_norm", "scale_shift", "single_block",
+           "wan_block"]

@@ -154,12 +154,6 @@ def diffusion_estimate(pipe: dict, spec: JobSpec, gpu=None):
         # names would be ignored, and a number printed for a job not asked
         raise SpecError("lora.target_modules", f"diffusion LoRA is modelled on diffusers' training scripts' targets "
                         f"({', '.join(_SCRIPT_TARGETS)}); drop target_modules or name those, got {targets!r}")
-    if pipe["denoiser"].get("dual_attention_layers"):
-        # SD3.5-medium's MMDiT-X blocks (diffusers attention.py JointTransformerBlock with
-        # use_dual_attention: SD35AdaLayerNormZeroX and a second image-only `attn2`) are not
-        # modelled; a number for them would leave out that attention's saved tensors
-        raise SpecError("model.denoiser.dual_attention_layers", "SD3.5-medium's dual-attention (MMDiT-X) "
-                        "blocks are not modelled yet; use an SD3 / SD3.5-large layout (empty list)")
     b, c, w = spec.micro_batch_size, spec.precision.compute_dtype, spec.precision.weight_dtype
     if cfg.prior_preservation:  # train_dreambooth*.py: torch.cat([instance, class]) in every batch
         b *= 2

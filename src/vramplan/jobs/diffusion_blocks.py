@@ -69,13 +69,19 @@ def block_stages(pipe: dict, spec: JobSpec, b: int, n: int, m: int) -> list[Brea
         elif i < doubles:
             flux = cls == "FluxTransformer2DModel"
             last = not flux and den.get("context_pre_only_last", True) and i == doubles - 1
-            double_block(rec, ctx, x, txt, temb, rotary=flux, qk_norm=flux or bool(den.get("qk_norm")), last=last)
+            double_block(rec, ctx, x, txt, temb, rotary=flux, qk_norm=flux or bool(den.get("qk_norm")), last=last,
+                         dual=i in dual_layers(den))
         else:
             single_block(rec, ctx, x, txt, temb)
         stages.append(_stage(rec, f"blocks.{i}"))
     stages[0].merge(rotary_tables(den, spec, n, m))
     stages.append(output_stage(den, ctx, spec, b, n, m + n if singles else n))
     return stages
+
+
+def dual_layers(den: dict) -> tuple[int, ...]:
+    """SD3.5-medium's MMDiT-X blocks (SD3Transformer2DModel `dual_attention_layers`)."""
+    return tuple(den.get("dual_attention_layers") or ()) if den.get("class") == SD3 else ()
 
 
 def rotary_tables(den: dict, spec: JobSpec, n: int, m: int) -> Breakdown:
@@ -140,6 +146,8 @@ def _lora_names(den: dict, i: int) -> tuple[str, ...]:
         return tuple(f"attn{j}.{t}" for j in (1, 2) for t in four)
     if den.get("class") == "FluxTransformer2DModel" and i >= den["num_layers"]:
         return four[:3]
+    if i in dual_layers(den):  # attn2's to_q, to_k, to_v, to_out.0 match the same suffixes
+        return four + tuple(f"attn2.{t}" for t in four)
     return four
 
 
@@ -241,6 +249,13 @@ def block_forward_transient(den: dict, ctx: DitCtx, b: int, n: int, m: int, chec
         pre_only = den.get("context_pre_only_last", True)
         out.add("denoiser/forward/norm_context", nbytes(b * m * h, c))
         out.add("denoiser/forward/context_attn_output", nbytes(b * ((n + m) if pre_only else m) * h, c))
+    duals = dual_layers(den)
+    if checkpointed and duals or duals and den["num_layers"] - 1 in duals:
+        # an MMDiT-X block also holds `attn_output2` (gate_msa2 * attn2's output) and, where
+        # nothing saved it (no grad), `norm_hidden_states2` through its feed-forward
+        out.add("denoiser/forward/attn2_output", nbytes(b * n * h, c))
+        if checkpointed:
+            out.add("denoiser/forward/norm_attn2_in", nbytes(b * n * h, c))
     if checkpointed:
         # no_grad: the residual stream after the attention (its input is the checkpoint's),
         # and in FeedForward (attention.py) net.0.proj's output beside the GELU's
