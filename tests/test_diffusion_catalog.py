@@ -13,7 +13,7 @@ from vramplan.catalog.pipelines import denoiser_tokens, find_pipeline, latent_sh
 from vramplan.cli import main
 from vramplan.spec import SpecError
 
-NEW = ["flux.1-dev", "flux.1-schnell", "stable-diffusion-3-medium", "stable-diffusion-3.5-large",
+NEW = ["flux.1-dev", "flux.1-schnell", "stable-diffusion-3-medium", "stable-diffusion-3.5-large", "stable-diffusion-3.5-medium",
        "wan2.1-t2v-1.3b", "wan2.1-t2v-14b", "dit-xl-2-256",
        "stable-diffusion-xl-base-1.0"]
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "jobs" / "results.json"
