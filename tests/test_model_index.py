@@ -285,3 +285,22 @@ def test_unmodeled_denoiser_part_is_one_line(tmp_path):
     with pytest.raises(SpecError, match=r"transformer/config.json: dual_attention_layers=\[0, 1, 2\]") as err:
         pipeline_from_folder(str(tmp_path))
     assert err.value.field == "model"
+
+
+@pytest.mark.parametrize("name", ["stable-diffusion-v1-5", "stable-diffusion-xl-base-1.0"])
+def test_controlnet_is_made_from_the_folder_unet(name, tmp_path):
+    """train_controlnet.py's `ControlNetModel.from_unet(unet)`, the real call on the meta device."""
+    pipe = find_pipeline(name)
+    write_folder(pipe, tmp_path)
+    got = pipeline_from_folder(str(tmp_path))
+    with open(tmp_path / "unet" / "config.json") as fh:
+        config = json.load(fh)
+    with torch.device("meta"):
+        controlnet = diffusers.ControlNetModel.from_unet(diffusers.UNet2DConditionModel.from_config(config))
+    assert got["controlnet"]["num_params"] == sum(p.numel() for p in controlnet.parameters())
+    if "controlnet" in pipe:  # the catalog's SD 1.5 entry: the same ControlNet job
+        spec = {"task": "diffusion", "method": "full", "precision": "fp16",
+                "diffusion": {"controlnet": True, "height": 512, "width": 512}}
+        ours, theirs = (vramplan.estimate({**spec, "model": m}).to_dict() for m in (str(tmp_path), name))
+        assert {k: v for k, v in ours.items() if k not in ("spec", "model")} == \
+               {k: v for k, v in theirs.items() if k not in ("spec", "model")}

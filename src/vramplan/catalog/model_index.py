@@ -14,6 +14,7 @@ counts come from catalog/model_index_counts.py.
 from __future__ import annotations
 
 import functools
+import json
 import os
 
 from vramplan.spec import SpecError
@@ -96,11 +97,24 @@ def pipeline_at(model: str) -> dict | None:
     if folder is None:
         return None
     name = model if not os.path.exists(os.path.expanduser(model)) else None
-    return _pipeline_cached(os.path.abspath(folder), name, os.stat(os.path.join(folder, "model_index.json")).st_mtime_ns)
+    return _pipeline_cached(os.path.abspath(folder), name, _state(folder))
+
+
+def _state(folder: str) -> tuple:
+    """What the description is read from: model_index.json and each */config.json (their
+    modification times) and the weight files present (their names)."""
+    out = [os.stat(os.path.join(folder, "model_index.json")).st_mtime_ns]
+    for entry in sorted(os.scandir(folder), key=lambda e: e.name):
+        if entry.is_dir():
+            names = sorted(os.listdir(entry.path))
+            config = os.path.join(entry.path, "config.json")
+            out.append((entry.name, os.stat(config).st_mtime_ns if "config.json" in names else None,
+                        tuple(n for n in names if n.endswith(".safetensors"))))
+    return tuple(out)
 
 
 @functools.lru_cache(maxsize=16)
-def _pipeline_cached(folder: str, name: str | None, _mtime: int) -> dict:
+def _pipeline_cached(folder: str, name: str | None, _state: tuple) -> dict:
     return pipeline_from_folder(folder, name)
 
 
@@ -168,7 +182,24 @@ def pipeline_from_folder(folder: str, name: str | None = None) -> dict:
             "text_encoders": encoders, "defaults": _defaults(row["defaults"], den, vae)}
     if vae["temporal_compression"] > 1:
         pipe["frames"] = f"{vae['temporal_compression']}k+1"
+    if row["kind"] == "unet":
+        pipe.update(_controlnet(folder, den_cfg))
     return pipe
+
+
+def _controlnet(folder: str, unet_config: dict) -> dict:
+    """The ControlNet train_controlnet.py makes from this UNet (`ControlNetModel.from_unet`:
+    the UNet's down and mid blocks with their config, conditioning_embedding_out_channels
+    at ControlNetModel's default), counted on the meta device; nothing where diffusers is
+    not installed (a ControlNet job then asks for its count)."""
+    from vramplan.catalog.model_index_counts import meta_params
+    fields = {**_fields(unet_config), "conditioning_embedding_out_channels": [16, 32, 96, 256]}
+    try:
+        n = meta_params("ControlNetModel", json.dumps(fields, sort_keys=True), "unet", folder)
+    except SpecError:
+        return {}
+    return {"controlnet": {"conditioning_embedding_out_channels": fields["conditioning_embedding_out_channels"],
+                           "num_params": n}}
 
 
 # Denoiser config fields that switch on parts the estimator's blocks do not model yet, with

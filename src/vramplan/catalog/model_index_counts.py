@@ -59,7 +59,10 @@ def weight_files(path: str) -> list[str]:
 
 def header_params(files: list[str], cls: str) -> int:
     """Elements of the floating-point tensors the headers of `files` list, a tied tensor
-    stored under both its names counted once."""
+    stored under both its names counted once. A persistent floating buffer the checkpoint
+    holds (AutoencoderKLLTXVideo's latents_mean / latents_std) counts too: it loads beside
+    the weights. Pickled checkpoints (*.bin) are never opened: their count comes from the
+    config."""
     shapes: dict[str, list[int]] = {}
     for path in files:
         for name, info in _header(path).items():
