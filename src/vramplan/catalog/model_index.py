@@ -66,6 +66,10 @@ PIPELINES: dict[str, dict] = {
                     "defaults": ("sample_size", 8, 1), "text": ()},
 }
 
+# The transformers class each text-encoder role is (the pipelines' __init__ annotations).
+ROLE_CLASSES = {"clip_l": ("CLIPTextModel", "CLIPTextModelWithProjection"),
+                "clip_g": ("CLIPTextModel", "CLIPTextModelWithProjection"),
+                "t5": ("T5EncoderModel",), "umt5": ("UMT5EncoderModel",), "llama": ("LlamaModel",)}
 TEXT_ENCODERS = ("CLIPTextModel", "CLIPTextModelWithProjection", "T5EncoderModel", "UMT5EncoderModel", "LlamaModel")
 VAES = ("AutoencoderKL", "AutoencoderKLCogVideoX", "AutoencoderKLWan", "AutoencoderKLLTXVideo",
         "AutoencoderKLHunyuanVideo", "AutoencoderKLMochi")
@@ -170,21 +174,28 @@ def pipeline_from_folder(folder: str, name: str | None = None) -> dict:
     if "latent_packing" in row:
         den["latent_packing"] = row["latent_packing"]
     vae = {**vae_fields(vae_cls, vae_cfg), "num_params": component_params(folder, "vae", vae_cls, vae_cfg)}
-    encoders = []
-    for component, role, joins, tokens in row["text"]:
-        cls = _component(index, component, TEXT_ENCODERS)
-        cfg = _read(folder, component, "config.json")
-        enc = {"role": role, "class": cls, **text_encoder_fields(cls, cfg), "max_tokens": tokens,
-               "num_params": component_params(folder, component, cls, cfg)}
-        encoders.append({**enc, "joins_sequence": True} if joins else enc)
     pipe = {"name": name or os.path.basename(os.path.normpath(folder)), "hub_id": name or folder,
             "kind": row["kind"], "source": os.path.join(folder, "model_index.json"), "denoiser": den, "vae": vae,
-            "text_encoders": encoders, "defaults": _defaults(row["defaults"], den, vae)}
+            "text_encoders": _text_encoders(folder, index, row["text"]), "defaults": _defaults(row["defaults"], den, vae)}
     if vae["temporal_compression"] > 1:
         pipe["frames"] = f"{vae['temporal_compression']}k+1"
     if row["kind"] == "unet":
         pipe.update(_controlnet(folder, den_cfg))
     return pipe
+
+
+def _text_encoders(folder: str, index: dict, rows: tuple) -> list[dict]:
+    """The catalog's text-encoder entries, in the catalog's order, from each component's
+    transformers config.json; the class of each is the one the pipeline's __init__ takes."""
+    from vramplan.catalog.model_index_counts import component_params
+    out = []
+    for component, role, joins, tokens in rows:
+        cls = _component(index, component, ROLE_CLASSES[role])
+        cfg = _read(folder, component, "config.json")
+        enc = {"role": role, "class": cls, **text_encoder_fields(cls, cfg), "max_tokens": tokens,
+               "num_params": component_params(folder, component, cls, cfg)}
+        out.append({**enc, "joins_sequence": True} if joins else enc)
+    return out
 
 
 def _controlnet(folder: str, unet_config: dict) -> dict:
@@ -305,5 +316,5 @@ _T5_DEFAULTS = {
                          "vocab_size": 250112, "feed_forward_proj": "gated-gelu"},
 }
 
-__all__ = ["PIPELINES", "TEXT_ENCODERS", "VAES", "find_model_index", "not_cached", "pipeline_at", "pipeline_from_folder",
+__all__ = ["PIPELINES", "ROLE_CLASSES", "TEXT_ENCODERS", "VAES", "find_model_index", "not_cached", "pipeline_at", "pipeline_from_folder",
            "text_encoder_fields", "vae_fields"]

@@ -16,6 +16,7 @@ import json
 import os
 import struct
 
+from vramplan.catalog.model_index import TEXT_ENCODERS as _TRANSFORMERS
 from vramplan.spec import SpecError
 
 _FLOAT = ("F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2", "F8_E8M0", "F4", "F6_E2M3", "F6_E3M2")
@@ -123,7 +124,6 @@ def meta_params(cls: str, config_json: str, component: str, folder: str) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-_TRANSFORMERS = ("CLIPTextModel", "CLIPTextModelWithProjection", "T5EncoderModel", "UMT5EncoderModel", "LlamaModel")
 
 
 def _library(cls: str):
