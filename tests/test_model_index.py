@@ -129,9 +129,14 @@ def _meta_count(folder, component: str, cls: str) -> int:
 
 
 def _estimates(model, sizes: dict) -> list[dict]:
+    """LoRA with every frozen part on the GPU; full with checkpointing; LoRA with the frozen
+    parts offloaded and a tiled VAE encode (the VAE's tile size and chunking)."""
     out = []
-    for job in ({"method": "lora"}, {"method": "full", "gradient_checkpointing": True, "micro_batch_size": 2}):
-        e = vramplan.estimate({"task": "diffusion", "model": model, "precision": "bf16", "diffusion": sizes, **job})
+    for job, extra in (({"method": "lora"}, {}),
+                       ({"method": "full", "gradient_checkpointing": True, "micro_batch_size": 2}, {}),
+                       ({"method": "lora"}, {"offload_frozen": True, "vae_tiling": True})):
+        e = vramplan.estimate({"task": "diffusion", "model": model, "precision": "bf16",
+                               "diffusion": {**sizes, **extra}, **job})
         # everything but the spec and the model's name: peak, phases, terms, timeline, notes
         out.append({k: v for k, v in e.to_dict().items() if k not in ("spec", "model")})
     return out

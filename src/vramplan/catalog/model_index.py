@@ -230,8 +230,10 @@ def _check_modeled(component: str, cfg: dict) -> None:
 
 
 def _fields(cfg: dict) -> dict:
-    """A diffusers config without its bookkeeping keys (`_class_name`, `_diffusers_version`)."""
-    return {k: v for k, v in cfg.items() if not k.startswith("_")}
+    """A diffusers config without its bookkeeping keys (`_class_name`, `_diffusers_version`)
+    and without its null fields: null is the class's "derive it" (FluxTransformer2DModel
+    `out_channels or in_channels`), which a catalog entry says by leaving the field out."""
+    return {k: v for k, v in cfg.items() if not k.startswith("_") and v is not None}
 
 
 def _defaults(rule: tuple, den: dict, vae: dict) -> dict:
