@@ -260,12 +260,15 @@ def test_unknown_class_is_one_line(tmp_path, capsys, changes, words):
     assert code == 2 and len(err) == 1 and err[0].startswith("vramplan: error: model:") and all(w in err[0] for w in words)
 
 
-def test_hub_id_from_the_cache_and_offline(tmp_path, monkeypatch):
+def test_hub_id_from_the_cache_and_offline(tmp_path, monkeypatch, capsys):
     hub = pytest.importorskip("huggingface_hub")
     monkeypatch.setattr(hub.constants, "HF_HUB_CACHE", str(tmp_path))
     with pytest.raises(SpecError) as err:
         vramplan.estimate({"task": "diffusion", "model": "someone/tiny-flux"})
     assert err.value.field == "model" and "local folder" in str(err.value)
+    assert main(["estimate", "someone/tiny-flux", "--task", "diffusion", "--online"]) == 2  # never downloaded
+    line = capsys.readouterr().err.strip().splitlines()
+    assert len(line) == 1 and "someone/tiny-flux" in line[0] and "local folder" in line[0]
     repo = tmp_path / "models--someone--tiny-flux"
     (repo / "refs").mkdir(parents=True)
     (repo / "refs" / "main").write_text("0" * 40)
