@@ -27,7 +27,10 @@ def _read_config_file(path: str) -> dict:
     if os.path.isdir(path):
         path = os.path.join(path, "config.json")
         if not os.path.isfile(path):
-            raise SpecError("model", f"folder has no config.json: {os.path.dirname(path)}")
+            folder = os.path.dirname(path)
+            if os.path.isfile(os.path.join(folder, "model_index.json")):
+                raise SpecError("model", f"{folder} is a diffusers pipeline (model_index.json): use --task diffusion")
+            raise SpecError("model", f"folder has no config.json: {folder}")
     from vramplan.files import FileReadError, read_mapping
     try:
         return read_mapping(path, json_only=True)
@@ -53,6 +56,12 @@ def _from_hub(hub_id: str, online: bool = False) -> dict:
         cached = None
     if isinstance(cached, str):
         return _read_config_file(cached)
+    try:
+        pipeline = try_to_load_from_cache(hub_id, "model_index.json")
+    except Exception:
+        pipeline = None
+    if isinstance(pipeline, str):
+        raise SpecError("model", f"{hub_id!r} is a diffusers pipeline (model_index.json): use --task diffusion")
     if not online:
         raise SpecError("model", f"{hub_id!r} is not in the catalog or the local Hugging Face cache; "
                         "pass --online (or online: true in the spec) to fetch its config.json from "

@@ -214,7 +214,21 @@ def _catalog_pipeline(model) -> dict | None:
     if not isinstance(model, str):
         return None
     from vramplan.catalog.pipelines import pipeline_or_none
-    return pipeline_or_none(model)
+    pipe = pipeline_or_none(model)
+    if pipe is None and not _catalog_model(model):
+        # a diffusers pipeline folder (model_index.json), local or in the HF cache
+        from vramplan.catalog.model_index import pipeline_at
+        pipe = pipeline_at(model)
+    return pipe
+
+
+def _catalog_model(model: str) -> bool:
+    from vramplan import catalog
+    try:
+        catalog.find_model(model)
+    except (catalog.UnknownNameError, KeyError, ValueError):
+        return False
+    return True
 
 
 def strategy_from_flags(text: str):

@@ -20,6 +20,8 @@ m text tokens, h hidden, c compute dtype.
 """
 from __future__ import annotations
 
+import os
+
 from vramplan.breakdown import Breakdown
 from vramplan.catalog.pipelines import check_shape, denoiser_tokens, latent_shape
 from vramplan.components.arch_dit import DitCtx, joint_block
@@ -42,19 +44,43 @@ from vramplan.units import nbytes
 
 
 def resolve_pipeline(model) -> dict:
-    """An edge: a catalog pipeline by name / hub id, or an inline dict of the same fields."""
+    """An edge: a catalog pipeline by name / hub id, a diffusers pipeline folder (a path, or a
+    hub id in the local Hugging Face cache: catalog/model_index.py), or an inline dict of the
+    catalog's fields."""
     if isinstance(model, dict):
         if "denoiser" not in model or "kind" not in model:
             raise ValueError("an inline pipeline needs kind, denoiser, vae and text_encoders")
         return model
+    from vramplan.catalog.model_index import not_cached, pipeline_at
     from vramplan.catalog.pipelines import find_pipeline
     try:
         return find_pipeline(model)
-    except KeyError as exc:  # a language model (or a typo) under task diffusion
+    except KeyError as exc:  # a diffusers folder, a language model (or a typo) under task diffusion
+        local = pipeline_at(model)
+        if local is not None:
+            return local
+        if os.path.isdir(os.path.expanduser(model)):
+            raise SpecError("model", f"{model} has no model_index.json; task diffusion needs a diffusers pipeline "
+                            "folder (model_index.json, transformer/ or unet/, vae/, text_encoder*/)") from None
+        if _hub_id_outside_catalogs(model):
+            raise not_cached(model) from None
         hint = str(exc.args[0]).partition("; did you mean")[1:]
         raise SpecError("model", f"{model!r} is not a diffusion pipeline; task diffusion needs one from "
                         f"`vramplan models` (e.g. flux.1-dev), or drop task diffusion for a language model"
                         + "".join(hint)) from None
+
+
+def _hub_id_outside_catalogs(model: str) -> bool:
+    """`owner/name` that is neither a path nor a catalog language model (whose message says
+    to drop task diffusion)."""
+    from vramplan import catalog
+    if model.count("/") != 1 or model.startswith((".", "/", "~")) or os.path.exists(os.path.expanduser(model)):
+        return False
+    try:
+        catalog.find_model(model)
+    except (catalog.UnknownNameError, KeyError, ValueError):
+        return True
+    return False
 
 
 def check_spec_shape(spec: JobSpec) -> None:
