@@ -15,6 +15,7 @@ import pytest
 import vramplan
 from vramplan.catalog.model_index import pipeline_from_folder
 from vramplan.catalog.pipelines import find_pipeline, list_pipelines
+from vramplan.jobs.diffusion_frozen import tile_side
 from vramplan.cli import main
 from vramplan.spec import SpecError
 
@@ -84,10 +85,15 @@ def _encoder_components(pipe_cls: str, encoders: list[dict]) -> list[str]:
 
 def _vae_fields(pipe: dict) -> dict:
     vae = {k: v for k, v in pipe["vae"].items() if k not in OURS}
+    if pipe["vae"]["class"] == "AutoencoderKL":
+        # the tile the catalog entry means (its sample_size, else the estimator's default):
+        # AutoencoderKL.__init__ tiles at config.sample_size
+        vae.setdefault("sample_size", tile_side(pipe["vae"]))
     if pipe["vae"]["class"] != "AutoencoderKL" or "block_out_channels" in vae:
         return vae
     if vae["latent_channels"] == 16:  # SD3-medium: the 16-channel VAE that SD3.5-large's entry spells out
-        return {k: v for k, v in find_pipeline("stable-diffusion-3.5-large")["vae"].items() if k not in OURS}
+        sd35 = {k: v for k, v in find_pipeline("stable-diffusion-3.5-large")["vae"].items() if k not in OURS}
+        return {**sd35, "sample_size": vae["sample_size"]}
     return {**SD_VAE, **vae}
 
 
@@ -286,11 +292,11 @@ def test_folder_without_task_says_how(tmp_path):
 
 
 def test_unmodeled_denoiser_part_is_one_line(tmp_path):
-    """SD3.5-medium's MMDiT-X blocks (dual_attention_layers) are not modeled: said, not guessed."""
-    write_folder(find_pipeline("stable-diffusion-3-medium"), tmp_path)
+    """Wan image-to-video's image cross-attention (image_dim) is not modeled: said, not guessed."""
+    write_folder(find_pipeline("wan2.1-t2v-1.3b"), tmp_path)
     path = tmp_path / "transformer" / "config.json"
-    path.write_text(json.dumps({**json.loads(path.read_text()), "dual_attention_layers": [0, 1, 2]}))
-    with pytest.raises(SpecError, match=r"transformer/config.json: dual_attention_layers=\[0, 1, 2\]") as err:
+    path.write_text(json.dumps({**json.loads(path.read_text()), "image_dim": 1280}))
+    with pytest.raises(SpecError, match=r"transformer/config.json: image_dim=1280") as err:
         pipeline_from_folder(str(tmp_path))
     assert err.value.field == "model"
 

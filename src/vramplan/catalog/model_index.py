@@ -216,7 +216,6 @@ def _controlnet(folder: str, unet_config: dict) -> dict:
 # Denoiser config fields that switch on parts the estimator's blocks do not model yet, with
 # what they add (diffusers 0.42 models/transformers/*.py).
 _UNMODELED = {
-    "dual_attention_layers": "SD3.5-medium's second self-attention in those blocks (SD3Transformer2DModel, MMDiT-X)",
     "image_dim": "Wan image-to-video's image cross-attention (WanTransformer3DModel)",
     "added_kv_proj_dim": "Wan image-to-video's image key/value projections (WanTransformer3DModel)",
 }
@@ -262,6 +261,11 @@ def vae_fields(cls: str, cfg: dict) -> dict:
         t = cfg.get("temporal_compression_ratio", 4) if cls == "AutoencoderKLCogVideoX" else 1
         out.update(latent_channels=cfg.get("latent_channels", 4 if cls == "AutoencoderKL" else 16),
                    spatial_compression=2 ** (len(boc) - 1), temporal_compression=int(t), first_channels=boc[0])
+        if cls == "AutoencoderKL" and cfg.get("sample_size"):
+            # AutoencoderKL.__init__: tile_sample_min_size = config.sample_size (its first entry
+            # where a list), the tile of a tiled encode (jobs/diffusion_frozen.tile_side)
+            side = cfg["sample_size"]
+            out["sample_size"] = int(side[0] if isinstance(side, (list, tuple)) else side)
     elif cls == "AutoencoderKLWan":
         # pipeline_wan.py: vae.config.scale_factor_spatial / scale_factor_temporal; the encoder's
         # first level is base_dim wide; AutoencoderKLWan._encode: the first frame, then 4 at a
