@@ -39,6 +39,8 @@ CASES = [
     ({"optimizer": "torchao-adamw-4bit"}, "torchao"),
     ({"optimizer": "lomo"}, "lomo_optim"),
     ({"optimizer": "lomo", "precision": "bf16"}, "lomo_optim"),
+    ({"optimizer": "adalomo"}, "lomo_optim"),
+    ({"optimizer": "adalomo", "precision": "bf16"}, "lomo_optim"),
     ({"optimizer": "adamw", "optimizer_in_backward": True, "optimizer_impl": "forloop"}, "torch"),
 ]
 
@@ -90,7 +92,6 @@ def test_in_backward_holds_no_gradients_in_the_optimizer_phase():
     ({"optimizer_in_backward": True, "grad_accum_steps": 2}, "optimizer_in_backward"),
     ({"optimizer_in_backward": "yes"}, "optimizer_in_backward"),
     ({"optimizer": "adam-mini", "method": "lora"}, "optimizer"),
-    ({"optimizer": "adalomo"}, "backend"),
 ])
 def test_bad_settings_name_the_field(settings, field):
     with pytest.raises(SpecError) as err:

@@ -28,14 +28,18 @@ def lomo_step_terms(spec: JobSpec, p: HeldParam) -> dict[str, int]:
     """lomo.py `fuse_update`, one parameter: `grad_fp32 = p.grad.to(float32)`, then
     `p.grad = None`, then `p_fp32 = p.data.to(float32)`. For an fp32 parameter both are the
     tensors themselves (the gradient stays alive as `grad_fp32`); for a 16-bit one they are
-    fp32 copies and the 16-bit gradient is gone. AdaLomo adds `update = grad_fp32**2 + eps`
-    and its factored estimate (adalomo.py), fp32 (m, n) each."""
+    fp32 copies and the 16-bit gradient is gone."""
     n, w = p.numel, grad_dtype(spec, p)
     out = {"gradients/stepping_in_backward": nbytes(n, "fp32")}
-    if w != "fp32":
-        out["temporaries/optimizer/lomo_fp32_param"] = nbytes(n, "fp32")
     if spec.optimizer is Optimizer.ADALOMO:
+        # lomo_optim 0.1.1 adalomo.py `fuse_update`, beside grad_fp32, all fp32 of p's shape:
+        # `update = (grad_fp32**2) + eps[0]` holds the square and the sum at once; the
+        # factored `update = self._approx_sq_grad(row, col)` (or `exp_avg_sq.rsqrt()` for a
+        # vector) is made while the sum is alive; `p_fp32 = p.data.to(float32)` (a copy for a
+        # 16-bit p) comes after the sum is freed, beside the one update. Two at most.
         out["temporaries/optimizer/adalomo_update"] = 2 * nbytes(n, "fp32")
+    elif w != "fp32":
+        out["temporaries/optimizer/lomo_fp32_param"] = nbytes(n, "fp32")
     return out
 
 
