@@ -103,7 +103,8 @@ def lomo_alive(spec: JobSpec, label: str, saved, freed: tuple[str, ...], head_sa
         hook, after `act * up`'s backward has freed its operands (mlp/act, mlp/up) and
         down_proj's input (freed before the layer's peak): the rest of the layer's saved
         tensors, the hidden-state gradient, one (T x f) gradient of the MLP, up_proj's input
-        gradient (T x h) and q's gradient;
+        gradient (T x h) and q's gradient (under checkpointing `saved` holds what the layer
+        recomputed);
       * the head (lm_head, then the final norm's weight): the norm's saved tensors but its
         output (lm_head's input) and the weight product's operand (`*.xhat_cast`/`*.xhat`), the
         gradient of the normalized hidden state (T x h) and the norm weight's gradient.
@@ -139,6 +140,7 @@ def lomo_alive(spec: JobSpec, label: str, saved, freed: tuple[str, ...], head_sa
                      "backward/grad_hidden": nbytes(tokens_hidden, c),
                      "gradients/next_param_incoming": nbytes(q.numel, grad_dtype(spec, q))},
                     # the weight product's node: its saved operand and its input gradient
-                    {"activations/head/weight_product_operand": cast, "backward/grad_head_output": nbytes(tokens_hidden, c)})
+                    {"activations/head/weight_product_operand": cast,
+                     "backward/grad_head_output": nbytes(tokens_hidden, c)})
         return head
     return None
