@@ -191,3 +191,151 @@ def test_trl_config_defaults_are_trl_s_own(tmp_path, fields):
     assert over.get("gradient_checkpointing", "none") == ("full" if real.gradient_checkpointing else "none")
     expected = "bf16" if real.bf16 else ("fp16" if real.fp16 else None)
     assert over.get("precision") == expected
+
+
+# ---- fp8: accelerate's torchao (AO) backend maps onto the float8 section; TransformerEngine
+# and MS-AMP (GPU-only kernels, no CPU measurement) are refused with one line
+ACCELERATE_FP8 = """compute_environment: LOCAL_MACHINE
+distributed_type: '{dist}'
+{extra}fp8_config:
+  backend: {backend}
+  enable_fsdp_float8_all_gather: true
+  pad_inner_dim: true
+mixed_precision: fp8
+num_processes: {n}
+"""
+FSDP2 = """fsdp_config:
+  fsdp_version: 2
+  fsdp_reshard_after_forward: true
+"""
+# a wide MLP and a small vocabulary: a layer's backward, with its float8 casts, is the peak
+WIDE = {"model_type": "llama", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 1024,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4,
+        "max_position_embeddings": 128, "tie_word_embeddings": False}
+
+
+def accelerate_fp8(tmp_path, backend="AO", dist="NO", n=1, extra=""):
+    text = ACCELERATE_FP8.format(backend=backend, dist=dist, n=n, extra=extra)
+    return write(tmp_path, "fp8.yaml", text)
+
+
+def test_accelerate_fp8_fields_are_accelerate_s_own(tmp_path):
+    """The file is one accelerate itself reads: its ClusterConfig takes fp8_config, and its
+    FP8BackendType names the backends the importer tells apart."""
+    config_args = pytest.importorskip("accelerate.commands.config.config_args")
+    from accelerate.utils.dataclasses import FP8BackendType
+    for backend in ("AO", "TE", "MSAMP"):
+        cfg = config_args.ClusterConfig.from_yaml_file(accelerate_fp8(tmp_path, backend))
+        assert cfg.mixed_precision == "fp8" and FP8BackendType(cfg.fp8_config["backend"]).value == backend
+
+
+@pytest.mark.parametrize("dist, extra, n, gather", [("NO", "", 1, None), ("MULTI_GPU", "", 4, None),
+                                                    ("FSDP", FSDP2, 8, True)])
+def test_accelerate_fp8_ao_is_torchao_float8_tensorwise(tmp_path, dist, extra, n, gather):
+    import vramplan
+    over, lines = import_config_files(accelerate_config=accelerate_fp8(tmp_path, "AO", dist, n, extra))
+    # accelerate: bf16 autocast (utils/modeling.py) and AORecipeKwargs' default Float8LinearConfig
+    # over every nn.Linear but the first and last (utils/ao.py filter_linear_layers)
+    assert over["precision"] == "bf16"
+    assert over["float8"]["recipe"] == "tensorwise" and over["float8"]["convert_lm_head"] is False
+    assert over["float8"].get("fsdp_float8_all_gather") == gather
+    spec = vramplan.load_spec({**over, "model": "llama-3.2-1b", "seq_len": 1024})
+    plain = vramplan.load_spec({**{k: v for k, v in over.items() if k != "float8"}, "model": "llama-3.2-1b",
+                                "seq_len": 1024})
+    # the casts are transients on top of the same weights, gradients and states
+    est, base = vramplan.estimate(spec), vramplan.estimate(plain)
+    casts = [e for e in est.events if e.live.total("float8/") > 0]
+    assert casts and not any(e.live.total("float8/") for e in base.events)
+    assert not any("unresolved" in line and "mixed_precision" in line for line in lines)
+
+
+@pytest.mark.parametrize("backend, field", [("TE", "fp8_config.backend"), ("te", "fp8_config.backend"),
+                                            ("MSAMP", "fp8_config.backend"), ("fp4", "fp8_config.backend")])
+def test_accelerate_fp8_te_and_msamp_are_refused_in_one_line(tmp_path, backend, field):
+    with pytest.raises(ImportError_) as err:
+        import_config_files(accelerate_config=accelerate_fp8(tmp_path, backend))
+    assert err.value.field == field and "\n" not in str(err.value)
+    assert "AO" in str(err.value)
+
+
+def test_accelerate_fp8_without_a_backend_is_refused(tmp_path):
+    # accelerate picks AO, TE or MS-AMP by what is installed (accelerator.py __init__)
+    path = write(tmp_path, "fp8.yaml", "distributed_type: 'NO'\nmixed_precision: fp8\nnum_processes: 1\n")
+    with pytest.raises(ImportError_, match="fp8_config.backend: not set"):
+        import_config_files(accelerate_config=path)
+    with pytest.raises(ImportError_, match="DEEPSPEED"):
+        import_config_files(accelerate_config=accelerate_fp8(tmp_path, "AO", "DEEPSPEED"))
+
+
+def test_accelerate_fp8_refusal_is_exit_2_with_one_line(tmp_path, capsys):
+    from vramplan.cli.main import main
+    code = main(["estimate", "llama-3.2-1b", "--accelerate-config", accelerate_fp8(tmp_path, "TE")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "fp8_config.backend" in err
+
+
+@pytest.mark.parametrize("text, field", [
+    ('{"bf16": {"enabled": true}, "msamp": {"enabled": true, "opt_level": "O2"}}', "msamp.enabled"),
+])
+def test_deepspeed_msamp_is_refused(tmp_path, text, field):
+    with pytest.raises(ImportError_) as err:
+        import_config_files(deepspeed=write(tmp_path, "ds.json", text))
+    assert err.value.field == field
+
+
+@pytest.mark.parametrize("recipe, field", [
+    (LLAMA_FACTORY + "fp8: true\nfp8_backend: te\n", "fp8_backend"),
+    (LLAMA_FACTORY + "fp8: true\nfp8_backend: msamp\n", "fp8_backend"),
+    (LLAMA_FACTORY + "fp8: true\n", "fp8"),
+    (AXOLOTL + "fp8: true\n", "fp8"),
+    (TORCHTUNE + "enable_fp8_training: true\n", "enable_fp8_training"),
+])
+def test_recipe_fp8_is_refused_not_ignored(tmp_path, recipe, field):
+    with pytest.raises(ImportError_) as err:
+        import_config_files(recipe=write(tmp_path, "r.yaml", recipe))
+    assert err.value.field == field and "--float8" in str(err.value)
+
+
+def test_recipe_fp8_off_reads_as_before(tmp_path):
+    over, _ = import_config_files(recipe=write(tmp_path, "r.yaml", LLAMA_FACTORY + "fp8: false\nfp8_backend: te\n"))
+    assert "float8" not in over
+
+
+def test_megatron_float8_is_refused():
+    from vramplan.spec import SpecError
+    with pytest.raises(SpecError) as err:
+        load_spec({"model": "llama-3.2-1b", "stack": "megatron", "precision": "bf16", "float8": "tensorwise"})
+    assert err.value.field == "float8" and "TransformerEngine" in str(err.value)
+
+
+def test_accelerate_ao_conversion_measured_against_the_estimate(tmp_path):
+    """accelerate's own conversion (utils/ao.py convert_model_to_fp8_ao with AORecipeKwargs'
+    default config: pad_inner_dim, the float8 all-gather flag, first and last nn.Linear kept)
+    in the measured step, against the estimate of the imported spec. On CPU in pure bf16:
+    torchao's Float8Linear follows CUDA autocast only (spec/job.py _check_float8)."""
+    import subprocess
+    import sys
+
+    import vramplan
+    pytest.importorskip("torchao")
+    pytest.importorskip("accelerate")
+    over, _ = import_config_files(accelerate_config=accelerate_fp8(tmp_path))
+    job = {**over, "model": WIDE, "backend": "cpu", "micro_batch_size": 2, "seq_len": 128, "optimizer_impl": "foreach"}
+    code = ("import json, sys\n"
+            "import vramplan.measure.build as B\n"
+            "from vramplan.measure import measure\n"
+            "def accelerate_ao(model, float8):\n"
+            "    from accelerate.utils import AORecipeKwargs\n"
+            "    from accelerate.utils.ao import convert_model_to_fp8_ao\n"
+            "    kw = AORecipeKwargs()\n"
+            "    convert_model_to_fp8_ao(model, config=kw.config, module_filter_func=kw.module_filter_func)\n"
+            "B.convert_float8 = accelerate_ao\n"
+            "print(json.dumps(measure(json.loads(sys.argv[1])).to_dict()))\n")
+    out = subprocess.run([sys.executable, "-c", code, json.dumps(job)], capture_output=True, text=True,
+                         timeout=900, check=True)
+    measured = json.loads(out.stdout.strip().splitlines()[-1])
+    est = vramplan.estimate(vramplan.load_spec(job))
+    assert max(est.events, key=lambda e: e.total).live.total("float8/") > 0  # the casts are at the peak
+    assert abs(est.peak_allocated_bytes / measured["peak_allocated_bytes"] - 1) < 0.02
+    for phase, value in measured["phases"].items():
+        assert abs(est.phases[phase] / value - 1) < 0.02, phase

@@ -2,6 +2,7 @@
 cluster.py ClusterConfig fields) -> spec overrides."""
 from __future__ import annotations
 
+from vramplan.importers.fp8 import accelerate_fp8
 from vramplan.importers.report import ImportError_, ImportReport, need_bool, need_int, need_mapping
 
 _STRATEGIES = {"FULL_SHARD": "full-shard", "SHARD_GRAD_OP": "shard-grad-op", "HYBRID_SHARD": "hybrid-shard",
@@ -35,10 +36,11 @@ def from_accelerate(cfg: dict, source: str = "accelerate-config") -> tuple[dict,
         elif mp in ("no", "none"):
             out["precision"] = "fp32"
         elif mp == "fp8":
-            rep.unresolved["mixed_precision"] = "fp8 is not modelled; pass --precision to choose one that is"
+            # torchao through accelerate's AO backend; TE and MS-AMP are refused (importers/fp8.py)
+            out.update(accelerate_fp8(cfg, dist, rep))
         else:
             raise ImportError_(source, "mixed_precision", f"expected no, fp16, bf16 or fp8, got {raw!r}")
-        if "mixed_precision" not in rep.unresolved:
+        if mp != "fp8":
             rep.use("mixed_precision", "precision")
     if dist == "FSDP":
         out["stack"] = "accelerate-fsdp"

@@ -5,6 +5,7 @@ trainer_config_finalize); bucket sizes left "auto" are resolved from the model's
 size by vramplan.parallel.layout."""
 from __future__ import annotations
 
+from vramplan.importers.fp8 import GPU_ONLY
 from vramplan.importers.report import ImportError_, ImportReport, flatten, need_bool, need_int, need_mapping
 
 _ZERO_KNOBS = ("reduce_bucket_size", "allgather_bucket_size", "stage3_prefetch_bucket_size",
@@ -124,6 +125,11 @@ def _precision(cfg: dict, ctx: dict, out: dict, rep: ImportReport) -> None:
     optimizer states in the ZeRO optimizer: the word bf16/fp16 on the deepspeed stack
     (components/dtypes.py)."""
     out["stack"] = "deepspeed"
+    msamp = cfg.get("msamp")
+    if isinstance(msamp, dict) and msamp.get("enabled"):
+        # accelerate's DeepSpeedPlugin.set_mixed_precision writes `msamp: {enabled: true}` for
+        # MS-AMP fp8, which msamp.deepspeed.initialize (MS-AMP's DeepSpeed fork) reads
+        raise ImportError_(rep.source, "msamp.enabled", f"MS-AMP: {GPU_ONLY}; drop msamp (bf16)")
     both = [k for k in ("bf16", "fp16") if isinstance(cfg.get(k), dict) and cfg[k].get("enabled") is True]
     if len(both) == 2:  # deepspeed/runtime/config.py: "bfloat16 and fp16 modes cannot be simultaneously enabled"
         raise ImportError_(rep.source, "bf16.enabled", "bf16 and fp16 cannot both be enabled; keep one")

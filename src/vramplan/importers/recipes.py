@@ -3,6 +3,7 @@ Field names from axolotl's docs/config.qmd, LLaMA-Factory's hparams/*_args.py an
 torchtune's recipes/configs/*.yaml."""
 from __future__ import annotations
 
+from vramplan.importers.fp8 import refuse_fp8_switch
 from vramplan.importers.hf_args import OPTIM, from_training_args
 from vramplan.importers.report import ImportError_, ImportReport, need_int, need_mapping
 
@@ -49,6 +50,8 @@ def _axolotl(cfg: dict, source: str) -> tuple[dict, ImportReport]:
         if cfg.get(p) == "auto" or _switch(rep, p, cfg.get(p)):
             out["precision"] = p  # the HF Trainer's flag: autocast over the load dtype
             rep.use(p, "precision")
+    # axolotl `fp8` (monkeypatch/trainer_accelerator_args.py: accelerate's AO recipe)
+    refuse_fp8_switch(rep, "fp8", _switch(rep, "fp8", cfg.get("fp8")))
     adapter = cfg.get("adapter")
     if adapter in ("lora", "qlora"):
         out["method"] = "qlora" if adapter == "qlora" or cfg.get("load_in_4bit") else "lora"
@@ -87,6 +90,8 @@ def _llama_factory(cfg: dict, source: str) -> tuple[dict, ImportReport]:
     _common(cfg, {"model_name_or_path": "model", "per_device_train_batch_size": "micro_batch_size",
                   "gradient_accumulation_steps": "grad_accum_steps", "cutoff_len": "seq_len",
                   "packing": "packing"}, rep, out)
+    # hparams Fp8Arguments: fp8, fp8_backend auto | torchao | te | msamp (train/fp8_utils.py)
+    refuse_fp8_switch(rep, "fp8", _switch(rep, "fp8", cfg.get("fp8")), cfg.get("fp8_backend"))
     ft = cfg.get("finetuning_type", "lora")
     quant = cfg.get("quantization_bit")
     if quant is not None and quant not in (4, 8) or isinstance(quant, bool):
@@ -204,6 +209,8 @@ def _torchtune(cfg: dict, source: str) -> tuple[dict, ImportReport]:
     rep = ImportReport(source)
     out: dict = {"stack": "torchtune"}
     _common(cfg, {"batch_size": "micro_batch_size", "gradient_accumulation_steps": "grad_accum_steps"}, rep, out)
+    # recipes/full_finetune_distributed.py `enable_fp8_training` with `fp8_recipe_name`
+    refuse_fp8_switch(rep, "enable_fp8_training", _switch(rep, "enable_fp8_training", cfg.get("enable_fp8_training")))
     model = need_mapping(rep, "model", cfg.get("model"))
     comp = str(model.get("_component_", ""))
     if comp:

@@ -169,7 +169,30 @@ def build_named(name: str, model, params: list[torch.Tensor], job: dict, lr: flo
         ao = _import("torchao.optim", name)
         cls = ao.AdamW8bit if name.endswith("8bit") else ao.AdamW4bit
         return _eager_steps(cls(params, lr=lr, weight_decay=wd))
-    if name in ("lomo", "adalomo"):
-        lomo = _import("lomo_optim", name)
-        return (lomo.Lomo if name == "lomo" else lomo.AdaLomo)(model, lr=lr, weight_decay=wd)
+    if name == "lomo":
+        return _import("lomo_optim", name).Lomo(model, lr=lr, weight_decay=wd)
+    if name == "adalomo":
+        return _states_on_model_device(_import("lomo_optim", name).AdaLomo, model, lr=lr, weight_decay=wd)
     return None
+
+
+def _stay(self, device=None, non_blocking=False, memory_format=torch.preserve_format):
+    """`Tensor.cuda` for a CPU measurement: the tensor itself, where it already is."""
+    return self
+
+
+def _states_on_model_device(cls, model, **kwargs):
+    """lomo_optim/adalomo.py `AdaLomo.__init__` makes each state as
+    `torch.zeros(shape, dtype=torch.float32).cuda()`: an fp32 tensor built on the host, then
+    copied to the GPU; that `.cuda()` is its only device move (`fuse_update` computes on the
+    parameters' and states' device). For a CPU measurement `Tensor.cuda` is redirected, only
+    while the constructor runs, to return the tensor itself: the state is the library's own
+    `torch.zeros` allocation, kept on the CPU. No byte changes: on a GPU the device holds
+    exactly that fp32 tensor (the host copy is freed and never counted as device memory); on
+    the CPU the meter sees the same shape and dtype, once."""
+    from unittest import mock
+
+    if next(model.parameters()).device.type != "cpu":
+        return cls(model, **kwargs)
+    with mock.patch.object(torch.Tensor, "cuda", _stay):
+        return cls(model, **kwargs)

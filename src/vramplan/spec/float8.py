@@ -64,6 +64,22 @@ def check_all_gather(float8: Float8Config, parallel) -> None:
                         "shard-grad-op or hybrid-shard with fsdp_version 2); drop it otherwise")
 
 
+def check_float8_job(float8: Float8Config, parallel, framework) -> None:
+    """The float8 section against the job's layout and framework."""
+    check_all_gather(float8, parallel)
+    check_framework(framework)
+
+
+def check_framework(framework) -> None:
+    """Megatron's fp8 (`--fp8-format`) is TransformerEngine's `fp8_autocast`
+    (megatron/core/fp8_utils.py get_fp8_context), not torchao's Float8Linear: refused, as TE
+    fp8 is everywhere (its kernels run on NVIDIA GPUs only; no CPU measurement checks it)."""
+    if framework.value == "megatron":
+        raise SpecError("float8", "Megatron trains fp8 through TransformerEngine, which is not modelled "
+                        "(its kernels run on NVIDIA GPUs only, so no CPU measurement can check it); "
+                        "drop float8 (bf16) or use a stack that runs torchao float8")
+
+
 def parse_float8(value: object) -> Float8Config | None:
     """`float8: tensorwise` (a recipe name) or a mapping of Float8Config fields; None: off."""
     if value is None or isinstance(value, Float8Config):

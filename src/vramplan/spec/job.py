@@ -14,7 +14,7 @@ from vramplan.spec.lora import LoraConfig, check_dora
 from vramplan.spec.sections import (FreezeConfig, ParallelConfig, QuantConfig, boolean, count_field,
                                     did_you_mean, fraction, positive_int, quant_facts, required_keys, string_keys)
 from vramplan.spec.low_rank import LowRankConfig
-from vramplan.spec.float8 import Float8Config, check_all_gather, parse_float8, parse_neftune
+from vramplan.spec.float8 import Float8Config, check_float8_job, parse_float8, parse_neftune
 from vramplan.spec import tasks as _tasks
 from vramplan.spec.grpo import default_micro_batch
 from vramplan.spec.stack import Framework, StackConfig, parse_cuda_version, parse_dtype, parse_stack
@@ -265,7 +265,7 @@ class JobSpec:
         if self.method not in (Method.FULL, Method.FREEZE):
             raise SpecError("float8", f"float8 training converts the trained nn.Linear layers; with "
                             f"{self.method.value} it is not modelled; use method full or freeze")
-        check_all_gather(self.float8, self.parallel)
+        check_float8_job(self.float8, self.parallel, self.stack.framework)
         if self.precision.is_autocast and self.backend is Backend.CPU:
             # torchao Float8Linear.forward reads torch.is_autocast_enabled() (CUDA's state) only
             raise SpecError("float8", "torchao's Float8Linear follows CUDA autocast only; on cpu use "

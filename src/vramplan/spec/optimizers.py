@@ -1,7 +1,7 @@
 """Which optimizer settings go together (checked once, in JobSpec.__post_init__)."""
 from __future__ import annotations
 
-from vramplan.spec.enums import Backend, Method, Optimizer, SpecError, Task
+from vramplan.spec.enums import Method, Optimizer, SpecError, Task
 
 LOW_RANK = (Optimizer.GALORE_ADAMW, Optimizer.APOLLO_ADAMW)
 FUSED_IN_BACKWARD = (Optimizer.LOMO, Optimizer.ADALOMO)
@@ -44,6 +44,3 @@ def check_optimizer_fields(spec) -> None:
         # named ...q_proj.lora_A does not split into heads.
         raise SpecError("optimizer", "adam-mini partitions the model's own weights by head and "
                         "neuron; it does not take LoRA adapters (use adamw with lora)")
-    if opt is Optimizer.ADALOMO and spec.backend is Backend.CPU:
-        # lomo_optim/adalomo.py creates its states with `.cuda()`
-        raise SpecError("backend", "AdaLomo creates its states on cuda (lomo_optim); use backend cuda")

@@ -14,7 +14,7 @@ from vramplan.components.dtypes import dtypes_of
 from vramplan.components.memo import cached
 from vramplan.components.offloading import device_resident, forward_stash
 from vramplan.components.optimizer import heads_of, optimizer_states, state_key, step_temporaries
-from vramplan.components.optimizer_in_backward import stage_step_terms, steps_in_backward
+from vramplan.components.optimizer_in_backward import lomo_alive, stage_step_terms, steps_in_backward
 from vramplan.components.trainable import ParamSet
 from vramplan.families import step_buffers
 from vramplan.components.weights import (
@@ -22,6 +22,7 @@ from vramplan.components.weights import (
 )
 from vramplan.model import ModelDesc
 from vramplan.spec import JobSpec
+from vramplan.spec.optimizers import FUSED_IN_BACKWARD
 from vramplan.spec.stack import TRAINER_STEP_FRAMEWORKS
 from vramplan.timeline import StepPlan
 from vramplan.units import nbytes
@@ -141,7 +142,7 @@ def build_step(desc: ModelDesc, spec: JobSpec, params: ParamSet, acts: Activatio
                     stage_grads_at_peak=grads_at_peak,
                     optimizer_temporaries=_optimizer_extras(spec, params, acts),
                     grads_alive_in_forward=spec.grad_accum_steps > 1, labels=labels,
-                    in_backward=_in_backward(desc, spec, params),
+                    in_backward=_in_backward(desc, spec, params, acts),
                     stage_forward_transient=acts.stage_forward_transient)
 
 
@@ -176,11 +177,17 @@ def _transient(acts: ActivationPlan, st) -> Breakdown:
     return t
 
 
-def _in_backward(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> list[Breakdown] | None:
+def _in_backward(desc: ModelDesc, spec: JobSpec, params: ParamSet, acts: ActivationPlan) -> list[Breakdown] | None:
     """Per stage, the fused step's terms at its backward peak (None: the step runs after)."""
     if not steps_in_backward(spec):
         return None
     by_stage: list[list] = [[] for _ in range(num_stages(desc))]
     for p in params.trainable():
         by_stage[stage_of(desc, p)].append(p)
-    return [stage_step_terms(spec, tuple(ps)) for ps in by_stage]
+    alive = [None] * len(by_stage)
+    if spec.optimizer in FUSED_IN_BACKWARD and len(acts.stages) == len(by_stage):
+        th = spec.micro_batch_size * spec.seq_len * desc.hidden_size
+        # a checkpointed layer holds its input and, in its backward, what it recomputes
+        alive = [lomo_alive(spec, st.label, [*st.saved, *(st.recompute or ())], st.freed_before_peak,
+                            acts.head_linear_saved, acts.layer_backward_transient, th) for st in acts.stages]
+    return [stage_step_terms(spec, tuple(ps), a) for ps, a in zip(by_stage, alive)]
