@@ -97,11 +97,39 @@ def test_deepspeed_json_sets_ulysses_and_hpz():
     assert out["parallel"]["extras"]["zero_hpz_partition_size"] == 8
 
 
-def test_hpz_keeps_a_secondary_partition_of_the_partitioned_weights():
+def test_hpz_keeps_a_secondary_partition_of_the_weights():
+    # bench/parallel/results-deepspeed-hpz-cpu.json: every parameter's secondary partition
+    # (the persistent ones too) in the optimizer step; in a later step's backward only those
+    # of the stages already done
     base = {"model": "llama-3.1-8b", "precision": "bf16", "num_gpus": 16, "seq_len": 1024}
     plain = estimate(load_spec({**base, "parallel": {"zero_stage": 3}}))
     hpz = estimate(load_spec({**base, "parallel": {"zero_stage": 3, "extras": {"zero_hpz_partition_size": 8}}}))
-    sec = hpz.events[-1].live.total("zero/hpz_secondary_partition")
-    # an 8th of the bf16 weights (all but the small persistent norms are partitioned)
-    assert sec == pytest.approx(plain.num_params * 2 / 8, rel=0.01)
-    assert hpz.peak_allocated_bytes - plain.peak_allocated_bytes == pytest.approx(sec, rel=0.01)
+    step = hpz.events[-1]
+    assert step.phase == "optimizer"
+    sec = step.live.total("zero/hpz_secondary_partition")
+    assert sec == pytest.approx(plain.num_params * 2 / 8, rel=1e-4)    # an 8th of the bf16 weights
+    assert step.total - plain.events[-1].total == sec
+    # the fp32 AdamW states (0.5 B a parameter on 16 ranks) outweigh the secondary partitions
+    # (0.25 B), so the first step holds less than the later ones: no first-step term
+    assert not any(e.live.total("zero/hpz_secondary_first_step") for e in hpz.events)
+    backward = [e for e in hpz.events if e.phase == "backward"]
+    held = [e.live.total("zero/hpz_secondary_partition") for e in backward]
+    assert held[0] == 0 and held == sorted(held) and held[-1] < sec
+    assert 0 <= hpz.peak_allocated_bytes - plain.peak_allocated_bytes < sec
+
+
+def test_hpz_first_step_where_the_secondary_partitions_outweigh_the_states():
+    # 64 ranks in groups of 8: 0.25 B of bf16 secondary partition a parameter against 0.125 B
+    # of AdamW states, which torch makes only at the first optimizer.step(): the first step's
+    # forward and backward hold all the secondary partitions and none of the states
+    base = {"model": "llama-3.1-8b", "precision": "bf16", "num_gpus": 64, "seq_len": 1024}
+    hpz = estimate(load_spec({**base, "parallel": {"zero_stage": 3, "extras": {"zero_hpz_partition_size": 8}}}))
+    step = hpz.events[-1]
+    sec = step.live.total("zero/hpz_secondary_partition")
+    states = step.live.total("optimizer/")
+    end = next(e for e in hpz.events if e.label.startswith("end of forward"))
+    assert end.live.total("zero/hpz_secondary_first_step") == sec - states > 0
+    for e in hpz.events:
+        if e.phase == "backward" and not e.label.startswith("loss"):
+            held = e.live.total("zero/hpz_secondary_partition") + e.live.total("zero/hpz_secondary_first_step")
+            assert held == max(sec - states, e.live.total("zero/hpz_secondary_partition"))

@@ -108,3 +108,46 @@ def test_deepspeed_measured_ground_truth_within_2_percent_and_5_per_phase():
         for kind, key in (("fwd", "forward"), ("bwd", "backward"), ("opt", "optimizer")):
             measured = max(v for r in ranks for k, v in r["phase_peaks"].items() if k.endswith("." + kind))
             assert abs(e.phases[key] / measured - 1) < 0.05, (row["name"], key)
+
+
+def _hpz_rows():
+    import json
+    import pathlib
+    path = pathlib.Path(__file__).parents[1] / "bench/parallel/results-deepspeed-hpz-cpu.json"
+    return {row["name"].rsplit("/", 1)[-1]: row for row in json.loads(path.read_text())["results"]}
+
+
+def _measured_phase(row: dict, kind: str) -> int:
+    return max(v for r in row["measured"] for k, v in r["phase_peaks"].items() if k.endswith("." + kind))
+
+
+def test_deepspeed_zero3_four_ranks_and_hpz_measured():
+    # bench/parallel/deepspeed_cpu.py --set hpz: the real DeepSpeed 0.19 ZeRO-3 on 2 and 4 gloo
+    # ranks with small buckets, with and without ZeRO++ hpZ. The peak (the second step's
+    # forward, with the prefetch's flat buffer) and the backward within 2%; the optimizer
+    # phase is over by the persistent parameters' whole copies, which step() partitions
+    # before it steps (stage3.py _partition_all_parameters) and the plan keeps in its static
+    # part (every attention projection of this 256-wide model is under the persistence
+    # threshold), so it is checked against the measured difference hpZ makes instead.
+    rows = _hpz_rows()
+    assert len(rows) == 4
+    for name, row in rows.items():
+        e = estimate(load_spec(row["job"]))
+        worst = max(r["peak"] for r in row["measured"])
+        assert abs(e.peak_allocated_bytes / worst - 1) < 0.02, name
+        for kind, key in (("fwd", "forward"), ("bwd", "backward")):
+            assert abs(e.phases[key] / _measured_phase(row, kind) - 1) < 0.02, (name, key)
+
+
+def test_hpz_secondary_partitions_are_alive_when_measured():
+    # What hpZ adds, per phase, on the real engine against the same job without it: nothing
+    # at the second step's forward and backward peaks, the secondary partitions in the
+    # optimizer step (engines.zero3_hpz_secondary, parallel/zero3.py _hpz)
+    rows = _hpz_rows()
+    for ranks in (2, 4):
+        with_hpz, without = rows[f"hpz2-of-{ranks}"], rows[f"no-hpz-of-{ranks}"]
+        e_with, e_without = (estimate(load_spec(r["job"])) for r in (with_hpz, without))
+        for kind, key in (("fwd", "forward"), ("bwd", "backward"), ("opt", "optimizer")):
+            measured = _measured_phase(with_hpz, kind) - _measured_phase(without, kind)
+            assert e_with.phases[key] - e_without.phases[key] == measured, (ranks, key)
+        assert _measured_phase(with_hpz, "opt") > _measured_phase(without, "opt")

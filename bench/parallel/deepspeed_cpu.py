@@ -25,14 +25,14 @@ TINY_LLAMA = {"model_type": "llama", "vocab_size": 2048, "hidden_size": 256,
               "tie_word_embeddings": False}
 
 
-def _job(stage: int, ulysses: int = 1, seq_len: int = 128, **extras) -> dict:
+def _job(stage: int, ulysses: int = 1, seq_len: int = 128, num_gpus: int = 2, **extras) -> dict:
     # The Trainer's optimizer: torch AdamW (optim adamw_torch) with foreach=None, which
     # torch/optim/optimizer.py _default_to_fused_or_foreach turns into the for-loop on CPU.
     model = {**TINY_LLAMA, "max_position_embeddings": max(512, seq_len)}
     par = {"zero_stage": stage, **({"ulysses": ulysses} if ulysses > 1 else {}),
            "extras": {"dist_backend": "gloo", **extras}}
     return {"model": model, "precision": "fp32", "optimizer": "adamw", "optimizer_impl": "forloop",
-            "micro_batch_size": 2, "seq_len": seq_len, "backend": "cpu", "attention": "sdpa", "num_gpus": 2,
+            "micro_batch_size": 2, "seq_len": seq_len, "backend": "cpu", "attention": "sdpa", "num_gpus": num_gpus,
             "parallel": par}
 
 
@@ -53,6 +53,25 @@ CASES = [
     {"name": "tiny-llama/b2s1024/fp32/zero2/bucket1e6/ulysses2",
      "job": _job(2, ulysses=2, seq_len=1024, reduce_bucket_size=1_000_000, allgather_bucket_size=1_000_000)},
 ]
+
+# `--set hpz` (results-deepspeed-hpz-cpu.json): ZeRO++ hpZ (zero_hpz_partition_size).
+HPZ_CASES = [
+    # ZeRO++ hpZ (zero_hpz_partition_size): each ZeRO-3 parameter keeps a secondary partition
+    # over hpz ranks after its forward all-gather. Four ranks in secondary groups of two (the
+    # layout the paper describes: the world split into nodes), and two ranks with one group
+    # of both. Small buckets, so that the secondary partition is not lost beside a 2 GB one;
+    # the same job without hpZ beside them.
+    {"name": "tiny-llama/b2s128/fp32/zero3/bucket1e6/hpz2-of-4",
+     "job": _job(3, num_gpus=4, zero_hpz_partition_size=2, reduce_bucket_size=1_000_000,
+                 allgather_bucket_size=1_000_000)},
+    {"name": "tiny-llama/b2s128/fp32/zero3/bucket1e6/hpz2-of-2",
+     "job": _job(3, zero_hpz_partition_size=2, reduce_bucket_size=1_000_000, allgather_bucket_size=1_000_000)},
+    {"name": "tiny-llama/b2s128/fp32/zero3/bucket1e6/no-hpz-of-4",
+     "job": _job(3, num_gpus=4, reduce_bucket_size=1_000_000, allgather_bucket_size=1_000_000)},
+    {"name": "tiny-llama/b2s128/fp32/zero3/bucket1e6/no-hpz-of-2",
+     "job": _job(3, reduce_bucket_size=1_000_000, allgather_bucket_size=1_000_000)},
+]
+SETS = {"zero": CASES, "hpz": HPZ_CASES}
 
 
 def estimate_case(job: dict) -> dict:
@@ -93,13 +112,16 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--only", type=int, nargs="*", help="indices into CASES")
     ap.add_argument("--estimate-only", action="store_true")
+    ap.add_argument("--set", choices=sorted(SETS), default="zero", help="zero: ZeRO 1-3 and Ulysses (2 ranks); "
+                    "hpz: ZeRO++ hpZ on 2 and 4 ranks")
     args = ap.parse_args(argv)
     old = {}
     if os.path.exists(args.out):
         with open(args.out) as fh:
             old = {r["name"]: r for r in json.load(fh)["results"]}
     results = dict(old)
-    for i, case in enumerate(CASES):
+    cases = SETS[args.set]
+    for i, case in enumerate(cases):
         if args.only is not None and i not in args.only:
             continue
         if args.estimate_only:
@@ -121,10 +143,11 @@ def main(argv=None) -> int:
         results[case["name"]] = row
         print(f"{case['name']}: measured {[r['peak'] for r in row['measured']]} estimated "
               f"{row['estimated']['peak_allocated_bytes']} ({row['error']['peak']:+.2%})", file=sys.stderr)
-    order = {c["name"]: i for i, c in enumerate(CASES)}
+    order = {c["name"]: i for i, c in enumerate(cases)}
     rows = sorted(results.values(), key=lambda r: order.get(r["name"], len(order)))
     with open(args.out, "w") as fh:
-        json.dump({"schema_version": 1, "versions": _versions(), "dist_backend": "gloo", "world_size": 2,
+        json.dump({"schema_version": 1, "versions": _versions(), "dist_backend": "gloo",
+                   "world_size": sorted({r["job"]["num_gpus"] for r in rows}),
                    "results": rows}, fh, indent=1)
         fh.write("\n")
     return 0

@@ -10,14 +10,15 @@ from vramplan.importers.report import ImportError_, ImportReport, flatten, need_
 
 _ZERO_KNOBS = ("reduce_bucket_size", "allgather_bucket_size", "stage3_prefetch_bucket_size",
                "stage3_max_live_parameters", "stage3_param_persistence_threshold",
-               "overlap_comm", "contiguous_gradients", "stage3_max_reuse_distance", "zero_hpz_partition_size")
+               "overlap_comm", "contiguous_gradients", "stage3_max_reuse_distance", "zero_hpz_partition_size",
+               "sub_group_size")
 _NO_MEMORY = ("steps_per_print", "wall_clock_breakdown", "gradient_clipping", "optimizer", "scheduler",
               "zero_allow_untested_optimizer", "train_batch_size", "flops_profiler", "tensorboard",
               "wandb", "comms_logger", "zero_optimization.round_robin_gradients",
               "zero_optimization.reduce_scatter", "zero_optimization.allgather_partitions",
               "zero_optimization.stage3_gather_16bit_weights_on_model_save", "fp16.loss_scale",
               "fp16.loss_scale_window", "fp16.initial_scale_power", "fp16.hysteresis",
-              "fp16.min_loss_scale", "fp16.auto_cast", "zero_optimization.sub_group_size",
+              "fp16.min_loss_scale", "fp16.auto_cast",
               "zero_optimization.offload_optimizer.pin_memory", "zero_optimization.offload_param.pin_memory",
               "gradient_accumulation_dtype", "data_types")
 

@@ -49,7 +49,7 @@ def ds_config(job: dict) -> dict:
     zero = {"stage": int(par.get("zero_stage", 0))}
     knobs = ("reduce_bucket_size", "allgather_bucket_size", "overlap_comm", "contiguous_gradients",
              "stage3_prefetch_bucket_size", "stage3_max_live_parameters",
-             "stage3_param_persistence_threshold")
+             "stage3_param_persistence_threshold", "zero_hpz_partition_size", "sub_group_size")
     zero.update({k: v for k, v in (par.get("extras") or {}).items() if k in knobs})
     precision = str(job.get("precision", "fp32"))
     if precision not in ("fp32", "mixed-bf16", "mixed-fp16"):
@@ -195,6 +195,9 @@ def _rank_run(rank: int, world: int, port: int, job: dict, steps: int, trace: bo
     label = max(phases, key=phases.get)
     out = {"peak": phases[label], "peak_phase": label, "phase_peaks": dict(meter.phase_peaks),
            "params_bytes": _unique(p.ds_tensor if hasattr(p, "ds_tensor") else p for p in model.parameters()),
+           # ZeRO++ hpZ's secondary partitions (partition_parameters.py _partition_param_sec)
+           "hpz_secondary_bytes": _unique(p.ds_secondary_tensor for p in model.parameters()
+                                          if getattr(p, "ds_secondary_tensor", None) is not None),
            "optimizer": type(trainer.optimizer.optimizer).__name__ if hasattr(trainer.optimizer, "optimizer")
            else type(trainer.optimizer).__name__}
     if trace:

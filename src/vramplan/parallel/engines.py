@@ -63,6 +63,16 @@ def zero12_step_grad(states_numel: int) -> Breakdown:
     return Breakdown().add("zero/flat_grad_partition", nbytes(states_numel, "fp32"))
 
 
+def zero3_step_grad(lay: Layout, states_numel: int) -> Breakdown:
+    """ZeRO-3 step (stage3.py DeepSpeedZeroOptimizer_Stage3.step, one sub group at a time):
+    _prepare_fp32_grad_for_sub_group flattens the sub group's gradient partitions (views
+    into the persistent partition buffer) into a new fp32 tensor, the fp32 partition's
+    `.grad` until _release_sub_group drops it; sub groups are `sub_group_size` elements
+    (DeepSpeedZeroConfig default 1e9), so one sub group's worth is alive at a time."""
+    sub = int(lay.knob("sub_group_size", 1_000_000_000))
+    return Breakdown().add("zero/flat_grad_partition", nbytes(min(states_numel, sub), "fp32"))
+
+
 def zero1_step_grads(partition_grads: list[Breakdown]) -> Breakdown:
     """ZeRO-1 holds only the rank's gradient partition at the step, like ZeRO-2 (0.19,
     stage_1_and_2.py): with contiguous_gradients, reduce_ipg_grads copies each reduced
@@ -169,18 +179,54 @@ def zero3_live(lay: Layout, wdtype: str, unit_numel: int, total_numel: int) -> B
 
 
 def zero3_hpz_secondary(lay: Layout, wdtype: str, numels: list[int]) -> Breakdown:
-    """ZeRO++ hpZ (Wang et al. 2023, arXiv 2306.10209, section 3.2): after the forward
-    all-gather each partitioned parameter keeps a secondary partition over the hpz ranks of
-    its node, in the weights' dtype, so that backward gathers within the node
-    (runtime/zero/partition_parameters.py _partition_param_sec: ds_secondary_tensor of
-    aligned_size // num_ranks_in_param_group elements, allocated once and kept). Persistent
-    parameters (below stage3_param_persistence_threshold) are never partitioned."""
+    """ZeRO++ hpZ (Wang et al. 2023, arXiv 2306.10209, section 3.2): a secondary partition
+    of each parameter over the hpz ranks of its node, in the weights' dtype, so that
+    backward gathers within the node. DeepSpeed 0.19 runtime/zero/partition_parameters.py
+    Init._partition calls _partition_param_sec for every parameter it partitions, the
+    persistent (small) ones included: ds_secondary_tensor of aligned_size // hpz elements
+    (aligned_size: numel padded to a multiple of the data-parallel size). When it is alive
+    is the caller's (parallel/plan.py _zero): measured on the real engine
+    (bench/parallel/deepspeed_cpu.py, `hpz2-of-*` rows), all of it from the engine's init
+    through the first step's forward and backward, and after that only in each optimizer
+    step (stage3.py _reassign_or_swap_out_partitioned_parameters re-partitions the updated
+    parameters; _post_step's invalidate_secondary_tensor drops them)."""
     hpz = int(lay.knob("zero_hpz_partition_size", 1))
     if hpz <= 1:
         return Breakdown()
-    n, keep = lay.shard_group, lay.knob("stage3_param_persistence_threshold", DS_PARAM_PERSISTENCE_THRESHOLD)
-    sec = sum(-(-numel // n) * n // hpz for numel in numels if numel > keep)
+    n = lay.shard_group
+    sec = sum(-(-numel // n) * n // hpz for numel in numels)
     return Breakdown().add("zero/hpz_secondary_partition", nbytes(sec, wdtype))
+
+
+def zero3_persistent_partitions(lay: Layout, wdtype: str, persistent_numels: list[int]) -> Breakdown:
+    """ZeRO-3's persistent (small) parameters keep their partition too: Init partitions every
+    parameter when it converts the module (runtime/zero/partition_parameters.py
+    _convert_to_zero_parameters -> _partition_param: ds_tensor of aligned_size // world),
+    and DeepSpeedZeroOptimizer_Stage3 moves every ds_tensor into its flat 16-bit partition
+    buffer (stage3.py _create_fp16_partitions_with_defragmentation); the persistent ones are
+    then gathered whole and stay so (parameter_offload.py mark_persistent_parameters,
+    stage3.py _post_step). The whole copies are the rank's weights; these are the rest."""
+    n = lay.shard_group
+    return Breakdown().add("zero/persistent_param_partitions", nbytes(sum(-(-k // n) for k in persistent_numels), wdtype))
+
+
+def zero3_prefetch_flat_buffer(lay: Layout, wdtype: str, numels: list[int]) -> Breakdown:
+    """The flat buffer of a coalesced ZeRO-3 all-gather (runtime/zero/partition_parameters.py
+    all_gather_coalesced: `flat_tensor = torch.empty(partition_sz * world_size)`, the bucket's
+    partitions side by side). AllGatherCoalescedHandle.wait assembles every parameter of the
+    bucket from it with torch.cat (new tensors, not views), and the handle, which holds the
+    flat tensor, is dropped only when the bucket's last parameter is fetched
+    (partitioned_param_coordinator.py: __inflight_param_registry.pop(param).wait()). Once
+    the first step has recorded the module trace, fetch_sub_module prefetches the upcoming
+    parameters in one such call per `stage3_prefetch_bucket_size` elements, so a bucket's
+    flat buffer is alive beside its assembled parameters until its last module runs. Whole
+    (every non-persistent parameter, `numels`) where they fit one bucket; else one bucket.
+    Measured on the real engine (bench/parallel/deepspeed_cpu.py --set hpz): the buffer and
+    the assembled parameters both alive at the forward's peak, before the output head."""
+    n = lay.shard_group
+    prefetch = int(lay.knob("stage3_prefetch_bucket_size", DS_PREFETCH_BUCKET))
+    whole = sum(-(-k // n) for k in numels) * n
+    return Breakdown().add("zero/allgather_flat_buffer", nbytes(min(whole, prefetch), wdtype))
 
 
 def zero3_reduce(lay: Layout, grad_dtype: str, unit_numel: int, grad_partition_numel: int) -> Breakdown:

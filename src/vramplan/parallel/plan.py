@@ -21,6 +21,7 @@ from vramplan.parallel.layout import Layout
 from vramplan.parallel.pipeline import pipeline_buffers
 from vramplan.parallel.sets import RankSets, grad_bytes, memo, numel, rank_sets, units
 from vramplan.parallel.shard import pp_layers
+from vramplan.parallel.zero3 import zero3_buffers
 from vramplan.spec import JobSpec
 from vramplan.timeline import StepPlan, peak_total
 from vramplan.units import nbytes
@@ -282,7 +283,7 @@ def _engine_buffers(desc, spec, lay: Layout, sets: RankSets, out: StepPlan, stag
     if lay.engine == "ddp":
         out.static.merge(engines.ddp_buckets(lay, grad_bytes(spec, sets)))
     elif lay.engine == "zero":
-        _zero(spec, lay, sets, out, unit, root, gdt, gb)
+        _zero(desc, spec, lay, sets, out, unit, root, gdt, gb)
         if lay.zero_stage == 1 and not _grads_offloaded(lay):
             out.step_grads = engines.zero1_step_grads(_select(cached(
                 sets.states, ("grads", dtypes_of(spec)), lambda: gradient_stages(desc, spec, sets.states)),
@@ -334,7 +335,7 @@ def _zero2_first_reduction(desc, spec, sets: RankSets, out: StepPlan, lay: Layou
     out.stage_grads_at_peak = [Breakdown() for _ in out.grads_by_stage]
 
 
-def _zero(spec, lay: Layout, sets: RankSets, out: StepPlan, unit: dict, root: list, gdt: str, gb: int) -> None:
+def _zero(desc, spec, lay: Layout, sets: RankSets, out: StepPlan, unit: dict, root: list, gdt: str, gb: int) -> None:
     """DeepSpeed ZeRO's own buffers on one rank (parallel/engines.py, from DeepSpeed 0.19's
     runtime/zero sources; checked against the real engine in bench/parallel/deepspeed_cpu.py)."""
     full, train = sets.full, sets.full.trainable()
@@ -360,20 +361,4 @@ def _zero(spec, lay: Layout, sets: RankSets, out: StepPlan, unit: dict, root: li
             t.merge(ipg)
         own(out.stage_backward_transient, 0).merge(flat)
         return
-    biggest = memo(sets, ("biggest", tuple(unit)),
-                   lambda: max([numel(u) for u in unit.values()] + [max((p.numel for p in root), default=0)]))
-    grad_part = memo(sets, "grads_numel", lambda: sum(p.numel for p in sets.grads.trainable()))
-    reduce = engines.zero3_reduce(lay, gdt, biggest, grad_part)
-    out.static.add("zero/ipg_bucket_flat_buffer", reduce.total("zero/ipg"))
-    # The gradient partitions live in the persistent flat buffer (engines.zero3_reduce):
-    # it replaces the per-stage sharded gradients.
-    out.static.add("zero/grad_partitions_flat_buffer", reduce.total("zero/grad_partitions"))
-    # one empty Breakdown for every stage, as components/memo.cached hands out equal stages'
-    # gradients (the timeline then sums it once)
-    out.grads_by_stage = [Breakdown()] * len(out.grads_by_stage)
-    out.static.merge(engines.zero3_hpz_secondary(lay, dtypes_of(spec).weights, memo(sets, "numels", lambda: tuple(p.numel for p in full.params))))
-    live = engines.zero3_live(lay, dtypes_of(spec).weights, biggest, memo(sets, "numel", lambda: numel(full.params)))
-    for t in shared([out.forward_end_transient, out.loss_backward_transient, *out.stage_backward_transient]):
-        t.merge(live)
-    for t in shared(out.stage_backward_transient):
-        t.add("zero/unsharded_grads", biggest * gb)
+    zero3_buffers(desc, spec, lay, sets, out, unit, root, gdt, gb)

@@ -133,7 +133,7 @@ FSDP_MODES = ("none", "full-shard", "shard-grad-op", "hybrid-shard", "no-shard")
 PP_SCHEDULES = ("1f1b", "interleaved", "gpipe", "all-forward-all-backward")
 """Schedules vramplan.parallel.activations.pipeline_in_flight models."""
 _EXTRA_COUNTS = ("shard_group_size", "gpus_per_node", "virtual_stages", "expert_tp", "buffer_count",
-                 "buffer_size", "reduce_bucket_size", "allgather_bucket_size")
+                 "buffer_size", "reduce_bucket_size", "allgather_bucket_size", "sub_group_size")
 _EXTRA_SIZES = ("stage3_prefetch_bucket_size", "stage3_max_live_parameters", "stage3_max_reuse_distance",
                 "stage3_param_persistence_threshold")
 """DeepSpeed ZeRO-3 knobs where 0 is meaningful (no prefetch, nothing persistent)."""
