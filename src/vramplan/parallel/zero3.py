@@ -58,7 +58,7 @@ def zero3_buffers(desc, spec: JobSpec, lay: Layout, sets: RankSets, out: StepPla
     _hpz(desc, spec, lay, sets, out, forward)
     if any(f.terms for f in forward):
         before = out.stage_forward_transient or [Breakdown() for _ in range(stages)]
-        out.stage_forward_transient = [_merged(b, f) for b, f in zip(before, forward)]
+        out.stage_forward_transient = [Breakdown().merge(b).merge(f) for b, f in zip(before, forward)]
     for t in shared(out.stage_backward_transient):
         t.add("zero/unsharded_grads", biggest * gb)
 
@@ -109,9 +109,3 @@ def _hpz(desc, spec: JobSpec, lay: Layout, sets: RankSets, out: StepPlan, forwar
                 t.add("zero/hpz_secondary_first_step", first - done)
         done += per_stage[i]
 
-
-def _merged(a: Breakdown, b: Breakdown) -> Breakdown:
-    out = Breakdown()
-    out.merge(a)
-    out.merge(b)
-    return out
