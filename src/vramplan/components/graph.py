@@ -85,6 +85,9 @@ class Recorder:
     """Bytes alive at the peak of a quantized kernel's per-call dequantization of a weight of
     that many elements, the dequantized weight included (components/quant.py dequant_peak);
     None where not modelled."""
+    frame: list = field(default_factory=list)
+    """Tensors enclosing module calls hold while an inner one runs (LlamaDecoderLayer's residual
+    and LlamaMLP's input during the MLP): alive, saved or not; read by `_dequant_moment`."""
     held: list = field(default_factory=list)
     """Tensors the caller holds, unsaved, while the next linear runs: LlamaMLP's
     act_fn(gate_proj(x)) during up_proj(x) (Python evaluates the product's operands left to
@@ -150,7 +153,8 @@ class Recorder:
         """F.linear / Conv1D (addmm): saves the input when the weight is trained, and the
         weight (an autocast copy under amp) when the input needs a gradient."""
         self.last_linear_input = x
-        before = self.saved_bytes() if self.dequant_peak is not None else 0  # before this call saves
+        if self.dequant_peak is not None and w.dtype in QUANT_DTYPES:
+            self._dequant_moment(x, w)
         xin = self._autocast_input(x)
         converted = self._float8(x, xin, w, name)
         # torchao Float8Linear saves the weight parameter itself (`self.weight.t()`), no
@@ -164,8 +168,6 @@ class Recorder:
             self.save(self.new(f"dequantized_weight/{w.name}", w.shape, self.dequant_saved, False))
         if x.requires_grad and self.quant_input_saved and w.dtype in QUANT_DTYPES:
             self.save(x)
-        if self.dequant_peak is not None and w.dtype in QUANT_DTYPES:
-            self._dequant_moment(x, w, before)
         rg = x.requires_grad or w.trainable or bool(bias and bias.trainable)
         out_features = w.shape[0] if not name.startswith("conv1d") else w.shape[1]
         out = self.new(name, x.shape[:-1] + (out_features,), xin.dtype, rg)
@@ -174,16 +176,21 @@ class Recorder:
         self.log_op("addmm" if bias is not None else "mm", out)
         return out
 
-    def _dequant_moment(self, x: Sym, w: Param, before: int) -> None:
+    def _dequant_moment(self, x: Sym, w: Param) -> None:
         """A kernel that dequantizes the whole weight at every call, before its matmul (GPTQModel
         torch_awq.py AwqTorchLinear.forward): alive then are what the layer saved so far, its
         input with `x_flat = x.reshape(-1, n).to(compute_dtype)` (a copy when x is wider), what
-        the caller holds, and the dequantization's own tensors."""
+        the caller and the enclosing frames hold (`held`, `frame`; under checkpointing, where
+        the layer keeps nothing, these are alive all the same), and the dequantization's own
+        tensors. Recorded as (saved but not alive here, alive here, transient)."""
         c = self.dequant_saved
         cast = nbytes(x.numel, c) if c is not None and x.dtype != c else 0
-        alive = {id(t.storage): t for t in (x, *self.held)}
-        local = cast + sum(t.storage.nbytes for k, t in alive.items() if k not in self.seen)
-        self.linear_transients.append((before, local, self.dequant_peak(math.prod(w.shape))))
+        # tensors an earlier stage saved are that stage's
+        alive = {id(t.storage): t.storage.nbytes for t in (x, *self.held, *self.frame)
+                 if id(t.storage) not in self.seen or id(t.storage) in self.saved}
+        kept = sum(n for k, n in alive.items() if k in self.saved)
+        self.linear_transients.append((self.saved_bytes() - kept, cast + sum(alive.values()),
+                                       self.dequant_peak(math.prod(w.shape))))
 
     def _float8(self, x: Sym, xin: Sym, w: Param, name: str) -> bool:
         """Whether torchao converts this nn.Linear (measure/build.py convert_float8: both
