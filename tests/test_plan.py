@@ -157,7 +157,7 @@ def test_compare_rows_against_baseline(job, ev):
 
 def test_compare_user_strategy_and_inapplicable_row(job, ev):
     cpu = job.with_(backend="cpu", gpu=None)
-    # AWQ's kernels are CUDA-only (spec/job.py _CPU_QUANT); bitsandbytes now runs on CPU
+    # AWQ's default gemm kernel is CUDA-only (spec/sections.py check_cpu_quant); bitsandbytes runs on CPU
     rows = compare(cpu, evaluator=ev, strategies=[Strategy.parse("qlora method=qlora,quantization.type=awq"),
                                                    Strategy.parse("short seq_len=256,micro_batch_size=1")])
     assert [r.strategy.name for r in rows] == ["baseline", "qlora", "short"]

@@ -87,6 +87,30 @@ def test_awq_bytes(m, n):
     assert _unique(ql.buffers()) == _bytes({"type": "awq", "group_size": 128}, m, n)
 
 
+@pytest.mark.skipif(not _GPTQMODEL, reason=_NO_GPTQMODEL)
+@pytest.mark.parametrize("m,n", ((384, 512), (256, 768)))
+def test_awq_torch_dequantization_peak(m, n):
+    """AwqTorchLinear's per-call dequantization (packing_utils.py dequantize_gemm) under the
+    meter: its peak above the packed buffers against components.quant.dequant_peak."""
+    torch = pytest.importorskip("torch")
+    from gptqmodel.nn_modules.qlinear.torch_awq import AwqTorchLinear
+
+    from vramplan.components.quant import dequant_peak
+    from vramplan.measure.meter import MemoryMeter
+
+    ql = AwqTorchLinear(bits=4, group_size=128, sym=False, desc_act=False, in_features=n, out_features=m,
+                        bias=False, register_buffers=True)
+    ql.post_init()
+    x = torch.randn(1, n, dtype=torch.float16)
+    with MemoryMeter() as meter:
+        start = meter.current
+        weight = ql._dequantize_weight_for_inference(x, dtype=torch.float16)
+        buffers = _unique(ql.buffers())  # first seen (and counted) inside the call
+        assert meter.current - start == buffers + weight.numel() * 2
+        peak = meter.peak - start - buffers
+    assert peak == dequant_peak(QuantConfig(type="awq", kernel="torch", compute_dtype="fp16"), m * n)
+
+
 _HQQ = importlib.util.find_spec("hqq") is not None
 
 
@@ -137,6 +161,15 @@ def test_bad_quantization_names_the_field(quant, field):
     with pytest.raises(SpecError) as err:
         vramplan.load_spec({"model": _TINY, "method": "qlora", "quantization": quant})
     assert err.value.field == field
+
+
+def test_awq_on_cpu_needs_the_torch_kernel():
+    job = {"model": _TINY, "method": "qlora", "backend": "cpu", "quantization": {"type": "awq"}}
+    with pytest.raises(SpecError) as err:
+        vramplan.load_spec(job)
+    assert err.value.field == "quantization.kernel" and "kernel: torch" in str(err.value)
+    spec = vramplan.load_spec({**job, "quantization": {"type": "awq", "kernel": "torch", "group_size": 16}})
+    assert spec.quantization.kernel == "torch"
 
 
 def test_group_size_must_divide_awq_in_features():
@@ -218,13 +251,28 @@ def test_qlora_step_peak_within_2_percent(quant, library):
     pytest.importorskip("torch")
     pytest.importorskip("peft")
     pytest.importorskip(library, reason=f"{library} ({'measure' if library == 'hqq' else 'test'} extra) is not installed")
-    job = {"model": _STEP_MODEL, "task": "sft", "method": "qlora", "quantization": quant, "precision": "bf16",
+    _step_within_2_percent(quant, "bf16", "none")
+
+
+@pytest.mark.skipif(not _GPTQMODEL, reason=_NO_GPTQMODEL)
+def test_awq_checkpointed_step_holds_the_recomputed_dequantization():
+    """Under checkpointing the layer's recomputed forward dequantizes every AwqTorchLinear again
+    in backward: its int64 temporaries set the step's peak."""
+    pytest.importorskip("peft")
+    quant = {"type": "awq", "kernel": "torch", "group_size": 32, "compute_dtype": "fp16"}
+    est = _step_within_2_percent(quant, "fp16", "full")
+    assert est.components.total("quant/recomputed_dequantize") > 0
+
+
+def _step_within_2_percent(quant: dict, precision: str, gc: str):
+    job = {"model": _STEP_MODEL, "task": "sft", "method": "qlora", "quantization": quant, "precision": precision,
            "lora": {"r": 4, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
                                                "down_proj"]},
-           "micro_batch_size": 1, "seq_len": 64, "backend": "cpu"}
+           "micro_batch_size": 1, "seq_len": 64, "backend": "cpu", "gradient_checkpointing": gc}
     measured = measure_fresh(job, device="cpu")["peak_allocated_bytes"]  # the layer tests leave tensors
-    estimated = vramplan.estimate(vramplan.load_spec(job)).peak_allocated_bytes
-    assert abs(estimated / measured - 1) < 0.02
+    est = vramplan.estimate(vramplan.load_spec(job))
+    assert abs(est.peak_allocated_bytes / measured - 1) < 0.02, (est.peak_allocated_bytes, measured)
+    return est
 
 
 def test_committed_step_measurements_are_estimated_within_2_percent():
@@ -233,7 +281,7 @@ def test_committed_step_measurements_are_estimated_within_2_percent():
     from pathlib import Path
 
     rows = json.loads((Path(__file__).resolve().parents[1] / "bench" / "quant" / "results.json").read_text())["steps"]
-    assert {r["job"]["quantization"]["type"] for r in rows} >= {"nf4", "int8", "gptq", "hqq", "torchao-int8"}
+    assert {r["job"]["quantization"]["type"] for r in rows} >= {"nf4", "int8", "gptq", "awq", "hqq", "torchao-int8"}
     for r in rows:
         estimated = vramplan.estimate(vramplan.load_spec(r["job"])).peak_allocated_bytes
         assert abs(estimated / r["measured_peak_bytes"] - 1) < 0.02, r["name"]

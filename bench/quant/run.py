@@ -26,6 +26,9 @@ TINY = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 688, "nu
         "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 2048, "max_position_embeddings": 512}
 WIDE = dict(TINY, intermediate_size=2048, vocab_size=256)
 """A wide MLP and a small vocabulary: the layer's backward, not the head's, sets the peak."""
+AWQ_TINY = dict(TINY, intermediate_size=768)
+"""AWQ's groups must be whole (dequantize_gemm repeats each group's scale group_size times):
+an MLP width that 128 divides."""
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 STEPS = [  # (name, quantization, precision, gradient_checkpointing[, model, micro batch, seq_len])
     ("nf4 double-quant", {"type": "nf4"}, "bf16", "none"),
@@ -36,6 +39,10 @@ STEPS = [  # (name, quantization, precision, gradient_checkpointing[, model, mic
     ("gptq 4-bit g128, torch kernel, checkpointing", {"type": "gptq", "compute_dtype": "fp16"}, "fp16", "full"),
     ("gptq 8-bit g-1, torch kernel", {"type": "gptq", "bits": 8, "group_size": -1, "compute_dtype": "fp16"},
      "fp16", "none"),
+    ("awq 4-bit g128, torch kernel", {"type": "awq", "kernel": "torch", "compute_dtype": "fp16"}, "fp16", "none",
+     AWQ_TINY),
+    ("awq 4-bit g128, torch kernel, checkpointing", {"type": "awq", "kernel": "torch", "compute_dtype": "fp16"},
+     "fp16", "full", AWQ_TINY),
     ("torchao int8 weight-only", {"type": "torchao-int8"}, "bf16", "none"),
     ("torchao int8 weight-only, checkpointing", {"type": "torchao-int8"}, "bf16", "full"),
     ("torchao fp8 weight-only", {"type": "torchao-fp8"}, "bf16", "none"),

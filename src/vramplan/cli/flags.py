@@ -110,7 +110,7 @@ _SECTION_FLAGS = (
     ("quantization", "double_quant", ("double_quant", "bnb_4bit_use_double_quant"), _bool_value,
      N_("quantization: bitsandbytes 4-bit double quantization (true/false)")),
     ("quantization", "kernel", ("quant_kernel",), str,
-     N_("quantization: GPTQ torch | triton | exllama | exllamav2 | marlin; AWQ gemm | gemv | marlin")),
+     N_("quantization: GPTQ torch | triton | exllama | exllamav2 | marlin; AWQ gemm | gemv | marlin | torch")),
     ("low_rank", "rank", ("rank",), _int_word, N_("GaLore / APOLLO: projection rank (low_rank.rank)")),
     ("low_rank", "update_proj_gap", ("update_proj_gap",), _int_word,
      N_("GaLore / APOLLO: steps between projection updates")),

@@ -10,6 +10,7 @@ Legend: b micro-batch, s sequence, h hidden, f MLP width, v vocabulary, T = b * 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 from vramplan.breakdown import Breakdown
 from vramplan.components.arch import Ctx, local_window, model_rows, norm
@@ -25,7 +26,7 @@ from vramplan.components.memo import cached_plan, spec_key
 from vramplan.components.op_checkpoint import split_layer
 from vramplan.components.selective import split_attention_core
 from vramplan.components.shifted_loss import label_smoother_terms, loss_kind, shifted_loss_terms
-from vramplan.components.quant import SAVED, dequant_modes, kernel_saves_input
+from vramplan.components.quant import SAVED, dequant_modes, dequant_peak, kernel_saves_input
 from vramplan.components.trainable import ParamSet
 from vramplan.model import MlpKind, ModelDesc
 from vramplan.spec import Checkpointing, JobSpec, LossImpl, Task
@@ -79,8 +80,9 @@ def _recorder(spec: JobSpec, seen: set[int]) -> Recorder:
     q = spec.quantization
     saved = q.compute_dtype if q is not None and dequant_modes(q)[0] == SAVED else None
     f8 = (True, spec.float8.convert_lm_head) if spec.float8 is not None else None
+    peak = partial(dequant_peak, q) if q is not None and dequant_peak(q, 1) else None
     return Recorder(autocast=dtypes_of(spec).autocast, backend=spec.backend.value, seen=seen, dequant_saved=saved,
-                    float8=f8, quant_input_saved=kernel_saves_input(q))
+                    float8=f8, quant_input_saved=kernel_saves_input(q), dequant_peak=peak)
 
 
 def plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> ActivationPlan:
@@ -175,8 +177,8 @@ def _plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Activ
     if any(fwd_peaks.values()):
         plan.stage_forward_transient = [Breakdown({f"activations/checkpointed_forward/{n}": v for n, v in
                                                    fwd_peaks.get(j, [])}) for j in range(len(stages))]
-    if ctx.dora:
-        dora_apply(plan, dora_at, nbytes(x.numel, x.dtype))
+    if any(linears for linears, _ in dora_at.values()):
+        dora_apply(plan, dora_at, nbytes(x.numel, x.dtype), "dora" if ctx.dora else "dequant")
     if spec.float8 is not None:
         from vramplan.components.float8 import apply
         res = dtypes_of(spec).weights
@@ -260,7 +262,7 @@ def _layer(ctx: Ctx, spec: JobSpec, i: int, x: Sym, b: int, s: int, seen: set[in
     out = layer_fn(ctx.desc)(rec, ctx, x, i, b, s)
     items = [(name, st.nbytes) for name, st in rec.saved.values() if not name.startswith("rotary/")]
     return (items, out.requires_grad, split_layer(rec, x) if op_selective else None, out.dtype,
-            tuple(rec.float8_linears), rec.forward_peak, tuple(rec.dora_linears))
+            tuple(rec.float8_linears), rec.forward_peak, tuple(rec.linear_transients))
 
 
 def _shared_rotary(ctx: Ctx, stages: list[Stage]) -> None:

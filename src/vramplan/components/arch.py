@@ -248,13 +248,17 @@ def mlp_shared(rec: Recorder, ctx: Ctx, x: Sym, pre: str) -> Sym:
         half = gu.shape[:-1] + (gu.shape[-1] // 2,)
         gate, up = rec.view(gu, half, "mlp/gate"), rec.view(gu, half, "mlp/up")
     else:
+        rec.frame.append(x)  # LlamaMLP.forward's argument, alive until it returns
         gate = lin(rec, ctx, x, f"{pre}.gate_proj", "mlp/gate")
         rec.held.append(gate)  # act_fn(gate) (gate's size) is alive while up_proj runs
         up = lin(rec, ctx, x, f"{pre}.up_proj", "mlp/up")
         rec.held.pop()
     act = activation(rec, gate, desc.hidden_act, "mlp/act")
     prod = rec.mul(act, up, name="mlp/act_times_up")
-    return lin(rec, ctx, prod, f"{pre}.down_proj", "mlp/down")
+    out = lin(rec, ctx, prod, f"{pre}.down_proj", "mlp/down")
+    if not desc.fused_gate_up:
+        rec.frame.pop()
+    return out
 
 
 def activation(rec: Recorder, x: Sym, kind: str, name: str) -> Sym:
@@ -293,7 +297,9 @@ def llama_layer(rec: Recorder, ctx: Ctx, x: Sym, i: int, b: int, s: int) -> Sym:
         from vramplan.components.moe import moe_block
         h = moe_block(rec, ctx, h, i)
     else:
+        rec.frame.append(x)  # the residual, held by LlamaDecoderLayer.forward across the MLP
         h = mlp(rec, ctx, h, i)
+        rec.frame.pop()
     if ctx.desc.sandwich_norm:
         h = norm(rec, ctx, h, f"{pre}.post_feedforward_layernorm", "mlp_post_norm")
     h = rec.dropout(h, ctx.desc.hidden_dropout if ctx.training_dropout else 0.0, "mlp/resid_dropout")

@@ -36,7 +36,7 @@ def dora_linear(rec: Recorder, x: Sym, xa: Sym, out: Sym, w: Param, bias: Param 
                 a: Param, b: Param, dropout: float, name: str) -> Sym:
     """One adapted linear under DoRA: `out` is the base layer's result, `xa` its input cast to
     the adapters' dtype (lora.Linear.forward `_cast_input_dtype`). Records what autograd saves
-    and appends (saved before, alive locals, transient) to `rec.dora_linears`."""
+    and appends (saved before, alive locals, transient) to `rec.linear_transients`."""
     fan_in, fan_out, r = x.shape[-1], out.shape[-1], a.shape[0]
     ad = a.dtype
     before = rec.saved_bytes()
@@ -72,7 +72,7 @@ def dora_linear(rec: Recorder, x: Sym, xa: Sym, out: Sym, w: Param, bias: Param 
     local = sum(t.storage.nbytes for t in {id(out.storage): out, id(x.storage): x, id(xa.storage): xa}.values())
     local += sum(t.storage.nbytes for t in rec.held)
     products = yb.storage.nbytes + t2.storage.nbytes + 2 * t3.storage.nbytes  # y_lora, t2, t3, t4
-    rec.dora_linears.append((before, local, transient(fan_in, fan_out, r, ad, rec.autocast, w_copy, products)))
+    rec.linear_transients.append((before, local, transient(fan_in, fan_out, r, ad, rec.autocast, w_copy, products)))
     return rec.to(summed, out.dtype, name=name)
 
 
@@ -105,17 +105,24 @@ def forward_term(linears, saved_total: int | None) -> int:
     return max(0, max((before + local + t for before, local, t in linears), default=0) - saved_total)
 
 
-def apply(plan, dora_at: dict, grad_hidden: int) -> None:
-    """Add DoRA's transients to an ActivationPlan: `dora_at` maps a stage index to (its DoRA
-    linears, whether the stage is a checkpointed layer). The forward's per stage; under
+TERMS = {"dora": ("dora/forward_weight_norm", "dora/recomputed_weight_norm"),
+         "dequant": ("quant/forward_dequantize", "quant/recomputed_dequantize")}
+"""(forward, recomputed forward) term names per kind of linear transient."""
+
+
+def apply(plan, dora_at: dict, grad_hidden: int, kind: str = "dora") -> None:
+    """Add linear transients (DoRA's weight norm; a kernel's dequantization, the recorder's
+    `linear_transients`) to an ActivationPlan: `dora_at` maps a stage index to (its linears'
+    moments, whether the stage is a checkpointed layer). The forward's per stage; under
     checkpointing the recomputed forward's in the layer's backward, with the incoming
     hidden-state gradient (`grad_hidden`) alive, beyond what the backward counts there."""
+    fwd_term, bwd_term = TERMS[kind]
     before = plan.stage_forward_transient or [Breakdown() for _ in plan.stages]
     fwd = []
     for j, (st, prev) in enumerate(zip(plan.stages, before)):
         linears, wrapped = dora_at.get(j, ((), False))
         saved = None if wrapped else sum(v for _, v in st.saved)
-        fwd.append(Breakdown(dict(prev.terms)).add("dora/forward_weight_norm", forward_term(linears, saved)))
+        fwd.append(Breakdown(dict(prev.terms)).add(fwd_term, forward_term(linears, saved)))
     plan.stage_forward_transient = fwd
     extra = 0
     for j, (linears, wrapped) in dora_at.items():
@@ -128,4 +135,4 @@ def apply(plan, dora_at: dict, grad_hidden: int) -> None:
             moment = max((before + local + t for before, local, t in linears), default=0) + grad_hidden
             extra = max(extra, moment - counted)
     if extra > 0:
-        plan.layer_backward_transient.add("dora/recomputed_weight_norm", extra)
+        plan.layer_backward_transient.add(bwd_term, extra)

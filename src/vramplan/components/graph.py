@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Callable
 
 from vramplan.components.quant import QUANT_DTYPES
 from vramplan.units import nbytes
@@ -76,8 +77,17 @@ class Recorder:
     """The converted linears seen, as (input name, tokens, in, out, input dtype, is head,
     bytes the recorder had saved by then, the linear's input included)
     (components/float8.py turns them into the casts' transients)."""
-    dora_linears: list = field(default_factory=list)
-    """DoRA linears seen, as (bytes saved by then, locals alive, transient) (components/dora.py)."""
+    linear_transients: list = field(default_factory=list)
+    """Linears whose call holds temporaries beyond what it saves, as (bytes saved by then, locals
+    alive, transient): DoRA's weight norm (components/dora.py), a kernel's dequantization
+    (`dequant_peak`)."""
+    dequant_peak: Callable[[int], int] | None = None
+    """Bytes alive at the peak of a quantized kernel's per-call dequantization of a weight of
+    that many elements, the dequantized weight included (components/quant.py dequant_peak);
+    None where not modelled."""
+    frame: list = field(default_factory=list)
+    """Tensors enclosing module calls hold while an inner one runs (LlamaDecoderLayer's residual
+    and LlamaMLP's input during the MLP): alive, saved or not; read by `_dequant_moment`."""
     held: list = field(default_factory=list)
     """Tensors the caller holds, unsaved, while the next linear runs: LlamaMLP's
     act_fn(gate_proj(x)) during up_proj(x) (Python evaluates the product's operands left to
@@ -143,6 +153,8 @@ class Recorder:
         """F.linear / Conv1D (addmm): saves the input when the weight is trained, and the
         weight (an autocast copy under amp) when the input needs a gradient."""
         self.last_linear_input = x
+        if self.dequant_peak is not None and w.dtype in QUANT_DTYPES:
+            self._dequant_moment(x, w)
         xin = self._autocast_input(x)
         converted = self._float8(x, xin, w, name)
         # torchao Float8Linear saves the weight parameter itself (`self.weight.t()`), no
@@ -163,6 +175,22 @@ class Recorder:
         # or addmm with a bias (aten/src/ATen/native/Linear.cpp `_flatten_nd_linear`)
         self.log_op("addmm" if bias is not None else "mm", out)
         return out
+
+    def _dequant_moment(self, x: Sym, w: Param) -> None:
+        """A kernel that dequantizes the whole weight at every call, before its matmul (GPTQModel
+        torch_awq.py AwqTorchLinear.forward): alive then are what the layer saved so far, its
+        input with `x_flat = x.reshape(-1, n).to(compute_dtype)` (a copy when x is wider), what
+        the caller and the enclosing frames hold (`held`, `frame`; under checkpointing, where
+        the layer keeps nothing, these are alive all the same), and the dequantization's own
+        tensors. Recorded as (saved but not alive here, alive here, transient)."""
+        c = self.dequant_saved
+        cast = nbytes(x.numel, c) if c is not None and x.dtype != c else 0
+        # tensors an earlier stage saved are that stage's
+        alive = {id(t.storage): t.storage.nbytes for t in (x, *self.held, *self.frame)
+                 if id(t.storage) not in self.seen or id(t.storage) in self.saved}
+        kept = sum(n for k, n in alive.items() if k in self.saved)
+        self.linear_transients.append((self.saved_bytes() - kept, cast + sum(alive.values()),
+                                       self.dequant_peak(math.prod(w.shape))))
 
     def _float8(self, x: Sym, xin: Sym, w: Param, name: str) -> bool:
         """Whether torchao converts this nn.Linear (measure/build.py convert_float8: both

@@ -160,6 +160,11 @@ _MODES = {
     # GPTQModel gemm_awq.py AwqGemmFn: above 1024 rows awq_dequantize_weights + matmul inside
     # the Function (not saved); backward dequantizes again.
     (QuantType.AWQ, "gemm"): (TRANSIENT, TRANSIENT),
+    # GPTQModel 7.7 qlinear/torch_awq.py AwqTorchLinear.forward: `weight =
+    # self._dequantize_weight_for_inference(...)` (packing_utils.py dequantize_gemm) then
+    # `torch.matmul(x_flat, weight)` outside any autograd.Function, so MmBackward keeps the
+    # dequantized (n, m) weight for the input gradient, as GPTQ's TorchLinear does.
+    (QuantType.AWQ, "torch"): (SAVED, NONE),
     # hqq/core/quantize.py HQQLinear.forward_pytorch_backprop -> HQQMatmulNoCacheMul: dequantize
     # in forward and again in backward, no weight saved (its input is: kernel_saves_input).
     (QuantType.HQQ, "hqq"): (TRANSIENT, TRANSIENT),
@@ -179,6 +184,21 @@ _MODES = {
     (QuantType.AWQ, "gemv"): (NONE, NONE),
     (QuantType.AWQ, "marlin"): (NONE, NONE),
 }
+
+
+def dequant_peak(q: QuantConfig, numel: int) -> int:
+    """Bytes alive at the peak of one per-call dequantization of a weight of `numel` elements,
+    the dequantized weight included; 0 where not modelled (fused kernels make none; GPTQ's
+    TorchLinear, bitsandbytes and hqq count only their dequantized weight, in dequant_modes).
+    GPTQModel 7.7 packing_utils.py dequantize_gemm (AwqTorchLinear), 4 bits: `_unpack_columnwise`
+    shifts the int32 qweight by `torch.arange(0, 32, bits)` (int64), so every unpacked code is
+    int64; at `iweight = (iweight - izeros) * scales` alive are the masked codes (int64), the
+    zeros and scales `repeat_interleave`d to (n, m) (int64 and the compute dtype), their
+    difference (int64) and the product (the weight, compute dtype): 3 x 8 + 2 x c bytes per
+    element (the earlier steps hold two int64 copies at most)."""
+    if q.type is QuantType.AWQ and q.kernel == "torch":
+        return 3 * nbytes(numel, "int64") + 2 * nbytes(numel, q.compute_dtype)
+    return 0
 
 
 def kernel_saves_input(q: QuantConfig | None) -> bool:

@@ -29,10 +29,12 @@ def quantize_base(model: torch.nn.Module, job: dict, device: str) -> torch.nn.Mo
         return _torchao(model, qtype)
     if qtype == "gptq" and q.get("kernel", "torch") == "torch":
         return _gptq(model, q)
+    if qtype == "awq" and q.get("kernel") == "torch":
+        return _awq(model, q)
     if qtype == "hqq":
         return _hqq(model, q)
     raise ValueError(f"quantization.type: measuring {qtype} is not implemented (measured: nf4, fp4, int8, "
-                     "torchao-int8, torchao-fp8, gptq with the torch kernel, hqq)")
+                     "torchao-int8, torchao-fp8, gptq and awq with the torch kernel, hqq)")
 
 
 def _bitsandbytes(model, q: dict, device: str):
@@ -66,21 +68,38 @@ def _torchao(model, qtype: str):
 
 
 def _gptq(model, q: dict):
-    """GPTQModel 7.7 TorchLinear in place of every decoder-layer linear, as GPTQModel's
-    `make_quant` builds them when loading a checkpoint (lm_head and embeddings stay), with
-    random codes and scales (memory does not depend on the values). What peft's
-    prepare_model_for_kbit_training and dispatch_gptq read is set as a loaded model has it."""
+    """GPTQModel 7.7 TorchLinear (symmetric, GPTQ's layout)."""
     from gptqmodel.nn_modules.qlinear.torch import TorchLinear
 
+    return _gptqmodel(model, q, "gptq", TorchLinear, sym=True)
+
+
+def _awq(model, q: dict):
+    """GPTQModel 7.7 AwqTorchLinear (qlinear/torch_awq.py: the AutoAWQ GEMM layout, asymmetric
+    with a zero point, dequantized by `dequantize_gemm` then `torch.matmul` in torch), what
+    GPTQModel's AWQ_TORCH backend builds for an AWQ GEMM checkpoint."""
+    from gptqmodel.nn_modules.qlinear.torch_awq import AwqTorchLinear
+
+    return _gptqmodel(model, q, "awq", AwqTorchLinear, sym=False)
+
+
+def _gptqmodel(model, q: dict, method: str, cls, sym: bool):
+    """`cls` in place of every decoder-layer linear, as GPTQModel's `make_quant` builds them
+    when loading a checkpoint (lm_head and embeddings stay), with random codes and scales
+    (memory does not depend on the values). What peft's prepare_model_for_kbit_training and
+    its dispatchers read is set as a loaded model has it: transformers/quantizers/base.py
+    sets `quantization_method` to the config's quant_method (for "awq" PEFT casts the other
+    parameters to fp32, for "gptq" it does not)."""
     head = model.get_output_embeddings()
     g = torch.Generator().manual_seed(0)
+    bits, group = int(q.get("bits", 4)), int(q.get("group_size", 128))
     names = [name for name, m in model.named_modules()
              if isinstance(m, torch.nn.Linear) and m is not head and ".layers." in name]
     for name in names:
         lin = model.get_submodule(name)
-        ql = TorchLinear(bits=int(q.get("bits", 4)), group_size=int(q.get("group_size", 128)), sym=True,
-                         desc_act=bool(q.get("desc_act", False)), in_features=lin.in_features,
-                         out_features=lin.out_features, bias=lin.bias is not None, register_buffers=True)
+        ql = cls(bits=bits, group_size=group, sym=sym, desc_act=bool(q.get("desc_act", False)),
+                 in_features=lin.in_features, out_features=lin.out_features, bias=lin.bias is not None,
+                 register_buffers=True)
         ql.qweight.copy_(torch.randint(-2**31, 2**31 - 1, ql.qweight.shape, generator=g, dtype=torch.int64))
         ql.qzeros.copy_(torch.randint(-2**31, 2**31 - 1, ql.qzeros.shape, generator=g, dtype=torch.int64))
         ql.scales.copy_(torch.rand(ql.scales.shape, generator=g) * 1e-2)
@@ -88,9 +107,8 @@ def _gptq(model, q: dict):
         parent, _, leaf = name.rpartition(".")
         setattr(model.get_submodule(parent), leaf, ql)
         del lin  # the float weight goes, as it never exists when loading a checkpoint
-    model.quantization_method = "gptq"
-    model.config.quantization_config = {"quant_method": "gptq", "bits": int(q.get("bits", 4)),
-                                        "group_size": int(q.get("group_size", 128)),
+    model.quantization_method = method
+    model.config.quantization_config = {"quant_method": method, "bits": bits, "group_size": group,
                                         "desc_act": bool(q.get("desc_act", False))}
     return model
 

@@ -8,11 +8,12 @@ from collections.abc import Mapping
 
 from vramplan.spec.enums import (
     Attention, Backend, Checkpointing, LogprobHead, LossImpl, Method, Optimizer, OptimizerImpl,
-    Precision, QuantType, SpecError, Task, USER_ERRORS, as_spec_error,
+    Precision, SpecError, Task, USER_ERRORS, as_spec_error,
 )
 from vramplan.spec.lora import LoraConfig, check_dora
 from vramplan.spec.sections import (FreezeConfig, ParallelConfig, QuantConfig, boolean, count_field,
-                                    did_you_mean, fraction, positive_int, quant_facts, required_keys, string_keys)
+                                    check_cpu_quant, did_you_mean, fraction, positive_int, quant_facts, required_keys,
+                                    string_keys)
 from vramplan.spec.low_rank import LowRankConfig
 from vramplan.spec.float8 import Float8Config, check_float8_job, parse_float8, parse_neftune
 from vramplan.spec import tasks as _tasks
@@ -24,10 +25,6 @@ _ENUMS = {
     "optimizer_impl": OptimizerImpl, "gradient_checkpointing": Checkpointing,
     "attention": Attention, "backend": Backend, "loss_impl": LossImpl, "logprob_head": LogprobHead,
 }
-# Quantized bases whose training step runs on CPU (bitsandbytes >= 0.49's CPU backend, GPTQModel's
-# TorchLinear, torchao's int8/fp8 weight-only tensors, hqq's PYTORCH backend): measurable there.
-_CPU_QUANT = (QuantType.NF4, QuantType.FP4, QuantType.INT8, QuantType.GPTQ, QuantType.HQQ,
-              QuantType.TORCHAO_INT8, QuantType.TORCHAO_FP8)
 _SECTIONS = {"lora": LoraConfig, "quantization": QuantConfig, "freeze": FreezeConfig,
              "parallel": ParallelConfig, "low_rank": LowRankConfig}
 _SECTION_ALIASES = {"lora": {"lora_alpha": "alpha", "lora_dropout": "dropout", "rank": "r"}}
@@ -255,9 +252,8 @@ class JobSpec:
             raise SpecError("quantization.kernel", f"{q.kernel} has no backward (GPTQModel SUPPORTS_TRAINING); "
                             f"train on {', '.join(quant_facts(q.type)[3])}")
         check_dora(self.lora, q, self.stack.framework.value, self.task.value)
-        if q is not None and self.backend is Backend.CPU and q.type not in _CPU_QUANT:
-            raise SpecError("backend", f"{q.type.value} kernels are modelled on cuda only; "
-                            f"on cpu: {', '.join(t.value for t in _CPU_QUANT)}")
+        if q is not None and self.backend is Backend.CPU:
+            check_cpu_quant(q)
 
     def _check_float8(self):
         if self.float8 is None:

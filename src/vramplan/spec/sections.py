@@ -175,8 +175,9 @@ _QUANT_FACTS = {
     # transformers GPTQConfig (group_size=128); GPTQModel's kernels, of which TorchLinear and
     # the Triton kernel train (SUPPORTS_TRAINING), exllama/exllamav2/marlin do not.
     QuantType.GPTQ: ((2, 3, 4, 8), 128, ("torch", "triton", "exllama", "exllamav2", "marlin"), ("torch", "triton")),
-    # transformers AwqConfig (bits 4, group_size 128); GPTQModel AwqGEMMLinear trains.
-    QuantType.AWQ: ((4,), 128, ("gemm", "gemv", "marlin"), ("gemm",)),
+    # transformers AwqConfig (bits 4, group_size 128); GPTQModel AwqGEMMLinear (CUDA) and
+    # AwqTorchLinear (qlinear/torch_awq.py, the same layout in plain torch) train.
+    QuantType.AWQ: ((4,), 128, ("gemm", "gemv", "marlin", "torch"), ("gemm", "torch")),
     # transformers HqqConfig (nbits 4, group_size 64); hqq's nbits 8, 4, 3, 2, 1.
     QuantType.HQQ: ((1, 2, 3, 4, 8), 64, ("hqq",), ("hqq",)),
     QuantType.TORCHAO_INT8: ((8,), None, ("torchao",), ("torchao",)),
@@ -185,6 +186,23 @@ _QUANT_FACTS = {
     # refuses LoRA on it (peft/tuners/lora/torchao.py: "only supports int8 weights for now").
     QuantType.TORCHAO_INT4: ((4,), 128, ("torchao",), ()),
 }
+
+
+# Quantized bases whose training step runs on CPU (bitsandbytes >= 0.49's CPU backend, GPTQModel's
+# TorchLinear and AwqTorchLinear, torchao's int8/fp8 weight-only tensors, hqq's PYTORCH
+# backend): measurable there.
+_CPU_QUANT = (QuantType.NF4, QuantType.FP4, QuantType.INT8, QuantType.GPTQ, QuantType.AWQ, QuantType.HQQ,
+              QuantType.TORCHAO_INT8, QuantType.TORCHAO_FP8)
+
+
+def check_cpu_quant(q: "QuantConfig") -> None:
+    """Raise SpecError unless `q`'s kernels run on CPU."""
+    if q.type not in _CPU_QUANT:
+        raise SpecError("backend", f"{q.type.value} kernels are modelled on cuda only; "
+                        f"on cpu: {', '.join(t.value for t in _CPU_QUANT)}")
+    if q.type is QuantType.AWQ and q.kernel != "torch":
+        # GPTQModel's AwqGEMMLinear (gemm_awq.py) runs CUDA kernels; AwqTorchLinear runs anywhere.
+        raise SpecError("quantization.kernel", f"awq's {q.kernel} kernel needs CUDA; on cpu set kernel: torch")
 
 
 def quant_facts(qtype: QuantType) -> tuple[tuple[int, ...], int | None, tuple[str, ...], tuple[str, ...]]:
