@@ -14,9 +14,11 @@ DiTTransformer2DModel.forward calls block 0's conditioning embedding a second ti
 output (`conditioning = self.transformer_blocks[0].norm1.emb(timestep, class_labels, ...)`),
 so its parameters' AccumulateGrad nodes receive two gradients per backward: the engine
 holds the first one, made in the output's backward, in the node's InputBuffer until the
-second arrives in block 0's backward (torch/csrc/autograd/engine.cpp `evaluate_function`
-adds outputs into the next node's InputBuffer; the node runs when its dependencies are met).
-It is alive at every block's backward peak.
+second arrives in block 0's backward (torch/csrc/autograd/input_buffer.h `InputBuffer::add`:
+"adding an input twice will accumulate the result"; the node runs once both producers have
+run). It is alive at every block's backward peak (seen in the meter's trace: the
+[1001, 128] embedding_dense_backward and the two Linears' mm results, one more of each than
+there are `.grad`s).
 Legend: b batch, n image tokens, h hidden, f feed-forward width, c compute dtype.
 """
 from __future__ import annotations
