@@ -90,6 +90,12 @@ class StepPlan:
     backward has produced the down projection's gradient, not yet the others)."""
     grads_alive_in_forward: bool = False
     """Gradient accumulation: later micro-steps run forward with gradients allocated."""
+    stage_grads_in_flight: list[Breakdown] | None = None
+    """Per stage, with grads_alive_in_forward: the gradients the op at the stage's backward
+    peak has just made, alive beside the `.grad` they go into until AccumulateGrad adds them
+    in place (torch/csrc/autograd/functions/accumulate_grad.h `accumulateGrad`, Case 2.3:
+    `variable_grad += new_grad` when `.grad` is defined and grad mode is off; without a
+    `.grad` it steals them, Case 1.1, which stage_grads_at_peak counts). None: none."""
     labels: list[str] = field(default_factory=list)
     sharded_prefixes: tuple[str, ...] = ()
     """Term prefixes already cut to one rank by the parallel layer (parallel.rank_plan):
@@ -192,7 +198,10 @@ def _walk(plan: StepPlan, build: bool) -> list:
     own_acts = plan.stage_acts_at_peak or plan.stage_acts
     own_grads = plan.stage_grads_at_peak or stage_grads
     own_acts_t, own_grads_t = totals(own_acts), totals(own_grads)
-    trans_t = _each_total(plan.stage_backward_transient)
+    trans = plan.stage_backward_transient
+    if accum and plan.stage_grads_in_flight is not None:
+        trans = [Breakdown().merge(t).merge(g) for t, g in zip(trans, plan.stage_grads_in_flight)]
+    trans_t = _each_total(trans)
     grads_tot = sum(grads_t)
     fwd_grads = list(stage_grads) if accum else []
     static_tot = plan.static.total()
@@ -219,8 +228,7 @@ def _walk(plan: StepPlan, build: bool) -> list:
     done: list[Breakdown] = list(fwd_grads)
     done_tot = grads_tot if accum else 0
     fused = plan.in_backward
-    static, stage_acts, trans, moments = (plan.static, plan.stage_acts, plan.stage_backward_transient,
-                                          plan.stage_backward_moment)
+    static, stage_acts, moments = plan.static, plan.stage_acts, plan.stage_backward_moment
     labels = plan.labels or [f"stage {i} backward" for i in range(n)]
     grows = not accum and fused is None
     backward: range | tuple = range(n - 1, -1, -1)

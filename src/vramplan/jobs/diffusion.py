@@ -30,6 +30,8 @@ from vramplan.components.optimizer import optimizer_states, step_temporaries
 from vramplan.components.trainable import HeldParam, ParamSet
 from vramplan.i18n import Msg
 from vramplan.jobs.compose import Step, finish
+from vramplan.jobs.diffusion_dit import acts_at_peak as dit_acts_at_peak
+from vramplan.jobs.diffusion_dit import DIT, block_backward, block_params, grads_in_flight, trained_dit
 from vramplan.jobs.diffusion_frozen import frozen_modules
 from vramplan.jobs.diffusion_unet import unet_lora_acts_at_peak, unet_lora_params, unet_lora_transients, unet_stages
 from vramplan.jobs.diffusion_scripts import adapter_dtype, grads_kept, script_loss, scripts_stack
@@ -106,6 +108,9 @@ def denoiser_params(pipe: dict, spec: JobSpec) -> ParamSet:
     per = den["num_params"] // layers
     out = []
     for i in range(layers):
+        if trained_dit(den, spec) and spec.gradient_checkpointing is not Checkpointing.FULL:
+            out += block_params(den, per, w, i)  # jobs/diffusion_dit.py: ff.net.2's at the peak
+            continue
         ff = feed_forward_params(den, i) if full and den.get("class") in BLOCK_CLASSES else 0
         # A trained block's backward peaks in its feed-forward, its first op in backward: only
         # the feed-forward's weight gradients exist then; the rest come after (counted with
@@ -213,7 +218,7 @@ def diffusion_estimate(pipe: dict, spec: JobSpec, gpu=None):
         # CogVideoXPatchEmbed (diffusers models/embeddings.py): without rotary embeddings
         # (CogVideoX-2b) a sinusoidal `pos_embedding` buffer over text + video tokens.
         static.add("denoiser/buffers/pos_embedding", nbytes((n + m) * _hidden(den), w))
-    if den.get("class") in BLOCK_CLASSES:
+    if den.get("class") in BLOCK_CLASSES + (DIT,):
         static.merge(block_buffers(den, spec))
     grads = _grads_by_stage(params, len(stages), spec)
     # loss: F.mse_loss(pred.float(), target.float()) (diffusers train_dreambooth_lora_sd3.py):
@@ -268,6 +273,11 @@ def diffusion_estimate(pipe: dict, spec: JobSpec, gpu=None):
                     stage_grads_at_peak=first_block_grads(den, params, grads),
                     # accumulated gradients, or gradients zeroed in place, are alive in forward
                     grads_alive_in_forward=spec.grad_accum_steps > 1 or grads_kept(spec))
+    if trained_dit(den, spec) and spec.gradient_checkpointing is not Checkpointing.FULL:
+        # at ff.net.2's AddmmBackward0 (jobs/diffusion_dit.py)
+        plan.stage_backward_transient = [block_backward(den, spec, b, n) for _ in stages[:-1]] + transient[-1:]
+        plan.stage_acts_at_peak = dit_acts_at_peak(stages)
+        plan.stage_grads_in_flight = grads_in_flight(den, spec, len(stages))
     if pipe["kind"] == "unet" and unet_fwd.total():  # the last up level, before the output stage
         plan.stage_forward_transient = [Breakdown() for _ in stages]
         plan.stage_forward_transient[-2] = unet_fwd

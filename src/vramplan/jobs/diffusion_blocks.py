@@ -100,12 +100,13 @@ def rotary_tables(den: dict, spec: JobSpec, n: int, m: int) -> Breakdown:
 def buffers(den: dict, spec: JobSpec) -> Breakdown:
     """Buffers cast with the model: Wan's rotary tables (`freqs_cos`, `freqs_sin`, each
     rope_max_seq_len x d: WanRotaryPosEmbed.__init__); SD3's sinusoidal `pos_embed`
-    (PatchEmbed: pos_embed_max_size^2 x h, or the sample's patch grid without a maximum)."""
+    (PatchEmbed: pos_embed_max_size^2 x h, or the sample's patch grid without a maximum), as
+    DiTTransformer2DModel's PatchEmbed (built from `sample_size`, no maximum)."""
     w = spec.precision.weight_dtype
     if den["class"] == "WanTransformer3DModel":
         size = den.get("rope_max_seq_len", 1024) * den["attention_head_dim"]
         return Breakdown().add("denoiser/buffers/rope_freqs", 2 * nbytes(size, w))
-    if den["class"] == "SD3Transformer2DModel":
+    if den["class"] in ("SD3Transformer2DModel", "DiTTransformer2DModel"):
         side = den.get("pos_embed_max_size") or den.get("sample_size", 128) // den.get("patch_size", 2)
         h = den["num_attention_heads"] * den["attention_head_dim"]
         return Breakdown().add("denoiser/buffers/pos_embed", nbytes(side * side * h, w))
