@@ -14,6 +14,23 @@ def _english_answers(monkeypatch):
     i18n.set_language("en")
 
 
+@pytest.fixture(autouse=True)
+def _allocator_env():
+    """The CLI reads PYTORCH_(CUDA_)ALLOC_CONF from the environment, and some libraries set it
+    when imported (GPTQModel 7.7: expandable_segments, max_split_size_mb:256 and a
+    garbage-collection threshold, 'for memory saving'); a test that imports one must not
+    hand its allocator options to every later test. Each test ends with them as it began."""
+    import os
+    keys = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
+    before = {k: os.environ.get(k) for k in keys}
+    yield
+    for k, v in before.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
 def measure_fresh(job: dict, **kwargs) -> dict:
     """`vramplan.measure.measure(job, **kwargs).to_dict()` in a fresh Python process. The meter
     counts every tensor alive when it starts (the reference meter's rule), so a measurement

@@ -56,7 +56,9 @@ def reserved_bytes(events: list[Event], top: Event, conf_delta: int = 0) -> int:
     largest = max((v for e in ends for v in seen[id(e)][0].values()), default=0)
     loss_bwd = [e for e in ends if e.label.startswith("loss backward")]
     churn = max(seen[id(e)][1] for e in [top, *loss_bwd])
-    return reserved_from_allocated(top.live.total(), largest, churn) + conf_delta
+    # never below the live peak: every allocated byte sits in a reserved segment (a replay
+    # delta larger than the reserve itself is a replay that did not model the step)
+    return max(top.live.total(), reserved_from_allocated(top.live.total(), largest, churn) + conf_delta)
 
 
 _GROUP_KEYS: dict[str, set[str]] = {"logits": set(), "activations": set(), "backward": set()}

@@ -42,7 +42,7 @@ def estimate(spec: JobSpec) -> Estimate:
         spec = resolve_local(spec)  # parallel.extras.host_memory_bytes: "local" -> this machine's RAM
         spec = resolve_lengths(spec)  # lengths.lengths_file: read and summarised here, at the edge
         est = estimate_model(resolve_model(spec), spec, gpu)
-    check_size(est.device_bytes, est.spec)
+    check_size(max(est.device_bytes, est.peak_allocated_bytes), est.spec)
     return est
 
 
