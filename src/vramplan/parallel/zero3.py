@@ -47,18 +47,25 @@ def zero3_buffers(desc, spec: JobSpec, lay: Layout, sets: RankSets, out: StepPla
     for t in shared([out.forward_end_transient, out.loss_backward_transient, *out.stage_backward_transient]):
         t.merge(live)
     stages = len(out.stage_acts)
-    forward = [Breakdown() for _ in range(stages)]
+    # one Breakdown for every stage but the head, one for the head: the timeline sums a
+    # shared part once (timeline._sum)
+    body, head = Breakdown(), Breakdown()
+    forward = [body] * (stages - 1) + [head]
     if gathered:
         # a stage's forward: the gathered parameters and the prefetch's flat buffer, before the
         # output head fetches the bucket's last parameter (engines.zero3_prefetch_flat_buffer)
-        flat = engines.zero3_prefetch_flat_buffer(lay, wdt, gathered)
-        for f in forward[:-1]:
-            f.merge(live)
-            f.merge(flat)
+        body.merge(live).merge(engines.zero3_prefetch_flat_buffer(lay, wdt, gathered))
     _hpz(desc, spec, lay, sets, out, forward)
-    if any(f.terms for f in forward):
-        before = out.stage_forward_transient or [Breakdown() for _ in range(stages)]
-        out.stage_forward_transient = [Breakdown().merge(b).merge(f) for b, f in zip(before, forward)]
+    if body.terms or head.terms:
+        before = out.stage_forward_transient
+        if before is None:
+            out.stage_forward_transient = forward
+        else:  # each distinct pair merged once, so shared stages stay shared
+            pairs: dict[tuple[int, int], Breakdown] = {}
+            for b, f in zip(before, forward):
+                if (id(b), id(f)) not in pairs:
+                    pairs[id(b), id(f)] = Breakdown().merge(b).merge(f)
+            out.stage_forward_transient = [pairs[id(b), id(f)] for b, f in zip(before, forward)]
     for t in shared(out.stage_backward_transient):
         t.add("zero/unsharded_grads", biggest * gb)
 
@@ -97,7 +104,7 @@ def _hpz(desc, spec: JobSpec, lay: Layout, sets: RankSets, out: StepPlan, forwar
     if first:
         for t in shared([out.forward_end_transient, out.loss_backward_transient]):
             t.add("zero/hpz_secondary_first_step", first)
-        for f in forward:
+        for f in shared(forward):
             f.add("zero/hpz_secondary_first_step", first)
     done = 0
     for i in range(len(per_stage) - 1, -1, -1):
