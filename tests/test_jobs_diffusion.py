@@ -132,29 +132,19 @@ def _jobs_rows() -> dict:
     return json.loads((Path(__file__).resolve().parents[1] / "bench" / "jobs" / "results.json").read_text())
 
 
-def test_sd35_qk_rms_norm_adds_what_autograd_saves():
-    """SD3.5's q/k RMSNorm on both streams (JointAttnProcessor2_0's norm_q, norm_k,
-    norm_added_q, norm_added_k; diffusers RMSNorm): the estimate's increase over the same
-    tiny SD3 without it against the measured increase (real diffusers step, exact meter)."""
+@pytest.mark.parametrize("part, plain", [("sd3.5-tiny", "sd3-tiny"), ("sd3.5-medium-tiny", "sd3.5-tiny")])
+def test_sd35_part_adds_what_autograd_saves(part, plain):
+    """What one SD3.5 part adds to the same tiny denoiser without it, estimated against
+    measured (real diffusers step, exact meter), trained and under LoRA: the q/k RMSNorm on
+    both streams (JointAttnProcessor2_0's norm_q, norm_k, norm_added_q, norm_added_k;
+    diffusers RMSNorm), and SD3.5-medium's MMDiT-X block (dual_attention_layers:
+    SD35AdaLayerNormZeroX's second modulation and the image-only attn2)."""
     rows = _jobs_rows()
     for run in ("fp32/full", "bf16/lora"):
-        normed, plain = rows[f"diffusion/{run}/sd3.5-tiny"], rows[f"diffusion/{run}/sd3-tiny"]
-        measured = normed["measured"]["peak_allocated_bytes"] - plain["measured"]["peak_allocated_bytes"]
-        estimated = (vramplan.estimate(normed["job"]).peak_allocated_bytes
-                     - vramplan.estimate(plain["job"]).peak_allocated_bytes)
-        assert measured > 0 and abs(estimated / measured - 1) < 0.01, (run, estimated, measured)
-
-
-def test_sd35_medium_dual_attention_adds_what_autograd_saves():
-    """SD3.5-medium's MMDiT-X block (dual_attention_layers: SD35AdaLayerNormZeroX's second
-    modulation and the image-only attn2): the estimate's increase over the same tiny SD3.5
-    without it against the measured increase, trained and under LoRA."""
-    rows = _jobs_rows()
-    for run in ("fp32/full", "bf16/lora"):
-        dual, plain = rows[f"diffusion/{run}/sd3.5-medium-tiny"], rows[f"diffusion/{run}/sd3.5-tiny"]
-        measured = dual["measured"]["peak_allocated_bytes"] - plain["measured"]["peak_allocated_bytes"]
-        estimated = (vramplan.estimate(dual["job"]).peak_allocated_bytes
-                     - vramplan.estimate(plain["job"]).peak_allocated_bytes)
+        with_part, without = rows[f"diffusion/{run}/{part}"], rows[f"diffusion/{run}/{plain}"]
+        measured = with_part["measured"]["peak_allocated_bytes"] - without["measured"]["peak_allocated_bytes"]
+        estimated = (vramplan.estimate(with_part["job"]).peak_allocated_bytes
+                     - vramplan.estimate(without["job"]).peak_allocated_bytes)
         assert measured > 0 and abs(estimated / measured - 1) < 0.01, (run, estimated, measured)
 
 

@@ -54,22 +54,18 @@ CASES = [
      "job": _job(2, ulysses=2, seq_len=1024, reduce_bucket_size=1_000_000, allgather_bucket_size=1_000_000)},
 ]
 
-# `--set hpz` (results-deepspeed-hpz-cpu.json): ZeRO++ hpZ (zero_hpz_partition_size).
+# `--set hpz` (results-deepspeed-hpz-cpu.json): ZeRO-3 on 2 and 4 ranks, with ZeRO++ hpZ
+# (zero_hpz_partition_size: a secondary partition of each parameter over hpz ranks;
+# parallel/zero3.py says when it lives) and without: four ranks in secondary groups of two (the
+# paper's layout, the world split into nodes) and two ranks in one group. Small buckets, so
+# that nothing is lost beside a 2 GB one.
+_SMALL = {"reduce_bucket_size": 1_000_000, "allgather_bucket_size": 1_000_000}
 HPZ_CASES = [
-    # ZeRO++ hpZ (zero_hpz_partition_size): each ZeRO-3 parameter keeps a secondary partition
-    # over hpz ranks after its forward all-gather. Four ranks in secondary groups of two (the
-    # layout the paper describes: the world split into nodes), and two ranks with one group
-    # of both. Small buckets, so that the secondary partition is not lost beside a 2 GB one;
-    # the same job without hpZ beside them.
     {"name": "tiny-llama/b2s128/fp32/zero3/bucket1e6/hpz2-of-4",
-     "job": _job(3, num_gpus=4, zero_hpz_partition_size=2, reduce_bucket_size=1_000_000,
-                 allgather_bucket_size=1_000_000)},
-    {"name": "tiny-llama/b2s128/fp32/zero3/bucket1e6/hpz2-of-2",
-     "job": _job(3, zero_hpz_partition_size=2, reduce_bucket_size=1_000_000, allgather_bucket_size=1_000_000)},
-    {"name": "tiny-llama/b2s128/fp32/zero3/bucket1e6/no-hpz-of-4",
-     "job": _job(3, num_gpus=4, reduce_bucket_size=1_000_000, allgather_bucket_size=1_000_000)},
-    {"name": "tiny-llama/b2s128/fp32/zero3/bucket1e6/no-hpz-of-2",
-     "job": _job(3, reduce_bucket_size=1_000_000, allgather_bucket_size=1_000_000)},
+     "job": _job(3, num_gpus=4, zero_hpz_partition_size=2, **_SMALL)},
+    {"name": "tiny-llama/b2s128/fp32/zero3/bucket1e6/hpz2-of-2", "job": _job(3, zero_hpz_partition_size=2, **_SMALL)},
+    {"name": "tiny-llama/b2s128/fp32/zero3/bucket1e6/no-hpz-of-4", "job": _job(3, num_gpus=4, **_SMALL)},
+    {"name": "tiny-llama/b2s128/fp32/zero3/bucket1e6/no-hpz-of-2", "job": _job(3, **_SMALL)},
 ]
 SETS = {"zero": CASES, "hpz": HPZ_CASES}
 
