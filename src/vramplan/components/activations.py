@@ -17,7 +17,7 @@ from vramplan.components.arch import Ctx, local_window, model_rows, norm
 from vramplan.components.chunked_loss import chunked_loss_terms
 from vramplan.components.megatron_loss import megatron_ce_terms
 from vramplan.components.arch_gpt2_bert import family_forward, is_other, layer_fn, layer_prefix, other_embed, other_head
-from vramplan.components.dora import apply as dora_apply
+from vramplan.components.dora import apply as linear_transients_apply
 from vramplan.components.dtypes import dtypes_of
 from vramplan.components.forward_ctx import build_ctx
 from vramplan.components.graph import Recorder, Storage, Sym
@@ -178,7 +178,7 @@ def _plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Activ
         plan.stage_forward_transient = [Breakdown({f"activations/checkpointed_forward/{n}": v for n, v in
                                                    fwd_peaks.get(j, [])}) for j in range(len(stages))]
     if any(linears for linears, _ in dora_at.values()):
-        dora_apply(plan, dora_at, nbytes(x.numel, x.dtype), "dora" if ctx.dora else "dequant")
+        linear_transients_apply(plan, dora_at, nbytes(x.numel, x.dtype), "dora" if ctx.dora else "dequant")
     if spec.float8 is not None:
         from vramplan.components.float8 import apply
         res = dtypes_of(spec).weights

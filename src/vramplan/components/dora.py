@@ -110,9 +110,9 @@ TERMS = {"dora": ("dora/forward_weight_norm", "dora/recomputed_weight_norm"),
 """(forward, recomputed forward) term names per kind of linear transient."""
 
 
-def apply(plan, dora_at: dict, grad_hidden: int, kind: str = "dora") -> None:
+def apply(plan, linears_at: dict, grad_hidden: int, kind: str = "dora") -> None:
     """Add linear transients (DoRA's weight norm; a kernel's dequantization, the recorder's
-    `linear_transients`) to an ActivationPlan: `dora_at` maps a stage index to (its linears'
+    `linear_transients`) to an ActivationPlan: `linears_at` maps a stage index to (its linears'
     moments, whether the stage is a checkpointed layer). The forward's per stage; under
     checkpointing the recomputed forward's in the layer's backward, with the incoming
     hidden-state gradient (`grad_hidden`) alive, beyond what the backward counts there."""
@@ -120,12 +120,12 @@ def apply(plan, dora_at: dict, grad_hidden: int, kind: str = "dora") -> None:
     before = plan.stage_forward_transient or [Breakdown() for _ in plan.stages]
     fwd = []
     for j, (st, prev) in enumerate(zip(plan.stages, before)):
-        linears, wrapped = dora_at.get(j, ((), False))
+        linears, wrapped = linears_at.get(j, ((), False))
         saved = None if wrapped else sum(v for _, v in st.saved)
         fwd.append(Breakdown(dict(prev.terms)).add(fwd_term, forward_term(linears, saved)))
     plan.stage_forward_transient = fwd
     extra = 0
-    for j, (linears, wrapped) in dora_at.items():
+    for j, (linears, wrapped) in linears_at.items():
         st = plan.stages[j]
         if wrapped and st.recompute:
             # what the backward counts at the layer's peak: the recomputed tensors less those

@@ -108,7 +108,7 @@ def denoiser_params(pipe: dict, spec: JobSpec) -> ParamSet:
     per = den["num_params"] // layers
     out = []
     for i in range(layers):
-        if trained_dit(den, spec) and spec.gradient_checkpointing is not Checkpointing.FULL:
+        if trained_dit(den, spec):
             out += block_params(den, per, w, i)  # jobs/diffusion_dit.py: ff.net.2's at the peak
             continue
         ff = feed_forward_params(den, i) if full and den.get("class") in BLOCK_CLASSES else 0
@@ -273,9 +273,9 @@ def diffusion_estimate(pipe: dict, spec: JobSpec, gpu=None):
                     stage_grads_at_peak=first_block_grads(den, params, grads),
                     # accumulated gradients, or gradients zeroed in place, are alive in forward
                     grads_alive_in_forward=spec.grad_accum_steps > 1 or grads_kept(spec))
-    if trained_dit(den, spec) and spec.gradient_checkpointing is not Checkpointing.FULL:
-        # at ff.net.2's AddmmBackward0 (jobs/diffusion_dit.py)
-        plan.stage_backward_transient = [block_backward(den, spec, b, n) for _ in stages[:-1]] + transient[-1:]
+    if trained_dit(den, spec):
+        # at ff.net.2's AddmmBackward0 (jobs/diffusion_dit.py); one Breakdown for every block
+        plan.stage_backward_transient = [block_backward(den, spec, b, n)] * (len(stages) - 1) + transient[-1:]
         plan.stage_acts_at_peak = dit_acts_at_peak(stages)
         plan.stage_grads_in_flight = grads_in_flight(den, spec, len(stages))
     if pipe["kind"] == "unet" and unet_fwd.total():  # the last up level, before the output stage

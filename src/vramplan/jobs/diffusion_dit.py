@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from vramplan.breakdown import Breakdown
 from vramplan.components.trainable import HeldParam
-from vramplan.spec import JobSpec, Method
+from vramplan.spec import Checkpointing, JobSpec, Method
 from vramplan.units import nbytes
 
 DIT = "DiTTransformer2DModel"
@@ -33,7 +33,9 @@ _FF_OUT = "denoiser/activations/blocks/ff.video_out"
 
 
 def trained_dit(den: dict, spec: JobSpec) -> bool:
-    return den.get("class") == DIT and spec.method is Method.FULL
+    """A fully trained DiT without full checkpointing: the block backward modelled here."""
+    return (den.get("class") == DIT and spec.method is Method.FULL
+            and spec.gradient_checkpointing is not Checkpointing.FULL)
 
 
 def _hf(den: dict) -> tuple[int, int]:
