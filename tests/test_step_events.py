@@ -87,6 +87,40 @@ def test_each_cublas_handle_makes_its_workspace_at_its_first_matmul():
     assert events.step[at_b - 1][4] == "backward" and events.step[at_b - 1][3].startswith("logits/")
 
 
+def test_the_backward_workspace_follows_the_head_s_first_matmul_output():
+    # the H100 traces (bench/allocator/traces): the upcast's backward frees the fp32 logits'
+    # gradient, the head's first backward matmul makes its output, and only then does the
+    # autograd thread's cuBLAS handle make its 32 MiB workspace
+    from vramplan.device import step_events
+    spec = vramplan.load_spec({**JOBS["lora"], "precision": "bf16", "backend": "cuda", "gpu": "h100-80gb"})
+    events = step_events(spec)
+    (at_b,) = [at for e, at in zip(events.lazy, events.lazy_at)
+               if e[3] == "runtime/cublas_workspace" and e[4] == "backward"]
+    order = [(e[0], e[3]) for e in events.step]
+    assert order.index((FREE, "logits/grad_logits_fp32")) < at_b
+    assert events.step[at_b - 1][0] is ALLOC and events.step[at_b - 1][3].startswith("logits/")
+    # the fp32 gradient goes once the 16-bit one exists, before the head's next tensors
+    assert order.index((ALLOC, "logits/grad_logits")) < order.index((FREE, "logits/grad_logits_fp32"))
+
+
+def test_sgd_makes_its_momentum_buffers_from_the_weight_decayed_gradients():
+    # torch/optim/sgd.py: the weight-decayed gradients are allocated first, then each missing
+    # momentum buffer is cloned from them; AdamW's states come first (_init_group)
+    from vramplan.device import step_events
+    base = {**JOBS["full"], "precision": "bf16", "backend": "cuda", "gpu": "h100-80gb"}
+    sgd = step_events(vramplan.load_spec({**base, "optimizer": "sgd", "momentum": 0.9, "weight_decay": 0.01}))
+    at = {e[3]: i for e, i in zip(sgd.lazy, sgd.lazy_at)}
+    temps = [i for i, e in enumerate(sgd.step) if e[3] == "temporaries/optimizer/weight_decay_grads"]
+    made = [i for i in temps if sgd.step[i][0] is ALLOC]
+    freed = [i for i in temps if sgd.step[i][0] is FREE]
+    assert max(made) < at["optimizer/momentum_buffer"] <= min(freed)
+    assert all(e[4] == "optimizer" for e in sgd.lazy if e[3] == "optimizer/momentum_buffer")
+    adamw = step_events(vramplan.load_spec(base))
+    at = {e[3]: i for e, i in zip(adamw.lazy, adamw.lazy_at)}
+    first_temp = next(i for i, e in enumerate(adamw.step) if e[3].startswith("temporaries/optimizer/"))
+    assert at["optimizer/exp_avg"] <= first_temp
+
+
 def test_sharded_and_unsplit_plans_keep_their_states_at_setup():
     # without per-parameter pieces (sharded plans: ZeRO engines make their states at
     # initialization) the states stay in the setup

@@ -35,6 +35,10 @@ from vramplan.timeline import StepPlan
 
 ALLOC, FREE = "alloc", "free"
 GRAD_TERM = "backward/activation_grad"
+PHASE_OF = {"optimizer_update": "optimizer"}
+"""A moment of the step (Pieces.lazy) that is not a phase's start -> its phase."""
+UPCAST_GRAD = "logits/grad_logits"
+"""The 16-bit logits' gradient, made by the fp32 upcast's backward from the carried one."""
 Event = tuple  # (kind, tensor, nbytes, term, phase)
 
 
@@ -239,7 +243,7 @@ def _build(plan: StepPlan, pieces: Pieces | None, ceiling: int | None) -> StepEv
     b = _Builder(plan, pieces)
     lazy_terms = b.pieces.lazy
     if plan.in_backward is not None:  # the hook steps each parameter as its gradient lands
-        lazy_terms = {t: m for t, m in lazy_terms.items() if "optimizer" not in m}
+        lazy_terms = {t: m for t, m in lazy_terms.items() if not any(x.startswith("optimizer") for x in m)}
     static = b.items(plan.static, b.pieces.static)
     pending: dict[str, list] = {"setup": [x for x in static if x[0] not in lazy_terms]}
     for term, nbytes in static:
@@ -249,7 +253,7 @@ def _build(plan: StepPlan, pieces: Pieces | None, ceiling: int | None) -> StepEv
             pending.setdefault(moment, []).append((term, piece))
     b.alloc(pending.pop("setup"), "setup")
     setup, b.out = b.out, []
-    lazy = {m: b.alloc(items, m) for m, items in pending.items()}
+    lazy = {m: b.alloc(items, PHASE_OF.get(m, m)) for m, items in pending.items()}
     lazy_events, b.out = b.out, []
     at = {"forward": 0}
     n = len(plan.stage_acts)
@@ -268,20 +272,35 @@ def _build(plan: StepPlan, pieces: Pieces | None, ceiling: int | None) -> StepEv
         loss = b.alloc(b.items(plan.loss_saved), "forward")
         b.free(fwd_end, "forward")
         loss_bwd = b.alloc(b.items(plan.loss_backward_transient), "backward")
-        b.free(loss, "backward")
         carried = _carried(b, loss_bwd, plan.stage_backward_transient[n - 1] if n else None)
+        # log_softmax's backward consumes its input gradient, then its node releases the
+        # saved output (the H100 traces free them in that order)
         b.free([x for x in loss_bwd if x not in carried], "backward")
+        b.free(loss, "backward")
         for i in range(n - 1, -1, -1):
             at_peak = plan.stage_acts_at_peak[i] if plan.stage_acts_at_peak else None
             kept = set(at_peak.terms) if at_peak is not None else None
             early = [x for x in saved[i] if kept is not None and x[1] not in kept]
             b.free(early, "backward")
-            at.setdefault("backward", len(b.out))  # the head's backward: the first matmuls
             items = b.items(plan.stage_backward_transient[i], b.pieces.transient)
+            trans = []
             if i == n - 1 and carried:
                 have = {(term, nbytes) for _, term, nbytes in carried}
                 items = [x for x in items if x not in have]
-            trans = b.alloc(items, "backward") + (carried if i == n - 1 else [])
+                # the upcast's backward makes the 16-bit logits' gradient and its input
+                # gradient goes before the head's first matmul (H100 traces: the backward
+                # handle's workspace lands in the block the fp32 gradient left)
+                trans = b.alloc([x for x in items if x[0] == UPCAST_GRAD], "backward")
+                items = [x for x in items if x[0] != UPCAST_GRAD]
+                b.free(carried, "backward")
+            if "backward" not in at:
+                # the head's first backward matmul: its output, then the backward thread's
+                # cuBLAS handle and workspace (the traces: the lm_head weight's gradient or,
+                # with the head frozen, the hidden state's, before the 32 MiB workspace)
+                trans += b.alloc(items[:1], "backward")
+                items = items[1:]
+                at["backward"] = len(b.out)
+            trans += b.alloc(items, "backward")
             if plan.in_backward is not None:  # stepped and freed by the hook as it is made
                 made = b.alloc(_stage_grads(b, i, grad_cache)[0], "backward")
                 _release_with_grads([x for x in saved[i] if kept is None or x[1] in kept] + trans, b)
@@ -299,9 +318,11 @@ def _build(plan: StepPlan, pieces: Pieces | None, ceiling: int | None) -> StepEv
     if plan.in_backward is None:
         at["optimizer"] = len(b.out)
         temps = b.alloc(b.items(plan.optimizer_temporaries, b.pieces.static), "optimizer")
+        at["optimizer_update"] = len(b.out)
         b.free(temps, "optimizer")
         b.free(grads_made, "optimizer")
     at.setdefault("backward", len(b.out))
     at.setdefault("optimizer", len(b.out))
+    at.setdefault("optimizer_update", len(b.out))
     return StepEvents(setup=setup, step=b.out, lazy=lazy_events,
                       lazy_at=tuple(at[m] for m, made in lazy.items() for _ in made))

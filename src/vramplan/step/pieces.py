@@ -68,6 +68,11 @@ def tensor_pieces(desc: ModelDesc, params: ParamSet, plan: StepPlan) -> Pieces:
     sharded plans."""
     transient = {"backward/grad_mlp": (1,) * mlp_grad_tensors(desc)}
     lazy = {t: ("optimizer",) for t, _ in plan.static if t.startswith("optimizer/")}
+    if "temporaries/optimizer/weight_decay_grads" in plan.optimizer_temporaries.terms:
+        # SGD makes its momentum buffers in the update, from the weight-decayed gradients it
+        # has just allocated (torch/optim/sgd.py `_multi_tensor_sgd`: grads = _foreach_add(
+        # grads, params), then buf = clone(grad) where the state has none), not in _init_group
+        lazy["optimizer/momentum_buffer"] = ("optimizer_update",)
     # DoRA computes each weight's norm through the base and LoRA weights when PEFT wraps the
     # model (peft/tuners/lora/dora.py update_layer -> get_weight_norm): the Python thread's
     # handle is made then, before the first step (the DoRA trace's first 32 MiB block is in
