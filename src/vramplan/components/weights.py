@@ -141,12 +141,19 @@ def gradient_stages_at_peak(desc: ModelDesc, spec: JobSpec, params: ParamSet) ->
 
 
 def tied_embedding_grad_temp(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Breakdown:
-    """embedding_dense_backward returns a fresh (v, h) gradient that AccumulateGrad adds into
-    the tied weight's existing .grad (written by the lm_head backward): one more (v, h)."""
+    """The tied weight's two gradients meet in its AccumulateGrad node's input buffer: the
+    lm_head backward's (held there since the head's backward, counted as the weight's
+    gradient) and embedding_dense_backward's fresh (v, h) one, which the engine sums out of
+    place (torch/csrc/autograd/input_buffer.cpp `accumulate`: `old_var + var` when neither
+    buffer can be reused) before AccumulateGrad takes the sum: two more (v, h) for a moment.
+    Seen both on the CPU meter (tied qwen2, b1 s128, where this moment is the step's peak)
+    and in the H100 allocation traces (bench/allocator/traces: qwen2.5-0.5b and llama-3.2-1b
+    hold three embedding-sized blocks at the embedding's backward, then free two)."""
     out = Breakdown()
     if not desc.tie_word_embeddings:
         return out
     for p in params.trainable():
         if p.layer is None and any(w in p.name for w in _TOKEN_EMBED) and "#" not in p.name:
-            out.add("backward/tied_embedding_grad", nbytes(p.numel, grad_dtype(spec, p)))
+            g = nbytes(p.numel, grad_dtype(spec, p))
+            out.add("backward/tied_embedding_grad", g).add("backward/tied_embedding_grad_sum", g)
     return out
