@@ -67,7 +67,39 @@ HPZ_CASES = [
     {"name": "tiny-llama/b2s128/fp32/zero3/bucket1e6/no-hpz-of-4", "job": _job(3, num_gpus=4, **_SMALL)},
     {"name": "tiny-llama/b2s128/fp32/zero3/bucket1e6/no-hpz-of-2", "job": _job(3, **_SMALL)},
 ]
-SETS = {"zero": CASES, "hpz": HPZ_CASES}
+# `--set lora` (results-deepspeed-lora-cpu.json): PEFT LoRA under ZeRO-2 and ZeRO-3 on 2 ranks
+# (get_peft_model before the Trainer, as transformers' and TRL's scripts do): the frozen base
+# is partitioned and gathered like any parameter, but only the adapters make gradients.
+def _lora(job: dict, targets) -> dict:
+    return {**job, "method": "lora", "lora": {"r": 8, "alpha": 16, "target_modules": targets}}
+
+
+LORA_CASES = [
+    {"name": "tiny-llama/b2s128/fp32/zero3/lora-q+v/default-buckets", "job": _lora(_job(3), ["q_proj", "v_proj"])},
+    {"name": "tiny-llama/b2s128/fp32/zero3/lora-all-linear/bucket1e6", "job": _lora(_job(3, **_SMALL), "all-linear")},
+    # a 32k vocabulary: the frozen embedding (8.2 M) is by far the largest parameter
+    {"name": "tiny-llama-v32k/b2s128/fp32/zero3/lora-q+v/bucket1e6",
+     "job": _lora(_job(3, **_SMALL), ["q_proj", "v_proj"]) | {"model": {**TINY_LLAMA, "vocab_size": 32000}}},
+    {"name": "tiny-llama/b2s128/fp32/zero2/lora-q+v/default-buckets", "job": _lora(_job(2), ["q_proj", "v_proj"])},
+]
+# `--set reuse` (results-deepspeed-reuse-cpu.json): what ZeRO-3 keeps gathered across the turn
+# from forward to backward. With a complete trace DeepSpeed releases a module's parameters
+# only when no module within `stage3_max_reuse_distance` elements of the trace uses them again
+# (partitioned_param_coordinator.py __params_to_release); eight layers and small prefetch
+# buckets make the distance decide, from keeping everything (the default 1e9) to keeping nothing.
+_EIGHT = {**TINY_LLAMA, "num_hidden_layers": 8}
+_REUSE = {"reduce_bucket_size": 1_000_000, "allgather_bucket_size": 1_000_000, "stage3_prefetch_bucket_size": 100_000}
+REUSE_CASES = [
+    {"name": "tiny-llama-8l/b2s128/fp32/zero3/prefetch1e5/reuse-default", "steps": 3,
+     "job": _job(3, **_REUSE) | {"model": _EIGHT}},
+    {"name": "tiny-llama-8l/b2s128/fp32/zero3/prefetch1e5/reuse2e6", "steps": 3,
+     "job": _job(3, stage3_max_reuse_distance=2_000_000, **_REUSE) | {"model": _EIGHT}},
+    {"name": "tiny-llama-8l/b2s128/fp32/zero3/prefetch1e5/reuse0", "steps": 3,
+     "job": _job(3, stage3_max_reuse_distance=0, **_REUSE) | {"model": _EIGHT}},
+    {"name": "tiny-llama-8l/b2s128/fp32/zero3/prefetch1e5/reuse2e6/lora-q+v", "steps": 3,
+     "job": _lora(_job(3, stage3_max_reuse_distance=2_000_000, **_REUSE) | {"model": _EIGHT}, ["q_proj", "v_proj"])},
+]
+SETS = {"zero": CASES, "hpz": HPZ_CASES, "lora": LORA_CASES, "reuse": REUSE_CASES}
 
 
 def estimate_case(job: dict) -> dict:
@@ -109,7 +141,7 @@ def main(argv=None) -> int:
     ap.add_argument("--only", type=int, nargs="*", help="indices into CASES")
     ap.add_argument("--estimate-only", action="store_true")
     ap.add_argument("--set", choices=sorted(SETS), default="zero", help="zero: ZeRO 1-3 and Ulysses (2 ranks); "
-                    "hpz: ZeRO++ hpZ on 2 and 4 ranks")
+                    "hpz: ZeRO++ hpZ on 2 and 4 ranks; lora: PEFT LoRA under ZeRO-2/3; reuse: ZeRO-3's max_reuse_distance")
     args = ap.parse_args(argv)
     old = {}
     if os.path.exists(args.out):
@@ -127,7 +159,7 @@ def main(argv=None) -> int:
             row["estimated_before"] = row["estimated"]
         else:
             from vramplan.measure.deepspeed_run import run_ranks
-            ranks = run_ranks(case["job"], case["job"]["num_gpus"])
+            ranks = run_ranks(case["job"], case["job"]["num_gpus"], steps=case.get("steps", 2))
             row = {"name": case["name"], "job": case["job"],
                    "measured": [{k: r[k] for k in ("peak", "peak_phase", "phase_peaks", "optimizer")}
                                 for r in ranks]}

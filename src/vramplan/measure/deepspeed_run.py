@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from . import MeasureResult, phase_kinds
-from .build import build_model, job_dict, precision_dtypes
+from .build import apply_method, build_model, job_dict, precision_dtypes
 from .meter import MemoryMeter
 from .run import make_inputs
 
@@ -49,7 +49,8 @@ def ds_config(job: dict) -> dict:
     zero = {"stage": int(par.get("zero_stage", 0))}
     knobs = ("reduce_bucket_size", "allgather_bucket_size", "overlap_comm", "contiguous_gradients",
              "stage3_prefetch_bucket_size", "stage3_max_live_parameters",
-             "stage3_param_persistence_threshold", "zero_hpz_partition_size", "sub_group_size")
+             "stage3_param_persistence_threshold", "stage3_max_reuse_distance", "zero_hpz_partition_size",
+             "sub_group_size")
     zero.update({k: v for k, v in (par.get("extras") or {}).items() if k in knobs})
     precision = str(job.get("precision", "fp32"))
     if precision not in ("fp32", "mixed-bf16", "mixed-fp16"):
@@ -172,16 +173,20 @@ def _rank_run(rank: int, world: int, port: int, job: dict, steps: int, trace: bo
     deepspeed.init_distributed(dist_backend="gloo")
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    model = build_model(job, "cpu", torch.float32)
-    model.train()
     b = int(job.get("micro_batch_size", 1))
-    data = _dataset(job, model.config.vocab_size, b * world * steps)
     args = TrainingArguments(
         output_dir=tempfile.mkdtemp(prefix="vramplan-ds-"), use_cpu=True, deepspeed=ds_config(job),
         per_device_train_batch_size=b, gradient_accumulation_steps=int(job.get("grad_accum_steps", 1)),
         max_steps=steps, optim=_optim_name(job), learning_rate=1e-4, max_grad_norm=float(job.get("max_grad_norm", 1.0)),
         report_to=[], save_strategy="no", logging_strategy="no", disable_tqdm=True, dataloader_num_workers=0,
         gradient_checkpointing=_checkpointing(job), parallelism_config=_sequence_parallel(job))
+    # The arguments first, as the HF and TRL scripts parse them: under ZeRO-3 transformers then
+    # builds the model inside deepspeed.zero.Init (modeling_utils `_from_config`,
+    # is_deepspeed_zero3_enabled), which also swaps F.linear for zero3_linear_wrap. The method
+    # as the scripts apply it: get_peft_model on the built model, then the Trainer.
+    model = apply_method(build_model(job, "cpu", torch.float32), job, "cpu")
+    model.train()
+    data = _dataset(job, model.config.vocab_size, b * world * steps)
     trainer = Trainer(model=model, args=args, train_dataset=data)
     gc.collect()
     meter = _RankMeter(trace=trace)
