@@ -151,3 +151,34 @@ def test_hpz_secondary_partitions_are_alive_when_measured():
             measured = _measured_phase(with_hpz, kind) - _measured_phase(without, kind)
             assert e_with.phases[key] - e_without.phases[key] == measured, (ranks, key)
         assert _measured_phase(with_hpz, "opt") > _measured_phase(without, "opt")
+
+
+def _set_rows(name: str) -> dict:
+    import json
+    import pathlib
+    path = pathlib.Path(__file__).parents[1] / f"bench/parallel/results-deepspeed-{name}-cpu.json"
+    return {row["name"]: row for row in json.loads(path.read_text())["results"]}
+
+
+def test_deepspeed_lora_under_zero2_and_zero3_small_vocabulary_measured():
+    # bench/parallel/deepspeed_cpu.py --set lora: PEFT LoRA through the Trainer on the real
+    # DeepSpeed 0.19 (2 gloo ranks); the rows whose largest parameters are trained or small
+    rows = _set_rows("lora")
+    kept = [row for name, row in rows.items() if "v32k" not in name]
+    assert len(kept) == 3
+    for row in kept:
+        e = estimate(load_spec(row["job"]))
+        worst = max(r["peak"] for r in row["measured"])
+        assert abs(e.peak_allocated_bytes / worst - 1) < 0.02, row["name"]
+
+
+@pytest.mark.xfail(strict=True, reason="ZeRO-3 keeps more parameters gathered from forward to backward than "
+                   "the unit plus the prefetch bucket (bench/parallel/README.md: the prefetch's queue scan); "
+                   "not modelled yet")
+def test_deepspeed_zero3_gathered_parameters_at_the_turn_measured():
+    rows = _set_rows("reuse")
+    assert rows
+    for name, row in rows.items():
+        e = estimate(load_spec(row["job"]))
+        worst = max(r["peak"] for r in row["measured"])
+        assert abs(e.peak_allocated_bytes / worst - 1) < 0.02, name
