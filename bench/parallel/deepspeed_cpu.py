@@ -74,12 +74,18 @@ def _lora(job: dict, targets) -> dict:
     return {**job, "method": "lora", "lora": {"r": 8, "alpha": 16, "target_modules": targets}}
 
 
-LORA_CASES = [
-    {"name": "tiny-llama/b2s128/fp32/zero3/lora-q+v/default-buckets", "job": _lora(_job(3), ["q_proj", "v_proj"])},
-    {"name": "tiny-llama/b2s128/fp32/zero3/lora-all-linear/bucket1e6", "job": _lora(_job(3, **_SMALL), "all-linear")},
+_V32K = {**TINY_LLAMA, "vocab_size": 32000}
+LORA_CASES = [  # 3 steps: ZeRO-3's steady step is the third (`--set reuse` below)
+    {"name": "tiny-llama/b2s128/fp32/zero3/lora-q+v/default-buckets", "steps": 3,
+     "job": _lora(_job(3), ["q_proj", "v_proj"])},
+    {"name": "tiny-llama/b2s128/fp32/zero3/lora-all-linear/bucket1e6", "steps": 3,
+     "job": _lora(_job(3, **_SMALL), "all-linear")},
     # a 32k vocabulary: the frozen embedding (8.2 M) is by far the largest parameter
-    {"name": "tiny-llama-v32k/b2s128/fp32/zero3/lora-q+v/bucket1e6",
-     "job": _lora(_job(3, **_SMALL), ["q_proj", "v_proj"]) | {"model": {**TINY_LLAMA, "vocab_size": 32000}}},
+    {"name": "tiny-llama-v32k/b2s128/fp32/zero3/lora-q+v/bucket1e6", "steps": 3,
+     "job": _lora(_job(3, **_SMALL), ["q_proj", "v_proj"]) | {"model": _V32K}},
+    # with checkpointing: enable_input_require_grads makes the frozen embedding's output need a gradient
+    {"name": "tiny-llama-v32k/b2s128/fp32/zero3/lora-q+v/bucket1e6/gc", "steps": 3,
+     "job": _lora(_job(3, **_SMALL), ["q_proj", "v_proj"]) | {"model": _V32K, "gradient_checkpointing": "full"}},
     {"name": "tiny-llama/b2s128/fp32/zero2/lora-q+v/default-buckets", "job": _lora(_job(2), ["q_proj", "v_proj"])},
 ]
 # `--set reuse` (results-deepspeed-reuse-cpu.json): what ZeRO-3 keeps gathered across the turn

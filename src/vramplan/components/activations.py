@@ -82,7 +82,16 @@ def _recorder(spec: JobSpec, seen: set[int]) -> Recorder:
     f8 = (True, spec.float8.convert_lm_head) if spec.float8 is not None else None
     peak = partial(dequant_peak, q) if q is not None and dequant_peak(q, 1) else None
     return Recorder(autocast=dtypes_of(spec).autocast, backend=spec.backend.value, seen=seen, dequant_saved=saved,
+                    linear_saves_input=zero3_linear_wrap(spec),
                     float8=f8, quant_input_saved=kernel_saves_input(q), dequant_peak=peak)
+
+
+def zero3_linear_wrap(spec: JobSpec) -> bool:
+    """Whether linears run DeepSpeed's zero3_linear_wrap: ZeRO-3, whose models the HF, TRL
+    and accelerate (zero3_init_flag) scripts build inside deepspeed.zero.Init (graph.Recorder
+    `linear_saves_input`). Measured: bench/parallel/deepspeed_cpu.py --set reuse (LoRA)."""
+    par = spec.parallel
+    return par is not None and par.zero_stage == 3
 
 
 def plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> ActivationPlan:
@@ -96,6 +105,7 @@ def shared_plan(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> ActivationP
     key = spec_key(spec)
     if key is None:
         return _plan_activations(desc, spec, params)
+    key = (key, zero3_linear_wrap(spec))  # the one layout setting that changes what is saved
     return cached_plan(desc, params, key, lambda: _plan_activations(desc, spec, params))
 
 

@@ -77,6 +77,12 @@ class Recorder:
     """The converted linears seen, as (input name, tokens, in, out, input dtype, is head,
     bytes the recorder had saved by then, the linear's input included)
     (components/float8.py turns them into the casts' transients)."""
+    linear_saves_input: bool = False
+    """DeepSpeed ZeRO-3 under zero.Init: F.linear is its zero3_linear_wrap for the rest of the
+    process (runtime/zero/partition_parameters.py, `mem_efficient_linear`), whose
+    LinearFunctionForZeroStage3 saves (input, weight, bias) whenever a gradient flows through
+    it (runtime/zero/linear.py setup_context): a frozen linear's input too, and the weight is
+    the parameter itself (re-gathered in backward), not a copy."""
     linear_transients: list = field(default_factory=list)
     """Linears whose call holds temporaries beyond what it saves, as (bytes saved by then, locals
     alive, transient): DoRA's weight norm (components/dora.py), a kernel's dequantization
@@ -160,9 +166,12 @@ class Recorder:
         # torchao Float8Linear saves the weight parameter itself (`self.weight.t()`), no
         # autocast copy: it calls its own autograd.Function, not F.linear
         wc = self._cast_param(w) if not converted else Sym(w.name, w.shape, w.dtype, w.trainable, Storage(0))
-        if w.trainable:
+        if self.linear_saves_input and w.dtype not in QUANT_DTYPES and not converted:
+            if x.requires_grad or w.trainable or bool(bias and bias.trainable):
+                self.save(x)
+        elif w.trainable:
             self.save(xin)
-        if xin.requires_grad and wc.name.startswith("autocast_weight/"):
+        if xin.requires_grad and wc.name.startswith("autocast_weight/") and not self.linear_saves_input:
             self.save(wc)
         if xin.requires_grad and self.dequant_saved and w.dtype in QUANT_DTYPES:
             self.save(self.new(f"dequantized_weight/{w.name}", w.shape, self.dequant_saved, False))

@@ -140,6 +140,11 @@ def gradient_stages_at_peak(desc: ModelDesc, spec: JobSpec, params: ParamSet) ->
     return stages
 
 
+def is_token_embedding(p) -> bool:
+    """The input token embedding's weight (not a position embedding, not a shard's piece)."""
+    return any(w in p.name for w in _TOKEN_EMBED) and "#" not in p.name
+
+
 def tied_embedding_grad_temp(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Breakdown:
     """The tied weight's two gradients meet in its AccumulateGrad node's input buffer: the
     lm_head backward's (held there since the head's backward, counted as the weight's

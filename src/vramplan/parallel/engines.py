@@ -167,15 +167,23 @@ def zero_allgather_bucket(lay: Layout, wdtype: str, total_numel: int) -> Breakdo
 
 
 def zero3_live(lay: Layout, wdtype: str, unit_numel: int, total_numel: int) -> Breakdown:
-    """ZeRO-3 gathered parameters (runtime/zero/partitioned_param_coordinator.py,
-    PartitionedParameterCoordinator.fetch_sub_module): the current module's parameters
-    are all-gathered, and parameters of upcoming modules are prefetched until
-    `stage3_prefetch_bucket_size` elements are in flight; `stage3_max_live_parameters`
-    caps what stays gathered. Live = min(max_live, unit + prefetch bucket)."""
-    prefetch = int(lay.knob("stage3_prefetch_bucket_size", DS_PREFETCH_BUCKET))
+    """ZeRO-3 gathered parameters in a steady step (DeepSpeed 0.19
+    runtime/zero/partitioned_param_coordinator.py). Once the module trace is complete (from
+    the third step), every submodule fetch prefetches up to min(`stage3_max_live_parameters`
+    - available, `stage3_prefetch_bucket_size`) elements, at least one parameter, also for
+    modules whose own parameters are already there (persistent ones), so the prefetch runs
+    ahead of the forward; and a parameter whose later use the prefetch's scan has passed is
+    not released (`__params_to_release`: "reuse skipped by prefetch"). So what is gathered
+    climbs to `stage3_max_live_parameters`, or to every gathered parameter when the model is
+    smaller, and stays there into backward; the current module comes whole even when it is
+    larger. Measured on the real engine: bench/parallel/deepspeed_cpu.py --set reuse (eight
+    layers, a 1e5 prefetch bucket: every gathered weight is resident at the forward's peak,
+    whatever `stage3_max_reuse_distance` says). Without prefetching (a bucket of 0) nothing
+    is scanned ahead and each module's parameters go when it ends: the current module's."""
     max_live = int(lay.knob("stage3_max_live_parameters", DS_MAX_LIVE_PARAMETERS))
-    live = min(max_live, unit_numel + prefetch, total_numel)
-    return Breakdown().add("zero/gathered_params", nbytes(max(live, unit_numel if unit_numel <= max_live else 0), wdtype))
+    prefetch = int(lay.knob("stage3_prefetch_bucket_size", DS_PREFETCH_BUCKET))
+    live = min(total_numel, max(max_live, unit_numel)) if prefetch > 0 else unit_numel
+    return Breakdown().add("zero/gathered_params", nbytes(live, wdtype))
 
 
 def zero3_hpz_secondary(lay: Layout, wdtype: str, numels: list[int]) -> Breakdown:

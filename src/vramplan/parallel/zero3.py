@@ -14,6 +14,7 @@ from vramplan.parallel import engines
 from vramplan.parallel.layout import DS_PARAM_PERSISTENCE_THRESHOLD, Layout
 from vramplan.parallel.sets import RankSets, memo, numel
 from vramplan.spec import JobSpec
+from vramplan.spec.enums import Checkpointing
 from vramplan.timeline import StepPlan
 
 
@@ -43,7 +44,8 @@ def zero3_buffers(desc, spec: JobSpec, lay: Layout, sets: RankSets, out: StepPla
         tuple(p.numel for p in full.params if p.numel >= persist)))
     if lay.offload_params == "none":  # offload_param keeps every partition in host memory
         out.static.merge(engines.zero3_persistent_partitions(lay, wdt, kept))
-    live = engines.zero3_live(lay, wdt, biggest, sum(gathered))
+    live = engines.zero3_live(lay, wdt, biggest, sum(gathered) - memo(sets, ("forward_only", persist, spec.gradient_checkpointing), lambda: sum(
+        p.numel for p in full.params if p.numel >= persist and _forward_only(desc, spec, p))))
     for t in shared([out.forward_end_transient, out.loss_backward_transient, *out.stage_backward_transient]):
         t.merge(live)
     stages = len(out.stage_acts)
@@ -68,6 +70,17 @@ def zero3_buffers(desc, spec: JobSpec, lay: Layout, sets: RankSets, out: StepPla
             out.stage_forward_transient = [pairs[id(b), id(f)] for b, f in zip(before, forward)]
     for t in shared(out.stage_backward_transient):
         t.add("zero/unsharded_grads", biggest * gb)
+
+
+def _forward_only(desc, spec: JobSpec, p) -> bool:
+    """A parameter no backward module fetches again, so the prefetch's scan never keeps it
+    gathered (engines.zero3_live): a frozen, untied input embedding, whose output needs no
+    gradient without checkpointing (with it, transformers' enable_input_require_grads makes
+    the output require one and DeepSpeed's pre-backward hook fetches the module). Measured:
+    bench/parallel/deepspeed_cpu.py --set lora, the 32k-vocabulary LoRA row."""
+    from vramplan.components.weights import is_token_embedding
+    return (not p.trainable and p.layer is None and not desc.tie_word_embeddings and is_token_embedding(p)
+            and spec.gradient_checkpointing is Checkpointing.NONE)
 
 
 def _hpz(desc, spec: JobSpec, lay: Layout, sets: RankSets, out: StepPlan, forward: list[Breakdown]) -> None:

@@ -33,7 +33,7 @@ tests/test_fit_floor.py checks floor <= device_bytes over many layouts.
 """
 from __future__ import annotations
 
-from vramplan.components.activations import shared_plan
+from vramplan.components.activations import shared_plan, zero3_linear_wrap
 from vramplan.components.memo import spec_key
 from vramplan.components.optimizer import state_key
 from vramplan.breakdown import Breakdown
@@ -167,7 +167,7 @@ class MemoryFloor:
         logits term among them (device.reserved_bytes reserves around the largest block)."""
         scaling = (lay.tp, lay.sp, lay.dtensor_tp, lay.seq_shards, lay.ulysses, self.desc.num_kv_heads)
         skey = spec_key(spec)
-        key = None if skey is None else (id(params), skey, scaling)
+        key = None if skey is None else (id(params), skey, scaling, zero3_linear_wrap(spec))
         hit = self._acts.get(key) if key is not None else None
         if hit is not None and hit[0] is params:
             return hit[1]
