@@ -50,16 +50,16 @@ def model_spec(desc: ModelDesc, spec: JobSpec) -> JobSpec:
     """The spec as the estimate of `desc` reads it: the checkpoint's quantization and load
     dtype filled in, and a seq_len not given capped at its learned positions (what
     estimate_model estimates)."""
-    from vramplan.validity import assume_seq_len
-    spec = assume_seq_len(desc, spec)
+    from vramplan.validity import assume_seq_len, resolve_attention
+    spec = resolve_attention(desc, assume_seq_len(desc, spec))
     spec = input_dtype_compute(resolve_quantization(spec, desc.checkpoint_quantization, desc.checkpoint_dtype))
     return resolve_load_dtype(spec, desc.checkpoint_dtype)
 
 
 def estimate_model(desc: ModelDesc, spec: JobSpec, gpu=None) -> Estimate:
-    spec = model_spec(desc, spec)
-    from vramplan.validity import check_job
-    checked = check_job(desc, spec)  # SpecError for a job the libraries refuse
+    given, spec = spec, model_spec(desc, spec)
+    from vramplan.validity import attention_note, check_job
+    checked = check_job(desc, spec) + attention_note(desc, given, spec)  # SpecError for a job the libraries refuse
     params = param_set(desc, spec)
     managed = Breakdown()
     par = None

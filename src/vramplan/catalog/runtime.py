@@ -1,5 +1,6 @@
 """The data behind CUDA's own memory (`cuda_runtime.json`), the estimate's error bars
-(`bounds.json`) and PEFT's default LoRA targets (`peft_lora_targets.json`): read lazily on
+(`bounds.json`), PEFT's default LoRA targets (`peft_lora_targets.json`) and the families
+without an SDPA path (`attention_support.json`): read lazily on
 first use and cached, nothing at import."""
 from __future__ import annotations
 
@@ -27,6 +28,11 @@ def error_bounds() -> dict:
 def peft_lora_targets() -> dict:
     """peft_lora_targets.json: PEFT's default LoRA target modules per `model_type`."""
     return _read("peft_lora_targets.json")["by_model_type"]
+
+
+def no_sdpa_model_types() -> frozenset[str]:
+    """attention_support.json: the `model_type`s whose transformers modeling has no SDPA path."""
+    return frozenset(_read("attention_support.json")["no_sdpa"])
 
 
 def gpu_arch(gpu_name: str | None) -> str | None:

@@ -114,6 +114,9 @@ def build_model(job: dict, device: str = "cpu", dtype: torch.dtype = torch.float
     config = AutoConfig.for_model(model_type, **cfg)
     attn = job.get("attention", "sdpa") or "sdpa"
     attn = {"flash": "flash_attention_2", "flash2": "flash_attention_2"}.get(attn, attn)
+    from vramplan.catalog.runtime import no_sdpa_model_types
+    if attn == "sdpa" and model_type in no_sdpa_model_types():
+        attn = "eager"  # what transformers runs when none is named (validity.resolve_attention)
     if attn.startswith("flash") and device != "cuda":
         raise ValueError("attention: flash attention needs device='cuda'")
     auto = (AutoModelForSequenceClassification if task == "sequence-classification"
