@@ -40,6 +40,14 @@ QWEN2 = {"model_type": "qwen2", "vocab_size": 8192, "hidden_size": 128, "interme
          "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
          "max_position_embeddings": 1024, "tie_word_embeddings": True}
 DISTILL = {"task": "distill", "teacher": TEACHER}
+# Other families at the same size: Qwen3 (q/k RMSNorm), Mistral (a sliding window shorter than
+# seq_len), Gemma (tied, scaled embeddings, GELU-tanh), Gemma 2 (logit soft-capping).
+QWEN3 = dict(QWEN2, model_type="qwen3", head_dim=32, tie_word_embeddings=False)
+MISTRAL = dict(LLAMA, model_type="mistral", sliding_window=64)
+GEMMA = dict(LLAMA, model_type="gemma", head_dim=32, tie_word_embeddings=True,
+             hidden_act="gelu_pytorch_tanh")
+GEMMA2 = dict(GEMMA, model_type="gemma2", hidden_activation="gelu_pytorch_tanh", sliding_window=64,
+              final_logit_softcapping=30.0, attn_logit_softcapping=50.0)
 GRPO = {"task": "grpo", "micro_batch_size": 8, "seq_len": 32, "num_generations": 4, "max_new_tokens": 32}
 
 
@@ -140,6 +148,22 @@ CASES = dict([
          gradient_checkpointing="full"),
     case("sft/bf16/lora/sft-trainer/all-linear/dropout0.05", task="sft", precision="bf16",
          method="lora", lora={"r": 16, "dropout": 0.05, "target_modules": "all-linear"}),
+    # trainers4: families, PEFT under the other TRL trainers, accumulation under SFTTrainer
+    case("sft/bf16/lora/sft-trainer/qwen3/gc", task="sft", precision="bf16", model=QWEN3, **LORA,
+         gradient_checkpointing="full"),
+    case("sft/bf16/full/hf-trainer/mistral-swa", task="sft", precision="bf16", stack="hf-trainer", model=MISTRAL),
+    case("sft/bf16/lora/hf-trainer/gemma", task="sft", precision="bf16", stack="hf-trainer", model=GEMMA, **LORA),
+    # Gemma 2 runs eager attention (transformers refuses SDPA for it)
+    case("sft/bf16/full/sft-trainer/gemma2", task="sft", precision="bf16", model=GEMMA2, attention="eager"),
+    case("sft/bf16/full/hf-trainer/qwen2-tied", task="sft", precision="bf16", stack="hf-trainer", model=QWEN2),
+    case("reward-model/bf16/lora", task="reward-model", precision="bf16", **LORA),
+    case("kto/bf16/lora/adapter-disabled", task="kto", precision="bf16", **LORA),
+    case("grpo/bf16/lora/g4-c32/gc", **GRPO, precision="bf16", **LORA, gradient_checkpointing="full"),
+    case("sft/bf16/lora/sft-trainer/ga4", task="sft", precision="bf16", **LORA, grad_accum_steps=4),
+    case("dpo/bf16/full/ref-separate/ga2", task="dpo", precision="bf16", grad_accum_steps=2),
+    case("sft/fp32/lora/hf-trainer", task="sft", precision="fp32", stack="hf-trainer", **LORA),
+    case("sft/bf16/lora/hf-trainer/dora", task="sft", precision="bf16", stack="hf-trainer",
+         method="lora", lora={"r": 8, "use_dora": True, "target_modules": ["q_proj", "v_proj"]}),
 ])
 # A job without optimizer_impl: the spec's default, as the importer leaves it for adamw_torch;
 # the Trainer's own optimizer takes TrainingArguments' weight_decay default, 0.0

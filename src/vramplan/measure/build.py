@@ -175,7 +175,10 @@ def _apply_lora(model, lora: dict, task: str):
         target_modules=lora.get("target_modules") or None,
         modules_to_save=lora.get("modules_to_save") or None,
         use_dora=bool(lora.get("use_dora", False)), use_rslora=bool(lora.get("use_rslora", False)),
-        task_type={"sequence-classification": "SEQ_CLS", "seq2seq": "SEQ_2_SEQ_LM"}.get(task, "CAUSAL_LM"),
+        # a reward model is a sequence classifier (TRL's RewardTrainer takes one; a CAUSAL_LM
+        # PeftModel over it fails at `prepare_inputs_for_generation`)
+        task_type={"sequence-classification": "SEQ_CLS", "reward-model": "SEQ_CLS",
+                   "seq2seq": "SEQ_2_SEQ_LM"}.get(task, "CAUSAL_LM"),
     )
     return get_peft_model(model, config)
 
