@@ -74,3 +74,14 @@ def test_label_smoothing_imports_and_is_refused_where_the_labelsmoother_does_not
         with pytest.raises(SpecError) as err:
             estimate(dict(row["job"], stack="plain"))
         assert err.value.field == "label_smoothing"
+
+
+def test_the_reward_model_s_final_norm_under_lora():
+    # LoRA leaves the final norm's weight frozen: xhat's 16-bit copy is not saved but is alive
+    # at the weight multiply (jobs/trained.py final_norm_moments), and PEFT's SEQ_CLS model
+    # trains a copy of `score`, which saves the norm's output. The forward read -3.3% without
+    # them; full fine-tuning saves both and must not count them twice.
+    for name in ("reward-model/bf16/lora", "reward-model/bf16/full"):
+        row = MEASURED[name]
+        est = estimate(row["job"])
+        assert abs(est.phases["forward"] / row["measured"]["phases"]["forward"] - 1) < 0.005, name
