@@ -255,6 +255,14 @@ def mlp_shared(rec: Recorder, ctx: Ctx, x: Sym, pre: str) -> Sym:
         rec.held.pop()
     act = activation(rec, gate, desc.hidden_act, "mlp/act")
     prod = rec.mul(act, up, name="mlp/act_times_up")
+    # At the product, the layer's forward holds the decoder layer's residual and the MLP's
+    # input (`frame`), act, up (gate was freed into act, `act_fn(gate_proj(x)) * up_proj(x)`
+    # in models/llama/modeling_llama.py LlamaMLP.forward; Phi-3: the fused gate_up output its
+    # halves view) and the product: what a checkpointed layer's forward peaks at, none of it
+    # kept (torch/utils/checkpoint.py, non-reentrant). For a gated MLP this (2h + 3i per token)
+    # exceeds the attention's moment (the norm output, q, k, v, the SDPA output: 3h + 2kd),
+    # so only this moment is recorded.
+    rec.forward_moment(*rec.frame, x, *((gate,) if desc.fused_gate_up else ()), up, act, prod)
     out = lin(rec, ctx, prod, f"{pre}.down_proj", "mlp/down")
     if not desc.fused_gate_up:
         rec.frame.pop()

@@ -100,6 +100,18 @@ class Recorder:
     layer peaks inside a loop of temporaries (Jamba's Mamba scan, families/jamba/forward.py)."""
 
     # -- bookkeeping --------------------------------------------------------------------
+    def forward_moment(self, *tensors: Sym) -> None:
+        """A moment of the layer's own forward with `tensors` alive (each storage once, a
+        parameter operand has none): it becomes `forward_peak` when larger than the one kept."""
+        seen: set[int] = set()
+        moment = []
+        for t in tensors:
+            if id(t.storage) not in seen and t.storage.nbytes:
+                seen.add(id(t.storage))
+                moment.append((t.name, t.storage.nbytes))
+        if sum(n for _, n in moment) > sum(n for _, n in self.forward_peak):
+            self.forward_peak[:] = moment
+
     def new(self, name: str, shape, dtype: str, requires_grad: bool) -> Sym:
         shape = tuple(int(d) for d in shape)
         return Sym(name, shape, dtype, requires_grad, Storage(nbytes(math.prod(shape), dtype)))
