@@ -48,6 +48,13 @@ GEMMA = dict(LLAMA, model_type="gemma", head_dim=32, tie_word_embeddings=True,
              hidden_act="gelu_pytorch_tanh")
 GEMMA2 = dict(GEMMA, model_type="gemma2", hidden_activation="gelu_pytorch_tanh", sliding_window=64,
               final_logit_softcapping=30.0, attn_logit_softcapping=50.0)
+# Gemma 3's text model (q/k RMSNorm, sliding layers 5:1: one global layer of two here);
+# Phi-3 (fused qkv_proj / gate_up_proj; PEFT has no default target for it); Qwen3-MoE
+QWEN3_MOE = dict(QWEN3, model_type="qwen3_moe", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=96,
+                 decoder_sparse_step=1, norm_topk_prob=True)
+GEMMA3 = dict(GEMMA, model_type="gemma3_text", hidden_activation="gelu_pytorch_tanh", sliding_window=64,
+              layer_types=["sliding_attention", "full_attention"], query_pre_attn_scalar=32)
+PHI3 = dict(LLAMA, model_type="phi3", num_key_value_heads=4, pad_token_id=0)  # its default 32000 > vocab
 GRPO = {"task": "grpo", "micro_batch_size": 8, "seq_len": 32, "num_generations": 4, "max_new_tokens": 32}
 
 
@@ -164,6 +171,20 @@ CASES = dict([
     case("sft/fp32/lora/hf-trainer", task="sft", precision="fp32", stack="hf-trainer", **LORA),
     case("sft/bf16/lora/hf-trainer/dora", task="sft", precision="bf16", stack="hf-trainer",
          method="lora", lora={"r": 8, "use_dora": True, "target_modules": ["q_proj", "v_proj"]}),
+    # trainers4, second round: the model's own loss with soft-capping, other families, LoRA
+    # with checkpointing under the other trainers, GRPO with TRL 1.x's default beta 0, NEFTune
+    case("sft/bf16/full/hf-trainer/gemma2", task="sft", precision="bf16", stack="hf-trainer", model=GEMMA2,
+         attention="eager"),
+    case("sft/bf16/lora/hf-trainer/gemma3", task="sft", precision="bf16", stack="hf-trainer", model=GEMMA3, **LORA),
+    case("sft/bf16/lora/sft-trainer/phi3/qkv-o", task="sft", precision="bf16", model=PHI3,
+         method="lora", lora={"r": 8, "target_modules": ["qkv_proj", "o_proj"]}),
+    case("sft/bf16/full/hf-trainer/qwen3-moe", task="sft", precision="bf16", stack="hf-trainer", model=QWEN3_MOE),
+    case("reward-model/bf16/lora/gc", task="reward-model", precision="bf16", **LORA, gradient_checkpointing="full"),
+    case("kto/bf16/lora/adapter-disabled/gc", task="kto", precision="bf16", **LORA, gradient_checkpointing="full"),
+    case("grpo/bf16/full/g4-c32/beta0", **GRPO, precision="bf16", reference_model="precomputed"),
+    case("sft/bf16/lora/sft-trainer/packing/gc", task="sft", precision="bf16", **LORA, packing=True,
+         gradient_checkpointing="full"),
+    case("sft/bf16/full/sft-trainer/neftune", task="sft", precision="bf16", neftune_noise_alpha=5.0),
 ])
 # A job without optimizer_impl: the spec's default, as the importer leaves it for adamw_torch;
 # the Trainer's own optimizer takes TrainingArguments' weight_decay default, 0.0

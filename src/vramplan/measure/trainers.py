@@ -97,7 +97,8 @@ def common_args(job: dict, flags: dict) -> dict:
                 use_cpu=True, report_to="none", save_strategy="no", logging_strategy="no",
                 disable_tqdm=True, dataloader_num_workers=0, seed=0, gradient_checkpointing=gc,
                 learning_rate=float(job.get("learning_rate", 1e-4)),
-                label_smoothing_factor=float(job.get("label_smoothing", 0.0)), **flags)
+                label_smoothing_factor=float(job.get("label_smoothing", 0.0)),
+                neftune_noise_alpha=job.get("neftune_noise_alpha"), **flags)
 
 
 def optimizers_for(model, job: dict, flags: dict | None = None):
