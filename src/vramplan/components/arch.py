@@ -264,6 +264,9 @@ def mlp_shared(rec: Recorder, ctx: Ctx, x: Sym, pre: str) -> Sym:
     # so only this moment is recorded.
     rec.forward_moment(*rec.frame, x, *((gate,) if desc.fused_gate_up else ()), up, act, prod)
     out = lin(rec, ctx, prod, f"{pre}.down_proj", "mlp/down")
+    # down_proj's output beside its input: the product is not saved when down_proj is frozen
+    # (LoRA elsewhere), so a layer that keeps its saved tensors peaks here on top of them
+    rec.forward_moment(*rec.frame, x, prod, out)
     if not desc.fused_gate_up:
         rec.frame.pop()
     return out
