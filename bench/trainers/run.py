@@ -185,6 +185,11 @@ CASES = dict([
     case("sft/bf16/lora/sft-trainer/packing/gc", task="sft", precision="bf16", **LORA, packing=True,
          gradient_checkpointing="full"),
     case("sft/bf16/full/sft-trainer/neftune", task="sft", precision="bf16", neftune_noise_alpha=5.0),
+    case("reward-model/bf16/full/gc", task="reward-model", precision="bf16", gradient_checkpointing="full"),
+    case("reward-model/fp32/lora", task="reward-model", precision="fp32", **LORA),
+    case("dpo/bf16/full/ref-separate/gemma2", task="dpo", precision="bf16", model=GEMMA2, attention="eager"),
+    case("sft/bf16/lora/sft-trainer/qwen2/gc", task="sft", precision="bf16", model=QWEN2, **LORA,
+         gradient_checkpointing="full"),
 ])
 # A job without optimizer_impl: the spec's default, as the importer leaves it for adamw_torch;
 # the Trainer's own optimizer takes TrainingArguments' weight_decay default, 0.0
