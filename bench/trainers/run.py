@@ -190,6 +190,20 @@ CASES = dict([
     case("dpo/bf16/full/ref-separate/gemma2", task="dpo", precision="bf16", model=GEMMA2, attention="eager"),
     case("sft/bf16/lora/sft-trainer/qwen2/gc", task="sft", precision="bf16", model=QWEN2, **LORA,
          gradient_checkpointing="full"),
+    case("orpo/bf16/lora", task="orpo", precision="bf16", **LORA),
+    case("dpo/bf16/lora/ref-precomputed", task="dpo", precision="bf16", reference_model="precomputed", **LORA),
+    case("reward-model/bf16/lora/qwen2", task="reward-model", precision="bf16", model=QWEN2, **LORA),
+    case("reward-model/bf16/lora/gemma", task="reward-model", precision="bf16", model=GEMMA, **LORA),
+    case("reward-model/fp32/lora/gemma", task="reward-model", precision="fp32", model=GEMMA, **LORA),
+    case("sft/bf16/full/hf-trainer/gc", task="sft", precision="bf16", stack="hf-trainer",
+         gradient_checkpointing="full"),
+    case("sft/bf16/lora/hf-trainer/eager", task="sft", precision="bf16", stack="hf-trainer", attention="eager", **LORA),
+    case("kto/fp32/lora/adapter-disabled", task="kto", precision="fp32", **LORA),
+    # more tokens than one of the chunked head's 4096-token tiles (trl/kernels/chunked_logprob.py
+    # TOKEN_CHUNK_SIZE): the fold loops over two token chunks
+    case("sft/bf16/full/sft-trainer/b4-s1280", task="sft", precision="bf16", micro_batch_size=4, seq_len=1280),
+    case("dpo/bf16/lora/adapter-disabled/b2-s1280/gc", task="dpo", precision="bf16", **LORA, seq_len=1280,
+         gradient_checkpointing="full"),
 ])
 # A job without optimizer_impl: the spec's default, as the importer leaves it for adamw_torch;
 # the Trainer's own optimizer takes TrainingArguments' weight_decay default, 0.0
