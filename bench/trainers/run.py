@@ -204,6 +204,14 @@ CASES = dict([
     case("sft/bf16/full/sft-trainer/b4-s1280", task="sft", precision="bf16", micro_batch_size=4, seq_len=1280),
     case("dpo/bf16/lora/adapter-disabled/b2-s1280/gc", task="dpo", precision="bf16", **LORA, seq_len=1280,
          gradient_checkpointing="full"),
+    case("sft/bf16/lora/hf-trainer/qwen3-moe", task="sft", precision="bf16", stack="hf-trainer", model=QWEN3_MOE,
+         **LORA),
+    case("grpo/bf16/full/g4-c32/gemma2", **GRPO, precision="bf16", model=GEMMA2, attention="eager"),
+    case("kto/bf16/full/ref-separate/gemma2", task="kto", precision="bf16", model=GEMMA2, attention="eager"),
+    case("sft/bf16/lora/sft-trainer/gemma3/gc", task="sft", precision="bf16", model=GEMMA3, **LORA,
+         gradient_checkpointing="full"),
+    case("reward-model/bf16/full/qwen3-moe/gc", task="reward-model", precision="bf16", model=QWEN3_MOE,
+         gradient_checkpointing="full"),
 ])
 # A job without optimizer_impl: the spec's default, as the importer leaves it for adamw_torch;
 # the Trainer's own optimizer takes TrainingArguments' weight_decay default, 0.0
