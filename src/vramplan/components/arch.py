@@ -306,7 +306,7 @@ def llama_layer(rec: Recorder, ctx: Ctx, x: Sym, i: int, b: int, s: int) -> Sym:
     h = norm(rec, ctx, x, f"{pre}.{mlp_norm}", "mlp_norm")
     if i in ctx.desc.moe_layers:
         from vramplan.components.moe import moe_block
-        h = moe_block(rec, ctx, h, i)
+        h = moe_block(rec, ctx, h, i, residual=x)
     else:
         rec.frame.append(x)  # the residual, held by LlamaDecoderLayer.forward across the MLP
         h = mlp(rec, ctx, h, i)
