@@ -212,6 +212,14 @@ CASES = dict([
          gradient_checkpointing="full"),
     case("reward-model/bf16/full/qwen3-moe/gc", task="reward-model", precision="bf16", model=QWEN3_MOE,
          gradient_checkpointing="full"),
+    # all-linear LoRA recipes and GRPO's TRL 1.x default (beta 0) with LoRA
+    case("grpo/bf16/lora/g4-c32/beta0", **GRPO, precision="bf16", reference_model="precomputed", **LORA),
+    case("sft/bf16/lora/sft-trainer/mistral/all-linear/gc", task="sft", precision="bf16", model=MISTRAL,
+         method="lora", lora={"r": 16, "target_modules": "all-linear"}, gradient_checkpointing="full"),
+    case("dpo/bf16/lora/adapter-disabled/qwen3/all-linear/gc", task="dpo", precision="bf16", model=QWEN3,
+         method="lora", lora={"r": 16, "target_modules": "all-linear"}, gradient_checkpointing="full"),
+    case("reward-model/bf16/lora/all-linear/gc", task="reward-model", precision="bf16",
+         method="lora", lora={"r": 16, "target_modules": "all-linear"}, gradient_checkpointing="full"),
 ])
 # A job without optimizer_impl: the spec's default, as the importer leaves it for adamw_torch;
 # the Trainer's own optimizer takes TrainingArguments' weight_decay default, 0.0
