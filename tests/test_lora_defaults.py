@@ -70,6 +70,27 @@ def test_default_targets_of_a_classifier():
     assert _mine(job) == _peft_trainable(_BERT, num_labels=2)
 
 
+def test_a_classifier_trains_a_copy_of_its_head_as_peft_s_seq_cls_model_does():
+    # PeftModelForSequenceClassification adds "classifier"/"score" to modules_to_save: every
+    # trainable parameter PEFT makes (adapters and the head's copy) is counted
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    peft = pytest.importorskip("peft")
+    for config in (_BERT, _TINY["qwen2"]):
+        job = {"model": config, "task": "sequence-classification", "num_labels": 2, "method": "lora",
+               "lora": {"r": 4}, "seq_len": 64}
+        spec = vramplan.load_spec(job)
+        est = vramplan.estimate(spec)
+        assert not any("matches no module" in str(n) for n in est.notes)
+        mine = sum(p.numel for p in param_set(resolve_model(spec), spec).params if p.trainable)
+        cfg = dict(config, num_labels=2)
+        hf = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+        with torch.device("meta"):
+            model = transformers.AutoModelForSequenceClassification.from_config(hf)
+        model = peft.get_peft_model(model, peft.LoraConfig(r=4, task_type="SEQ_CLS"))
+        assert mine == sum(p.numel() for p in model.parameters() if p.requires_grad), config["model_type"]
+
+
 def test_frameworks_with_all_linear_default():
     config = _TINY["qwen2"]
     plain = _mine({"model": config, "method": "lora", "lora": {"r": 4}, "seq_len": 64})

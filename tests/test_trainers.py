@@ -38,6 +38,11 @@ def test_chunked_head_terms_by_hand():
     assert head.forward_fold().terms["logprob/tile_fp32_temporaries"] == 3 * n * 512 * 4
     cuda = chunked_head(spec.with_(backend="cuda"), 4, 32, 64, 512)
     assert "logprob/tile_fp32_temporaries" not in cuda.backward_fold(True).terms  # Triton: in registers
+    # softcapping: backward keeps tanh's t as well (8 tiles); the forward transform frees each
+    # tile as it rebinds z, so its fold stays at 3 (measured: sft/bf16/full/sft-trainer/gemma2)
+    capped = chunked_head(spec, 4, 32, 64, 512, softcap=True)
+    assert capped.backward_fold(True).terms["logprob/tile_fp32_temporaries"] == 8 * n * 512 * 4
+    assert capped.forward_fold().terms["logprob/tile_fp32_temporaries"] == 3 * n * 512 * 4
 
 
 def test_chunked_dpo_never_holds_full_logits():

@@ -14,7 +14,20 @@ ROWS = json.loads((pathlib.Path(__file__).parents[1] / "bench/trainers/results-c
 MEASURED = {name: row for name, row in ROWS.items() if row.get("measured")}
 
 
-@pytest.mark.parametrize("name", sorted(MEASURED))
+# Measured rows the estimate misses, each with what is missing; strict: fixing one fails here
+# until it leaves this table.
+OPEN = {
+    # LoRA on every linear of a checkpointed reward model: the forward reads -12.5% (inside the
+    # MLP's LoRA linears, PEFT's lora.Linear.forward holds the base result, the fp32 input cast,
+    # lora_B's output and its scaled copy) and the backward -5.6% (at down_proj's recomputed
+    # backward the fp32 gradient of its adapter input, (T, intermediate)); with a causal-LM head
+    # the logits hide both
+    "reward-model/bf16/lora/all-linear/gc": "LoRA linears' own forward/backward moments",
+}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=OPEN[n]))
+                                  if n in OPEN else n for n in sorted(MEASURED)])
 def test_estimate_within_targets_of_the_real_trainer(name):
     row = MEASURED[name]
     measured, est = row["measured"], estimate(row["job"])
@@ -74,3 +87,14 @@ def test_label_smoothing_imports_and_is_refused_where_the_labelsmoother_does_not
         with pytest.raises(SpecError) as err:
             estimate(dict(row["job"], stack="plain"))
         assert err.value.field == "label_smoothing"
+
+
+def test_the_reward_model_s_final_norm_under_lora():
+    # LoRA leaves the final norm's weight frozen: xhat's 16-bit copy is not saved but is alive
+    # at the weight multiply (jobs/trained.py final_norm_moments), and PEFT's SEQ_CLS model
+    # trains a copy of `score`, which saves the norm's output. The forward read -3.3% without
+    # them; full fine-tuning saves both and must not count them twice.
+    for name in ("reward-model/bf16/lora", "reward-model/bf16/full"):
+        row = MEASURED[name]
+        est = estimate(row["job"])
+        assert abs(est.phases["forward"] / row["measured"]["phases"]["forward"] - 1) < 0.005, name

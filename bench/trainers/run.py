@@ -40,6 +40,21 @@ QWEN2 = {"model_type": "qwen2", "vocab_size": 8192, "hidden_size": 128, "interme
          "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
          "max_position_embeddings": 1024, "tie_word_embeddings": True}
 DISTILL = {"task": "distill", "teacher": TEACHER}
+# Other families at the same size: Qwen3 (q/k RMSNorm), Mistral (a sliding window shorter than
+# seq_len), Gemma (tied, scaled embeddings, GELU-tanh), Gemma 2 (logit soft-capping).
+QWEN3 = dict(QWEN2, model_type="qwen3", head_dim=32, tie_word_embeddings=False)
+MISTRAL = dict(LLAMA, model_type="mistral", sliding_window=64)
+GEMMA = dict(LLAMA, model_type="gemma", head_dim=32, tie_word_embeddings=True,
+             hidden_act="gelu_pytorch_tanh")
+GEMMA2 = dict(GEMMA, model_type="gemma2", hidden_activation="gelu_pytorch_tanh", sliding_window=64,
+              final_logit_softcapping=30.0, attn_logit_softcapping=50.0)
+# Gemma 3's text model (q/k RMSNorm, sliding layers 5:1: one global layer of two here);
+# Phi-3 (fused qkv_proj / gate_up_proj; PEFT has no default target for it); Qwen3-MoE
+QWEN3_MOE = dict(QWEN3, model_type="qwen3_moe", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=96,
+                 decoder_sparse_step=1, norm_topk_prob=True)
+GEMMA3 = dict(GEMMA, model_type="gemma3_text", hidden_activation="gelu_pytorch_tanh", sliding_window=64,
+              layer_types=["sliding_attention", "full_attention"], query_pre_attn_scalar=32)
+PHI3 = dict(LLAMA, model_type="phi3", num_key_value_heads=4, pad_token_id=0)  # its default 32000 > vocab
 GRPO = {"task": "grpo", "micro_batch_size": 8, "seq_len": 32, "num_generations": 4, "max_new_tokens": 32}
 
 
@@ -140,6 +155,71 @@ CASES = dict([
          gradient_checkpointing="full"),
     case("sft/bf16/lora/sft-trainer/all-linear/dropout0.05", task="sft", precision="bf16",
          method="lora", lora={"r": 16, "dropout": 0.05, "target_modules": "all-linear"}),
+    # trainers4: families, PEFT under the other TRL trainers, accumulation under SFTTrainer
+    case("sft/bf16/lora/sft-trainer/qwen3/gc", task="sft", precision="bf16", model=QWEN3, **LORA,
+         gradient_checkpointing="full"),
+    case("sft/bf16/full/hf-trainer/mistral-swa", task="sft", precision="bf16", stack="hf-trainer", model=MISTRAL),
+    case("sft/bf16/lora/hf-trainer/gemma", task="sft", precision="bf16", stack="hf-trainer", model=GEMMA, **LORA),
+    # Gemma 2 runs eager attention (transformers refuses SDPA for it)
+    case("sft/bf16/full/sft-trainer/gemma2", task="sft", precision="bf16", model=GEMMA2, attention="eager"),
+    case("sft/bf16/full/hf-trainer/qwen2-tied", task="sft", precision="bf16", stack="hf-trainer", model=QWEN2),
+    case("reward-model/bf16/lora", task="reward-model", precision="bf16", **LORA),
+    case("kto/bf16/lora/adapter-disabled", task="kto", precision="bf16", **LORA),
+    case("grpo/bf16/lora/g4-c32/gc", **GRPO, precision="bf16", **LORA, gradient_checkpointing="full"),
+    case("sft/bf16/lora/sft-trainer/ga4", task="sft", precision="bf16", **LORA, grad_accum_steps=4),
+    case("dpo/bf16/full/ref-separate/ga2", task="dpo", precision="bf16", grad_accum_steps=2),
+    case("sft/fp32/lora/hf-trainer", task="sft", precision="fp32", stack="hf-trainer", **LORA),
+    case("sft/bf16/lora/hf-trainer/dora", task="sft", precision="bf16", stack="hf-trainer",
+         method="lora", lora={"r": 8, "use_dora": True, "target_modules": ["q_proj", "v_proj"]}),
+    # trainers4, second round: the model's own loss with soft-capping, other families, LoRA
+    # with checkpointing under the other trainers, GRPO with TRL 1.x's default beta 0, NEFTune
+    case("sft/bf16/full/hf-trainer/gemma2", task="sft", precision="bf16", stack="hf-trainer", model=GEMMA2,
+         attention="eager"),
+    case("sft/bf16/lora/hf-trainer/gemma3", task="sft", precision="bf16", stack="hf-trainer", model=GEMMA3, **LORA),
+    case("sft/bf16/lora/sft-trainer/phi3/qkv-o", task="sft", precision="bf16", model=PHI3,
+         method="lora", lora={"r": 8, "target_modules": ["qkv_proj", "o_proj"]}),
+    case("sft/bf16/full/hf-trainer/qwen3-moe", task="sft", precision="bf16", stack="hf-trainer", model=QWEN3_MOE),
+    case("reward-model/bf16/lora/gc", task="reward-model", precision="bf16", **LORA, gradient_checkpointing="full"),
+    case("kto/bf16/lora/adapter-disabled/gc", task="kto", precision="bf16", **LORA, gradient_checkpointing="full"),
+    case("grpo/bf16/full/g4-c32/beta0", **GRPO, precision="bf16", reference_model="precomputed"),
+    case("sft/bf16/lora/sft-trainer/packing/gc", task="sft", precision="bf16", **LORA, packing=True,
+         gradient_checkpointing="full"),
+    case("sft/bf16/full/sft-trainer/neftune", task="sft", precision="bf16", neftune_noise_alpha=5.0),
+    case("reward-model/bf16/full/gc", task="reward-model", precision="bf16", gradient_checkpointing="full"),
+    case("reward-model/fp32/lora", task="reward-model", precision="fp32", **LORA),
+    case("dpo/bf16/full/ref-separate/gemma2", task="dpo", precision="bf16", model=GEMMA2, attention="eager"),
+    case("sft/bf16/lora/sft-trainer/qwen2/gc", task="sft", precision="bf16", model=QWEN2, **LORA,
+         gradient_checkpointing="full"),
+    case("orpo/bf16/lora", task="orpo", precision="bf16", **LORA),
+    case("dpo/bf16/lora/ref-precomputed", task="dpo", precision="bf16", reference_model="precomputed", **LORA),
+    case("reward-model/bf16/lora/qwen2", task="reward-model", precision="bf16", model=QWEN2, **LORA),
+    case("reward-model/bf16/lora/gemma", task="reward-model", precision="bf16", model=GEMMA, **LORA),
+    case("reward-model/fp32/lora/gemma", task="reward-model", precision="fp32", model=GEMMA, **LORA),
+    case("sft/bf16/full/hf-trainer/gc", task="sft", precision="bf16", stack="hf-trainer",
+         gradient_checkpointing="full"),
+    case("sft/bf16/lora/hf-trainer/eager", task="sft", precision="bf16", stack="hf-trainer", attention="eager", **LORA),
+    case("kto/fp32/lora/adapter-disabled", task="kto", precision="fp32", **LORA),
+    # more tokens than one of the chunked head's 4096-token tiles (trl/kernels/chunked_logprob.py
+    # TOKEN_CHUNK_SIZE): the fold loops over two token chunks
+    case("sft/bf16/full/sft-trainer/b4-s1280", task="sft", precision="bf16", micro_batch_size=4, seq_len=1280),
+    case("dpo/bf16/lora/adapter-disabled/b2-s1280/gc", task="dpo", precision="bf16", **LORA, seq_len=1280,
+         gradient_checkpointing="full"),
+    case("sft/bf16/lora/hf-trainer/qwen3-moe", task="sft", precision="bf16", stack="hf-trainer", model=QWEN3_MOE,
+         **LORA),
+    case("grpo/bf16/full/g4-c32/gemma2", **GRPO, precision="bf16", model=GEMMA2, attention="eager"),
+    case("kto/bf16/full/ref-separate/gemma2", task="kto", precision="bf16", model=GEMMA2, attention="eager"),
+    case("sft/bf16/lora/sft-trainer/gemma3/gc", task="sft", precision="bf16", model=GEMMA3, **LORA,
+         gradient_checkpointing="full"),
+    case("reward-model/bf16/full/qwen3-moe/gc", task="reward-model", precision="bf16", model=QWEN3_MOE,
+         gradient_checkpointing="full"),
+    # all-linear LoRA recipes and GRPO's TRL 1.x default (beta 0) with LoRA
+    case("grpo/bf16/lora/g4-c32/beta0", **GRPO, precision="bf16", reference_model="precomputed", **LORA),
+    case("sft/bf16/lora/sft-trainer/mistral/all-linear/gc", task="sft", precision="bf16", model=MISTRAL,
+         method="lora", lora={"r": 16, "target_modules": "all-linear"}, gradient_checkpointing="full"),
+    case("dpo/bf16/lora/adapter-disabled/qwen3/all-linear/gc", task="dpo", precision="bf16", model=QWEN3,
+         method="lora", lora={"r": 16, "target_modules": "all-linear"}, gradient_checkpointing="full"),
+    case("reward-model/bf16/lora/all-linear/gc", task="reward-model", precision="bf16",
+         method="lora", lora={"r": 16, "target_modules": "all-linear"}, gradient_checkpointing="full"),
 ])
 # A job without optimizer_impl: the spec's default, as the importer leaves it for adamw_torch;
 # the Trainer's own optimizer takes TrainingArguments' weight_decay default, 0.0

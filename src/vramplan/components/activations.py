@@ -150,7 +150,11 @@ def _plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Activ
         key = _signature(ctx, i, x)
         if key not in cache:
             cache[key] = _layer(ctx, spec, i, x, b, s, seen, gc is Checkpointing.OP_SELECTIVE)
-        saved, out_rg, op_split, out_dtype, f8_layer, fwd_peak, dora = cache[key]
+        saved, out_rg, op_split, out_dtype, f8_layer, (fwd_peak, unsaved_peak, input_saved), dora = cache[key]
+        if i == 0:
+            # LlamaModel.forward keeps `inputs_embeds` (layer 0's input) as a local to its
+            # return: alive through every layer's forward unless a layer saved it
+            embeds = [] if input_saved else [("inputs_embeds", x.storage.nbytes)]
         # torchtitan <= 0.2 `_apply_layer_sac`: with selective_ac_option = N only every N-th
         # block (a global count from 1) is wrapped; checkpoint_every = 1 wraps them all.
         wrapped = gc is Checkpointing.FULL and (i + 1) % spec.checkpoint_every == 0
@@ -170,6 +174,9 @@ def _plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Activ
         stages.append(Stage(f"layer {i}", *parts[at]))
         if wrapped:
             fwd_peaks[len(stages) - 1] = fwd_peak  # what its forward holds, none of it saved
+        elif unsaved_peak:
+            # what its forward holds beyond what it saves (a frozen down_proj's input)
+            fwd_peaks[len(stages) - 1] = unsaved_peak + embeds
         dora_at[len(stages) - 1] = (dora, wrapped)  # DoRA's linears (components/dora.py)
         # a family's own backward peak (Jamba's Mamba scan): its temporaries, what it releases
         peak = hook(desc, spec, params, i, stages[-1].recompute or stages[-1].saved) if hook else None
@@ -272,7 +279,8 @@ def _layer(ctx: Ctx, spec: JobSpec, i: int, x: Sym, b: int, s: int, seen: set[in
     out = layer_fn(ctx.desc)(rec, ctx, x, i, b, s)
     items = [(name, st.nbytes) for name, st in rec.saved.values() if not name.startswith("rotary/")]
     return (items, out.requires_grad, split_layer(rec, x) if op_selective else None, out.dtype,
-            tuple(rec.float8_linears), rec.forward_peak, tuple(rec.linear_transients))
+            tuple(rec.float8_linears), (rec.forward_peak, rec.unsaved_peak(), id(x.storage) in rec.seen),
+            tuple(rec.linear_transients))
 
 
 def _shared_rotary(ctx: Ctx, stages: list[Stage]) -> None:

@@ -255,7 +255,18 @@ def mlp_shared(rec: Recorder, ctx: Ctx, x: Sym, pre: str) -> Sym:
         rec.held.pop()
     act = activation(rec, gate, desc.hidden_act, "mlp/act")
     prod = rec.mul(act, up, name="mlp/act_times_up")
+    # At the product, the layer's forward holds the decoder layer's residual and the MLP's
+    # input (`frame`), act, up (gate was freed into act, `act_fn(gate_proj(x)) * up_proj(x)`
+    # in models/llama/modeling_llama.py LlamaMLP.forward; Phi-3: the fused gate_up output its
+    # halves view) and the product: what a checkpointed layer's forward peaks at, none of it
+    # kept (torch/utils/checkpoint.py, non-reentrant). For a gated MLP this (2h + 3i per token)
+    # exceeds the attention's moment (the norm output, q, k, v, the SDPA output: 3h + 2kd),
+    # so only this moment is recorded.
+    rec.forward_moment(*rec.frame, x, *((gate,) if desc.fused_gate_up else ()), up, act, prod)
     out = lin(rec, ctx, prod, f"{pre}.down_proj", "mlp/down")
+    # down_proj's output beside its input: the product is not saved when down_proj is frozen
+    # (LoRA elsewhere), so a layer that keeps its saved tensors peaks here on top of them
+    rec.forward_moment(*rec.frame, x, prod, out)
     if not desc.fused_gate_up:
         rec.frame.pop()
     return out
@@ -295,7 +306,7 @@ def llama_layer(rec: Recorder, ctx: Ctx, x: Sym, i: int, b: int, s: int) -> Sym:
     h = norm(rec, ctx, x, f"{pre}.{mlp_norm}", "mlp_norm")
     if i in ctx.desc.moe_layers:
         from vramplan.components.moe import moe_block
-        h = moe_block(rec, ctx, h, i)
+        h = moe_block(rec, ctx, h, i, residual=x)
     else:
         rec.frame.append(x)  # the residual, held by LlamaDecoderLayer.forward across the MLP
         h = mlp(rec, ctx, h, i)

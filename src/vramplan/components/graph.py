@@ -105,7 +105,40 @@ class Recorder:
     nothing it saves is kept (torch.utils.checkpoint's forward): recorded by families whose
     layer peaks inside a loop of temporaries (Jamba's Mamba scan, families/jamba/forward.py)."""
 
+    moments: list = field(default_factory=list)
+    """Moments of the layer's own forward, each the tensors alive then (`forward_moment`);
+    `unsaved_peak` reads them once the layer has saved what it saves."""
+
     # -- bookkeeping --------------------------------------------------------------------
+    def forward_moment(self, *tensors: Sym) -> None:
+        """A moment of the layer's own forward with `tensors` alive (each storage once, a
+        parameter operand has none): it becomes `forward_peak` (nothing kept: a checkpointed
+        layer) when larger than the one kept, and is kept for `unsaved_peak`."""
+        moment = self._distinct(tensors)
+        self.moments.append(moment)
+        if sum(t.storage.nbytes for t in moment) > sum(n for _, n in self.forward_peak):
+            self.forward_peak[:] = [(t.name, t.storage.nbytes) for t in moment]
+
+    def unsaved_peak(self) -> list[tuple[str, int]]:
+        """The largest moment counting only what neither this layer nor an earlier stage
+        saved: what a layer that keeps its saved tensors holds on top of them."""
+        best: list[tuple[str, int]] = []
+        for moment in self.moments:
+            alive = [(t.name, t.storage.nbytes) for t in moment if id(t.storage) not in self.seen]
+            if sum(n for _, n in alive) > sum(n for _, n in best):
+                best = alive
+        return best
+
+    @staticmethod
+    def _distinct(tensors) -> list[Sym]:
+        seen: set[int] = set()
+        out = []
+        for t in tensors:
+            if id(t.storage) not in seen and t.storage.nbytes:
+                seen.add(id(t.storage))
+                out.append(t)
+        return out
+
     def new(self, name: str, shape, dtype: str, requires_grad: bool) -> Sym:
         shape = tuple(int(d) for d in shape)
         return Sym(name, shape, dtype, requires_grad, Storage(nbytes(math.prod(shape), dtype)))

@@ -12,9 +12,11 @@ from vramplan.components.arch import Ctx, activation, mlp_shared
 from vramplan.components.graph import Param, Recorder, Sym
 
 
-def moe_block(rec: Recorder, ctx: Ctx, x: Sym, i: int, pre: str | None = None, router_name: str = "gate") -> Sym:
+def moe_block(rec: Recorder, ctx: Ctx, x: Sym, i: int, pre: str | None = None, router_name: str = "gate",
+              residual: Sym | None = None) -> Sym:
     """`pre`: the block's module path (Jamba: `model.layers.{i}.feed_forward`, whose router
-    is `router`, JambaTopKRouter: the same fp32 softmax and unnormalized top-k)."""
+    is `router`, JambaTopKRouter: the same fp32 softmax and unnormalized top-k). `residual`:
+    the decoder layer's residual, alive across the block (its forward moments)."""
     moe = ctx.desc.moe
     pre = pre or f"model.layers.{i}.mlp"
     tokens = 1
@@ -41,6 +43,15 @@ def moe_block(rec: Recorder, ctx: Ctx, x: Sym, i: int, pre: str | None = None, r
     prod = rec.mul(act, rec.view(gu, half, "moe/expert_up"), name="moe/expert_act_times_up")
     out = rec.linear(prod, down, name="moe/expert_down")
     routed = rec.mul(out, rec.view(weights, (rows, 1), "moe/expert_weight"), name="moe/expert_weighted")
+    # The block's forward moments (transformers/integrations/moe.py grouped_mm_experts_forward):
+    # the gathered rows `hidden_states[perm // num_top_k]` stay a local to its return; at the
+    # gate, gate_up's output, the activation and the product are alive with them; at
+    # `weighted_out[inv_perm]`, the down projection, its routing-weighted product and the
+    # re-ordered copy. Beside them the decoder layer's residual and the block's input.
+    frame = (residual,) if residual is not None else ()
+    rec.forward_moment(*frame, x, gathered, gu, act, prod)
+    reordered = rec.new("moe/expert_reordered", (rows, h), routed.dtype, False)
+    rec.forward_moment(*frame, x, gathered, out, routed, reordered)
     combined = rec.new("moe/combined", x.shape, x.dtype, routed.requires_grad or x.requires_grad)
     if moe.num_shared_experts:
         shared = mlp_shared(rec, ctx, x, f"{pre}.shared_expert")

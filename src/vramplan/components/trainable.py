@@ -274,13 +274,24 @@ def _is_head(p: ParamEntry) -> bool:
     return p.module.rsplit(".", 1)[-1] in _HEADS
 
 
+# A sequence classifier (a reward model too) trains under PEFT's SEQ_CLS PeftModel, the one
+# that runs it (a CAUSAL_LM PeftModel calls `prepare_inputs_for_generation`, which the
+# classifier lacks), and that adds its head to modules_to_save: peft/peft_model.py
+# PeftModelForSequenceClassification.__init__ (`classifier_module_names = ["classifier",
+# "score"]`, extended into `peft_config.modules_to_save`); a name that matches nothing is no error.
+PEFT_CLASSIFIER_HEADS = ("classifier", "score")
+
+
 def _modules_to_save(desc: ModelDesc, spec: JobSpec, wdtype: str):
     """PEFT's ModulesToSaveWrapper keeps the original frozen and trains a full copy."""
     names = spec.lora.modules_to_save
     copies, unmatched = [], []
-    for name in names:
+    heads = ()
+    if desc.num_labels and spec.stack.framework is not Framework.TORCHTUNE:
+        heads = tuple(n for n in PEFT_CLASSIFIER_HEADS if n not in names)
+    for name in names + heads:
         hit = [p for p in desc.params if _matches(p.module, name)]
-        if not hit:
+        if not hit and name not in heads:
             unmatched.append(name)
         dtype = "fp32" if spec.method is Method.QLORA and upcasts_to_fp32(spec) else wdtype
         copies += [HeldParam(p.name + "#copy", p.shape, dtype, True, "saved_copy", p.layer) for p in hit]

@@ -156,14 +156,16 @@ class Chunked:
         """Live inside the forward tile loop besides what is saved: the scratch tile, seven
         fp32 running statistics of N (`running_max` .. `target_logit`) and, off Triton,
         `_forward_tile`'s temporaries. Its peak is three fp32 tiles at once: z, `z - new_m`
-        and `e = exp(...)` (and in `_torch_transform` of a 16-bit tile: `tile.float()`,
-        `z * logit_scale`, `* inv_t`); softcapping keeps one more (`z / softcap`, tanh) for
-        16-bit tiles. `is_top1` adds the bool `before_target` mask alive through the fold."""
+        and `e = exp(...)`. `_torch_transform(tile.float(), ...)` never holds more: the call
+        moves its argument into the callee's frame, so each `z = ...` rebinding frees the
+        tile before it; with softcapping `softcap * torch.tanh(z / softcap)` holds z, `z /
+        softcap` and the tanh, three as well (the gemma2 SFTTrainer case's trace: two
+        `mul` tiles and the `exp` at the forward peak). `is_top1` adds the bool
+        `before_target` mask alive through the fold."""
         out = Breakdown().add("logprob/scratch_tile", self.scratch())
         out.add("logprob/running_stats", 7 * nbytes(self.tokens, "fp32")).merge(self.casts(weight=False))
         if self.torch_fold:
-            k = 4 if self.softcap and self.c != "fp32" else 3
-            out.add("logprob/tile_fp32_temporaries", k * nbytes(self.tile, "fp32"))
+            out.add("logprob/tile_fp32_temporaries", 3 * nbytes(self.tile, "fp32"))
             if self.top1:
                 out.add("logprob/tile_top1_mask", nbytes(self.tile, "bool"))
         return out

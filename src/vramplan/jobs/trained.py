@@ -29,6 +29,9 @@ class LossTerms:
     head_backward: Breakdown
     head_freed: tuple[str, ...] = ()
     """Names of the head stage's saved tensors already released at its backward peak."""
+    unless_saved: tuple[tuple[str, str], ...] = ()
+    """(forward_end term, head-stage saved name): a tensor alive at forward_end that is
+    counted there only when the head stage did not save it (then it is a transient)."""
 
 
 def single_spec(spec: JobSpec, rows: int, seq_len: int | None = None, **changes) -> JobSpec:
@@ -98,8 +101,10 @@ def final_norm_moments(terms: LossTerms, t: int, h: int, res: str, embeds_saved:
     Forward, at the weight multiply (LlamaModel.forward is still running): the layers'
     output x (not saved when the upcast is a copy), `inputs_embeds` (a local of
     LlamaModel.forward, alive to its return; saved only when layer 0's norm upcast is a no-op
-    or a checkpoint keeps it) and the fp32 xhat (its .to(input_dtype) copy is what is saved)
-    are alive, with the variance. With fp32 weights all three are saved already.
+    or a checkpoint keeps it) and the fp32 xhat are alive, with the variance, beside xhat's
+    .to(input_dtype) copy and the product: saved when the norm weight trains (the copy) and
+    when the head's weight does (the product, its input), else alive only here
+    (`unless_saved`: a frozen norm under LoRA). With fp32 weights all are saved already.
     Backward, at pow's backward (torch/csrc/autograd/FunctionsManual.cpp pow_backward:
     `grad * (exponent * self.pow(exponent - 1))`): the mul path's fp32 gradient of x waiting
     to be accumulated, MeanBackward's expanded gradient, self.pow(1), 2 * it and the product,
@@ -111,8 +116,11 @@ def final_norm_moments(terms: LossTerms, t: int, h: int, res: str, embeds_saved:
             "head/final_norm_xhat_fp32", nbytes(th, f32)).add("head/final_norm_variance", nbytes(t, f32))
         if not embeds_saved:
             at_norm.add("head/inputs_embeds", nbytes(th, res))
+        at_norm.add("head/final_norm_xhat_cast", nbytes(th, res)).add("head/final_norm_output", nbytes(th, res))
         if at_norm.total() > terms.forward_end.total():
             terms.forward_end = at_norm
+            terms.unless_saved = (("head/final_norm_xhat_cast", "final_norm.xhat_cast"),
+                                  ("head/final_norm_output", "final_norm"))
     freed = 2 * nbytes(th, res) + nbytes(t, f32)
     at_pow = Breakdown().add("head/final_norm_grad_fp32", 5 * nbytes(th, f32))
     if at_pow.total() - freed > terms.head_backward.total():
@@ -160,7 +168,15 @@ def with_loss(acts: ActivationPlan, loss: LossTerms | Chunked, params: ParamSet)
     chunked = isinstance(loss, Chunked)
     if chunked:
         loss = chunked_loss(acts, loss, head_trainable(params))
-    acts.loss_saved, acts.forward_end_transient = loss.saved, loss.forward_end
+    forward_end = loss.forward_end
+    if loss.unless_saved:
+        saved = {name for name, _ in acts.stages[-1].saved}
+        dropped = {term for term, name in loss.unless_saved if name in saved}
+        forward_end = Breakdown()
+        for key, value in loss.forward_end.terms.items():
+            if key not in dropped:
+                forward_end.add(key, value)
+    acts.loss_saved, acts.forward_end_transient = loss.saved, forward_end
     acts.loss_backward_transient, acts.head_backward_transient = loss.backward_start, loss.head_backward
     if loss.head_freed:
         acts.stages[-1].freed_before_peak = loss.head_freed

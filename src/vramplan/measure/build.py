@@ -170,17 +170,27 @@ def apply_method(model: torch.nn.Module, job: dict, device: str) -> torch.nn.Mod
 
 
 def _apply_lora(model, lora: dict, task: str):
-    from peft import LoraConfig, get_peft_model
+    from peft import get_peft_model
 
-    config = LoraConfig(
+    return get_peft_model(model, lora_config(lora, task))
+
+
+def lora_config(lora: dict, task: str):
+    """PEFT's LoraConfig of the spec's lora section (what `get_peft_model` or a TRL trainer's
+    `peft_config` receives)."""
+    from peft import LoraConfig
+
+    return LoraConfig(
         r=int(lora.get("r", 8)), lora_alpha=lora.get("alpha", 16),
         lora_dropout=float(lora.get("dropout", 0.0)),
         target_modules=lora.get("target_modules") or None,
         modules_to_save=lora.get("modules_to_save") or None,
         use_dora=bool(lora.get("use_dora", False)), use_rslora=bool(lora.get("use_rslora", False)),
-        task_type={"sequence-classification": "SEQ_CLS", "seq2seq": "SEQ_2_SEQ_LM"}.get(task, "CAUSAL_LM"),
+        # a reward model is a sequence classifier (TRL's RewardTrainer takes one; a CAUSAL_LM
+        # PeftModel over it fails at `prepare_inputs_for_generation`)
+        task_type={"sequence-classification": "SEQ_CLS", "reward-model": "SEQ_CLS",
+                   "seq2seq": "SEQ_2_SEQ_LM"}.get(task, "CAUSAL_LM"),
     )
-    return get_peft_model(model, config)
 
 
 def _apply_freeze(model, freeze: dict):

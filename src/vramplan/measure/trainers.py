@@ -81,6 +81,27 @@ def policy_model(job: dict, dtype, task: str = "sft", num_labels: int | None = N
     return apply_method(model, job, "cpu")
 
 
+def peft_policy(job: dict, dtype):
+    """(model, peft_config) for the trainers that take a reference (DPO, KTO, GRPO). A LoRA
+    policy is handed over as TRL documents it, the base model with `peft_config`: the trainer
+    wraps it (`get_peft_model`) and scores the reference with the adapter disabled. A PeftModel
+    handed in instead gets a frozen copy of its adapter named "ref" as the reference
+    (dpo_trainer.py, kto_trainer.py, grpo_trainer.py `__init__`: `model.add_adapter("ref",
+    ...)`), which the spec does not state. QLoRA keeps the prepared, wrapped model."""
+    if job.get("method") != "lora":
+        return policy_model(job, dtype), None
+    from .build import lora_config
+
+    return build_role(job, job["model"], dtype), lora_config(job.get("lora") or {}, "sft")
+
+
+def with_optimizer(trainer, job: dict, flags: dict):
+    """The spec's optimizer over the parameters the trainer trains (after its PEFT wrapping):
+    the Trainer builds none when one is set (trainer.py `create_optimizer`)."""
+    trainer.optimizer = optimizers_for(trainer.model, job, flags)[0]
+    return trainer.model
+
+
 def frozen_model(job: dict, field, dtype):
     model = build_role(job, field, dtype)
     model.eval()
@@ -97,7 +118,8 @@ def common_args(job: dict, flags: dict) -> dict:
                 use_cpu=True, report_to="none", save_strategy="no", logging_strategy="no",
                 disable_tqdm=True, dataloader_num_workers=0, seed=0, gradient_checkpointing=gc,
                 learning_rate=float(job.get("learning_rate", 1e-4)),
-                label_smoothing_factor=float(job.get("label_smoothing", 0.0)), **flags)
+                label_smoothing_factor=float(job.get("label_smoothing", 0.0)),
+                neftune_noise_alpha=job.get("neftune_noise_alpha"), **flags)
 
 
 def optimizers_for(model, job: dict, flags: dict | None = None):
@@ -116,7 +138,7 @@ def num_rows(job: dict) -> int:
 def _dpo(job: dict, dtype, flags: dict):
     from trl import DPOConfig, DPOTrainer
 
-    policy = policy_model(job, dtype)
+    policy, peft_config = peft_policy(job, dtype)
     vocab = policy.config.vocab_size
     ref = job.get("reference_model")
     # precomputed: DPOConfig.precompute_ref_log_probs with no ref_model; DPOTrainer `__init__`
@@ -127,9 +149,10 @@ def _dpo(job: dict, dtype, flags: dict):
     ref_model = None if lora_ref or precomputed else frozen_model(job, ref or job["model"], dtype)
     args = DPOConfig(**common_args(job, flags), max_length=int(job["seq_len"]), precompute_ref_log_probs=precomputed,
                      loss_type=[DPO_LOSS[job["task"]]], dataset_num_proc=None)
-    trainer = DPOTrainer(model=policy, ref_model=ref_model, args=args,
+    trainer = DPOTrainer(model=policy, ref_model=ref_model, args=args, peft_config=peft_config,
                          train_dataset=data.dataset(data.preference_rows(num_rows(job), job["seq_len"], vocab)),
-                         processing_class=data.tokenizer(vocab), optimizers=optimizers_for(policy, job, flags))
+                         processing_class=data.tokenizer(vocab))
+    policy = with_optimizer(trainer, job, flags)
     models = {"policy": policy} | ({"reference": ref_model} if ref_model is not None else {})
     return trainer, models, {}
 
@@ -137,7 +160,7 @@ def _dpo(job: dict, dtype, flags: dict):
 def _kto(job: dict, dtype, flags: dict):
     from trl import KTOConfig, KTOTrainer
 
-    policy = policy_model(job, dtype)
+    policy, peft_config = peft_policy(job, dtype)
     vocab = policy.config.vocab_size
     ref = job.get("reference_model")
     # precomputed: as DPO's, KTOTrainer `__init__` scores the dataset (`_precompute_ref_logps`)
@@ -147,9 +170,10 @@ def _kto(job: dict, dtype, flags: dict):
     ref_model = None if lora_ref or precomputed else frozen_model(job, ref or job["model"], dtype)
     args = KTOConfig(**common_args(job, flags), max_length=int(job["seq_len"]), dataset_num_proc=None,
                      precompute_ref_log_probs=precomputed)
-    trainer = KTOTrainer(model=policy, ref_model=ref_model, args=args,
+    trainer = KTOTrainer(model=policy, ref_model=ref_model, args=args, peft_config=peft_config,
                          train_dataset=data.dataset(data.unpaired_rows(num_rows(job), job["seq_len"], vocab)),
-                         processing_class=data.tokenizer(vocab), optimizers=optimizers_for(policy, job, flags))
+                         processing_class=data.tokenizer(vocab))
+    policy = with_optimizer(trainer, job, flags)
     models = {"policy": policy} | ({"reference": ref_model} if ref_model is not None else {})
     return trainer, models, {}
 
@@ -177,7 +201,7 @@ def _grpo(job: dict, dtype, flags: dict):
     from trl import GRPOConfig, GRPOTrainer
     from trl.trainer import grpo_trainer
 
-    policy = policy_model(job, dtype)
+    policy, peft_config = peft_policy(job, dtype)
     vocab = policy.config.vocab_size
     b = int(job.get("micro_batch_size", 1))
     # the estimate's defaults, TRL's (spec/tasks.py; the spec refuses a batch they do not divide)
@@ -198,9 +222,10 @@ def _grpo(job: dict, dtype, flags: dict):
     args = GRPOConfig(**common_args(job, flags), num_generations=g, max_completion_length=new, beta=beta,
                       use_vllm=False, generation_kwargs={"eos_token_id": None})
     with mock.patch.object(grpo_trainer, "create_model_from_path", lambda *a, **k: frozen):
-        trainer = GRPOTrainer(model=policy, reward_funcs=_length_reward, args=args,
+        trainer = GRPOTrainer(model=policy, reward_funcs=_length_reward, args=args, peft_config=peft_config,
                               train_dataset=data.dataset(data.prompt_rows(num_rows(job), job["seq_len"], vocab)),
-                              processing_class=data.tokenizer(vocab), optimizers=optimizers_for(policy, job, flags))
+                              processing_class=data.tokenizer(vocab))
+    policy = with_optimizer(trainer, job, flags)
     models = {"policy": policy} | ({"reference": frozen} if frozen is not None else {})
     return trainer, models, {"generation": True}
 
