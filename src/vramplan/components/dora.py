@@ -122,7 +122,10 @@ def apply(plan, linears_at: dict, grad_hidden: int, kind: str = "dora") -> None:
     for j, (st, prev) in enumerate(zip(plan.stages, before)):
         linears, wrapped = linears_at.get(j, ((), False))
         saved = None if wrapped else sum(v for _, v in st.saved)
-        fwd.append(Breakdown(dict(prev.terms)).add(fwd_term, forward_term(linears, saved)))
+        term = forward_term(linears, saved)
+        # the stage's other forward moment (the layer's own, activations.py) is another
+        # moment of the same forward, counted the same way: the larger of the two holds
+        fwd.append(Breakdown({fwd_term: term}) if term > prev.total() else Breakdown(dict(prev.terms)))
     plan.stage_forward_transient = fwd
     extra = 0
     for j, (linears, wrapped) in linears_at.items():
