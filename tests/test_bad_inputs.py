@@ -221,6 +221,11 @@ FLAGS = [  # (command line, a substring of the one error line); {tmp} is a folde
     # badinput3: a filter that matches nothing printed an empty table (read as an empty catalog), exit 0
     (["models", "nosuch-model-xyz"], "no catalog model has 'nosuch-model-xyz'"),
     (["models", "llama", "--kind", "diffusion"], "of kind diffusion"),
+    # badinput4: a raw size under task diffusion / with vision flags was exit 70 (AttributeError)
+    (["estimate", "--num-params", "7b", "--task", "diffusion"], "num_params"),
+    (["estimate", "--num-params", "7b", "--images-per-sample", "2", "--seq-len", "512"], "vision"),
+    (["estimate", "llama-3.2-1b", "--seq-len", "512", "--optimizer", "galore-adamw", "--rank", "8",
+      "--optim-target-modules", ""], "low_rank.target_modules"),
 ]
 
 

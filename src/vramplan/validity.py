@@ -106,6 +106,8 @@ def _repository_code(desc: ModelDesc, spec: JobSpec) -> list[str]:
 
 
 def _trainable(desc: ModelDesc, spec: JobSpec) -> list[str]:
+    if spec.low_rank is not None and spec.task is not Task.INFERENCE:
+        _low_rank(desc, spec)
     if spec.method is Method.FREEZE and spec.freeze is not None and spec.task is not Task.INFERENCE:
         return _freeze(desc, spec)
     if spec.method in (Method.LORA, Method.QLORA) and spec.lora is not None:
@@ -129,6 +131,19 @@ def _freeze(desc: ModelDesc, spec: JobSpec) -> list[str]:
         raise SpecError("freeze", f"trains nothing of {desc.name}: name trainable_layers, or "
                         "trainable_modules that are parts of parameter names (e.g. 'lm_head', 'norm')")
     return notes
+
+
+def _low_rank(desc: ModelDesc, spec: JobSpec) -> None:
+    """transformers/trainer_optimizer.py `_setup_low_rank_optimizer` raises "No target
+    modules found for galore_adamw" when no nn.Linear matches optim_target_modules."""
+    from vramplan.components.optimizer_projected import targets_linear
+    from vramplan.components.trainable import is_linear
+    targets = spec.low_rank.target_modules
+    linears = [p.module for p in desc.params if is_linear(p)]
+    if not any(targets_linear(targets, m) for m in linears):
+        names = sorted({m.rsplit(".", 1)[-1] for m in linears})
+        raise SpecError("low_rank.target_modules", f"{', '.join(targets)} match no linear module of {desc.name} "
+                        f"(transformers refuses the optimizer); name some ({', '.join(names[:12])}) or all-linear")
 
 
 def _lora(desc: ModelDesc, spec: JobSpec) -> list[str]:

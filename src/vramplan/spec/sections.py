@@ -101,11 +101,16 @@ def boolean(name: str, value: object) -> bool:
 
 
 def string_list(name: str, value: object) -> tuple[str, ...]:
+    """Module names. An empty name is refused: a slip that the libraries read as a
+    substring of every name (`"" in key`: freeze trains every parameter, bitsandbytes'
+    modules_to_not_convert converts nothing, a GaLore list projects every linear)."""
     if isinstance(value, str):
-        return (value,)
-    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
-        return tuple(value)
-    raise SpecError(name, f"expected a list of module names, got {_show(value)}")
+        value = (value,)
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise SpecError(name, f"expected a list of module names, got {_show(value)}")
+    if any(not v.strip() for v in value):
+        raise SpecError(name, "holds an empty name; drop it, or name modules (e.g. q_proj, lm_head)")
+    return tuple(value)
 
 
 def choice(name: str, value: object, choices: tuple[str, ...]) -> str:

@@ -332,6 +332,19 @@ def check_task_fields(spec) -> dict[str, object]:
         raise SpecError("diffusion", "set task diffusion to train a denoiser")
     if task is Task.DIFFUSION and out["diffusion"] is None:
         out["diffusion"] = DiffusionConfig()
+    if spec.model is None:  # a raw size (num_params) describes a language model's layers, nothing else
+        if task is Task.DIFFUSION:
+            raise SpecError("num_params", "describes a language model by its size; task diffusion needs a "
+                            "pipeline as `model` (see `vramplan models --kind diffusion`, e.g. flux.1-dev)")
+        if out["vision"] is not None:
+            raise SpecError("vision", "a model given by num_params has no vision tower; drop the vision "
+                            "settings or name a vision-language model (see `vramplan models --kind vlm`)")
+        if task in MULTI_MODEL_TASKS or out["models"]:
+            # jobs/__init__.py resolve_models builds each role from a named model
+            what = f"task {task.value}" if task in MULTI_MODEL_TASKS else "a models list"
+            raise SpecError("num_params", f"a raw size estimates one model; {what} builds its models "
+                            "(policy, reference, ...) from `model`: name the model (a catalog name, hub id "
+                            "or config.json) instead")
     if spec.keep_logits:
         check_keep_logits(spec)
     return out
