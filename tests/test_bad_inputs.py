@@ -226,6 +226,12 @@ FLAGS = [  # (command line, a substring of the one error line); {tmp} is a folde
     (["estimate", "--num-params", "7b", "--images-per-sample", "2", "--seq-len", "512"], "vision"),
     (["estimate", "llama-3.2-1b", "--seq-len", "512", "--optimizer", "galore-adamw", "--rank", "8",
       "--optim-target-modules", ""], "low_rank.target_modules"),
+    # badinput4: a strategy that changed the GPU or the model was estimated for the job's own
+    # (a silent number: `a --gpu h1000` fit the h100); a typo in a key was a "not applicable" row
+    (["compare", "gpt2", "--seq-len", "512", "--gpu", "h100", "--strategy", "a --gpu a100-40gb"], "holds fixed"),
+    (["compare", "gpt2", "--seq-len", "512", "--gpu", "h100", "--strategy", "big model=llama-3.1-8b"], "holds fixed"),
+    (["compare", "gpt2", "--seq-len", "512", "--gpu", "h100", "--strategy", "t seqlen=256"], "did you mean 'seq_len'"),
+    (["compare", "gpt2", "--seq-len", "512", "--gpu", "h100", "--strategy", "t lora.rr=4"], "lora.rr is no spec key"),
 ]
 
 
@@ -264,6 +270,15 @@ def test_compare_rows_the_libraries_refuse_are_not_applicable(capsys):
     rows = json.loads(out)["rows"]
     assert code == 0 and [r["name"] for r in rows] == ["baseline", "bad"] and rows[0]["fits"]
     assert "not applicable: lora.target_modules" in rows[1]["note"]
+
+
+def test_compare_strategy_reaches_deeper_keys(capsys):
+    """`parallel.extras.overlap_comm=false` was set as parallel["extras.overlap_comm"], an
+    unknown key, so the row said "not applicable" (spec/variants.py with_dotted)."""
+    code = main(["compare", "gpt2", "--seq-len", "512", "--gpu", "h100", "--num-gpus", "2", "--zero-stage", "2",
+                 "--json", "--strategy", "no-overlap parallel.extras.overlap_comm=false"])
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert code == 0 and rows[1]["note"] == "" and rows[1]["spec"]["parallel"]["extras"]["overlap_comm"] is False
 
 
 def test_check_api_headroom_not_bytes():

@@ -38,6 +38,35 @@ class Strategy:
         return cls(name=name, changes=changes)
 
 
+FIXED_FIELDS = ("model", "num_params", "num_layers", "hidden_size", "gpu")
+"""What one comparison holds fixed: the Evaluator is made once for the job's trained model
+and GPU, so a strategy that changed them would be estimated for the job's own."""
+
+
+def check_strategy(strat: Strategy) -> None:
+    """A change to an unknown spec key, or to what a comparison holds fixed, is the user's
+    slip (one SpecError for the whole comparison), not a row that is "not applicable"."""
+    from dataclasses import fields as _fields
+    from vramplan.spec.job import _SECTION_ALIASES, _SECTIONS
+    from vramplan.spec.sections import did_you_mean
+    from vramplan.spec.tasks import SECTIONS
+    known = {f.name for f in _fields(JobSpec)} - {"seq_len_given"}
+    for key in strat.changes:
+        top, _, sub = str(key).partition(".")
+        if top not in known:
+            raise SpecError("strategy", f"{strat.name}: {key} is no spec key{did_you_mean(top, known)}")
+        cls = {**_SECTIONS, **SECTIONS}.get(top)
+        sub = sub.split(".", 1)[0]
+        if sub and cls is not None:
+            fields_ = {f.name for f in _fields(cls)} | set(_SECTION_ALIASES.get(top, {}))
+            if sub not in fields_:
+                raise SpecError("strategy", f"{strat.name}: {key} is no spec key{did_you_mean(sub, fields_)}")
+        if top in FIXED_FIELDS:
+            raise SpecError("strategy", f"{strat.name}: changes {top}, which one comparison holds fixed; "
+                            f"run compare with that {'gpu' if top == 'gpu' else 'model'} instead"
+                            + (" (or --tiers for every catalog GPU)" if top == "gpu" else ""))
+
+
 def parse_scalar(text: str):
     """A flag value as int, float or bool where it reads as one, else the text."""
     for conv in (int, float):
@@ -185,6 +214,8 @@ def compare(spec: JobSpec, gpu=None, *, strategies: list[Strategy] | None = None
         from vramplan.validity import assume_seq_len
         strategies = default_strategies(spec if ev.desc is None else assume_seq_len(ev.desc, spec))
     strategies = list(strategies)
+    for strat in strategies:
+        check_strategy(strat)
     if not strategies or strategies[0].changes:
         strategies.insert(0, Strategy("baseline"))
     rows = []
