@@ -9,6 +9,8 @@ it, as PyTorch would refuse it at start-up.
 """
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -74,10 +76,11 @@ def _bad(option: str, why: str) -> SpecError:
 
 
 def _int(option: str, text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise _bad(option, f"expected an integer, got {text!r}") from None
+    # c10's std::stoi/stoull read ASCII digits only: Python's int() would also take '1_000'
+    # and other scripts' digits ('١٢٨'), which PyTorch rejects or misreads
+    if not re.fullmatch(r"[+-]?[0-9]+", text):
+        raise _bad(option, f"expected an integer, got {text!r}")
+    return int(text)
 
 
 def _pow2(n: int) -> bool:

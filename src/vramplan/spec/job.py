@@ -180,6 +180,9 @@ class JobSpec:
         self._check_model()
         if self.alloc_conf is not None:
             from vramplan.spec.alloc_conf import parse_alloc_conf
+            if not isinstance(self.alloc_conf, str):  # str() of a list or mapping is no PYTORCH_CUDA_ALLOC_CONF
+                raise SpecError("alloc_conf", f"expected a string like 'expandable_segments:True,"
+                                              f"max_split_size_mb:128', got a {type(self.alloc_conf).__name__}")
             set_("alloc_conf", str(self.alloc_conf).strip() or None)
             parse_alloc_conf(self.alloc_conf)
         if self.lengths is not None:

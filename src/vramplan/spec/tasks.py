@@ -104,6 +104,10 @@ class GenerationConfig:
                            boolean("generation.ds3_gather_for_generation", self.ds3_gather_for_generation))
         object.__setattr__(self, "gpu_memory_utilization",
                            fraction("generation.gpu_memory_utilization", self.gpu_memory_utilization))
+        if self.engine == "vllm" and self.gpu_memory_utilization == 0:
+            # vllm/config/cache.py CacheConfig: gpu_memory_utilization = Field(gt=0, le=1)
+            raise SpecError("generation.gpu_memory_utilization", "vLLM needs a share of the GPU above 0 for its "
+                                                                 "weights and KV cache; use e.g. 0.3 (TRL's default)")
         if self.generation_batch_size is not None:
             object.__setattr__(self, "generation_batch_size",
                                positive_int("generation.generation_batch_size", self.generation_batch_size))
