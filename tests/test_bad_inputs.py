@@ -232,6 +232,13 @@ FLAGS = [  # (command line, a substring of the one error line); {tmp} is a folde
     (["compare", "gpt2", "--seq-len", "512", "--gpu", "h100", "--strategy", "big model=llama-3.1-8b"], "holds fixed"),
     (["compare", "gpt2", "--seq-len", "512", "--gpu", "h100", "--strategy", "t seqlen=256"], "did you mean 'seq_len'"),
     (["compare", "gpt2", "--seq-len", "512", "--gpu", "h100", "--strategy", "t lora.rr=4"], "lora.rr is no spec key"),
+    # badinput4: `--device -1` / `--device 3` answered "device 0" from the catalog GPU; `--fake` ran
+    # under any --device word; a bare headroom of 2 or 2.5 kept 2 bytes free
+    (["check", "gpt2", "--seq-len", "512", "--gpu", "h100", "--device", "-1"], "device: expected a local GPU index"),
+    (["measure", "gpt2", "--seq-len", "16", "--fake", "--device", "abc"], "device"),
+    (["check", "gpt2", "--seq-len", "512", "--gpu", "h100", "--headroom", "2"], "reads as 2 bytes"),
+    (["compare", "gpt2", "--seq-len", "512", "--gpu", "h100", "--headroom", "2.5"], "headroom"),
+    (["fit", "gpt2", "--seq-len", "512", "--gpu", "h100", "--headroom", "1.0"], "headroom"),
 ]
 
 
@@ -279,6 +286,16 @@ def test_compare_strategy_reaches_deeper_keys(capsys):
                  "--json", "--strategy", "no-overlap parallel.extras.overlap_comm=false"])
     rows = json.loads(capsys.readouterr().out)["rows"]
     assert code == 0 and rows[1]["note"] == "" and rows[1]["spec"]["parallel"]["extras"]["overlap_comm"] is False
+
+
+def test_check_device_without_a_local_gpu(capsys, monkeypatch):
+    """No local GPU: the catalog GPU stands in as device 0; another index was answered as
+    device 0 (a silent number for a device the user did not ask about)."""
+    import importlib
+    monkeypatch.setattr(importlib.import_module("vramplan.check"), "local_gpus", lambda: [])
+    code = main(["check", "gpt2", "--seq-len", "512", "--gpu", "h100", "--device", "3"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("vramplan: error: device: no GPU 3") and len(err.strip().splitlines()) == 1
 
 
 def test_check_api_headroom_not_bytes():

@@ -112,6 +112,8 @@ def measure_main(args) -> dict:
 
     spec = _spec(args)  # spec errors propagate: the CLI turns them into one line
     fake = bool(getattr(args, "fake", False))
+    if fake and getattr(args, "device", None) is not None:  # was ignored: any word ran the fake step
+        raise SpecError("device", "--fake runs under FakeTensorMode on no device; drop --device or --fake")
     device = "fake" if fake else _device(args)
     trace = bool(getattr(args, "trace", False))
     out: dict = {"schema": SCHEMA, "device": device, "job": spec.to_dict(), "runner": None,

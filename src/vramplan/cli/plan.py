@@ -278,7 +278,8 @@ def cmd_check(args) -> int:
         result = check(spec, device=args.device, raise_error=False,
                        headroom_bytes=parse_headroom(args.headroom, 0))
     except NoGPUError as exc:
-        print(f"vramplan: {localize(str(exc))}", file=sys.stderr)
+        from vramplan.i18n.errors import error_line
+        print(error_line(f"device: {localize(str(exc))}"), file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
