@@ -298,6 +298,18 @@ def test_check_device_without_a_local_gpu(capsys, monkeypatch):
     assert code == 2 and err.startswith("vramplan: error: device: no GPU 3") and len(err.strip().splitlines()) == 1
 
 
+def test_serve_port_in_use_is_one_line(capsys):
+    """uvicorn logged "ERROR: [Errno 98] ..." and exited 3 for an address it could not bind."""
+    import socket
+    pytest.importorskip("uvicorn")
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        code = main(["serve", "--port", str(held.getsockname()[1])])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("vramplan: error: port: cannot listen on") and len(err.strip().splitlines()) == 1
+
+
 def test_check_api_headroom_not_bytes():
     with pytest.raises(vramplan.SpecError) as info:  # was int('x') leaking a ValueError
         vramplan.check({"model": "gpt2", "seq_len": 512, "gpu": "h100"}, headroom_bytes="2GiB")
