@@ -239,6 +239,13 @@ FLAGS = [  # (command line, a substring of the one error line); {tmp} is a folde
     (["check", "gpt2", "--seq-len", "512", "--gpu", "h100", "--headroom", "2"], "reads as 2 bytes"),
     (["compare", "gpt2", "--seq-len", "512", "--gpu", "h100", "--headroom", "2.5"], "headroom"),
     (["fit", "gpt2", "--seq-len", "512", "--gpu", "h100", "--headroom", "1.0"], "headroom"),
+    # badinput4: an empty path was skipped as if the option were not given; --json beside
+    # another --format printed JSON
+    (["estimate", "gpt2", "--seq-len", "512", "--plot", ""], "--plot: the path is empty"),
+    (["estimate", "gpt2", "--seq-len", "512", "--save-spec", " "], "--save-spec"),
+    (["estimate", "gpt2", "--seq-len", "512", "--spec", ""], "--spec"),
+    (["compare", "gpt2", "--seq-len", "512", "--gpu", "h100", "--strategies", ""], "--strategies"),
+    (["estimate", "gpt2", "--seq-len", "512", "--json", "--format", "csv"], "keep one"),
 ]
 
 

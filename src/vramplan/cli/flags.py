@@ -263,7 +263,11 @@ def strategy_from_flags(text: str):
 
 def answer_format(args) -> str:
     """--format table|json|markdown|csv; --json is --format json."""
-    return "json" if getattr(args, "json", False) else (getattr(args, "format", None) or "table")
+    fmt = getattr(args, "format", None) or "table"
+    if getattr(args, "json", False) and fmt not in ("table", "json"):  # the default is table
+        from vramplan.cli.main import UsageError
+        raise UsageError(f"--json and --format {fmt} ask for two forms; keep one")
+    return "json" if getattr(args, "json", False) else fmt
 
 
 def add_format_args(p) -> None:

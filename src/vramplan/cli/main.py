@@ -338,6 +338,22 @@ def _version() -> str:
     return __version__
 
 
+_PATH_OPTIONS = ("spec", "save_spec", "plot", "strategies", "import_deepspeed", "import_training_args",
+                 "import_accelerate_config", "import_recipe", "static_build", "pyodide")
+
+
+def _check_paths(args) -> None:
+    """A file option given an empty path (`--plot ""`, an unset shell variable) was skipped
+    as if not given: no picture, no saved spec, the job without its spec file."""
+    for name in _PATH_OPTIONS:
+        value = getattr(args, name, None)
+        if isinstance(value, str) and not value.strip():
+            flag = "--" + name.removeprefix("import_").replace("_", "-")
+            raise UsageError(f"{flag}: the path is empty; give a file, or drop {flag}")
+    from vramplan.cli.flags import answer_format
+    answer_format(args)
+
+
 def _error(message: str) -> int:
     """One line on stderr, exit 2 (bad input)."""
     print(error_line(" ".join(str(message).split())), file=sys.stderr)
@@ -363,6 +379,7 @@ def _main(argv: list[str] | None) -> int:
         words = dashed(sys.argv[1:] if argv is None else list(argv))
         only = words[0] if words and words[0] in _OWN_COMMANDS else None
         args = build_parser(only).parse_args(words)
+        _check_paths(args)
         if not getattr(args, "func", None):
             build_parser().print_help()
             return 2
