@@ -317,6 +317,17 @@ def test_serve_port_in_use_is_one_line(capsys):
     assert code == 2 and err.startswith("vramplan: error: port: cannot listen on") and len(err.strip().splitlines()) == 1
 
 
+def test_alloc_conf_from_the_environment_names_the_variable(capsys, monkeypatch):
+    """A bad PYTORCH_CUDA_ALLOC_CONF was reported as the spec's alloc_conf, which the user never wrote."""
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    monkeypatch.setenv("PYTORCH_ALLOC_CONF", "expandable_segments:maybe")
+    code = main(["estimate", "gpt2", "--seq-len", "512"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("vramplan: error: alloc_conf: ") and len(err.strip().splitlines()) == 1
+    assert "environment's PYTORCH_ALLOC_CONF" in err
+    assert main(["estimate", "gpt2", "--seq-len", "512", "--alloc-conf", "expandable_segments:True"]) == 0
+
+
 def test_check_api_headroom_not_bytes():
     with pytest.raises(vramplan.SpecError) as info:  # was int('x') leaking a ValueError
         vramplan.check({"model": "gpt2", "seq_len": 512, "gpu": "h100"}, headroom_bytes="2GiB")

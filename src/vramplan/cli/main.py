@@ -176,9 +176,15 @@ def spec_from_args(args) -> "object":
         data = read_spec_file(args.spec)
     data = flags_to_data(args, _imported(args, data))
     if data.get("alloc_conf") is None:  # the environment is read here, at the edge
-        env = next((os.environ[k] for k in _ALLOC_CONF_ENV if os.environ.get(k)), None)
+        env = next((k for k in _ALLOC_CONF_ENV if os.environ.get(k)), None)
         if env:
-            data["alloc_conf"] = env
+            from vramplan.spec.alloc_conf import parse_alloc_conf
+            try:  # name the variable: the user gave no alloc_conf
+                parse_alloc_conf(os.environ[env].strip())
+            except SpecError as exc:
+                raise SpecError("alloc_conf", f"{str(exc).split(': ', 1)[-1]}; it comes from the environment's "
+                                f"{env} (fix it, or pass --alloc-conf to override it)") from None
+            data["alloc_conf"] = os.environ[env]
     spec = load_spec(data)
     if spec.lengths is not None:  # the lengths file is read here, relative to the spec file
         from vramplan.importers.lengths import resolve_lengths
