@@ -328,6 +328,32 @@ def test_alloc_conf_from_the_environment_names_the_variable(capsys, monkeypatch)
     assert main(["estimate", "gpt2", "--seq-len", "512", "--alloc-conf", "expandable_segments:True"]) == 0
 
 
+LENGTHS_FILES = [  # (file content, a substring of the error): badinput4, each was "spec: invalid literal
+    ("100\n\u00b2\n", "line 2 is '\u00b2'"),  # for int()" / "spec: Exceeds the limit (4300 digits)"
+    ("7" * 5000 + "\n", "5,000-digit number"),
+    ("[" + "7" * 5000 + "]", "thousands of digits"),
+]
+
+
+@pytest.mark.parametrize("content,says", LENGTHS_FILES, ids=["superscript", "digits_line", "digits_json"])
+def test_lengths_file_numbers_python_cannot_read(content, says, tmp_path, capsys):
+    path = tmp_path / "lengths.txt"
+    path.write_text(content, encoding="utf-8")
+    with pytest.raises(vramplan.SpecError) as info:
+        vramplan.estimate({"model": "gpt2", "seq_len": 512, "lengths": {"lengths_file": str(path)}})
+    assert info.value.field == "lengths.lengths_file" and says in str(info.value)
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(f"model: gpt2\nseq_len: 512\nlengths: {{lengths_file: {path}}}\n")
+    code = main(["estimate", "--spec", str(spec)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("vramplan: error: lengths.lengths_file:") and len(err.strip().splitlines()) == 1
+
+
+def test_lengths_file_folder_is_not_file_not_found(tmp_path):
+    with pytest.raises(vramplan.SpecError, match="is a folder"):
+        vramplan.estimate({"model": "gpt2", "seq_len": 512, "lengths": {"lengths_file": str(tmp_path)}})
+
+
 def test_check_api_headroom_not_bytes():
     with pytest.raises(vramplan.SpecError) as info:  # was int('x') leaking a ValueError
         vramplan.check({"model": "gpt2", "seq_len": 512, "gpu": "h100"}, headroom_bytes="2GiB")
