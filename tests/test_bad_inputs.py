@@ -354,6 +354,15 @@ def test_lengths_file_folder_is_not_file_not_found(tmp_path):
         vramplan.estimate({"model": "gpt2", "seq_len": 512, "lengths": {"lengths_file": str(tmp_path)}})
 
 
+@pytest.mark.parametrize("argv", [["estimate", "x" * 3000], ["estimate", "gpt2", "--gpu", "h" * 3000],
+                                  ["estimate", "gpt2", "--precision", "b" * 3000]], ids=["model", "gpu", "precision"])
+def test_a_pasted_value_keeps_the_line_short(argv, capsys):
+    """A 3,000-character value was echoed whole (twice for an unknown key): the line is cut."""
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and len(err) < 400 and "characters)" in err
+
+
 def test_check_api_headroom_not_bytes():
     with pytest.raises(vramplan.SpecError) as info:  # was int('x') leaking a ValueError
         vramplan.check({"model": "gpt2", "seq_len": 512, "gpu": "h100"}, headroom_bytes="2GiB")
