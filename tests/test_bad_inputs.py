@@ -363,6 +363,34 @@ def test_a_pasted_value_keeps_the_line_short(argv, capsys):
     assert code == 2 and len(err.strip().splitlines()) == 1 and len(err) < 400 and "characters)" in err
 
 
+def test_jobspec_built_directly_parses_its_sections():
+    """JobSpec(lora=5) / JobSpec(quantization={...}) bypassed load_spec's section parsing and
+    failed later with AttributeError ('int' object has no attribute 'use_dora')."""
+    with pytest.raises(vramplan.SpecError) as info:
+        vramplan.JobSpec(model="gpt2", method="lora", lora=5)
+    assert info.value.field == "lora"
+    spec = vramplan.JobSpec(model="gpt2", method="qlora", quantization={"type": "nf4"})
+    assert spec.quantization.type.value == "nf4"
+    with pytest.raises(vramplan.SpecError) as info:
+        vramplan.JobSpec(model="gpt2", parallel="x")
+    assert info.value.field == "parallel"
+
+
+def test_compare_api_bad_arguments():
+    """compare() took a mapping as the spec, a str or ints as strategies, a negative
+    headroom: AttributeError/TypeError deep inside, or a headroom that adds memory."""
+    from vramplan.plan.compare import Strategy, compare
+    job = {"model": "gpt2", "seq_len": 512, "gpu": "h100"}
+    assert compare(job)[0].fits  # a mapping is loaded, as estimate() loads it
+    for strategies in ("zero3", [5], [Strategy("a", 5)]):
+        with pytest.raises(vramplan.SpecError) as info:
+            compare(job, strategies=strategies)
+        assert info.value.field == "strategies"
+    with pytest.raises(vramplan.SpecError) as info:
+        compare(job, headroom_bytes=-1)
+    assert info.value.field == "headroom"
+
+
 def test_check_api_headroom_not_bytes():
     with pytest.raises(vramplan.SpecError) as info:  # was int('x') leaking a ValueError
         vramplan.check({"model": "gpt2", "seq_len": 512, "gpu": "h100"}, headroom_bytes="2GiB")

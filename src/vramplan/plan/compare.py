@@ -6,6 +6,7 @@ and its step time relative to the baseline with its communication volume.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from vramplan.estimation import Estimate
@@ -46,6 +47,8 @@ and GPU, so a strategy that changed them would be estimated for the job's own.""
 def check_strategy(strat: Strategy) -> None:
     """A change to an unknown spec key, or to what a comparison holds fixed, is the user's
     slip (one SpecError for the whole comparison), not a row that is "not applicable"."""
+    if not isinstance(strat, Strategy) or not isinstance(strat.changes, Mapping):
+        raise SpecError("strategies", f"expected Strategy(name, {{spec key: value}}), got {strat!r:.80}")
     from dataclasses import fields as _fields
     from vramplan.spec.job import _SECTION_ALIASES, _SECTIONS
     from vramplan.spec.sections import did_you_mean
@@ -208,6 +211,11 @@ class CompareRows(list):
 def compare(spec: JobSpec, gpu=None, *, strategies: list[Strategy] | None = None,
             evaluator: Evaluator | None = None, headroom_bytes: int = 0, **ev_kwargs) -> CompareRows:
     """One row per strategy; the first is the baseline (the job as given)."""
+    if not isinstance(spec, JobSpec):  # a mapping or a spec file, as vramplan.estimate takes
+        from vramplan.spec import load_spec
+        spec = load_spec(spec)
+    if strategies is not None and (isinstance(strategies, (str, bytes)) or not hasattr(strategies, "__iter__")):
+        raise SpecError("strategies", f"expected a list of Strategy, got {type(strategies).__name__}")
     ev = evaluator or Evaluator.for_spec(spec, gpu, headroom_bytes=headroom_bytes, **ev_kwargs)
     defaults = strategies is None
     if strategies is None:  # "half sequence" halves the seq_len estimated (a default capped at the positions)

@@ -104,6 +104,9 @@ class Evaluator:
         """The trained model; None where it is no transformer ModelDesc (diffusion pipelines)."""
         self.gpu = gpu
         self.counts = ModelCounts.of(desc) if desc is not None else None
+        if (isinstance(headroom_bytes, bool) or not isinstance(headroom_bytes, (int, float))
+                or not 0 <= headroom_bytes < float("inf")):  # a negative headroom would add memory
+            raise SpecError("headroom", f"expected a number of bytes >= 0, got {headroom_bytes!r}")
         self.headroom_bytes = int(headroom_bytes)
         self.capacity_bytes = int(capacity_bytes if capacity_bytes is not None else gpu.memory_bytes)
         self.mfu = mfu

@@ -154,6 +154,11 @@ class JobSpec:
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731  (frozen dataclass)
+        for name in _SECTIONS:  # JobSpec(lora={...}) built directly, not through load_spec
+            value = getattr(self, name)
+            if name == "parallel" and value is None:
+                raise SpecError("parallel", "expected a mapping, got None")
+            set_(name, _section(name, value))
         for name, enum_cls in _ENUMS.items():
             value = getattr(self, name)
             if value is not None or name != "optimizer_impl":
