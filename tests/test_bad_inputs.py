@@ -391,6 +391,21 @@ def test_compare_api_bad_arguments():
     assert info.value.field == "headroom"
 
 
+@pytest.mark.parametrize("kwargs,field", [
+    ({"axes": 5}, "vary"), ({"axes": {"foo": [1]}}, "vary"), ({"axes": {"parallel.tpp": [1]}}, "vary"),
+    ({"axes": {"num_gpus": 5}}, "vary"), ({"axes": {"num_gpus": []}}, "vary"),
+    ({"top_k": 0}, "top_k"), ({"top_k": "x"}, "top_k"), ({"gpu": "h1000"}, "gpu"), ({"headroom_bytes": -1}, "headroom"),
+], ids=["axes_int", "axis_unknown", "axis_unknown_inner", "axis_values_int", "axis_values_empty",
+        "top_k_zero", "top_k_word", "gpu_unknown", "headroom_negative"])
+def test_fit_api_bad_arguments(kwargs, field):
+    """fit() from Python: AttributeError/TypeError/IndexError deep inside, or an unknown axis
+    that made every layout invalid (answered as "nothing fits")."""
+    from vramplan.plan.fit import fit
+    with pytest.raises(vramplan.SpecError) as info:
+        fit({"model": "gpt2", "seq_len": 512, "gpu": "h100"}, **kwargs)
+    assert info.value.field == field and "\n" not in str(info.value)
+
+
 def test_check_api_headroom_not_bytes():
     with pytest.raises(vramplan.SpecError) as info:  # was int('x') leaking a ValueError
         vramplan.check({"model": "gpt2", "seq_len": 512, "gpu": "h100"}, headroom_bytes="2GiB")

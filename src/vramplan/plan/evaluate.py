@@ -117,10 +117,15 @@ class Evaluator:
 
     @classmethod
     def for_spec(cls, spec: JobSpec, gpu=None, **kwargs) -> "Evaluator":
+        if isinstance(gpu, str):  # a catalog name from Python, as spec.gpu takes it
+            from vramplan.catalog import find_gpu
+            try:
+                gpu = find_gpu(gpu)
+            except KeyError as exc:
+                raise SpecError("gpu", str(exc).strip("'\"")) from None
         if gpu is None:
             from vramplan.catalog import find_gpu
             if not spec.gpu:
-                from vramplan.spec import SpecError
                 raise SpecError("gpu", "planning needs a GPU: pass --gpu (see `vramplan gpus`)")
             gpu = find_gpu(spec.gpu)
         return cls(trained_desc(spec), gpu, **kwargs)

@@ -37,7 +37,7 @@ from vramplan.plan.floor import MemoryFloor
 from vramplan.plan.space import Candidate, default_axes, enumerate_candidates
 from vramplan.plan.steptime import StepTime
 from vramplan.report.emit import paste_forms
-from vramplan.spec import JobSpec
+from vramplan.spec import JobSpec, SpecError
 from vramplan.units import GiB
 
 FIT_SCHEMA_VERSION = 1
@@ -234,6 +234,11 @@ def fit(spec: JobSpec, gpu=None, *, axes: dict | None = None, top_k: int = 5,
     `headroom_bytes` None keeps the default headroom (`default_fit_headroom`); an
     `evaluator` brings its own."""
     start = time.perf_counter()
+    if not isinstance(spec, JobSpec):  # a mapping or a spec file, as vramplan.estimate takes
+        from vramplan.spec import load_spec
+        spec = load_spec(spec)
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:  # found[top_k - 1] below
+        raise SpecError("top_k", f"expected an integer >= 1, got {top_k!r}")
     ev = evaluator or Evaluator.for_spec(spec, gpu, headroom_bytes=headroom_bytes or 0, **ev_kwargs)
     if evaluator is None and headroom_bytes is None:
         ev.headroom_bytes = default_fit_headroom(ev.capacity_bytes)
