@@ -232,6 +232,10 @@ FLAGS = [  # (command line, a substring of the one error line); {tmp} is a folde
     (["compare", "gpt2", "--seq-len", "512", "--gpu", "h100", "--strategy", "big model=llama-3.1-8b"], "holds fixed"),
     (["compare", "gpt2", "--seq-len", "512", "--gpu", "h100", "--strategy", "t seqlen=256"], "did you mean 'seq_len'"),
     (["compare", "gpt2", "--seq-len", "512", "--gpu", "h100", "--strategy", "t lora.rr=4"], "lora.rr is no spec key"),
+    # a value no job takes was a "not applicable" row and exit 0
+    (["compare", "gpt2", "--seq-len", "512", "--gpu", "h100", "--strategy", "z --zero-stage 9"], "strategy: z: parallel.zero_stage"),
+    (["compare", "gpt2", "--seq-len", "512", "--gpu", "h100", "--strategy", "n --num-gpus 0"], "num_gpus"),
+    (["compare", "gpt2", "--seq-len", "512", "--gpu", "h100", "--strategy", "p precision=fp8"], "precision"),
     # badinput4: `--device -1` / `--device 3` answered "device 0" from the catalog GPU; `--fake` ran
     # under any --device word; a bare headroom of 2 or 2.5 kept 2 bytes free
     (["check", "gpt2", "--seq-len", "512", "--gpu", "h100", "--device", "-1"], "device: expected a local GPU index"),

@@ -68,6 +68,29 @@ def check_strategy(strat: Strategy) -> None:
             raise SpecError("strategy", f"{strat.name}: changes {top}, which one comparison holds fixed; "
                             f"run compare with that {'gpu' if top == 'gpu' else 'model'} instead"
                             + (" (or --tiers for every catalog GPU)" if top == "gpu" else ""))
+        try:
+            _check_value(str(key), strat.changes[key])
+        except SpecError as exc:
+            raise SpecError("strategy", f"{strat.name}: {exc}") from None
+
+
+def _check_value(key: str, value) -> None:
+    """A value no job takes (zero_stage 9, num_gpus 0, precision fp8), by the spec's own
+    parser of that field alone: the user's slip, not a row. What only this job refuses
+    (LoRA targets its model lacks, tp past its heads) stays a "not applicable" row."""
+    from vramplan.spec.job import _BOOLS, _ENUMS, _INTS
+    from vramplan.spec.lora import LoraConfig
+    from vramplan.spec.sections import ParallelConfig, boolean, count_field
+    head, _, rest = key.partition(".")
+    if rest and "." not in rest and head in ("parallel", "lora"):  # fields checked one at a time (as fit's axes)
+        rest = {"lora_alpha": "alpha", "lora_dropout": "dropout", "rank": "r"}.get(rest, rest) if head == "lora" else rest
+        ({"parallel": ParallelConfig, "lora": LoraConfig}[head])(**{rest: value})
+    elif not rest and head in _ENUMS and value is not None:
+        _ENUMS[head].parse(value, head)
+    elif not rest and head in _INTS:
+        count_field(head, value)
+    elif not rest and head in _BOOLS:
+        boolean(head, value)
 
 
 def parse_scalar(text: str):
