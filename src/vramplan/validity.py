@@ -209,6 +209,13 @@ def _parallel(desc: ModelDesc, spec: JobSpec) -> list[str]:
                         "hybrid-shard splits into (replicate, shard) groups; use a shard group size that divides "
                         "it, e.g. the GPUs per node")
     _experts(desc, spec, n // mp)
+    for name in ("cp", "ulysses"):
+        if getattr(par, name) > 1 and desc.model_type == "mamba2":
+            # ring attention (torch context_parallel, Megatron CP) and DeepSpeed Ulysses split
+            # the attention over sequence ranks; a Mamba2 stack has none, and its SSM scan runs
+            # over the whole sequence. The estimate would count attention traffic it never has.
+            raise SpecError(f"parallel.{name}", f"{desc.name} has no attention layers for {name} to split "
+                            f"the sequence over; use {name} 1 (shard it with zero_stage, fsdp or tp)")
     if par.cp > 1 and spec.seq_len % (2 * par.cp):
         # megatron/core/utils.py get_batch_on_this_cp_rank views the sequence as 2 * cp chunks
         # (load balancing for causal attention).
