@@ -410,6 +410,30 @@ def test_fit_api_bad_arguments(kwargs, field):
     assert info.value.field == field and "\n" not in str(info.value)
 
 
+def test_measure_refusal_is_exit_2(capsys):
+    """A job `measure` does not build (loss_impl chunked) printed "failed (measure): ..." and
+    exited 0; it is bad input: exit 2 and the error line last on stderr (the document stays)."""
+    pytest.importorskip("torch")
+    code = main(["measure", "gpt2", "--seq-len", "16", "--loss-impl", "chunked", "--fake"])
+    out, err = capsys.readouterr()
+    assert code == 2 and "Traceback" not in out + err
+    assert err.strip().splitlines()[-1] == "vramplan: error: loss_impl: only 'standard' is measured, got 'chunked'"
+
+
+def test_measure_ppo_takes_a_model_path(tmp_path, capsys):
+    """measure_ppo built the critic and reward from dict(job["model"]): a catalog name or a
+    config.json path failed with "dictionary update sequence element #0 has length 1"."""
+    pytest.importorskip("torch")
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
+                                "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,
+                                "vocab_size": 256, "max_position_embeddings": 128}))
+    code = main(["measure", str(path), "--task", "ppo", "--seq-len", "8", "--max-new-tokens", "4",
+                 "--micro-batch-size", "1", "--device", "cpu", "--json"])
+    data = json.loads(capsys.readouterr().out)
+    assert code == 0 and data["failure"] is None and data["measured"]["peak_allocated_bytes"] > 0
+
+
 def test_check_api_headroom_not_bytes():
     with pytest.raises(vramplan.SpecError) as info:  # was int('x') leaking a ValueError
         vramplan.check({"model": "gpt2", "seq_len": 512, "gpu": "h100"}, headroom_bytes="2GiB")

@@ -282,6 +282,14 @@ def cmd_measure(args) -> int:
     result = measure_main(args)
     if args.json:
         print(json.dumps(result, indent=2))
+    failure = result.get("failure") or {}
+    if result.get("measured") is None and failure.get("stage") == "measure" and \
+            failure.get("type") in ("ValueError", "NotImplementedError"):
+        # the job as given is one `measure` cannot run (a task or setting it does not build):
+        # bad input, exit 2, as the estimate's own refusals; the document above keeps it too
+        from vramplan.spec.enums import user_error_line
+        print(user_error_line(ValueError(failure.get("message", ""))), file=sys.stderr)
+        return 2
     return 0
 
 
