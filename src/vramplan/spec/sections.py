@@ -193,6 +193,20 @@ _QUANT_FACTS = {
 }
 
 
+BNB_BLOCK_SIZES = (32, 64, 128, 256, 512, 1024, 2048, 4096)
+"""bitsandbytes 0.50 quantize_4bit's block sizes (functional.py)."""
+_GPTQ_TORCH = (-1, 16, 32, 64, 128, 256, 512, 1024)
+_SMALL = (-1, 32, 64, 128)
+GPTQMODEL_GROUP_SIZES = {
+    # GPTQModel 7.7 SUPPORTS_GROUP_SIZE: qlinear/torch.py, tritonv2.py, exllamav2.py, marlin.py,
+    # gemm_awq.py, gemv_awq.py, marlin_awq.py, torch_awq.py (exllama v1 is not listed: unchecked)
+    (QuantType.GPTQ, "torch"): _GPTQ_TORCH, (QuantType.GPTQ, "triton"): _GPTQ_TORCH,
+    (QuantType.GPTQ, "exllamav2"): _SMALL, (QuantType.GPTQ, "marlin"): _SMALL,
+    (QuantType.AWQ, "gemm"): (-1, 16, 32, 64, 128), (QuantType.AWQ, "gemv"): (-1, 64, 128),
+    (QuantType.AWQ, "marlin"): _SMALL, (QuantType.AWQ, "torch"): (-1, 16, 32, 64, 128),
+}
+
+
 # Quantized bases whose training step runs on CPU (bitsandbytes >= 0.49's CPU backend, GPTQModel's
 # TorchLinear and AwqTorchLinear, torchao's int8/fp8 weight-only tensors, hqq's PYTORCH
 # backend): measurable there.
@@ -262,11 +276,21 @@ class QuantConfig:
         if not isinstance(self.compute_dtype, str) or self.compute_dtype not in ("bf16", "fp16", "fp32"):
             raise SpecError("quantization.compute_dtype", "choose bf16, fp16 or fp32")
         object.__setattr__(self, "block_size", positive_int("quantization.block_size", self.block_size))
+        if qtype in (QuantType.NF4, QuantType.FP4) and self.block_size not in BNB_BLOCK_SIZES:
+            # bitsandbytes/functional.py quantize_4bit: ValueError(f"invalid blocksize {blocksize}")
+            raise SpecError("quantization.block_size", f"bitsandbytes quantizes 4-bit weights in blocks of "
+                            f"{', '.join(map(str, BNB_BLOCK_SIZES))}; got {self.block_size} (the default is 64)")
         object.__setattr__(self, "group_size", self._group(qtype, group))
         kernel = kernels[0] if self.kernel is None else str(self.kernel).strip().lower()
         if kernel not in kernels:
             raise SpecError("quantization.kernel", f"{qtype.value} runs on {', '.join(kernels)}; got {_show(self.kernel)}")
         object.__setattr__(self, "kernel", kernel)
+        sizes = GPTQMODEL_GROUP_SIZES.get((qtype, kernel))
+        if sizes and self.group_size not in sizes:
+            # gptqmodel/nn_modules/qlinear: each QuantLinear's SUPPORTS_GROUP_SIZE, checked in
+            # validate() ("only supports [...] group_size") when the model is loaded
+            raise SpecError("quantization.group_size", f"GPTQModel's {kernel} kernel for {qtype.value} takes "
+                            f"group_size {', '.join(map(str, sizes))}; got {self.group_size}")
         object.__setattr__(self, "modules_to_not_convert",
                            string_list("quantization.modules_to_not_convert", self.modules_to_not_convert))
 
