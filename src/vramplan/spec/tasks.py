@@ -159,6 +159,12 @@ class VisionConfig:
         for name in _OPTIONAL_SIZES:
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, positive_int(f"vision.{name}", getattr(self, name)))
+        if self.max_tiles is not None and self.max_tiles > MAX_TILES:
+            # InternVL's processor enumerates every grid of up to max_tiles tiles (families/
+            # internvl/vision.py tile_grid): 1e9 ran for minutes. Past this, the tiles' 256
+            # tokens each are past any language model's positions anyway.
+            raise SpecError("vision.max_tiles", f"{self.max_tiles:,} is too large (at most {MAX_TILES:,}; "
+                                                "InternVL's default is 12, each tile 256 tokens)")
         for low, high in (("min_pixels", "max_pixels"), ("video_min_pixels", "video_max_pixels")):
             lo, hi = getattr(self, low), getattr(self, high)
             if lo is not None and hi is not None and lo > hi:
@@ -182,6 +188,8 @@ class VisionConfig:
         return out
 
 
+MAX_TILES = 100_000
+"""The most tiles per image a spec takes: 25.6M tokens of 256-token tiles, past any model."""
 _OPTIONAL_SIZES = ("image_height", "image_width", "min_pixels", "max_pixels", "max_tiles", "video_height", "video_width",
                    "video_min_pixels", "video_max_pixels")
 
