@@ -49,7 +49,10 @@ def check_size(device_bytes: int, spec: JobSpec) -> None:
             field = "num_labels"
         elif spec.lora is not None and spec.method in (Method.LORA, Method.QLORA) and spec.lora.r > 2**16:
             field = "lora.r"
-    fix = "lower it" if field in ("num_labels", "lora.r") else "lower micro_batch_size or seq_len, or shard more"
+        elif spec.generation is not None and (spec.generation.generation_batch_size or 0) > 2**20:
+            field = "generation.generation_batch_size"
+    fix = ("lower it" if field in ("num_labels", "lora.r", "generation.generation_batch_size")
+           else "lower micro_batch_size or seq_len, or shard more")
     raise SpecError(field, f"this job needs {device_bytes / 2**50:,.0f} PiB per GPU, beyond any GPU "
                     f"(the largest hold a few hundred GB); {fix}")
 
@@ -209,6 +212,12 @@ def _parallel(desc: ModelDesc, spec: JobSpec) -> list[str]:
                         "hybrid-shard splits into (replicate, shard) groups; use a shard group size that divides "
                         "it, e.g. the GPUs per node")
     _experts(desc, spec, n // mp)
+    hpz = par.extras.get("zero_hpz_partition_size", 1)
+    if par.zero_stage == 3 and isinstance(hpz, int) and hpz > 1 and n % min(hpz, n):
+        # deepspeed/utils/groups.py _create_zero_param_parallel_group: min(size, world) must
+        # divide the world size (_ensure_divisibility)
+        raise SpecError("parallel.extras.zero_hpz_partition_size", f"{hpz} does not divide the {n} GPUs; ZeRO++ "
+                        "hpZ groups must split them evenly (use e.g. the GPUs per node)")
     for name in ("cp", "ulysses"):
         if getattr(par, name) > 1 and desc.model_type == "mamba2":
             # ring attention (torch context_parallel, Megatron CP) and DeepSpeed Ulysses split

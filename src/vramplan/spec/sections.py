@@ -167,7 +167,19 @@ def check_extras(extras: object) -> dict:
         elif key == "pp_layers" and not (isinstance(value, (list, tuple)) and all(
                 isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value)):
             raise SpecError(name, f"expected a list of layer counts per pipeline stage, got {_show(value)}")
+        elif key == "zero_hpz_partition_size":  # engines.py int()s it: 'abc' or [2] failed there
+            out[key] = positive_int(name, value, minimum=0)  # DeepSpeed's Field(1, ge=0); 0 and 1: off
+        elif key == "host_memory_bytes" and not (isinstance(value, str) and value.lower() in ("local", "auto")):
+            if isinstance(value, str) and not value.strip().isdigit():  # parallel/host.py int()s it
+                raise SpecError(name, f"expected the host's RAM in bytes (e.g. 549755813888) or 'local', got {_show(value)}")
+            out[key] = positive_int(name, value)
+        elif key == "dist_backend" and (not isinstance(value, str) or value.lower() not in DIST_BACKENDS):
+            raise SpecError(name, f"expected one of {', '.join(DIST_BACKENDS)} (torch.distributed), got {_show(value)}")
     return out
+
+
+DIST_BACKENDS = ("nccl", "gloo", "mpi", "ucc", "xccl", "hccl", "ccl")
+"""torch.distributed backends (Backend.NCCL, GLOO, MPI, UCC, XCCL; hccl/ccl from the Ascend and oneCCL plugins)."""
 
 
 # Per quantization type: the bit widths its library stores, its default group size (None:
