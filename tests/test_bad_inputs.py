@@ -269,6 +269,20 @@ def test_cli_warning_is_printed_as_a_note(capsys):
     assert code == 0 and _squash("note: seq_len: 200,000 tokens are past") in out
 
 
+@pytest.mark.parametrize("text,says", [
+    ("[]\n", "holds no strategies"),  # the baseline alone was printed
+    ("- {name: a, changes: {}}\n", "changes nothing"),  # a row repeating the baseline
+    ("- {name: a, changes: {seq_len: 256}, chagnes: {}}\n", "name and changes only"),  # a key dropped unread
+], ids=["empty_list", "empty_changes", "unknown_entry_key"])
+def test_strategies_file_slips(text, says, tmp_path, capsys):
+    path = tmp_path / "strategies.yaml"
+    path.write_text(text)
+    code = main(["compare", "gpt2", "--seq-len", "512", "--gpu", "h100", "--strategies", str(path)])
+    out, err = capsys.readouterr()
+    assert code == 2 and err.startswith("vramplan: error: strategies: ") and says in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in out + err
+
+
 def test_strategies_file_entries_not_mappings(tmp_path, capsys):
     path = tmp_path / "strategies.yaml"
     path.write_text("- zero3\n- offload\n")  # names alone: each entry needs its changes

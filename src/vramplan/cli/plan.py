@@ -133,10 +133,20 @@ def _read_strategies(path: str):
     items = data.get("strategies") if isinstance(data, dict) else data
     if not isinstance(items, list):
         raise SpecError("strategies", f"{path} must hold a list of entries, each a name and its changes")
+    if not items:  # the comparison would be the baseline alone
+        raise SpecError("strategies", f"{path} holds no strategies; list entries like "
+                        "{name: zero3, changes: {parallel.zero_stage: 3}}")
     for k, item in enumerate(items):
         if not (isinstance(item, dict) and "name" in item and isinstance(item.get("changes") or {}, dict)):
             raise SpecError("strategies", f"{path}: entry {k + 1} must be a mapping with a name and its changes, "
                             f"got {item!r}")
+        if not item.get("changes"):  # a row repeating the baseline, as --strategy refuses
+            raise SpecError("strategies", f"{path}: entry {k + 1} ({item['name']}) changes nothing; give its "
+                            "changes, e.g. {parallel.zero_stage: 3}")
+        unknown = set(item) - {"name", "changes"}
+        if unknown:
+            raise SpecError("strategies", f"{path}: entry {k + 1} has {', '.join(map(str, sorted(unknown, key=str)))}; "
+                            "an entry holds name and changes only")
     return [Strategy(name=str(i["name"]), changes=dict(i.get("changes") or {})) for i in items]
 
 
