@@ -12,11 +12,17 @@ from vramplan.spec import JobSpec, SpecError, Task
 from vramplan.spec.tasks import PRECOMPUTED, needs_several_models
 
 
-def _desc(model, num_labels: int | None = None) -> ModelDesc:
-    from vramplan.sources import model_from_hf_config
-    from vramplan.sources import resolve_hf_config
+def _desc(model, num_labels: int | None = None, field: str = "model") -> ModelDesc:
+    """The ModelDesc of one role's model; a config the adapter refuses (ValueError, as
+    sources._resolve_model turns it for `model`) is a SpecError naming `field`."""
+    from vramplan.sources import _plain, model_from_hf_config, resolve_hf_config
     name, config = resolve_hf_config(model)
-    return model_from_hf_config(config, name=name, num_labels=num_labels)
+    try:
+        return model_from_hf_config(config, name=name, num_labels=num_labels)
+    except SpecError:
+        raise
+    except (ValueError, KeyError, TypeError) as exc:  # was "spec: gpt2 config is missing ..."
+        raise SpecError(field, _plain(exc)) from None
 
 
 def resolve_models(spec: JobSpec) -> dict[str, ModelDesc]:
@@ -33,7 +39,7 @@ def resolve_models(spec: JobSpec) -> dict[str, ModelDesc]:
                 raise SpecError(field, str(exc).split(": ", 1)[-1]) from None
     for m in spec.models:
         if m.model != PRECOMPUTED:
-            out[m.role] = _desc(m.model)
+            out[m.role] = _desc(m.model, field=f"models.{m.role}.model")
     return out
 
 

@@ -338,6 +338,15 @@ def check_task_fields(spec) -> dict[str, object]:
                 raise SpecError(name, "GRPO needs at least 2 completions per prompt to compute its advantages "
                                       "(trl GRPOConfig); use num_generations >= 2")
     out["models"] = parse_models(spec.models)
+    # jobs/__init__.py resolve_models: a listed role replaces the task's model of that name
+    for m in out["models"]:
+        if m.role == "policy":  # the trained model: a gpt2 job was estimated as the listed model
+            raise SpecError("models.policy", "the trained model is the spec's `model`; give this entry "
+                            "another role name, or set `model` to it")
+        field = {"reference": "reference_model", "teacher": "teacher", "reward": "reward_model",
+                 "critic": "critic_model"}.get(m.role)
+        if field and out[field] is not None:
+            raise SpecError(f"models.{m.role}", f"and {field} both name the {m.role} model; keep one")
     for name in SECTIONS:
         out[name] = parse_section(name, getattr(spec, name))
     if out["diffusion"] is not None and task is not Task.DIFFUSION:
