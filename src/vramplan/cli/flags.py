@@ -152,7 +152,9 @@ def section_flags(args, data: dict, imply: bool = True) -> dict:
     optim_args = getattr(args, "section_optim_args", None)
     if optim_args is not None:
         from vramplan.importers.hf_args import low_rank_args
-        given["low_rank"] = {**low_rank_args(optim_args, "--optim-args"), **given.get("low_rank", {})}
+        low = {**low_rank_args(optim_args, "--optim-args"), **given.get("low_rank", {})}
+        if low:  # optim_args of another optimizer (betas=...) made an empty low_rank section: "rank required"
+            given["low_rank"] = low
     data = dict(data)
     for section, values in given.items():
         old = data.get(section)
