@@ -250,6 +250,10 @@ FLAGS = [  # (command line, a substring of the one error line); {tmp} is a folde
     (["estimate", "gpt2", "--seq-len", "512", "--spec", ""], "--spec"),
     (["compare", "gpt2", "--seq-len", "512", "--gpu", "h100", "--strategies", ""], "--strategies"),
     (["estimate", "gpt2", "--seq-len", "512", "--json", "--format", "csv"], "keep one"),
+    # badinput4: --tiers skipped these without a word (an invalid --mfu 0 too)
+    (["compare", "gpt2", "--seq-len", "512", "--tiers", "--mfu", "0"], "tiers: --mfu is not read with --tiers"),
+    (["compare", "gpt2", "--seq-len", "512", "--tiers", "--format", "csv"], "--format csv"),
+    (["compare", "gpt2", "--seq-len", "512", "--tiers", "--strategy", "a --zero-stage 3"], "--strategy"),
 ]
 
 

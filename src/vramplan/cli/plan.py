@@ -109,6 +109,14 @@ def _strategy(text: str):
 def _tiers(spec, args) -> int:
     from vramplan.plan.answers import parse_headroom
     from vramplan.plan.tiers import gpu_tiers, tiers_summary
+    unread = [flag for flag, given in (("--strategy", args.strategy), ("--strategies", args.strategies),
+                                       ("--with-defaults", args.with_defaults), ("--plot", args.plot),
+                                       ("--mfu", args.mfu is not None),
+                                       (f"--format {args.format}", args.format not in (None, "table", "json")))
+              if given]
+    if unread:  # each was skipped without a word: the tiers table has its own strategies, no picture
+        raise SpecError("tiers", f"{unread[0]} is not read with --tiers (every catalog GPU, its own least "
+                                 "change); drop one of them")
     rows = gpu_tiers(spec, headroom_bytes=0 if args.headroom is None else parse_headroom(args.headroom, 0))
     if _format(args) == "json":
         print(json.dumps({"schema_version": 1, "gpus": [r.to_dict() for r in rows],
