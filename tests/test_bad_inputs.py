@@ -254,6 +254,10 @@ FLAGS = [  # (command line, a substring of the one error line); {tmp} is a folde
     (["compare", "gpt2", "--seq-len", "512", "--tiers", "--mfu", "0"], "tiers: --mfu is not read with --tiers"),
     (["compare", "gpt2", "--seq-len", "512", "--tiers", "--format", "csv"], "--format csv"),
     (["compare", "gpt2", "--seq-len", "512", "--tiers", "--strategy", "a --zero-stage 3"], "--strategy"),
+    # badinput4: fit --maximize / --minimize answer one layout; these were skipped without a word
+    (["fit", "gpt2", "--seq-len", "512", "--gpu", "h100", "--maximize", "seq_len", "--top-k", "3"], "top_k: --top-k is not read"),
+    (["fit", "gpt2", "--seq-len", "512", "--gpu", "h100", "--minimize", "num_gpus", "--emit", "deepspeed"], "emit"),
+    (["fit", "gpt2", "--seq-len", "512", "--gpu", "h100", "--maximize", "seq_len", "--vary", "seq_len=256,512"], "vary"),
 ]
 
 

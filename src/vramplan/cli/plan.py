@@ -169,6 +169,14 @@ def cmd_fit(args) -> int:
         axes = {**default_axes(spec, ev.desc), **axes}
     if args.max_gpus is not None and not args.minimize:
         raise SpecError("max_gpus", "bounds --minimize num_gpus; add --minimize num_gpus or drop --max-gpus")
+    goal = f"--maximize {args.maximize}" if args.maximize else "--minimize num_gpus" if args.minimize else None
+    if goal:  # these answer one layout: --top-k and --emit were skipped without a word
+        for flag, given in (("--top-k", args.top_k is not None), ("--emit", args.emit),
+                            (f"--vary {args.maximize}", args.maximize and axes and args.maximize in axes)):
+            if given:
+                raise SpecError(flag.split()[0].lstrip("-").replace("-", "_"),
+                                f"{flag} is not read with {goal} (one answer, the search's own values); drop one")
+    args.top_k = 5 if args.top_k is None else args.top_k
     if args.maximize:
         return _fit_maximize(spec, ev, axes, args)
     if args.minimize:
@@ -322,7 +330,7 @@ def register(sub, add_spec_args, spec_from_args) -> None:
     c.set_defaults(func=cmd_compare)
     f = sub.add_parser("fit", help=_("layouts that fit, ranked by estimated step time"))
     add_spec_args(f)
-    f.add_argument("--top-k", type=int, default=5)
+    f.add_argument("--top-k", type=int, default=None)  # 5 (cmd_fit): None tells it was not given
     f.add_argument("--vary", action="append", help=_("open an axis: NAME or NAME=v1,v2 (repeatable)"))
     f.add_argument("--only", action="store_true", help=_("search only the --vary axes"))
     f.add_argument("--maximize", choices=("micro_batch_size", "seq_len"))
