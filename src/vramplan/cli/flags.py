@@ -263,6 +263,22 @@ def strategy_from_flags(text: str):
     return Strategy(name=name or " ".join(flags), changes=changes)
 
 
+_PATH_OPTIONS = ("spec", "save_spec", "plot", "strategies", "import_deepspeed", "import_training_args",
+                 "import_accelerate_config", "import_recipe", "static_build", "pyodide")
+
+
+def check_paths(args) -> None:
+    """A file option given an empty path (`--plot ""`, an unset shell variable) was skipped
+    as if not given: no picture, no saved spec, the job without its spec file."""
+    for name in _PATH_OPTIONS:
+        value = getattr(args, name, None)
+        if isinstance(value, str) and not value.strip():
+            flag = "--" + name.removeprefix("import_").replace("_", "-")
+            from vramplan.cli.main import UsageError
+            raise UsageError(f"{flag}: the path is empty; give a file, or drop {flag}")
+    answer_format(args)
+
+
 def answer_format(args) -> str:
     """--format table|json|markdown|csv; --json is --format json."""
     fmt = getattr(args, "format", None) or "table"

@@ -18,7 +18,7 @@ from vramplan.cli.catalogs import cmd_gpus, cmd_models
 from vramplan.cli.flags import (  # noqa: F401 (dashed, strategy_from_flags: public from here too)
     _ATTN_IMPL, _DIFFUSION_FLAGS, _TRAINER_FLAGS, _bool_word, _diffusion, _flag_bool, _flag_names,
     _trainer_flags, add_format_args, add_section_flags, answer_format, cmd_completion, dashed, section_flags,
-    strategy_from_flags,
+    strategy_from_flags, check_paths,
 )
 from vramplan.report.header import BATCH_HELP
 from vramplan.spec import SpecError
@@ -282,13 +282,10 @@ def cmd_measure(args) -> int:
     result = measure_main(args)
     if args.json:
         print(json.dumps(result, indent=2))
-    failure = result.get("failure") or {}
-    if result.get("measured") is None and failure.get("stage") == "measure" and \
-            failure.get("type") in ("ValueError", "NotImplementedError"):
-        # the job as given is one `measure` cannot run (a task or setting it does not build):
-        # bad input, exit 2, as the estimate's own refusals; the document above keeps it too
-        from vramplan.spec.enums import user_error_line
-        print(user_error_line(ValueError(failure.get("message", ""))), file=sys.stderr)
+    from vramplan.cli.measure import refusal_line
+    line = refusal_line(result)  # a job `measure` does not build: bad input, exit 2
+    if line:
+        print(line, file=sys.stderr)
         return 2
     return 0
 
@@ -352,22 +349,6 @@ def _version() -> str:
     return __version__
 
 
-_PATH_OPTIONS = ("spec", "save_spec", "plot", "strategies", "import_deepspeed", "import_training_args",
-                 "import_accelerate_config", "import_recipe", "static_build", "pyodide")
-
-
-def _check_paths(args) -> None:
-    """A file option given an empty path (`--plot ""`, an unset shell variable) was skipped
-    as if not given: no picture, no saved spec, the job without its spec file."""
-    for name in _PATH_OPTIONS:
-        value = getattr(args, name, None)
-        if isinstance(value, str) and not value.strip():
-            flag = "--" + name.removeprefix("import_").replace("_", "-")
-            raise UsageError(f"{flag}: the path is empty; give a file, or drop {flag}")
-    from vramplan.cli.flags import answer_format
-    answer_format(args)
-
-
 def _error(message: str) -> int:
     """One line on stderr, exit 2 (bad input)."""
     print(error_line(" ".join(str(message).split())), file=sys.stderr)
@@ -393,7 +374,7 @@ def _main(argv: list[str] | None) -> int:
         words = dashed(sys.argv[1:] if argv is None else list(argv))
         only = words[0] if words and words[0] in _OWN_COMMANDS else None
         args = build_parser(only).parse_args(words)
-        _check_paths(args)
+        check_paths(args)
         if not getattr(args, "func", None):
             build_parser().print_help()
             return 2

@@ -153,6 +153,18 @@ def measure_main(args) -> dict:
     return out
 
 
+def refusal_line(result: dict) -> str | None:
+    """The error line of a job the measure stage refused as given (a task or setting it does
+    not build: ValueError, NotImplementedError), as the estimate's own refusals; None for a
+    run that measured, or failed while running. The document keeps the failure too."""
+    failure = result.get("failure") or {}
+    if result.get("measured") is not None or failure.get("stage") != "measure" or \
+            failure.get("type") not in ("ValueError", "NotImplementedError"):
+        return None
+    from vramplan.spec.enums import user_error_line
+    return user_error_line(ValueError(failure.get("message", "")))
+
+
 def allocator_check(trace_doc: dict, measured_reserved: int | None, est, spec) -> dict:
     """What the allocator did on this run against the model: the model replaying the run's
     own allocations (the allocator's policy alone), and the estimate's replay of its event

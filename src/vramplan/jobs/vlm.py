@@ -218,7 +218,6 @@ def llava_tower(vis: VisionDesc, spec: JobSpec, S: int) -> TowerPlan:
 def vlm_estimate(vis, lm: ModelDesc, spec: JobSpec, gpu=None):
     """The language model's plan at its longer sequence with the tower's stages before it."""
     from vramplan.step.build import rank_step
-    _refuse_unread(spec, type(vis).__name__)
     if isinstance(vis, VisionDesc):
         S = spec.seq_len + within_positions(llava_tokens(vis, spec), spec, lm)  # as the families' towers
         tower = llava_tower(vis, spec, S)
@@ -293,26 +292,6 @@ def _prepend(plan: StepPlan, extra, transients=None) -> None:
 
 
 QWEN_VL = ("qwen2_vl", "qwen2_5_vl")
-# The optional vision fields each tower's processor reads (jobs/<family>.py): a set field
-# another tower ignores would leave the number unchanged while the user thinks it counted.
-_IMAGE_FIELDS = ("image_height", "image_width", "min_pixels", "max_pixels", "max_tiles")
-_READS = {"VisionDesc": (), "Gemma3VisionDesc": (),  # fixed-size towers: every image resized to its side
-          "InternVisionDesc": ("image_height", "image_width", "max_tiles"),
-          "OnevisionDesc": ("image_height", "image_width"),
-          "QwenVisionDesc": ("image_height", "image_width", "min_pixels", "max_pixels")}
-_HINTS = {"max_tiles": "an InternVL setting", "min_pixels": "a Qwen-VL processor setting",
-          "max_pixels": "a Qwen-VL processor setting"}
-
-
-def _refuse_unread(spec: JobSpec, tower: str) -> None:
-    reads = _READS.get(tower)
-    for name in _IMAGE_FIELDS if reads is not None else ():
-        if getattr(spec.vision, name) is not None and name not in reads:
-            what = _HINTS.get(name, "read by towers of native resolution (Qwen-VL, InternVL, LLaVA-OneVision)")
-            raise SpecError(f"vision.{name}", f"is {what}; this model's processor does not read it (the estimate "
-                            f"would not change), so drop it")
-
-
 _TOWER_JOBS = {"QwenVisionDesc": "qwen_vl", "InternVisionDesc": "internvl", "Gemma3VisionDesc": "gemma3_vl",
                "OnevisionDesc": "llava_onevision"}
 _OWN_CONFIG = {"gemma3": "gemma3_vl", "llava_onevision": "llava_onevision"}

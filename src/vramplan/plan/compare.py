@@ -50,7 +50,7 @@ def check_strategy(strat: Strategy) -> None:
     if not isinstance(strat, Strategy) or not isinstance(strat.changes, Mapping):
         raise SpecError("strategies", f"expected Strategy(name, {{spec key: value}}), got {strat!r:.80}")
     from dataclasses import fields as _fields
-    from vramplan.spec.job import _SECTION_ALIASES, _SECTIONS
+    from vramplan.spec.job import SECTION_ALIASES, SECTION_TYPES
     from vramplan.spec.sections import did_you_mean
     from vramplan.spec.tasks import SECTIONS
     known = {f.name for f in _fields(JobSpec)} - {"seq_len_given"}
@@ -58,10 +58,10 @@ def check_strategy(strat: Strategy) -> None:
         top, _, sub = str(key).partition(".")
         if top not in known:
             raise SpecError("strategy", f"{strat.name}: {key} is no spec key{did_you_mean(top, known)}")
-        cls = {**_SECTIONS, **SECTIONS}.get(top)
+        cls = {**SECTION_TYPES, **SECTIONS}.get(top)
         sub = sub.split(".", 1)[0]
         if sub and cls is not None:
-            fields_ = {f.name for f in _fields(cls)} | set(_SECTION_ALIASES.get(top, {}))
+            fields_ = {f.name for f in _fields(cls)} | set(SECTION_ALIASES.get(top, {}))
             if sub not in fields_:
                 raise SpecError("strategy", f"{strat.name}: {key} is no spec key{did_you_mean(sub, fields_)}")
         if top in FIXED_FIELDS:
@@ -78,18 +78,18 @@ def _check_value(key: str, value) -> None:
     """A value no job takes (zero_stage 9, num_gpus 0, precision fp8), by the spec's own
     parser of that field alone: the user's slip, not a row. What only this job refuses
     (LoRA targets its model lacks, tp past its heads) stays a "not applicable" row."""
-    from vramplan.spec.job import _BOOLS, _ENUMS, _INTS
+    from vramplan.spec.job import BOOL_FIELDS, ENUM_FIELDS, INT_FIELDS
     from vramplan.spec.lora import LoraConfig
     from vramplan.spec.sections import ParallelConfig, boolean, count_field
     head, _, rest = key.partition(".")
     if rest and "." not in rest and head in ("parallel", "lora"):  # fields checked one at a time (as fit's axes)
         rest = {"lora_alpha": "alpha", "lora_dropout": "dropout", "rank": "r"}.get(rest, rest) if head == "lora" else rest
         ({"parallel": ParallelConfig, "lora": LoraConfig}[head])(**{rest: value})
-    elif not rest and head in _ENUMS and value is not None:
-        _ENUMS[head].parse(value, head)
-    elif not rest and head in _INTS:
+    elif not rest and head in ENUM_FIELDS and value is not None:
+        ENUM_FIELDS[head].parse(value, head)
+    elif not rest and head in INT_FIELDS:
         count_field(head, value)
-    elif not rest and head in _BOOLS:
+    elif not rest and head in BOOL_FIELDS:
         boolean(head, value)
 
 

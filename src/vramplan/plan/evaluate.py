@@ -28,6 +28,13 @@ def apply_changes(base: JobSpec | Mapping, changes: Mapping[str, Any]) -> JobSpe
     return load_spec(data)
 
 
+def fit_inputs(spec, top_k) -> tuple[JobSpec, int]:
+    """fit()'s spec (a JobSpec, a mapping or a spec file, as estimate() takes) and top_k
+    (an integer >= 1: the search reads found[top_k - 1], so 0 was an IndexError)."""
+    from vramplan.spec.sections import positive_int
+    return (spec if isinstance(spec, JobSpec) else load_spec(spec)), positive_int("top_k", top_k)
+
+
 def trained_desc(spec: JobSpec) -> ModelDesc | None:
     """The trained model's description (the policy of a DPO job, the reward model ...);
     None for jobs whose trained model is no transformer ModelDesc (diffusion pipelines)."""

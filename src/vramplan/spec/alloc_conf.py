@@ -93,6 +93,13 @@ def _bool(option: str, text: str) -> bool:
     return text == "True"
 
 
+def check_text(value: object) -> None:
+    """The spec's alloc_conf is the variable's text: str() of a list or mapping is none."""
+    if not isinstance(value, str):
+        raise SpecError(_FIELD, f"expected a string like 'expandable_segments:True,max_split_size_mb:128', "
+                                f"got a {type(value).__name__}")
+
+
 @lru_cache(maxsize=256)
 def parse_alloc_conf(text: str | None) -> AllocConf:
     """AllocConf from a PYTORCH_CUDA_ALLOC_CONF string ('' or None: the defaults)."""
