@@ -221,6 +221,43 @@ FLAGS = [  # (command line, a substring of the one error line); {tmp} is a folde
     # badinput3: a filter that matches nothing printed an empty table (read as an empty catalog), exit 0
     (["models", "nosuch-model-xyz"], "no catalog model has 'nosuch-model-xyz'"),
     (["models", "llama", "--kind", "diffusion"], "of kind diffusion"),
+    # badinput4: a raw size under task diffusion / with vision flags was exit 70 (AttributeError)
+    (["estimate", "--num-params", "7b", "--task", "diffusion"], "num_params"),
+    (["estimate", "--num-params", "7b", "--images-per-sample", "2", "--seq-len", "512"], "vision"),
+    (["estimate", "llama-3.2-1b", "--seq-len", "512", "--optimizer", "galore-adamw", "--rank", "8",
+      "--optim-target-modules", ""], "low_rank.target_modules"),
+    # badinput4: a strategy that changed the GPU or the model was estimated for the job's own
+    # (a silent number: `a --gpu h1000` fit the h100); a typo in a key was a "not applicable" row
+    (["compare", "gpt2", "--seq-len", "512", "--gpu", "h100", "--strategy", "a --gpu a100-40gb"], "holds fixed"),
+    (["compare", "gpt2", "--seq-len", "512", "--gpu", "h100", "--strategy", "big model=llama-3.1-8b"], "holds fixed"),
+    (["compare", "gpt2", "--seq-len", "512", "--gpu", "h100", "--strategy", "t seqlen=256"], "did you mean 'seq_len'"),
+    (["compare", "gpt2", "--seq-len", "512", "--gpu", "h100", "--strategy", "t lora.rr=4"], "lora.rr is no spec key"),
+    # a value no job takes was a "not applicable" row and exit 0
+    (["compare", "gpt2", "--seq-len", "512", "--gpu", "h100", "--strategy", "z --zero-stage 9"], "strategy: z: parallel.zero_stage"),
+    (["compare", "gpt2", "--seq-len", "512", "--gpu", "h100", "--strategy", "n --num-gpus 0"], "num_gpus"),
+    (["compare", "gpt2", "--seq-len", "512", "--gpu", "h100", "--strategy", "p precision=fp8"], "precision"),
+    # badinput4: `--device -1` / `--device 3` answered "device 0" from the catalog GPU; `--fake` ran
+    # under any --device word; a bare headroom of 2 or 2.5 kept 2 bytes free
+    (["check", "gpt2", "--seq-len", "512", "--gpu", "h100", "--device", "-1"], "device: expected a local GPU index"),
+    (["measure", "gpt2", "--seq-len", "16", "--fake", "--device", "abc"], "device"),
+    (["check", "gpt2", "--seq-len", "512", "--gpu", "h100", "--headroom", "2"], "reads as 2 bytes"),
+    (["compare", "gpt2", "--seq-len", "512", "--gpu", "h100", "--headroom", "2.5"], "headroom"),
+    (["fit", "gpt2", "--seq-len", "512", "--gpu", "h100", "--headroom", "1.0"], "headroom"),
+    # badinput4: an empty path was skipped as if the option were not given; --json beside
+    # another --format printed JSON
+    (["estimate", "gpt2", "--seq-len", "512", "--plot", ""], "--plot: the path is empty"),
+    (["estimate", "gpt2", "--seq-len", "512", "--save-spec", " "], "--save-spec"),
+    (["estimate", "gpt2", "--seq-len", "512", "--spec", ""], "--spec"),
+    (["compare", "gpt2", "--seq-len", "512", "--gpu", "h100", "--strategies", ""], "--strategies"),
+    (["estimate", "gpt2", "--seq-len", "512", "--json", "--format", "csv"], "keep one"),
+    # badinput4: --tiers skipped these without a word (an invalid --mfu 0 too)
+    (["compare", "gpt2", "--seq-len", "512", "--tiers", "--mfu", "0"], "tiers: --mfu is not read with --tiers"),
+    (["compare", "gpt2", "--seq-len", "512", "--tiers", "--format", "csv"], "--format csv"),
+    (["compare", "gpt2", "--seq-len", "512", "--tiers", "--strategy", "a --zero-stage 3"], "--strategy"),
+    # badinput4: fit --maximize / --minimize answer one layout; these were skipped without a word
+    (["fit", "gpt2", "--seq-len", "512", "--gpu", "h100", "--maximize", "seq_len", "--top-k", "3"], "top_k: --top-k is not read"),
+    (["fit", "gpt2", "--seq-len", "512", "--gpu", "h100", "--minimize", "num_gpus", "--emit", "deepspeed"], "emit"),
+    (["fit", "gpt2", "--seq-len", "512", "--gpu", "h100", "--maximize", "seq_len", "--vary", "seq_len=256,512"], "vary"),
 ]
 
 
@@ -238,6 +275,20 @@ def test_cli_warning_is_printed_as_a_note(capsys):
     code = main(["estimate", "llama-3.2-1b", "--seq-len", "200000", "--gradient-checkpointing", "full"])
     out = _squash(capsys.readouterr().out)
     assert code == 0 and _squash("note: seq_len: 200,000 tokens are past") in out
+
+
+@pytest.mark.parametrize("text,says", [
+    ("[]\n", "holds no strategies"),  # the baseline alone was printed
+    ("- {name: a, changes: {}}\n", "changes nothing"),  # a row repeating the baseline
+    ("- {name: a, changes: {seq_len: 256}, chagnes: {}}\n", "name and changes only"),  # a key dropped unread
+], ids=["empty_list", "empty_changes", "unknown_entry_key"])
+def test_strategies_file_slips(text, says, tmp_path, capsys):
+    path = tmp_path / "strategies.yaml"
+    path.write_text(text)
+    code = main(["compare", "gpt2", "--seq-len", "512", "--gpu", "h100", "--strategies", str(path)])
+    out, err = capsys.readouterr()
+    assert code == 2 and err.startswith("vramplan: error: strategies: ") and says in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in out + err
 
 
 def test_strategies_file_entries_not_mappings(tmp_path, capsys):
@@ -259,6 +310,150 @@ def test_compare_rows_the_libraries_refuse_are_not_applicable(capsys):
     rows = json.loads(out)["rows"]
     assert code == 0 and [r["name"] for r in rows] == ["baseline", "bad"] and rows[0]["fits"]
     assert "not applicable: lora.target_modules" in rows[1]["note"]
+
+
+def test_compare_strategy_reaches_deeper_keys(capsys):
+    """`parallel.extras.overlap_comm=false` was set as parallel["extras.overlap_comm"], an
+    unknown key, so the row said "not applicable" (spec/variants.py with_dotted)."""
+    code = main(["compare", "gpt2", "--seq-len", "512", "--gpu", "h100", "--num-gpus", "2", "--zero-stage", "2",
+                 "--json", "--strategy", "no-overlap parallel.extras.overlap_comm=false"])
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert code == 0 and rows[1]["note"] == "" and rows[1]["spec"]["parallel"]["extras"]["overlap_comm"] is False
+
+
+def test_check_device_without_a_local_gpu(capsys, monkeypatch):
+    """No local GPU: the catalog GPU stands in as device 0; another index was answered as
+    device 0 (a silent number for a device the user did not ask about)."""
+    import importlib
+    monkeypatch.setattr(importlib.import_module("vramplan.check"), "local_gpus", lambda: [])
+    code = main(["check", "gpt2", "--seq-len", "512", "--gpu", "h100", "--device", "3"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("vramplan: error: device: no GPU 3") and len(err.strip().splitlines()) == 1
+
+
+def test_serve_port_in_use_is_one_line(capsys):
+    """uvicorn logged "ERROR: [Errno 98] ..." and exited 3 for an address it could not bind."""
+    import socket
+    pytest.importorskip("uvicorn")
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        code = main(["serve", "--port", str(held.getsockname()[1])])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("vramplan: error: port: cannot listen on") and len(err.strip().splitlines()) == 1
+
+
+def test_alloc_conf_from_the_environment_names_the_variable(capsys, monkeypatch):
+    """A bad PYTORCH_CUDA_ALLOC_CONF was reported as the spec's alloc_conf, which the user never wrote."""
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    monkeypatch.setenv("PYTORCH_ALLOC_CONF", "expandable_segments:maybe")
+    code = main(["estimate", "gpt2", "--seq-len", "512"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("vramplan: error: alloc_conf: ") and len(err.strip().splitlines()) == 1
+    assert "environment's PYTORCH_ALLOC_CONF" in err
+    assert main(["estimate", "gpt2", "--seq-len", "512", "--alloc-conf", "expandable_segments:True"]) == 0
+
+
+LENGTHS_FILES = [  # (file content, a substring of the error): badinput4, each was "spec: invalid literal
+    ("100\n\u00b2\n", "line 2 is '\u00b2'"),  # for int()" / "spec: Exceeds the limit (4300 digits)"
+    ("7" * 5000 + "\n", "5,000-digit number"),
+    ("[" + "7" * 5000 + "]", "thousands of digits"),
+]
+
+
+@pytest.mark.parametrize("content,says", LENGTHS_FILES, ids=["superscript", "digits_line", "digits_json"])
+def test_lengths_file_numbers_python_cannot_read(content, says, tmp_path, capsys):
+    path = tmp_path / "lengths.txt"
+    path.write_text(content, encoding="utf-8")
+    with pytest.raises(vramplan.SpecError) as info:
+        vramplan.estimate({"model": "gpt2", "seq_len": 512, "lengths": {"lengths_file": str(path)}})
+    assert info.value.field == "lengths.lengths_file" and says in str(info.value)
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(f"model: gpt2\nseq_len: 512\nlengths: {{lengths_file: {path}}}\n")
+    code = main(["estimate", "--spec", str(spec)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("vramplan: error: lengths.lengths_file:") and len(err.strip().splitlines()) == 1
+
+
+def test_lengths_file_folder_is_not_file_not_found(tmp_path):
+    with pytest.raises(vramplan.SpecError, match="is a folder"):
+        vramplan.estimate({"model": "gpt2", "seq_len": 512, "lengths": {"lengths_file": str(tmp_path)}})
+
+
+@pytest.mark.parametrize("argv", [["estimate", "x" * 3000], ["estimate", "gpt2", "--gpu", "h" * 3000],
+                                  ["estimate", "gpt2", "--precision", "b" * 3000]], ids=["model", "gpu", "precision"])
+def test_a_pasted_value_keeps_the_line_short(argv, capsys):
+    """A 3,000-character value was echoed whole (twice for an unknown key): the line is cut."""
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and len(err) < 400 and "characters)" in err
+
+
+def test_jobspec_built_directly_parses_its_sections():
+    """JobSpec(lora=5) / JobSpec(quantization={...}) bypassed load_spec's section parsing and
+    failed later with AttributeError ('int' object has no attribute 'use_dora')."""
+    with pytest.raises(vramplan.SpecError) as info:
+        vramplan.JobSpec(model="gpt2", method="lora", lora=5)
+    assert info.value.field == "lora"
+    spec = vramplan.JobSpec(model="gpt2", method="qlora", quantization={"type": "nf4"})
+    assert spec.quantization.type.value == "nf4"
+    with pytest.raises(vramplan.SpecError) as info:
+        vramplan.JobSpec(model="gpt2", parallel="x")
+    assert info.value.field == "parallel"
+
+
+def test_compare_api_bad_arguments():
+    """compare() took a mapping as the spec, a str or ints as strategies, a negative
+    headroom: AttributeError/TypeError deep inside, or a headroom that adds memory."""
+    from vramplan.plan.compare import Strategy, compare
+    job = {"model": "gpt2", "seq_len": 512, "gpu": "h100"}
+    assert compare(job)[0].fits  # a mapping is loaded, as estimate() loads it
+    for strategies in ("zero3", [5], [Strategy("a", 5)]):
+        with pytest.raises(vramplan.SpecError) as info:
+            compare(job, strategies=strategies)
+        assert info.value.field == "strategies"
+    with pytest.raises(vramplan.SpecError) as info:
+        compare(job, headroom_bytes=-1)
+    assert info.value.field == "headroom"
+
+
+@pytest.mark.parametrize("kwargs,field", [
+    ({"axes": 5}, "vary"), ({"axes": {"foo": [1]}}, "vary"), ({"axes": {"parallel.tpp": [1]}}, "vary"),
+    ({"axes": {"num_gpus": 5}}, "vary"), ({"axes": {"num_gpus": []}}, "vary"),
+    ({"top_k": 0}, "top_k"), ({"top_k": "x"}, "top_k"), ({"gpu": "h1000"}, "gpu"), ({"headroom_bytes": -1}, "headroom"),
+], ids=["axes_int", "axis_unknown", "axis_unknown_inner", "axis_values_int", "axis_values_empty",
+        "top_k_zero", "top_k_word", "gpu_unknown", "headroom_negative"])
+def test_fit_api_bad_arguments(kwargs, field):
+    """fit() from Python: AttributeError/TypeError/IndexError deep inside, or an unknown axis
+    that made every layout invalid (answered as "nothing fits")."""
+    from vramplan.plan.fit import fit
+    with pytest.raises(vramplan.SpecError) as info:
+        fit({"model": "gpt2", "seq_len": 512, "gpu": "h100"}, **kwargs)
+    assert info.value.field == field and "\n" not in str(info.value)
+
+
+def test_measure_refusal_is_exit_2(capsys):
+    """A job `measure` does not build (loss_impl chunked) printed "failed (measure): ..." and
+    exited 0; it is bad input: exit 2 and the error line last on stderr (the document stays)."""
+    pytest.importorskip("torch")
+    code = main(["measure", "gpt2", "--seq-len", "16", "--loss-impl", "chunked", "--fake"])
+    out, err = capsys.readouterr()
+    assert code == 2 and "Traceback" not in out + err
+    assert err.strip().splitlines()[-1] == "vramplan: error: loss_impl: only 'standard' is measured, got 'chunked'"
+
+
+def test_measure_ppo_takes_a_model_path(tmp_path, capsys):
+    """measure_ppo built the critic and reward from dict(job["model"]): a catalog name or a
+    config.json path failed with "dictionary update sequence element #0 has length 1"."""
+    pytest.importorskip("torch")
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
+                                "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,
+                                "vocab_size": 256, "max_position_embeddings": 128}))
+    code = main(["measure", str(path), "--task", "ppo", "--seq-len", "8", "--max-new-tokens", "4",
+                 "--micro-batch-size", "1", "--device", "cpu", "--json"])
+    data = json.loads(capsys.readouterr().out)
+    assert code == 0 and data["failure"] is None and data["measured"]["peak_allocated_bytes"] > 0
 
 
 def test_check_api_headroom_not_bytes():

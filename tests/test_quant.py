@@ -173,7 +173,7 @@ def test_awq_on_cpu_needs_the_torch_kernel():
 
 
 def test_group_size_must_divide_awq_in_features():
-    spec = vramplan.load_spec({"model": _TINY, "method": "qlora", "quantization": {"type": "awq", "group_size": 96},
+    spec = vramplan.load_spec({"model": _TINY, "method": "qlora", "quantization": {"type": "awq", "group_size": 32},
                                "seq_len": 64})
     with pytest.raises(SpecError) as err:
         vramplan.estimate(spec)

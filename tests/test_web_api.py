@@ -200,3 +200,17 @@ def test_serve_binds_this_machine_and_answers(tmp_path):
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def test_lengths_file_is_not_read_on_the_server():
+    """badinput4: a lengths_file in a request was opened on the server and its first line
+    that is no token count came back in the error (/etc/passwd's root line)."""
+    import json
+    from vramplan.web.api import answer
+    status, payload = answer("estimate", {}, json.dumps(
+        {"model": "gpt2", "seq_len": 512, "lengths": {"lengths_file": "/etc/passwd"}}).encode())
+    assert status == 400 and payload["field"] == "lengths.lengths_file"
+    assert "root" not in payload["error"] and "percentiles" in payload["error"]
+    status, _ = answer("estimate", {}, json.dumps(
+        {"model": "gpt2", "seq_len": 512, "lengths": {"p50": 300, "max": 512}}).encode())
+    assert status == 200

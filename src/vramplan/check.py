@@ -138,6 +138,8 @@ class CheckResult:
 
 
 def _pick(spec: JobSpec, device: int | None, gpus: list[LocalGPU] | None) -> LocalGPU:
+    if device is not None and (isinstance(device, bool) or not isinstance(device, int) or device < 0):
+        raise SpecError("device", f"expected a local GPU index >= 0 (as nvidia-smi numbers them), got {device!r}")
     found = local_gpus() if gpus is None else gpus
     if found:
         index = 0 if device is None else device
@@ -146,6 +148,9 @@ def _pick(spec: JobSpec, device: int | None, gpus: list[LocalGPU] | None) -> Loc
                 return g
         raise NoGPUError(f"no GPU {index}: visible devices are {', '.join(str(g.index) for g in found)}")
     if spec.gpu:
+        if device:  # the answer would say "device 0": the catalog GPU stands in for no local one
+            raise NoGPUError(f"no GPU {device}: there is no local GPU here; drop --device to check "
+                             f"against the catalog {spec.gpu}'s total memory")
         from vramplan.catalog import find_gpu
         cat = find_gpu(spec.gpu)
         return LocalGPU(0, cat.name, cat.memory_bytes, cat.memory_bytes, "catalog")

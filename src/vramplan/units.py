@@ -84,7 +84,13 @@ def parse_count(text: str | int | float) -> int:
         try:
             value = float(t[:-1] if scale != 1.0 else t) * scale
         except ValueError:
-            raise ValueError(f"expected a count like 7e9, 7B or 125M, got {text!r}") from None
+            raise ValueError(f"expected a count like 7e9, 7B or 125M, got {_shown(text)}") from None
     if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{text!r} is not a positive count")
+        raise ValueError(f"{_shown(text)} is not a finite positive count")
     return int(round(value))
+
+
+def _shown(value: object) -> str:
+    """repr cut to a line's worth: a pasted 5,000-digit number stays a one-line error."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

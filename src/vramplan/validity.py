@@ -49,7 +49,10 @@ def check_size(device_bytes: int, spec: JobSpec) -> None:
             field = "num_labels"
         elif spec.lora is not None and spec.method in (Method.LORA, Method.QLORA) and spec.lora.r > 2**16:
             field = "lora.r"
-    fix = "lower it" if field in ("num_labels", "lora.r") else "lower micro_batch_size or seq_len, or shard more"
+        elif spec.generation is not None and (spec.generation.generation_batch_size or 0) > 2**20:
+            field = "generation.generation_batch_size"
+    fix = ("lower it" if field in ("num_labels", "lora.r", "generation.generation_batch_size")
+           else "lower micro_batch_size or seq_len, or shard more")
     raise SpecError(field, f"this job needs {device_bytes / 2**50:,.0f} PiB per GPU, beyond any GPU "
                     f"(the largest hold a few hundred GB); {fix}")
 
@@ -106,6 +109,8 @@ def _repository_code(desc: ModelDesc, spec: JobSpec) -> list[str]:
 
 
 def _trainable(desc: ModelDesc, spec: JobSpec) -> list[str]:
+    if spec.low_rank is not None and spec.task is not Task.INFERENCE:
+        _low_rank(desc, spec)
     if spec.method is Method.FREEZE and spec.freeze is not None and spec.task is not Task.INFERENCE:
         return _freeze(desc, spec)
     if spec.method in (Method.LORA, Method.QLORA) and spec.lora is not None:
@@ -129,6 +134,19 @@ def _freeze(desc: ModelDesc, spec: JobSpec) -> list[str]:
         raise SpecError("freeze", f"trains nothing of {desc.name}: name trainable_layers, or "
                         "trainable_modules that are parts of parameter names (e.g. 'lm_head', 'norm')")
     return notes
+
+
+def _low_rank(desc: ModelDesc, spec: JobSpec) -> None:
+    """transformers/trainer_optimizer.py `_setup_low_rank_optimizer` raises "No target
+    modules found for galore_adamw" when no nn.Linear matches optim_target_modules."""
+    from vramplan.components.optimizer_projected import targets_linear
+    from vramplan.components.trainable import is_linear
+    targets = spec.low_rank.target_modules
+    linears = [p.module for p in desc.params if is_linear(p)]
+    if not any(targets_linear(targets, m) for m in linears):
+        names = sorted({m.rsplit(".", 1)[-1] for m in linears})
+        raise SpecError("low_rank.target_modules", f"{', '.join(targets)} match no linear module of {desc.name} "
+                        f"(transformers refuses the optimizer); name some ({', '.join(names[:12])}) or all-linear")
 
 
 def _lora(desc: ModelDesc, spec: JobSpec) -> list[str]:
@@ -194,6 +212,19 @@ def _parallel(desc: ModelDesc, spec: JobSpec) -> list[str]:
                         "hybrid-shard splits into (replicate, shard) groups; use a shard group size that divides "
                         "it, e.g. the GPUs per node")
     _experts(desc, spec, n // mp)
+    hpz = par.extras.get("zero_hpz_partition_size", 1)
+    if par.zero_stage == 3 and isinstance(hpz, int) and hpz > 1 and n % min(hpz, n):
+        # deepspeed/utils/groups.py _create_zero_param_parallel_group: min(size, world) must
+        # divide the world size (_ensure_divisibility)
+        raise SpecError("parallel.extras.zero_hpz_partition_size", f"{hpz} does not divide the {n} GPUs; ZeRO++ "
+                        "hpZ groups must split them evenly (use e.g. the GPUs per node)")
+    for name in ("cp", "ulysses"):
+        if getattr(par, name) > 1 and desc.model_type == "mamba2":
+            # ring attention (torch context_parallel, Megatron CP) and DeepSpeed Ulysses split
+            # the attention over sequence ranks; a Mamba2 stack has none, and its SSM scan runs
+            # over the whole sequence. The estimate would count attention traffic it never has.
+            raise SpecError(f"parallel.{name}", f"{desc.name} has no attention layers for {name} to split "
+                            f"the sequence over; use {name} 1 (shard it with zero_stage, fsdp or tp)")
     if par.cp > 1 and spec.seq_len % (2 * par.cp):
         # megatron/core/utils.py get_batch_on_this_cp_rank views the sequence as 2 * cp chunks
         # (load balancing for causal attention).

@@ -154,6 +154,11 @@ def check_desc(desc):
         # head serves the same number of query heads.
         raise ValueError(f"{kind} config: num_attention_heads {a} is not a multiple of "
                          f"num_key_value_heads {k}; each KV head must serve a whole group of query heads")
+    if a > desc.hidden_size and getattr(desc, "head_dim", 1) < 1:
+        # head_dim = hidden_size // num_attention_heads (modeling_llama.LlamaAttention):
+        # more heads than hidden units leaves each head no dimension (Linear(h, 0))
+        raise ValueError(f"{kind} config: num_attention_heads {a} exceeds hidden_size {desc.hidden_size}, "
+                         f"leaving each head 0 dimensions; give heads that divide the hidden size")
     if desc.model_type in ("gpt2", "bert") and desc.hidden_size % a:
         # GPT2Attention and BertSelfAttention raise ValueError when hidden_size % heads != 0.
         raise ValueError(f"{kind} config: hidden size {desc.hidden_size} is not a multiple of "

@@ -152,7 +152,9 @@ def section_flags(args, data: dict, imply: bool = True) -> dict:
     optim_args = getattr(args, "section_optim_args", None)
     if optim_args is not None:
         from vramplan.importers.hf_args import low_rank_args
-        given["low_rank"] = {**low_rank_args(optim_args, "--optim-args"), **given.get("low_rank", {})}
+        low = {**low_rank_args(optim_args, "--optim-args"), **given.get("low_rank", {})}
+        if low:  # optim_args of another optimizer (betas=...) made an empty low_rank section: "rank required"
+            given["low_rank"] = low
     data = dict(data)
     for section, values in given.items():
         old = data.get(section)
@@ -261,9 +263,29 @@ def strategy_from_flags(text: str):
     return Strategy(name=name or " ".join(flags), changes=changes)
 
 
+_PATH_OPTIONS = ("spec", "save_spec", "plot", "strategies", "import_deepspeed", "import_training_args",
+                 "import_accelerate_config", "import_recipe", "static_build", "pyodide")
+
+
+def check_paths(args) -> None:
+    """A file option given an empty path (`--plot ""`, an unset shell variable) was skipped
+    as if not given: no picture, no saved spec, the job without its spec file."""
+    for name in _PATH_OPTIONS:
+        value = getattr(args, name, None)
+        if isinstance(value, str) and not value.strip():
+            flag = "--" + name.removeprefix("import_").replace("_", "-")
+            from vramplan.cli.main import UsageError
+            raise UsageError(f"{flag}: the path is empty; give a file, or drop {flag}")
+    answer_format(args)
+
+
 def answer_format(args) -> str:
     """--format table|json|markdown|csv; --json is --format json."""
-    return "json" if getattr(args, "json", False) else (getattr(args, "format", None) or "table")
+    fmt = getattr(args, "format", None) or "table"
+    if getattr(args, "json", False) and fmt not in ("table", "json"):  # the default is table
+        from vramplan.cli.main import UsageError
+        raise UsageError(f"--json and --format {fmt} ask for two forms; keep one")
+    return "json" if getattr(args, "json", False) else fmt
 
 
 def add_format_args(p) -> None:

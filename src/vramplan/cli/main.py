@@ -18,7 +18,7 @@ from vramplan.cli.catalogs import cmd_gpus, cmd_models
 from vramplan.cli.flags import (  # noqa: F401 (dashed, strategy_from_flags: public from here too)
     _ATTN_IMPL, _DIFFUSION_FLAGS, _TRAINER_FLAGS, _bool_word, _diffusion, _flag_bool, _flag_names,
     _trainer_flags, add_format_args, add_section_flags, answer_format, cmd_completion, dashed, section_flags,
-    strategy_from_flags,
+    strategy_from_flags, check_paths,
 )
 from vramplan.report.header import BATCH_HELP
 from vramplan.spec import SpecError
@@ -176,9 +176,15 @@ def spec_from_args(args) -> "object":
         data = read_spec_file(args.spec)
     data = flags_to_data(args, _imported(args, data))
     if data.get("alloc_conf") is None:  # the environment is read here, at the edge
-        env = next((os.environ[k] for k in _ALLOC_CONF_ENV if os.environ.get(k)), None)
+        env = next((k for k in _ALLOC_CONF_ENV if os.environ.get(k)), None)
         if env:
-            data["alloc_conf"] = env
+            from vramplan.spec.alloc_conf import parse_alloc_conf
+            try:  # name the variable: the user gave no alloc_conf
+                parse_alloc_conf(os.environ[env].strip())
+            except SpecError as exc:
+                raise SpecError("alloc_conf", f"{str(exc).split(': ', 1)[-1]}; it comes from the environment's "
+                                f"{env} (fix it, or pass --alloc-conf to override it)") from None
+            data["alloc_conf"] = os.environ[env]
     spec = load_spec(data)
     if spec.lengths is not None:  # the lengths file is read here, relative to the spec file
         from vramplan.importers.lengths import resolve_lengths
@@ -276,6 +282,11 @@ def cmd_measure(args) -> int:
     result = measure_main(args)
     if args.json:
         print(json.dumps(result, indent=2))
+    from vramplan.cli.measure import refusal_line
+    line = refusal_line(result)  # a job `measure` does not build: bad input, exit 2
+    if line:
+        print(line, file=sys.stderr)
+        return 2
     return 0
 
 
@@ -363,6 +374,7 @@ def _main(argv: list[str] | None) -> int:
         words = dashed(sys.argv[1:] if argv is None else list(argv))
         only = words[0] if words and words[0] in _OWN_COMMANDS else None
         args = build_parser(only).parse_args(words)
+        check_paths(args)
         if not getattr(args, "func", None):
             build_parser().print_help()
             return 2

@@ -112,6 +112,8 @@ def measure_main(args) -> dict:
 
     spec = _spec(args)  # spec errors propagate: the CLI turns them into one line
     fake = bool(getattr(args, "fake", False))
+    if fake and getattr(args, "device", None) is not None:  # was ignored: any word ran the fake step
+        raise SpecError("device", "--fake runs under FakeTensorMode on no device; drop --device or --fake")
     device = "fake" if fake else _device(args)
     trace = bool(getattr(args, "trace", False))
     out: dict = {"schema": SCHEMA, "device": device, "job": spec.to_dict(), "runner": None,
@@ -149,6 +151,18 @@ def measure_main(args) -> dict:
     if not getattr(args, "json", False):
         print(render(out, result.trace if result is not None and trace else None))
     return out
+
+
+def refusal_line(result: dict) -> str | None:
+    """The error line of a job the measure stage refused as given (a task or setting it does
+    not build: ValueError, NotImplementedError), as the estimate's own refusals; None for a
+    run that measured, or failed while running. The document keeps the failure too."""
+    failure = result.get("failure") or {}
+    if result.get("measured") is not None or failure.get("stage") != "measure" or \
+            failure.get("type") not in ("ValueError", "NotImplementedError"):
+        return None
+    from vramplan.spec.enums import user_error_line
+    return user_error_line(ValueError(failure.get("message", "")))
 
 
 def allocator_check(trace_doc: dict, measured_reserved: int | None, est, spec) -> dict:

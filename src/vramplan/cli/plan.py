@@ -109,6 +109,14 @@ def _strategy(text: str):
 def _tiers(spec, args) -> int:
     from vramplan.plan.answers import parse_headroom
     from vramplan.plan.tiers import gpu_tiers, tiers_summary
+    unread = [flag for flag, given in (("--strategy", args.strategy), ("--strategies", args.strategies),
+                                       ("--with-defaults", args.with_defaults), ("--plot", args.plot),
+                                       ("--mfu", args.mfu is not None),
+                                       (f"--format {args.format}", args.format not in (None, "table", "json")))
+              if given]
+    if unread:  # each was skipped without a word: the tiers table has its own strategies, no picture
+        raise SpecError("tiers", f"{unread[0]} is not read with --tiers (every catalog GPU, its own least "
+                                 "change); drop one of them")
     rows = gpu_tiers(spec, headroom_bytes=0 if args.headroom is None else parse_headroom(args.headroom, 0))
     if _format(args) == "json":
         print(json.dumps({"schema_version": 1, "gpus": [r.to_dict() for r in rows],
@@ -133,10 +141,20 @@ def _read_strategies(path: str):
     items = data.get("strategies") if isinstance(data, dict) else data
     if not isinstance(items, list):
         raise SpecError("strategies", f"{path} must hold a list of entries, each a name and its changes")
+    if not items:  # the comparison would be the baseline alone
+        raise SpecError("strategies", f"{path} holds no strategies; list entries like "
+                        "{name: zero3, changes: {parallel.zero_stage: 3}}")
     for k, item in enumerate(items):
         if not (isinstance(item, dict) and "name" in item and isinstance(item.get("changes") or {}, dict)):
             raise SpecError("strategies", f"{path}: entry {k + 1} must be a mapping with a name and its changes, "
                             f"got {item!r}")
+        if not item.get("changes"):  # a row repeating the baseline, as --strategy refuses
+            raise SpecError("strategies", f"{path}: entry {k + 1} ({item['name']}) changes nothing; give its "
+                            "changes, e.g. {parallel.zero_stage: 3}")
+        unknown = set(item) - {"name", "changes"}
+        if unknown:
+            raise SpecError("strategies", f"{path}: entry {k + 1} has {', '.join(map(str, sorted(unknown, key=str)))}; "
+                            "an entry holds name and changes only")
     return [Strategy(name=str(i["name"]), changes=dict(i.get("changes") or {})) for i in items]
 
 
@@ -151,6 +169,14 @@ def cmd_fit(args) -> int:
         axes = {**default_axes(spec, ev.desc), **axes}
     if args.max_gpus is not None and not args.minimize:
         raise SpecError("max_gpus", "bounds --minimize num_gpus; add --minimize num_gpus or drop --max-gpus")
+    goal = f"--maximize {args.maximize}" if args.maximize else "--minimize num_gpus" if args.minimize else None
+    if goal:  # these answer one layout: --top-k and --emit were skipped without a word
+        for flag, given in (("--top-k", args.top_k is not None), ("--emit", args.emit),
+                            (f"--vary {args.maximize}", args.maximize and axes and args.maximize in axes)):
+            if given:
+                raise SpecError(flag.split()[0].lstrip("-").replace("-", "_"),
+                                f"{flag} is not read with {goal} (one answer, the search's own values); drop one")
+    args.top_k = 5 if args.top_k is None else args.top_k
     if args.maximize:
         return _fit_maximize(spec, ev, axes, args)
     if args.minimize:
@@ -278,7 +304,8 @@ def cmd_check(args) -> int:
         result = check(spec, device=args.device, raise_error=False,
                        headroom_bytes=parse_headroom(args.headroom, 0))
     except NoGPUError as exc:
-        print(f"vramplan: {localize(str(exc))}", file=sys.stderr)
+        from vramplan.i18n.errors import error_line
+        print(error_line(f"device: {localize(str(exc))}"), file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
@@ -303,7 +330,7 @@ def register(sub, add_spec_args, spec_from_args) -> None:
     c.set_defaults(func=cmd_compare)
     f = sub.add_parser("fit", help=_("layouts that fit, ranked by estimated step time"))
     add_spec_args(f)
-    f.add_argument("--top-k", type=int, default=5)
+    f.add_argument("--top-k", type=int, default=None)  # 5 (cmd_fit): None tells it was not given
     f.add_argument("--vary", action="append", help=_("open an axis: NAME or NAME=v1,v2 (repeatable)"))
     f.add_argument("--only", action="store_true", help=_("search only the --vary axes"))
     f.add_argument("--maximize", choices=("micro_batch_size", "seq_len"))

@@ -36,6 +36,7 @@ def cmd_serve(args) -> int:
     except ImportError as exc:
         print(error_line(f"{exc.name or exc} is not installed; pip install 'vramplan[web]'"), file=sys.stderr)
         return 2
+    _check_bind(args.host, args.port)
     url = f"http://{'127.0.0.1' if args.host in ('0.0.0.0', '::') else args.host}:{args.port}/"
     print(_("vramplan: serving the page at {url} (Ctrl+C stops)").format(url=url), file=sys.stderr)
     config = uvicorn.Config(create_app(), host=args.host, port=args.port, log_level="warning")
@@ -46,6 +47,28 @@ def cmd_serve(args) -> int:
         threading.Timer(1.0, webbrowser.open, (url,)).start()
     server.run()
     return 0
+
+
+def _check_bind(host: str, port: int) -> None:
+    """Bind the address once before uvicorn does: its failure (an unknown host, a port in
+    use or not ours to take) is a logged "ERROR: [Errno 98] ..." and exit status 3."""
+    import socket
+
+    from vramplan.spec import SpecError
+    try:
+        family, kind, proto, _name, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except (OSError, UnicodeError) as exc:
+        raise SpecError("host", f"cannot resolve {host!r} ({getattr(exc, 'strerror', None) or exc}); "
+                                "use an address of this machine, e.g. 127.0.0.1 or 0.0.0.0") from None
+    try:
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+            sock.bind(address)
+    except OSError as exc:
+        field = "host" if exc.errno == getattr(__import__("errno"), "EADDRNOTAVAIL", -1) else "port"
+        raise SpecError(field, f"cannot listen on {host}:{port} ({exc.strerror or exc}); "
+                               + ("use an address of this machine, e.g. 127.0.0.1" if field == "host"
+                                  else "pick another port, e.g. --port 8080")) from None
 
 
 def _static_build(args) -> int:

@@ -23,10 +23,13 @@ def is_target(spec: JobSpec, p: HeldParam) -> bool:
     """A trainable nn.Linear weight that `low_rank.target_modules` names."""
     if len(p.shape) != 2 or not p.name.endswith(".weight") or p.kind != "base":
         return False
-    module = p.name.rsplit(".", 1)[0]
+    return targets_linear(spec.low_rank.target_modules, p.name.rsplit(".", 1)[0])
+
+
+def targets_linear(targets: tuple[str, ...] | str, module: str) -> bool:
+    """Whether `low_rank.target_modules` names this linear module (the owner of a 2-D weight)."""
     if any(w in module.rsplit(".", 1)[-1] for w in _EMBED_WORDS):
         return False  # nn.Embedding, not nn.Linear
-    targets = spec.low_rank.target_modules
     if targets == ALL_LINEAR:
         return True
     # transformers/trainer_utils.py check_target_module_exists (a list): the module's name

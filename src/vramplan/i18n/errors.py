@@ -271,5 +271,16 @@ def localize(text: str) -> str:
 
 
 def error_line(exc) -> str:
-    """`vramplan: error: <message>` with both parts in the current language."""
-    return "vramplan: " + _("error: ") + localize(str(exc))
+    """`vramplan: error: <message>` with both parts in the current language; a word longer
+    than a line (a pasted 5,000-character value echoed back, often twice) is cut, so the
+    line still shows the field and the fix."""
+    return "vramplan: " + _("error: ") + _LONG_WORD.sub(_cut, localize(str(exc)))
+
+
+_LONG_WORD = re.compile(r"\S{201,}")
+
+
+def _cut(match) -> str:
+    word = match.group(0)
+    tail = re.search(r"[':,;.)]*$", word).group(0)[-3:]  # the closing quote or colon stays
+    return f"{word[:100]}...({len(word):,} characters){tail}"

@@ -29,6 +29,10 @@ def read_lengths(path: str) -> list[int]:
             values = json.loads(text)
         except json.JSONDecodeError as exc:
             raise SpecError(FIELD, f"{path}: not a JSON list of integers ({exc.msg}, line {exc.lineno})") from None
+        except ValueError:  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
+            raise SpecError(FIELD, f"{path}: holds a number of thousands of digits; expected token counts") from None
+        if not isinstance(values, list):
+            raise SpecError(FIELD, f"{path}: not a JSON list of integers")
         rows = [(i + 1, v) for i, v in enumerate(values)]
         where = "item"
     else:
@@ -43,7 +47,9 @@ def read_lengths(path: str) -> list[int]:
 
 def _text(path: str) -> str:
     if not os.path.isfile(path):
-        raise SpecError(FIELD, f"{path}: file not found")
+        why = ("is a folder" if os.path.isdir(path) else "not a regular file" if os.path.exists(path)
+               else "file not found")
+        raise SpecError(FIELD, f"{path}: {why}; give a file of token lengths (one per line, or a JSON list)")
     if os.path.getsize(path) > MAX_BYTES:
         raise SpecError(FIELD, f"{path}: larger than {MAX_BYTES // 2**20} MiB; pass percentiles instead")
     try:
@@ -55,7 +61,9 @@ def _text(path: str) -> str:
 
 def _length(path: str, where: str, n: int, value) -> int:
     ok = isinstance(value, int) and not isinstance(value, bool)
-    if isinstance(value, str) and value.isdigit():
+    if isinstance(value, str) and value.isascii() and value.isdigit():
+        if len(value) > 30:  # past any row (spec/lengths caps max); int() refuses 4,300+ digits
+            raise SpecError(FIELD, f"{path}: {where} {n} is a {len(value):,}-digit number; expected a token count")
         value, ok = int(value), True
     if not ok or value < 1:
         raise SpecError(FIELD, f"{path}: {where} {n} is {value!r}; expected a positive token count")

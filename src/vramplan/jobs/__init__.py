@@ -12,11 +12,18 @@ from vramplan.spec import JobSpec, SpecError, Task
 from vramplan.spec.tasks import PRECOMPUTED, needs_several_models
 
 
-def _desc(model, num_labels: int | None = None) -> ModelDesc:
-    from vramplan.sources import model_from_hf_config
-    from vramplan.sources import resolve_hf_config
+def _desc(model, num_labels: int | None = None, field: str = "model") -> ModelDesc:
+    """The ModelDesc of one role's model; a config the adapter refuses (ValueError, as
+    sources._resolve_model turns it for `model`) is a SpecError naming `field`."""
+    from vramplan.sources import model_from_hf_config, resolve_hf_config
     name, config = resolve_hf_config(model)
-    return model_from_hf_config(config, name=name, num_labels=num_labels)
+    try:
+        return model_from_hf_config(config, name=name, num_labels=num_labels)
+    except SpecError:
+        raise
+    except (ValueError, KeyError, TypeError) as exc:  # was "spec: gpt2 config is missing ..."
+        text = str(exc)  # without the quotes KeyError puts around its message
+        raise SpecError(field, text[1:-1] if isinstance(exc, KeyError) and text[:1] in "'\"" else text) from None
 
 
 def resolve_models(spec: JobSpec) -> dict[str, ModelDesc]:
@@ -33,14 +40,16 @@ def resolve_models(spec: JobSpec) -> dict[str, ModelDesc]:
                 raise SpecError(field, str(exc).split(": ", 1)[-1]) from None
     for m in spec.models:
         if m.model != PRECOMPUTED:
-            out[m.role] = _desc(m.model)
+            out[m.role] = _desc(m.model, field=f"models.{m.role}.model")
     return out
 
 
 def estimate_job(spec: JobSpec, gpu=None):
     if spec.vision is not None:  # the model is a VLM: vision tower + projector + LM
         from vramplan.jobs import vlm
+        from vramplan.jobs.vision_fields import refuse_unread
         vis, lm = vlm.resolve_vlm(spec.model)
+        refuse_unread(spec, type(vis).__name__)  # a setting this tower never reads
         return vlm.vlm_estimate(vis, lm, spec, gpu)
     if spec.task is Task.DIFFUSION:  # the model is a pipeline (catalog or inline)
         from vramplan.jobs import diffusion

@@ -219,7 +219,7 @@ def vlm_estimate(vis, lm: ModelDesc, spec: JobSpec, gpu=None):
     """The language model's plan at its longer sequence with the tower's stages before it."""
     from vramplan.step.build import rank_step
     if isinstance(vis, VisionDesc):
-        S = spec.seq_len + llava_tokens(vis, spec)
+        S = spec.seq_len + within_positions(llava_tokens(vis, spec), spec, lm)  # as the families' towers
         tower = llava_tower(vis, spec, S)
     else:  # a family's own tower: Qwen2-VL / Qwen2.5-VL, InternVL, Gemma 3, LLaVA-OneVision
         import importlib

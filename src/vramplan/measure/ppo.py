@@ -39,8 +39,10 @@ from __future__ import annotations
 
 import torch
 
+from vramplan.spec.grpo import GRPO_MAX_COMPLETION
+
 from . import MeasureResult
-from .build import build_model, build_optimizer
+from .build import build_model, build_optimizer, hf_config_dict
 from .jobs import _build_frozen, _build_trained, _live_tensors, _model_job
 from .meter import MemoryMeter
 from .result import metered_result
@@ -100,17 +102,18 @@ def measure_ppo(job: dict, steps: int = 2, trace: bool = False) -> MeasureResult
     job.setdefault("precision", "fp32")
     torch.manual_seed(0)
     policy, _, dtype = _build_trained(job)
-    critic_cfg = dict(job.get("critic_model") or job["model"]) | {"num_labels": 1}
+    # a catalog name, hub id or path as well as an inline config (dict("gpt2") was a ValueError)
+    critic_cfg = dict(hf_config_dict(job.get("critic_model") or job["model"])) | {"num_labels": 1}
     critic = build_model(_model_job(job, critic_cfg, "sequence-classification"), "cpu", dtype)
     critic.train()
     model = PolicyAndValueWrapper(policy, critic)
     opt = build_optimizer([p for p in model.parameters() if p.requires_grad], job)
     ref = _build_frozen(job, job.get("reference_model") or job["model"], dtype)
-    reward_cfg = dict(job.get("reward_model") or job["model"]) | {"num_labels": 1}
+    reward_cfg = dict(hf_config_dict(job.get("reward_model") or job["model"])) | {"num_labels": 1}
     reward = build_model(_model_job(job, reward_cfg, "sequence-classification"), "cpu", dtype)
     reward.eval()
     reward.requires_grad_(False)
-    rows, prompt_len, new = int(job.get("micro_batch_size", 4)), int(job.get("seq_len", 64)), int(job["max_new_tokens"])
+    rows, prompt_len, new = int(job.get("micro_batch_size", 4)), int(job.get("seq_len", 64)), int(job.get("max_new_tokens") or GRPO_MAX_COMPLETION)
     vocab, pad = int(policy.config.vocab_size), 0
     sls = _selective_log_softmax()
     meter = MemoryMeter(trace=trace)

@@ -23,6 +23,10 @@ def parse_headroom(text: str | None, capacity_bytes: int) -> int:
     value, unit = float(m.group(1)), (m.group(2) or "B").lower()
     if unit == "b" and m.group(2) is None and value < 1:
         unit, value = "%", value * 100     # a bare number below 1 is a fraction of the GPU
+    elif m.group(2) is None and (value < MiB or value != int(value)):
+        # '2' or '2.5' would be 2 bytes kept free: a unit left off, not a plan
+        share = " or a fraction of the GPU (e.g. 0.05)" if capacity_bytes else ""
+        raise SpecError("headroom", f"{text} reads as {value:g} bytes; give a unit (e.g. {text}GiB){share}")
     if unit == "%" and not capacity_bytes:  # check: the local GPU is not known yet
         raise SpecError("headroom", f"a share of the GPU is not taken here; give a size like 2GiB or 512MiB, got {text!r}")
     scale = {"%": capacity_bytes / 100, "gib": GiB, "gb": GB, "mib": MiB, "b": 1}[unit]

@@ -6,6 +6,7 @@ and its step time relative to the baseline with its communication volume.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from vramplan.estimation import Estimate
@@ -36,6 +37,60 @@ class Strategy:
                 raise SpecError("strategy", f"expected key=value, got {pair!r} in {text!r}")
             changes[key] = parse_scalar(value)
         return cls(name=name, changes=changes)
+
+
+FIXED_FIELDS = ("model", "num_params", "num_layers", "hidden_size", "gpu")
+"""What one comparison holds fixed: the Evaluator is made once for the job's trained model
+and GPU, so a strategy that changed them would be estimated for the job's own."""
+
+
+def check_strategy(strat: Strategy) -> None:
+    """A change to an unknown spec key, or to what a comparison holds fixed, is the user's
+    slip (one SpecError for the whole comparison), not a row that is "not applicable"."""
+    if not isinstance(strat, Strategy) or not isinstance(strat.changes, Mapping):
+        raise SpecError("strategies", f"expected Strategy(name, {{spec key: value}}), got {strat!r:.80}")
+    from dataclasses import fields as _fields
+    from vramplan.spec.job import SECTION_ALIASES, SECTION_TYPES
+    from vramplan.spec.sections import did_you_mean
+    from vramplan.spec.tasks import SECTIONS
+    known = {f.name for f in _fields(JobSpec)} - {"seq_len_given"}
+    for key in strat.changes:
+        top, _, sub = str(key).partition(".")
+        if top not in known:
+            raise SpecError("strategy", f"{strat.name}: {key} is no spec key{did_you_mean(top, known)}")
+        cls = {**SECTION_TYPES, **SECTIONS}.get(top)
+        sub = sub.split(".", 1)[0]
+        if sub and cls is not None:
+            fields_ = {f.name for f in _fields(cls)} | set(SECTION_ALIASES.get(top, {}))
+            if sub not in fields_:
+                raise SpecError("strategy", f"{strat.name}: {key} is no spec key{did_you_mean(sub, fields_)}")
+        if top in FIXED_FIELDS:
+            raise SpecError("strategy", f"{strat.name}: changes {top}, which one comparison holds fixed; "
+                            f"run compare with that {'gpu' if top == 'gpu' else 'model'} instead"
+                            + (" (or --tiers for every catalog GPU)" if top == "gpu" else ""))
+        try:
+            _check_value(str(key), strat.changes[key])
+        except SpecError as exc:
+            raise SpecError("strategy", f"{strat.name}: {exc}") from None
+
+
+def _check_value(key: str, value) -> None:
+    """A value no job takes (zero_stage 9, num_gpus 0, precision fp8), by the spec's own
+    parser of that field alone: the user's slip, not a row. What only this job refuses
+    (LoRA targets its model lacks, tp past its heads) stays a "not applicable" row."""
+    from vramplan.spec.job import BOOL_FIELDS, ENUM_FIELDS, INT_FIELDS
+    from vramplan.spec.lora import LoraConfig
+    from vramplan.spec.sections import ParallelConfig, boolean, count_field
+    head, _, rest = key.partition(".")
+    if rest and "." not in rest and head in ("parallel", "lora"):  # fields checked one at a time (as fit's axes)
+        rest = {"lora_alpha": "alpha", "lora_dropout": "dropout", "rank": "r"}.get(rest, rest) if head == "lora" else rest
+        ({"parallel": ParallelConfig, "lora": LoraConfig}[head])(**{rest: value})
+    elif not rest and head in ENUM_FIELDS and value is not None:
+        ENUM_FIELDS[head].parse(value, head)
+    elif not rest and head in INT_FIELDS:
+        count_field(head, value)
+    elif not rest and head in BOOL_FIELDS:
+        boolean(head, value)
 
 
 def parse_scalar(text: str):
@@ -179,12 +234,19 @@ class CompareRows(list):
 def compare(spec: JobSpec, gpu=None, *, strategies: list[Strategy] | None = None,
             evaluator: Evaluator | None = None, headroom_bytes: int = 0, **ev_kwargs) -> CompareRows:
     """One row per strategy; the first is the baseline (the job as given)."""
+    if not isinstance(spec, JobSpec):  # a mapping or a spec file, as vramplan.estimate takes
+        from vramplan.spec import load_spec
+        spec = load_spec(spec)
+    if strategies is not None and (isinstance(strategies, (str, bytes)) or not hasattr(strategies, "__iter__")):
+        raise SpecError("strategies", f"expected a list of Strategy, got {type(strategies).__name__}")
     ev = evaluator or Evaluator.for_spec(spec, gpu, headroom_bytes=headroom_bytes, **ev_kwargs)
     defaults = strategies is None
     if strategies is None:  # "half sequence" halves the seq_len estimated (a default capped at the positions)
         from vramplan.validity import assume_seq_len
         strategies = default_strategies(spec if ev.desc is None else assume_seq_len(ev.desc, spec))
     strategies = list(strategies)
+    for strat in strategies:
+        check_strategy(strat)
     if not strategies or strategies[0].changes:
         strategies.insert(0, Strategy("baseline"))
     rows = []

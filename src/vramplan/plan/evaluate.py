@@ -28,6 +28,13 @@ def apply_changes(base: JobSpec | Mapping, changes: Mapping[str, Any]) -> JobSpe
     return load_spec(data)
 
 
+def fit_inputs(spec, top_k) -> tuple[JobSpec, int]:
+    """fit()'s spec (a JobSpec, a mapping or a spec file, as estimate() takes) and top_k
+    (an integer >= 1: the search reads found[top_k - 1], so 0 was an IndexError)."""
+    from vramplan.spec.sections import positive_int
+    return (spec if isinstance(spec, JobSpec) else load_spec(spec)), positive_int("top_k", top_k)
+
+
 def trained_desc(spec: JobSpec) -> ModelDesc | None:
     """The trained model's description (the policy of a DPO job, the reward model ...);
     None for jobs whose trained model is no transformer ModelDesc (diffusion pipelines)."""
@@ -104,6 +111,9 @@ class Evaluator:
         """The trained model; None where it is no transformer ModelDesc (diffusion pipelines)."""
         self.gpu = gpu
         self.counts = ModelCounts.of(desc) if desc is not None else None
+        if (isinstance(headroom_bytes, bool) or not isinstance(headroom_bytes, (int, float))
+                or not 0 <= headroom_bytes < float("inf")):  # a negative headroom would add memory
+            raise SpecError("headroom", f"expected a number of bytes >= 0, got {headroom_bytes!r}")
         self.headroom_bytes = int(headroom_bytes)
         self.capacity_bytes = int(capacity_bytes if capacity_bytes is not None else gpu.memory_bytes)
         self.mfu = mfu
@@ -114,10 +124,15 @@ class Evaluator:
 
     @classmethod
     def for_spec(cls, spec: JobSpec, gpu=None, **kwargs) -> "Evaluator":
+        if isinstance(gpu, str):  # a catalog name from Python, as spec.gpu takes it
+            from vramplan.catalog import find_gpu
+            try:
+                gpu = find_gpu(gpu)
+            except KeyError as exc:
+                raise SpecError("gpu", str(exc).strip("'\"")) from None
         if gpu is None:
             from vramplan.catalog import find_gpu
             if not spec.gpu:
-                from vramplan.spec import SpecError
                 raise SpecError("gpu", "planning needs a GPU: pass --gpu (see `vramplan gpus`)")
             gpu = find_gpu(spec.gpu)
         return cls(trained_desc(spec), gpu, **kwargs)

@@ -32,7 +32,7 @@ from typing import Callable
 
 from vramplan.estimation import Estimate
 from vramplan.i18n import Msg
-from vramplan.plan.evaluate import Evaluator, accum_of, memory_key
+from vramplan.plan.evaluate import Evaluator, accum_of, fit_inputs, memory_key
 from vramplan.plan.floor import MemoryFloor
 from vramplan.plan.space import Candidate, default_axes, enumerate_candidates
 from vramplan.plan.steptime import StepTime
@@ -230,10 +230,10 @@ def fit(spec: JobSpec, gpu=None, *, axes: dict | None = None, top_k: int = 5,
         progress: Callable[[int, int, int], None] | None = None,
         max_micro_batch: int = 256, suggest: bool = True, progress_every: int = 500,
         **ev_kwargs) -> FitReport:
-    """The top-k fastest layouts of `axes` (default: `default_axes`) that fit on `gpu`.
-    `headroom_bytes` None keeps the default headroom (`default_fit_headroom`); an
-    `evaluator` brings its own."""
+    """The top-k fastest layouts of `axes` (default: `default_axes`) that fit on `gpu`; `headroom_bytes`
+    None keeps the default headroom (`default_fit_headroom`), an `evaluator` brings its own."""
     start = time.perf_counter()
+    spec, top_k = fit_inputs(spec, top_k)
     ev = evaluator or Evaluator.for_spec(spec, gpu, headroom_bytes=headroom_bytes or 0, **ev_kwargs)
     if evaluator is None and headroom_bytes is None:
         ev.headroom_bytes = default_fit_headroom(ev.capacity_bytes)

@@ -64,7 +64,12 @@ def check_axes(axes: Mapping[str, tuple]) -> None:
     from vramplan.spec.sections import ParallelConfig, positive_int
     enums = {"gradient_checkpointing": Checkpointing, "optimizer": Optimizer, "precision": Precision,
              "attention": Attention, "loss_impl": LossImpl, "method": Method}
+    if not isinstance(axes, Mapping):  # fit(axes=...) from Python: the CLI builds a mapping
+        raise SpecError("vary", f"expected a mapping of axis -> values, got {type(axes).__name__}")
     for axis, values in axes.items():
+        _check_axis_key(str(axis))
+        if isinstance(values, (str, bytes)) or not isinstance(values, (list, tuple)) or not values:
+            raise SpecError("vary", f"axis {axis}: expected a non-empty list of values, got {values!r:.60}")
         head, _, rest = axis.partition(".")
         for value in values:
             if head == "parallel":
@@ -75,6 +80,23 @@ def check_axes(axes: Mapping[str, tuple]) -> None:
                 enums[head].parse(value, head)
             else:
                 positive_int(axis, value)
+
+
+def _check_axis_key(axis: str) -> None:
+    """A spec key (dotted into parallel or lora): an unknown one made every layout invalid,
+    and fit answered as if nothing fitted."""
+    from dataclasses import fields
+    from vramplan.spec.lora import LoraConfig
+    from vramplan.spec.sections import ParallelConfig, did_you_mean
+    head, _, rest = axis.partition(".")
+    known = {f.name for f in fields(JobSpec)} - {"seq_len_given"}
+    if head not in known:
+        raise SpecError("vary", f"unknown axis {axis!r}{did_you_mean(head, known)}")
+    if rest:
+        inner = {"parallel": ParallelConfig, "lora": LoraConfig}.get(head)
+        names = {f.name for f in fields(inner)} if inner else set()
+        if rest not in names:
+            raise SpecError("vary", f"unknown axis {axis!r}{did_you_mean(rest, names)}")
 
 
 def default_axes(spec: JobSpec, desc: ModelDesc | None) -> dict[str, tuple]:

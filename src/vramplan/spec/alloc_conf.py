@@ -9,6 +9,8 @@ it, as PyTorch would refuse it at start-up.
 """
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -74,10 +76,11 @@ def _bad(option: str, why: str) -> SpecError:
 
 
 def _int(option: str, text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise _bad(option, f"expected an integer, got {text!r}") from None
+    # c10's std::stoi/stoull read ASCII digits only: Python's int() would also take '1_000'
+    # and other scripts' digits ('١٢٨'), which PyTorch rejects or misreads
+    if not re.fullmatch(r"[+-]?[0-9]+", text):
+        raise _bad(option, f"expected an integer, got {text!r}")
+    return int(text)
 
 
 def _pow2(n: int) -> bool:
@@ -88,6 +91,13 @@ def _bool(option: str, text: str) -> bool:
     if text not in ("True", "False"):
         raise _bad(option, f"expected True or False, got {text!r}")
     return text == "True"
+
+
+def check_text(value: object) -> None:
+    """The spec's alloc_conf is the variable's text: str() of a list or mapping is none."""
+    if not isinstance(value, str):
+        raise SpecError(_FIELD, f"expected a string like 'expandable_segments:True,max_split_size_mb:128', "
+                                f"got a {type(value).__name__}")
 
 
 @lru_cache(maxsize=256)

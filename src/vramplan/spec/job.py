@@ -20,18 +20,18 @@ from vramplan.spec import tasks as _tasks
 from vramplan.spec.grpo import default_micro_batch
 from vramplan.spec.stack import Framework, StackConfig, parse_cuda_version, parse_dtype, parse_stack
 
-_ENUMS = {
+ENUM_FIELDS = {
     "task": Task, "method": Method, "precision": Precision, "optimizer": Optimizer,
     "optimizer_impl": OptimizerImpl, "gradient_checkpointing": Checkpointing,
     "attention": Attention, "backend": Backend, "loss_impl": LossImpl, "logprob_head": LogprobHead,
 }
-_SECTIONS = {"lora": LoraConfig, "quantization": QuantConfig, "freeze": FreezeConfig,
+SECTION_TYPES = {"lora": LoraConfig, "quantization": QuantConfig, "freeze": FreezeConfig,
              "parallel": ParallelConfig, "low_rank": LowRankConfig}
-_SECTION_ALIASES = {"lora": {"lora_alpha": "alpha", "lora_dropout": "dropout", "rank": "r"}}
-_INTS = ("micro_batch_size", "seq_len", "grad_accum_steps", "num_gpus", "num_labels", "checkpoint_every")
+SECTION_ALIASES = {"lora": {"lora_alpha": "alpha", "lora_dropout": "dropout", "rank": "r"}}
+INT_FIELDS = ("micro_batch_size", "seq_len", "grad_accum_steps", "num_gpus", "num_labels", "checkpoint_every")
 DEFAULT_SEQ_LEN = 2048
 """Tokens per row when the spec names none (a common fine-tuning max_length)."""
-_BOOLS = ("packing", "trust_remote_code", "online", "activation_offloading", "optimizer_in_backward", "compile", "keep_logits")
+BOOL_FIELDS = ("packing", "trust_remote_code", "online", "activation_offloading", "optimizer_in_backward", "compile", "keep_logits")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -154,11 +154,13 @@ class JobSpec:
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731  (frozen dataclass)
-        for name, enum_cls in _ENUMS.items():
+        for name in SECTION_TYPES:  # JobSpec(lora={...}) built directly, not through load_spec; parallel None: {}
+            set_(name, _section(name, {} if name == "parallel" and self.parallel is None else getattr(self, name)))
+        for name, enum_cls in ENUM_FIELDS.items():
             value = getattr(self, name)
             if value is not None or name != "optimizer_impl":
                 set_(name, enum_cls.parse(value, name))
-        for name in _BOOLS:
+        for name in BOOL_FIELDS:
             set_(name, boolean(name, getattr(self, name)))
         if self.gpu is not None and (not isinstance(self.gpu, str) or not self.gpu.strip()):
             raise SpecError("gpu", f"expected a GPU name from `vramplan gpus` (e.g. h100), got {self.gpu!r}")
@@ -166,7 +168,7 @@ class JobSpec:
         if self.seq_len is None:
             set_("seq_len", DEFAULT_SEQ_LEN)
         set_("micro_batch_size", default_micro_batch(self.task) if self.micro_batch_size is None else self.micro_batch_size)
-        for name in _INTS:
+        for name in INT_FIELDS:
             set_(name, count_field(name, getattr(self, name)))
         set_("stack", parse_stack(self.stack))
         self._resolve_checkpointing()
@@ -179,7 +181,8 @@ class JobSpec:
         set_("neftune_noise_alpha", parse_neftune(self.neftune_noise_alpha))
         self._check_model()
         if self.alloc_conf is not None:
-            from vramplan.spec.alloc_conf import parse_alloc_conf
+            from vramplan.spec.alloc_conf import check_text, parse_alloc_conf
+            check_text(self.alloc_conf)
             set_("alloc_conf", str(self.alloc_conf).strip() or None)
             parse_alloc_conf(self.alloc_conf)
         if self.lengths is not None:
@@ -297,12 +300,12 @@ class JobSpec:
 
 
 def _section(name: str, value: object):
-    cls = _SECTIONS[name]
+    cls = SECTION_TYPES[name]
     if value is None or isinstance(value, cls):
         return value
     if not isinstance(value, Mapping):
         raise SpecError(name, f"expected a mapping, got {value!r}")
-    aliases = _SECTION_ALIASES.get(name, {})
+    aliases = SECTION_ALIASES.get(name, {})
     data = {aliases.get(k, k): v for k, v in value.items()}
     string_keys(name + ".", data)
     known = {f.name for f in fields(cls)}
@@ -354,7 +357,7 @@ def _load(source, overrides: dict) -> JobSpec:
     for key in data:
         if key not in known:
             raise SpecError(key, f"unknown spec key{did_you_mean(key, known)}")
-    for name in _SECTIONS:
+    for name in SECTION_TYPES:
         data[name] = _section(name, data.get(name))
     if data["parallel"] is None:
         data.pop("parallel")

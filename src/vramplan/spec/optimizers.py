@@ -39,6 +39,16 @@ def check_optimizer_fields(spec) -> None:
         field = "optimizer_in_backward" if spec.optimizer_in_backward else "grad_accum_steps"
         raise SpecError(field, "the optimizer steps each parameter as its gradient is made, so "
                         "gradients cannot accumulate; use grad_accum_steps 1")
+    if spec.optimizer_in_backward and spec.task is Task.INFERENCE:  # no optimizer: the switch was never read
+        raise SpecError("optimizer_in_backward", "task inference runs no optimizer; drop optimizer_in_backward")
+    trained = [m.role for m in spec.models if getattr(m, "method", "frozen") != "frozen"]
+    if steps_in_backward(spec) and (spec.task is Task.PPO or trained):
+        # a second trained model (PPO's critic, a trained role of `models`) stepped inside
+        # backward is not modelled: the step failed inside (IndexError in timeline._walk)
+        second = "the critic (task ppo)" if spec.task is Task.PPO else f"role {trained[0]}"
+        field = "optimizer_in_backward" if spec.optimizer_in_backward else "optimizer"
+        raise SpecError(field, f"an optimizer step inside backward is modelled for one trained model, and "
+                        f"{second} trains too; use an optimizer that steps after backward (e.g. adamw)")
     if opt is Optimizer.ADAM_MINI and spec.method in (Method.LORA, Method.QLORA):
         # adam_mini.py views q/k weights as (-1, dim*dim/n_heads) blocks; a LoRA A/B matrix
         # named ...q_proj.lora_A does not split into heads.

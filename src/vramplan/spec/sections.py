@@ -101,11 +101,16 @@ def boolean(name: str, value: object) -> bool:
 
 
 def string_list(name: str, value: object) -> tuple[str, ...]:
+    """Module names. An empty name is refused: a slip that the libraries read as a
+    substring of every name (`"" in key`: freeze trains every parameter, bitsandbytes'
+    modules_to_not_convert converts nothing, a GaLore list projects every linear)."""
     if isinstance(value, str):
-        return (value,)
-    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
-        return tuple(value)
-    raise SpecError(name, f"expected a list of module names, got {_show(value)}")
+        value = (value,)
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise SpecError(name, f"expected a list of module names, got {_show(value)}")
+    if any(not v.strip() for v in value):
+        raise SpecError(name, "holds an empty name; drop it, or name modules (e.g. q_proj, lm_head)")
+    return tuple(value)
 
 
 def choice(name: str, value: object, choices: tuple[str, ...]) -> str:
@@ -132,37 +137,6 @@ def module_targets(name: str, value: object) -> tuple[str, ...] | str:
 FSDP_MODES = ("none", "full-shard", "shard-grad-op", "hybrid-shard", "no-shard")
 PP_SCHEDULES = ("1f1b", "interleaved", "gpipe", "all-forward-all-backward")
 """Schedules vramplan.parallel.activations.pipeline_in_flight models."""
-_EXTRA_COUNTS = ("shard_group_size", "gpus_per_node", "virtual_stages", "expert_tp", "buffer_count",
-                 "buffer_size", "reduce_bucket_size", "allgather_bucket_size", "sub_group_size")
-_EXTRA_SIZES = ("stage3_prefetch_bucket_size", "stage3_max_live_parameters", "stage3_max_reuse_distance",
-                "stage3_param_persistence_threshold")
-"""DeepSpeed ZeRO-3 knobs where 0 is meaningful (no prefetch, nothing persistent)."""
-_EXTRA_FLAGS = ("overlap_comm", "contiguous_gradients", "distributed_optimizer", "gradient_as_bucket_view")
-_EXTRA_OTHER = ("pp_layers", "host_memory_bytes", "dist_backend", "zero_hpz_partition_size")
-_EXTRA_KNOWN = _EXTRA_COUNTS + _EXTRA_SIZES + _EXTRA_FLAGS + _EXTRA_OTHER
-
-
-def check_extras(extras: object) -> dict:
-    """parallel.extras: engine knobs read from config files; counts are positive integers
-    (or "auto", resolved from the model), switches are booleans."""
-    if not isinstance(extras, dict):
-        raise SpecError("parallel.extras", f"expected a mapping of engine settings, got {_show(extras)}")
-    out = dict(extras)
-    for key, value in extras.items():
-        name = f"parallel.extras.{key}"
-        hint = "" if key in _EXTRA_KNOWN else did_you_mean(str(key), _EXTRA_KNOWN, 0.85)
-        if hint:  # a near miss of a knob read here (reduce_bucket_sise) would be dropped unread
-            raise SpecError(name, f"unknown engine setting{hint}")
-        if key in _EXTRA_COUNTS and value != "auto":
-            out[key] = positive_int(name, value)
-        elif key in _EXTRA_FLAGS:
-            out[key] = boolean(name, value)
-        elif key in _EXTRA_SIZES and value != "auto":
-            out[key] = positive_int(name, value, minimum=0)
-        elif key == "pp_layers" and not (isinstance(value, (list, tuple)) and all(
-                isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value)):
-            raise SpecError(name, f"expected a list of layer counts per pipeline stage, got {_show(value)}")
-    return out
 
 
 # Per quantization type: the bit widths its library stores, its default group size (None:
@@ -185,6 +159,20 @@ _QUANT_FACTS = {
     # torchao Int4WeightOnlyConfig(group_size=128); tinygemm takes 32, 64, 128 or 256. PEFT
     # refuses LoRA on it (peft/tuners/lora/torchao.py: "only supports int8 weights for now").
     QuantType.TORCHAO_INT4: ((4,), 128, ("torchao",), ()),
+}
+
+
+BNB_BLOCK_SIZES = (32, 64, 128, 256, 512, 1024, 2048, 4096)
+"""bitsandbytes 0.50 quantize_4bit's block sizes (functional.py)."""
+_GPTQ_TORCH = (-1, 16, 32, 64, 128, 256, 512, 1024)
+_SMALL = (-1, 32, 64, 128)
+GPTQMODEL_GROUP_SIZES = {
+    # GPTQModel 7.7 SUPPORTS_GROUP_SIZE: qlinear/torch.py, tritonv2.py, exllamav2.py, marlin.py,
+    # gemm_awq.py, gemv_awq.py, marlin_awq.py, torch_awq.py (exllama v1 is not listed: unchecked)
+    (QuantType.GPTQ, "torch"): _GPTQ_TORCH, (QuantType.GPTQ, "triton"): _GPTQ_TORCH,
+    (QuantType.GPTQ, "exllamav2"): _SMALL, (QuantType.GPTQ, "marlin"): _SMALL,
+    (QuantType.AWQ, "gemm"): (-1, 16, 32, 64, 128), (QuantType.AWQ, "gemv"): (-1, 64, 128),
+    (QuantType.AWQ, "marlin"): _SMALL, (QuantType.AWQ, "torch"): (-1, 16, 32, 64, 128),
 }
 
 
@@ -257,11 +245,21 @@ class QuantConfig:
         if not isinstance(self.compute_dtype, str) or self.compute_dtype not in ("bf16", "fp16", "fp32"):
             raise SpecError("quantization.compute_dtype", "choose bf16, fp16 or fp32")
         object.__setattr__(self, "block_size", positive_int("quantization.block_size", self.block_size))
+        if qtype in (QuantType.NF4, QuantType.FP4) and self.block_size not in BNB_BLOCK_SIZES:
+            # bitsandbytes/functional.py quantize_4bit: ValueError(f"invalid blocksize {blocksize}")
+            raise SpecError("quantization.block_size", f"bitsandbytes quantizes 4-bit weights in blocks of "
+                            f"{', '.join(map(str, BNB_BLOCK_SIZES))}; got {self.block_size} (the default is 64)")
         object.__setattr__(self, "group_size", self._group(qtype, group))
         kernel = kernels[0] if self.kernel is None else str(self.kernel).strip().lower()
         if kernel not in kernels:
             raise SpecError("quantization.kernel", f"{qtype.value} runs on {', '.join(kernels)}; got {_show(self.kernel)}")
         object.__setattr__(self, "kernel", kernel)
+        sizes = GPTQMODEL_GROUP_SIZES.get((qtype, kernel))
+        if sizes and self.group_size not in sizes:
+            # gptqmodel/nn_modules/qlinear: each QuantLinear's SUPPORTS_GROUP_SIZE, checked in
+            # validate() ("only supports [...] group_size") when the model is loaded
+            raise SpecError("quantization.group_size", f"GPTQModel's {kernel} kernel for {qtype.value} takes "
+                            f"group_size {', '.join(map(str, sizes))}; got {self.group_size}")
         object.__setattr__(self, "modules_to_not_convert",
                            string_list("quantization.modules_to_not_convert", self.modules_to_not_convert))
 
@@ -367,6 +365,7 @@ class ParallelConfig:
             # zero_optimization_stage() < ZeroStageEnum.gradients.
             raise SpecError("parallel.zero_stage", f"ZeRO-{self.zero_stage} cannot run with pipeline "
                             "parallelism (DeepSpeed allows ZeRO-1 with pp); use zero_stage 1 or pp 1")
+        from vramplan.spec.extras import check_extras  # it reads positive_int and friends from here
         set_("extras", check_extras(self.extras))
 
     @property

@@ -104,12 +104,23 @@ def parse_dtype(value: object, field_name: str) -> str | None:
                                 "bfloat16, float16, torch.bfloat16), or auto for the stack's default")
 
 
+CUDA_MAJORS = (7, 99)
+"""CUDA runtime majors taken: PyTorch's first CUDA builds ran on 7.5 (0.1, 2017); CUDA 0 or
+1.5, or a major of many digits, is a slip that would silently read as the newest runtime."""
+
+
 def parse_cuda_version(value: object) -> str:
-    """The spec's `cuda_version`: a version like 12.4."""
+    """The spec's `cuda_version`: a version like 12.4 (ASCII digits: components/runtime.py
+    compares it as integers)."""
     text = str(value).strip()
     parts = text.split(".")
-    if not 1 <= len(parts) <= 3 or not all(p.isdigit() for p in parts):
+    if (isinstance(value, bool) or not 1 <= len(parts) <= 3
+            or not all(p.isascii() and p.isdigit() for p in parts)):
         raise SpecError("cuda_version", f"expected a version like 12.4, got {value!r}")
+    low, high = CUDA_MAJORS
+    if not low <= int(parts[0]) <= high:
+        raise SpecError("cuda_version", f"CUDA {text} is no runtime PyTorch runs on; give the job's CUDA "
+                                        "runtime, e.g. 12.4 (torch.version.cuda)")
     return text
 
 
@@ -117,7 +128,7 @@ def _version(value: object, field_name: str) -> str | None:
     if value is None:
         return None
     text = str(value).strip()
-    if not _VERSION.match(text):
+    if isinstance(value, bool) or not text.isascii() or not _VERSION.match(text):
         raise SpecError(field_name, f"expected a release like '5.24' or '0.21.0', got {value!r}")
     return text
 

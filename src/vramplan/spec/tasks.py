@@ -104,6 +104,10 @@ class GenerationConfig:
                            boolean("generation.ds3_gather_for_generation", self.ds3_gather_for_generation))
         object.__setattr__(self, "gpu_memory_utilization",
                            fraction("generation.gpu_memory_utilization", self.gpu_memory_utilization))
+        if self.engine == "vllm" and self.gpu_memory_utilization == 0:
+            # vllm/config/cache.py CacheConfig: gpu_memory_utilization = Field(gt=0, le=1)
+            raise SpecError("generation.gpu_memory_utilization", "vLLM needs a share of the GPU above 0 for its "
+                                                                 "weights and KV cache; use e.g. 0.3 (TRL's default)")
         if self.generation_batch_size is not None:
             object.__setattr__(self, "generation_batch_size",
                                positive_int("generation.generation_batch_size", self.generation_batch_size))
@@ -155,6 +159,12 @@ class VisionConfig:
         for name in _OPTIONAL_SIZES:
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, positive_int(f"vision.{name}", getattr(self, name)))
+        if self.max_tiles is not None and self.max_tiles > MAX_TILES:
+            # InternVL's processor enumerates every grid of up to max_tiles tiles (families/
+            # internvl/vision.py tile_grid): 1e9 ran for minutes. Past this, the tiles' 256
+            # tokens each are past any language model's positions anyway.
+            raise SpecError("vision.max_tiles", f"{self.max_tiles:,} is too large (at most {MAX_TILES:,}; "
+                                                "InternVL's default is 12, each tile 256 tokens)")
         for low, high in (("min_pixels", "max_pixels"), ("video_min_pixels", "video_max_pixels")):
             lo, hi = getattr(self, low), getattr(self, high)
             if lo is not None and hi is not None and lo > hi:
@@ -178,6 +188,8 @@ class VisionConfig:
         return out
 
 
+MAX_TILES = 100_000
+"""The most tiles per image a spec takes: 25.6M tokens of 256-token tiles, past any model."""
 _OPTIONAL_SIZES = ("image_height", "image_width", "min_pixels", "max_pixels", "max_tiles", "video_height", "video_width",
                    "video_min_pixels", "video_max_pixels")
 
@@ -326,12 +338,34 @@ def check_task_fields(spec) -> dict[str, object]:
                 raise SpecError(name, "GRPO needs at least 2 completions per prompt to compute its advantages "
                                       "(trl GRPOConfig); use num_generations >= 2")
     out["models"] = parse_models(spec.models)
+    # jobs/__init__.py resolve_models: a listed role replaces the task's model of that name
+    for m in out["models"]:
+        if m.role == "policy":  # the trained model: a gpt2 job was estimated as the listed model
+            raise SpecError("models.policy", "the trained model is the spec's `model`; give this entry "
+                            "another role name, or set `model` to it")
+        field = {"reference": "reference_model", "teacher": "teacher", "reward": "reward_model",
+                 "critic": "critic_model"}.get(m.role)
+        if field and out[field] is not None:
+            raise SpecError(f"models.{m.role}", f"and {field} both name the {m.role} model; keep one")
     for name in SECTIONS:
         out[name] = parse_section(name, getattr(spec, name))
     if out["diffusion"] is not None and task is not Task.DIFFUSION:
         raise SpecError("diffusion", "set task diffusion to train a denoiser")
     if task is Task.DIFFUSION and out["diffusion"] is None:
         out["diffusion"] = DiffusionConfig()
+    if spec.model is None:  # a raw size (num_params) describes a language model's layers, nothing else
+        if task is Task.DIFFUSION:
+            raise SpecError("num_params", "describes a language model by its size; task diffusion needs a "
+                            "pipeline as `model` (see `vramplan models --kind diffusion`, e.g. flux.1-dev)")
+        if out["vision"] is not None:
+            raise SpecError("vision", "a model given by num_params has no vision tower; drop the vision "
+                            "settings or name a vision-language model (see `vramplan models --kind vlm`)")
+        if task in MULTI_MODEL_TASKS or out["models"]:
+            # jobs/__init__.py resolve_models builds each role from a named model
+            what = f"task {task.value}" if task in MULTI_MODEL_TASKS else "a models list"
+            raise SpecError("num_params", f"a raw size estimates one model; {what} builds its models "
+                            "(policy, reference, ...) from `model`: name the model (a catalog name, hub id "
+                            "or config.json) instead")
     if spec.keep_logits:
         check_keep_logits(spec)
     return out

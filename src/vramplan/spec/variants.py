@@ -18,8 +18,9 @@ def with_dotted(data: Mapping[str, object], changes: Iterable[tuple[str, object]
     out = dict(data)
     for key, value in changes:
         head, _, rest = key.partition(".")
-        if rest:
-            out[head] = {**(out.get(head) or {}), rest: value}
+        if rest:  # deeper keys too (`parallel.extras.overlap_comm`)
+            inner = out.get(head)
+            out[head] = with_dotted(inner if isinstance(inner, Mapping) else {}, [(rest, value)])
         else:
             out[key] = value
     return out

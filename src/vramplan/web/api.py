@@ -64,9 +64,11 @@ def _spec(body: bytes):
     if not isinstance(data, dict):
         raise SpecError("spec", f"expected a mapping of spec fields, got {type(data).__name__}")
     spec = load_spec(data)
-    if spec.lengths is not None:
-        from vramplan.importers.lengths import resolve_lengths
-        spec = resolve_lengths(spec, None)
+    if spec.lengths is not None and spec.lengths.lengths_file is not None:
+        # a path in a request is one on the server: reading it would show its lines to the
+        # caller (the error names a line that is no token count)
+        raise SpecError("lengths.lengths_file", "the web API reads no files on the server; send the "
+                                                "lengths as percentiles and max (p50, p90, p99, max)")
     return spec
 
 

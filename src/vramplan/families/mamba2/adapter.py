@@ -59,6 +59,11 @@ def build(config: dict, name: str, num_labels: int | None) -> ModelDesc:
     if inner != H * P:
         # Mamba2Config.__post_init__ refuses the same config
         raise ValueError(f"mamba2 config: expand * hidden_size ({inner}) must equal num_heads * head_dim ({H * P})")
+    if H % G:
+        # modeling_mamba2.Mamba2Mixer repeats each group's B and C over num_heads // n_groups
+        # heads (mamba_ssm ssd_combined asserts nheads % ngroups == 0)
+        raise ValueError(f"mamba2 config: n_groups {G} does not divide num_heads {H}; each group must "
+                         "serve a whole number of heads")
     desc = SSMDesc(
         name=name, model_type="mamba2", num_layers=L, hidden_size=h, num_heads=H, num_kv_heads=H, head_dim=P,
         intermediate_size=inner, vocab_size=c.int("vocab_size"), mlp=MlpKind.GATED, hidden_act=c["hidden_act"],
