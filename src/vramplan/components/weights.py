@@ -145,6 +145,21 @@ def is_token_embedding(p) -> bool:
     return any(w in p.name for w in _TOKEN_EMBED) and "#" not in p.name
 
 
+def tied_head_grad_pending(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Breakdown:
+    """With gradient accumulation, a later micro-step's lm_head backward makes a fresh (v, h)
+    gradient of the tied weight that waits in its AccumulateGrad input buffer until the
+    embedding's backward (tied_embedding_grad_temp) while the weight's .grad already exists:
+    one more (v, h) through every stage's backward. Measured: the CPU grid's tied qwen2, amp,
+    b1 s160, two micro-steps (the embedding's backward holds .grad and three more)."""
+    if spec.grad_accum_steps <= 1:
+        return Breakdown()
+    out = Breakdown()
+    for k, v in tied_embedding_grad_temp(desc, spec, params):
+        if k == "backward/tied_embedding_grad":
+            out.add("backward/tied_head_grad_pending", v)
+    return out
+
+
 def tied_embedding_grad_temp(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Breakdown:
     """The tied weight's two gradients meet in its AccumulateGrad node's input buffer: the
     lm_head backward's (held there since the head's backward, counted as the weight's

@@ -18,7 +18,8 @@ from vramplan.components.optimizer_in_backward import lomo_alive, stage_step_ter
 from vramplan.components.trainable import ParamSet
 from vramplan.families import step_buffers
 from vramplan.components.weights import (
-    gradient_stages, gradient_stages_at_peak, num_stages, stage_of, tied_embedding_grad_temp, weight_terms,
+    gradient_stages, gradient_stages_at_peak, num_stages, stage_of, tied_embedding_grad_temp, tied_head_grad_pending,
+    weight_terms,
 )
 from vramplan.model import ModelDesc
 from vramplan.spec import JobSpec
@@ -93,6 +94,7 @@ def build_step(desc: ModelDesc, spec: JobSpec, params: ParamSet, acts: Activatio
     # (the timeline only reads them).
     built: dict[tuple, tuple[Breakdown, Breakdown]] = {}
     offloading = spec.activation_offloading
+    pending = tied_head_grad_pending(desc, spec, params)
     for i, st in enumerate(acts.stages):
         layer = st.label.startswith("layer")
         group = "activations/layers" if layer else f"activations/{st.label}"
@@ -115,11 +117,12 @@ def build_step(desc: ModelDesc, spec: JobSpec, params: ParamSet, acts: Activatio
                     id(st.backward_transient))
             template = built.get(tkey)
             if template is None:
-                template = built[tkey] = (_transient(acts, st), Breakdown())
+                template = built[tkey] = (_transient(acts, st).merge(pending), Breakdown())
             transients.append(template[0])
             labels.append(st.label + " backward")
             continue
-        t = _transient(acts, st)
+        # the head's own fresh gradient is its stage_grads_in_flight; the tied one then waits
+        t = _transient(acts, st).merge(pending if i < n - 1 else Breakdown())
         if i == n - 1:
             t.merge(acts.head_backward_transient)
         elif i == 0:
@@ -140,6 +143,7 @@ def build_step(desc: ModelDesc, spec: JobSpec, params: ParamSet, acts: Activatio
                     loss_backward_transient=loss_bwd,
                     stage_backward_transient=transients, stage_acts_at_peak=at_peak,
                     stage_grads_at_peak=grads_at_peak,
+                    stage_grads_in_flight=_in_flight(grads_at_peak) if spec.grad_accum_steps > 1 else None,
                     optimizer_temporaries=_optimizer_extras(spec, params, acts),
                     grads_alive_in_forward=spec.grad_accum_steps > 1, labels=labels,
                     in_backward=_in_backward(desc, spec, params, acts),
@@ -165,6 +169,14 @@ def _kept_output(static: Breakdown, fwd_end: Breakdown, acts: ActivationPlan) ->
         fwd_end = (Breakdown(dict(fwd_end.terms)).add("activations/kept_input_leaf", acts.input_leaf_bytes)
                    .add("gradients/kept_input_leaf", acts.input_leaf_bytes))
     return static, fwd_end
+def _in_flight(grads_at_peak: list[Breakdown]) -> list[Breakdown]:
+    """A later micro-step's gradients at each stage's backward peak: the ones the op there has
+    just made (stage_grads_at_peak) are fresh tensors beside the `.grad` they go into
+    (timeline.StepPlan.stage_grads_in_flight). Measured: the CPU grid's phi3 b1 s64 Adafactor,
+    two micro-steps, whose backward peaks at the untied embedding's fresh gradient."""
+    return [Breakdown({f"backward/incoming_{k.split('/', 1)[-1]}": v for k, v in g}) for g in grads_at_peak]
+
+
 def _transient(acts: ActivationPlan, st) -> Breakdown:
     """A stage's backward transients from its saved list: what checkpointing recomputes,
     then (a layer's) the backward's own temporaries."""
