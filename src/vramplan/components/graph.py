@@ -74,37 +74,29 @@ class Recorder:
     float8: tuple[bool, bool] | None = None
     """torchao float8 training: (on, output head converted); None when off."""
     float8_linears: list = field(default_factory=list)
-    """The converted linears seen, as (input name, tokens, in, out, input dtype, is head,
-    bytes the recorder had saved by then, the linear's input included)
-    (components/float8.py turns them into the casts' transients)."""
+    """The converted linears as (input name, tokens, in, out, input dtype, is head, bytes saved
+    by then with the linear's input): components/float8.py makes the casts' transients."""
     linear_saves_input: bool = False
-    """DeepSpeed ZeRO-3 under zero.Init: F.linear is its zero3_linear_wrap for the rest of the
-    process (runtime/zero/partition_parameters.py, `mem_efficient_linear`), whose
-    LinearFunctionForZeroStage3 saves (input, weight, bias) whenever a gradient flows through
-    it (runtime/zero/linear.py setup_context): a frozen linear's input too, and the weight is
-    the parameter itself (re-gathered in backward), not a copy."""
+    """ZeRO-3 under zero.Init: F.linear is zero3_linear_wrap, whose Function saves (input,
+    weight parameter, bias) whenever a gradient flows (deepspeed runtime/zero/linear.py)."""
     linear_transients: list = field(default_factory=list)
     """Linears whose call holds temporaries beyond what it saves, as (bytes saved by then, locals
     alive, transient): DoRA's weight norm (components/dora.py), a kernel's dequantization
     (`dequant_peak`)."""
     dequant_peak: Callable[[int], int] | None = None
     """Bytes alive at the peak of a quantized kernel's per-call dequantization of a weight of
-    that many elements, the dequantized weight included (components/quant.py dequant_peak);
-    None where not modelled."""
+    that many elements, the dequantized copy included (components/quant.py); None: not modelled."""
     frame: list = field(default_factory=list)
     """Tensors enclosing module calls hold while an inner one runs (LlamaDecoderLayer's residual
     and LlamaMLP's input during the MLP): alive, saved or not; read by `_dequant_moment`."""
     held: list = field(default_factory=list)
-    """Tensors the caller holds, unsaved, while the next linear runs: LlamaMLP's
-    act_fn(gate_proj(x)) during up_proj(x) (Python evaluates the product's operands left to
-    right). Read by components/dora.py, whose temporaries sit on top of them."""
+    """Tensors the caller holds, unsaved, while the next linear runs: LlamaMLP's act_fn(gate_proj(x))
+    during up_proj(x) (operands evaluate left to right); components/dora.py adds on top."""
     seen: set[int] = field(default_factory=set)
     """Storages already saved by an earlier stage (shared tensors are counted once)."""
     forward_peak: list = field(default_factory=list)
-    """(name, bytes) a layer holds at the peak of its own forward beyond its input, when
-    nothing it saves is kept (torch.utils.checkpoint's forward): recorded by families whose
-    layer peaks inside a loop of temporaries (Jamba's Mamba scan, families/jamba/forward.py)."""
-
+    """(name, bytes) a layer holds at its own forward's peak beyond its input when nothing it
+    saves is kept (torch.utils.checkpoint's forward; Jamba's scan, families/jamba/forward.py)."""
     moments: list = field(default_factory=list)
     """Moments of the layer's own forward, each the tensors alive then (`forward_moment`);
     `unsaved_peak` reads them once the layer has saved what it saves."""
@@ -199,8 +191,9 @@ class Recorder:
         # torchao Float8Linear saves the weight parameter itself (`self.weight.t()`), no
         # autocast copy: it calls its own autograd.Function, not F.linear
         wc = self._cast_param(w) if not converted else Sym(w.name, w.shape, w.dtype, w.trainable, Storage(0))
+        rg = x.requires_grad or w.trainable or bool(bias and bias.trainable)
         if self.linear_saves_input and w.dtype not in QUANT_DTYPES and not converted:
-            if x.requires_grad or w.trainable or bool(bias and bias.trainable):
+            if rg:
                 self.save(x)
         elif w.trainable:
             self.save(xin)
@@ -210,7 +203,6 @@ class Recorder:
             self.save(self.new(f"dequantized_weight/{w.name}", w.shape, self.dequant_saved, False))
         if x.requires_grad and self.quant_input_saved and w.dtype in QUANT_DTYPES:
             self.save(x)
-        rg = x.requires_grad or w.trainable or bool(bias and bias.trainable)
         out_features = w.shape[0] if not name.startswith("conv1d") else w.shape[1]
         out = self.new(name, x.shape[:-1] + (out_features,), xin.dtype, rg)
         # aten::linear is CompositeImplicit: below autograd it is mm on the flattened input,
