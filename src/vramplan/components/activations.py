@@ -192,8 +192,12 @@ def _plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Activ
     plan = _with_loss(desc, spec, stages, logits, x, bool(head_w and head_w.trainable))
     plan.input_leaf_bytes = input_leaf
     if any(fwd_peaks.values()):
-        plan.stage_forward_transient = [Breakdown({f"activations/checkpointed_forward/{n}": v for n, v in
-                                                   fwd_peaks.get(j, [])}) for j in range(len(stages))]
+        # one Breakdown per distinct moment, shared by the layers that have it (the timeline
+        # and the parallel plans sum and scale a shared part once)
+        shared_moments: dict[tuple, Breakdown] = {}
+        plan.stage_forward_transient = [
+            shared_moments.setdefault(key, Breakdown({f"activations/checkpointed_forward/{n}": v for n, v in key}))
+            for key in (tuple(fwd_peaks.get(j, ())) for j in range(len(stages)))]
     if any(linears for linears, _ in dora_at.values()):
         linear_transients_apply(plan, dora_at, nbytes(x.numel, x.dtype), "dora" if ctx.dora else "dequant")
     if spec.float8 is not None:
