@@ -153,11 +153,8 @@ def tied_head_grad_pending(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> 
     b1 s160, two micro-steps (the embedding's backward holds .grad and three more)."""
     if spec.grad_accum_steps <= 1:
         return Breakdown()
-    out = Breakdown()
-    for k, v in tied_embedding_grad_temp(desc, spec, params):
-        if k == "backward/tied_embedding_grad":
-            out.add("backward/tied_head_grad_pending", v)
-    return out
+    g = tied_embedding_grad_temp(desc, spec, params).terms.get("backward/tied_embedding_grad", 0)
+    return Breakdown().add("backward/tied_head_grad_pending", g)
 
 
 def tied_embedding_grad_temp(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Breakdown:
@@ -173,7 +170,7 @@ def tied_embedding_grad_temp(desc: ModelDesc, spec: JobSpec, params: ParamSet) -
     if not desc.tie_word_embeddings:
         return out
     for p in params.trainable():
-        if p.layer is None and any(w in p.name for w in _TOKEN_EMBED) and "#" not in p.name:
+        if p.layer is None and is_token_embedding(p):
             g = nbytes(p.numel, grad_dtype(spec, p))
             out.add("backward/tied_embedding_grad", g).add("backward/tied_embedding_grad_sum", g)
     return out

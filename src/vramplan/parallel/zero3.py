@@ -9,7 +9,7 @@ from vramplan.breakdown import Breakdown, own, shared
 from vramplan.components.dtypes import dtypes_of
 from vramplan.components.memo import cached
 from vramplan.components.optimizer import optimizer_states, state_key
-from vramplan.components.weights import stage_of
+from vramplan.components.weights import is_token_embedding, stage_of
 from vramplan.parallel import engines
 from vramplan.parallel.layout import DS_PARAM_PERSISTENCE_THRESHOLD, Layout
 from vramplan.parallel.sets import RankSets, memo, numel
@@ -44,8 +44,9 @@ def zero3_buffers(desc, spec: JobSpec, lay: Layout, sets: RankSets, out: StepPla
         tuple(p.numel for p in full.params if p.numel >= persist)))
     if lay.offload_params == "none":  # offload_param keeps every partition in host memory
         out.static.merge(engines.zero3_persistent_partitions(lay, wdt, kept))
-    live = engines.zero3_live(lay, wdt, biggest, sum(gathered) - memo(sets, ("forward_only", persist, spec.gradient_checkpointing), lambda: sum(
-        p.numel for p in full.params if p.numel >= persist and _forward_only(desc, spec, p))))
+    forward_only = memo(sets, ("forward_only", persist, spec.gradient_checkpointing), lambda: sum(
+        p.numel for p in full.params if p.numel >= persist and _forward_only(desc, spec, p)))
+    live = engines.zero3_live(lay, wdt, biggest, sum(gathered) - forward_only)
     for t in shared([out.forward_end_transient, out.loss_backward_transient, *out.stage_backward_transient]):
         t.merge(live)
     stages = len(out.stage_acts)
@@ -78,7 +79,6 @@ def _forward_only(desc, spec: JobSpec, p) -> bool:
     gradient without checkpointing (with it, transformers' enable_input_require_grads makes
     the output require one and DeepSpeed's pre-backward hook fetches the module). Measured:
     bench/parallel/deepspeed_cpu.py --set lora, the 32k-vocabulary LoRA row."""
-    from vramplan.components.weights import is_token_embedding
     return (not p.trainable and p.layer is None and not desc.tie_word_embeddings and is_token_embedding(p)
             and spec.gradient_checkpointing is Checkpointing.NONE)
 
