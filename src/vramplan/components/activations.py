@@ -120,7 +120,18 @@ def _copy(plan: ActivationPlan) -> ActivationPlan:
                           bd(plan.loss_backward_transient), bd(plan.head_backward_transient),
                           bd(plan.layer_backward_transient), plan.input_leaf_bytes, plan.head_input,
                           plan.head_linear_saved, None if plan.stage_forward_transient is None
-                          else [bd(b) for b in plan.stage_forward_transient])
+                          else _copy_shared(plan.stage_forward_transient))
+
+
+def _copy_shared(parts: list[Breakdown]) -> list[Breakdown]:
+    """A fresh Breakdown per distinct one of `parts`, shared where the original shared
+    one (equal layers' forward moments: the timeline and the parallel plans treat a shared
+    part once; whoever adds to one stage alone copies it first, breakdown.own)."""
+    fresh: dict[int, Breakdown] = {}
+    for b in parts:
+        if id(b) not in fresh:
+            fresh[id(b)] = Breakdown(dict(b.terms))
+    return [fresh[id(b)] for b in parts]
 
 
 def _plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> ActivationPlan:

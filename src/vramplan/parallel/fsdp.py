@@ -162,7 +162,9 @@ def _forward_stages(trans: list[Breakdown], first: int, order: list, sizes: dict
     for k, t in enumerate(trans):
         if not t.terms:
             continue
-        t.merge(root_terms)
+        # what is added differs stage by stage, and stages may share one Breakdown
+        # (parallel/plan.py scales each distinct one once): each gets its own
+        t = trans[k] = Breakdown(dict(t.terms)).merge(root_terms)
         j = k - first
         if 0 <= j < len(order):
             i = order[j]

@@ -210,8 +210,7 @@ def _stage_plan(desc, spec, params, plan: StepPlan, lay: Layout, stage: int, lay
                    in_backward=None if plan.in_backward is None
                    else _select(plan.in_backward, stage, lay.pp, layers),
                    stage_forward_transient=None if plan.stage_forward_transient is None
-                   else [acts.scale(b, lay, desc.num_kv_heads)
-                         for b in _select(plan.stage_forward_transient, stage, lay.pp, layers)])
+                   else [sc(b) for b in _select(plan.stage_forward_transient, stage, lay.pp, layers)])
     _engine_buffers(desc, spec, lay, sets, out, stage, layers, params)
     return out, sets
 
