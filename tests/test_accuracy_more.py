@@ -26,6 +26,9 @@ CASES = {
     "gpt_neox-bf16-gc": {"model": NEOX, "precision": "bf16", "gradient_checkpointing": "full"},
     "gpt_neox-lora-qkv": {"model": NEOX, "method": "lora", "lora": {"r": 4, "target_modules": ["query_key_value"]}},
     "bloom-tied": {"model": {"model_type": "bloom", **TINY}, "attention": "eager"},
+    # no attention named: transformers runs BLOOM eager (its _supports_sdpa is False), and so do
+    # the estimate and the measure harness (catalog/attention_support.json)
+    "bloom-default-attention": {"model": {"model_type": "bloom", **TINY}},
     "bloom-bf16-dropout": {"model": {"model_type": "bloom", **TINY, "hidden_dropout": 0.1,
                                      "attention_dropout": 0.1}, "precision": "bf16", "attention": "eager"},
     "falcon-7b-shape-multi-query": {"model": {"model_type": "falcon", **TINY}},

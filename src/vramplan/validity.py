@@ -311,8 +311,8 @@ def _offload(spec: JobSpec) -> list[str]:
 
 def resolve_attention(desc: ModelDesc, spec: JobSpec) -> JobSpec:
     """The attention transformers runs: a family whose modeling has no SDPA path
-    (catalog/attention_support.json, `_supports_sdpa = False`: Gemma 2, gpt-oss, ...) runs
-    eager when none is named (modeling_utils `_check_and_adjust_attn_implementation`), so the
+    (catalog/attention_support.json: `_supports_sdpa` false, PreTrainedModel's default: Gemma 2,
+    BLOOM, Mamba, ...) runs eager when none is named (modeling_utils `_check_and_adjust_attn_implementation`), so the
     spec's sdpa (its default) is estimated as eager, with a note (attention_note)."""
     from vramplan.catalog.runtime import no_sdpa_model_types
     from vramplan.spec import Attention
@@ -325,6 +325,6 @@ def resolve_attention(desc: ModelDesc, spec: JobSpec) -> JobSpec:
 def attention_note(desc: ModelDesc, given: JobSpec, spec: JobSpec) -> list:
     if given.attention is spec.attention:
         return []
-    return [Msg("attention: transformers has no SDPA path for {family} (its modeling sets _supports_sdpa = False) "
+    return [Msg("attention: transformers has no SDPA path for {family} (_supports_sdpa is False for its models) "
                 "and runs it with eager attention, estimated here; it refuses attn_implementation='sdpa'. "
                 "attention: flash runs FlashAttention-2 instead", family=desc.model_type)]

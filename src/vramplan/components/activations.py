@@ -206,9 +206,10 @@ def _plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Activ
         # one Breakdown per distinct moment, shared by the layers that have it (the timeline
         # and the parallel plans sum and scale a shared part once)
         shared_moments: dict[tuple, Breakdown] = {}
-        plan.stage_forward_transient = [
-            shared_moments.setdefault(key, Breakdown({f"activations/checkpointed_forward/{n}": v for n, v in key}))
-            for key in (tuple(fwd_peaks.get(j, ())) for j in range(len(stages)))]
+        keys = [tuple(fwd_peaks.get(j, ())) for j in range(len(stages))]
+        for key in set(keys):
+            shared_moments[key] = Breakdown({f"activations/checkpointed_forward/{n}": v for n, v in key})
+        plan.stage_forward_transient = [shared_moments[key] for key in keys]
     if any(linears for linears, _ in dora_at.values()):
         linear_transients_apply(plan, dora_at, nbytes(x.numel, x.dtype), "dora" if ctx.dora else "dequant")
     if spec.float8 is not None:
