@@ -43,3 +43,12 @@ def gpu_arch(gpu_name: str | None) -> str | None:
         if arch != "note" and gpu_name in names:
             return arch
     return None
+
+
+def peft_moe_targets(model_type: str) -> tuple[dict, dict] | None:
+    """peft_moe_targets.json: for a model type whose LoRA targets PEFT moves onto fused MoE
+    expert parameters under transformers 5, (transformers-4 name -> parameter suffix,
+    fused parameter -> the names fused into it); None for other types."""
+    data = _read("peft_moe_targets.json")
+    base = data["base_of"].get(model_type)
+    return None if base is None else (data["mapping"][base], data["fused"][base])

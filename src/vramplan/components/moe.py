@@ -24,6 +24,8 @@ def moe_block(rec: Recorder, ctx: Ctx, x: Sym, i: int, pre: str | None = None, r
         tokens *= dim
     h = x.shape[-1]
     router = ctx.p(f"{pre}.{router_name}.weight")
+    if router.name in ctx.lora:  # PEFT's ParamWrapper on the router (components/moe_lora.py)
+        router = lora_folded(rec, ctx, router, x, 1, "moe/lora_folded_router")
     logits = rec.linear(x, router, name="moe/router_logits")
     probs = rec.unary_saving_output(rec.to(logits, "fp32"), "moe/router_softmax", "fp32")
     weights = rec.new("moe/topk_weights", (tokens, moe.top_k), "fp32", probs.requires_grad)
@@ -37,10 +39,14 @@ def moe_block(rec: Recorder, ctx: Ctx, x: Sym, i: int, pre: str | None = None, r
                  ctx.p(f"{pre}.experts.down_proj").dtype, ctx.p(f"{pre}.experts.down_proj").trainable)
     rec.save(rec.new("moe/token_index", (rows,), "int64", False))
     gathered = rec.new("moe/expert_in", (rows, h), x.dtype, x.requires_grad)
+    if gate_up.name in ctx.lora:
+        gate_up = lora_folded(rec, ctx, gate_up, gathered, moe.num_experts, "moe/lora_folded_gate_up")
     gu = rec.linear(gathered, gate_up, name="moe/expert_gate_up")
     half = (rows, moe.expert_intermediate_size)
     act = activation(rec, rec.view(gu, half, "moe/expert_gate"), ctx.desc.hidden_act, "moe/expert_act")
     prod = rec.mul(act, rec.view(gu, half, "moe/expert_up"), name="moe/expert_act_times_up")
+    if down.name in ctx.lora:
+        down = lora_folded(rec, ctx, down, prod, moe.num_experts, "moe/lora_folded_down")
     out = rec.linear(prod, down, name="moe/expert_down")
     routed = rec.mul(out, rec.view(weights, (rows, 1), "moe/expert_weight"), name="moe/expert_weighted")
     # The block's forward moments (transformers/integrations/moe.py grouped_mm_experts_forward):
@@ -59,3 +65,18 @@ def moe_block(rec: Recorder, ctx: Ctx, x: Sym, i: int, pre: str | None = None, r
         sig = rec.unary_saving_output(gate, "moe/shared_gate_sigmoid")
         combined = rec.add(combined, rec.mul(sig, shared, name="moe/shared_weighted"), name="moe/out")
     return combined
+
+
+def lora_folded(rec: Recorder, ctx: Ctx, w: Param, x: Sym, experts: int, name: str) -> Param:
+    """A parameter under PEFT's lora.ParamWrapper (components/moe_lora.py): its forward folds
+    the update into a new weight, `baddbmm(W, lhs, rhs)` for the experts (`_LoraFactorsProxy`),
+    `W + delta` for the router (`_LoraParameterProxy`), which needs a gradient, so the matmuls
+    that use it save their input and, when the input needs a gradient too, the folded weight
+    (a whole expert stack). baddbmm saves its two factors: the adapters cast to the weight's
+    dtype (`get_delta_factors`: `.to(param.dtype)`), copies where the dtypes differ."""
+    a, b = ctx.lora[w.name]
+    if experts > 1 and a.dtype != w.dtype:
+        rec.save(rec.new(f"{name}/factors", (a.shape[0] * (a.shape[1] + b.shape[0]),), w.dtype, False))
+    if x.requires_grad:
+        rec.save(rec.new(name, (experts * w.shape[0], w.shape[1]), w.dtype, True))
+    return Param(w.name, w.shape, w.dtype, True)

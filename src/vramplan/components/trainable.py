@@ -11,6 +11,7 @@ import math
 from collections import namedtuple
 from dataclasses import dataclass, field
 
+from vramplan.components import moe_lora
 from vramplan.components.dtypes import dtypes_of
 from vramplan.catalog.runtime import peft_lora_targets
 from vramplan.components.quant import code_dtype
@@ -140,12 +141,48 @@ def lora_targets(desc: ModelDesc, spec: JobSpec) -> tuple[list[ParamEntry], tupl
 
 
 def _lora_targets(desc: ModelDesc, targets) -> tuple[tuple[ParamEntry, ...], tuple[str, ...]]:
-    linears = [p for p in desc.params if is_linear(p)]
+    routers = _routers(desc)
+    linears = [p for p in desc.params if is_linear(p) and p.name not in routers]
+    moe = _moe_targets(desc, targets)
+    if moe is not None:  # PEFT moves the expert and router names onto parameters (moe_lora.py)
+        names, params = moe
+        plain = {id(p) for p in linears}
+        hit = tuple(p for p in desc.params if moe_lora.wrapped(p.name, params)
+                    or (id(p) in plain and any(_matches(p.module, t) for t in names)))
+        unmatched = () if targets == ALL_LINEAR else tuple(
+            t for t in targets if t in names and not any(_matches(p.module, t) for p in linears))
+        return hit, unmatched
     if targets == ALL_LINEAR:
         return tuple(p for p in linears if p.module.rsplit(".", 1)[-1] not in _HEADS), ()
     hit = tuple(p for p in linears if any(_matches(p.module, t) for t in targets))
     unmatched = tuple(t for t in targets if not any(_matches(p.module, t) for p in linears))
     return hit, unmatched
+
+
+def _routers(desc: ModelDesc) -> set[str]:
+    """The routers of transformers 5's fused-expert blocks: their own nn.Module holding a weight
+    (Qwen2MoeTopKRouter, MixtralTopKRouter, DeepseekV3TopkRouter, JambaTopKRouter ...), not an
+    nn.Linear, so PEFT's all-linear and module targets pass them by; Llama 4's router subclasses
+    nn.Linear (models/llama4/modeling_llama4.py Llama4Router)."""
+    if desc.model_type.startswith("llama4"):
+        return set()
+    blocks = {p.name.split(".experts.", 1)[0] for p in desc.params if is_fused_experts(p)}
+    return {p.name for p in desc.params if p.module.rsplit(".", 1)[0] in blocks
+            and p.module.rsplit(".", 1)[-1] in ("gate", "router")}
+
+
+def _moe_targets(desc: ModelDesc, targets) -> tuple[set[str], dict[str, int]] | None:
+    """PEFT's rewrite of the targets for transformers 5's fused experts (components/moe_lora.py):
+    all-linear resolved to leaf names first (`_resolve_string_target_modules`), as PEFT does."""
+    if not any(is_fused_experts(p) for p in desc.params):
+        return None
+    if targets == ALL_LINEAR:
+        routers = _routers(desc)
+        names = {p.module.rsplit(".", 1)[-1] for p in desc.params if is_linear(p) and p.name not in routers
+                 and p.module.rsplit(".", 1)[-1] not in _HEADS} | moe_lora.expert_names(desc.model_type)
+    else:
+        names = set(targets)
+    return moe_lora.convert_targets(desc.model_type, names)
 
 
 def _freeze_trainable(desc: ModelDesc, spec: JobSpec, p: ParamEntry) -> bool:
@@ -190,6 +227,7 @@ def _param_set(desc: ModelDesc, spec: JobSpec) -> ParamSet:
 def _lora_set(desc: ModelDesc, spec: JobSpec, wdtype: str) -> ParamSet:
     targets, unmatched = lora_targets(desc, spec)
     target_names = {p.name for p in targets}
+    moe = _moe_targets(desc, resolved_lora_targets(desc, spec))
     held: list[HeldParam] = []
     # torchtune's QLoRA builders (torchtune/models/*/_component_builders.py, quantize_base=True)
     # turn the base linears into torchao NF4Tensors and leave the rest in the model's dtype;
@@ -203,7 +241,15 @@ def _lora_set(desc: ModelDesc, spec: JobSpec, wdtype: str) -> ParamSet:
             # (peft/utils/other.py: `param.data = param.data.to(torch.float32)`).
             dtype = "fp32"
         held.append(HeldParam(p.name, p.shape, dtype, False, "base", p.layer))
-        if p.name in target_names:
+        mult = moe_lora.wrapped(p.name, moe[1]) if moe else 0
+        if mult:
+            # lora.ParamWrapper: lora_A Linear(in, r * E), lora_B Linear(r * E, out), the rank
+            # times the names fused into the parameter (PEFT's rank_pattern)
+            fan_in, fan_out, experts = moe_lora.in_out_experts(p.shape)
+            rank = spec.lora.r * mult * experts
+            held.append(HeldParam(p.name + ".lora_A", (rank, fan_in), _adapter_dtype(spec), True, "lora", p.layer))
+            held.append(HeldParam(p.name + ".lora_B", (fan_out, rank), _adapter_dtype(spec), True, "lora", p.layer))
+        elif p.name in target_names:
             fan_in, fan_out = linear_in_out(desc, p)
             adapter_dtype = _adapter_dtype(spec)
             held.append(HeldParam(p.module + ".lora_A", (spec.lora.r, fan_in), adapter_dtype, True, "lora", p.layer))

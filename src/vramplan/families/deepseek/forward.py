@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from vramplan.components.arch import Ctx, activation, lin, mlp_shared, rms_norm
 from vramplan.components.graph import Param, Recorder, Sym
+from vramplan.components.moe import lora_folded
 
 LAYER_PREFIX = "model.layers"
 
@@ -104,10 +105,16 @@ def moe(rec: Recorder, ctx: Ctx, x: Sym, i: int) -> Sym:
     rec.save(rec.new("moe/token_index", (rows,), "int64", False), rec.new("moe/topk_pos", (rows,), "int64", False))
     gathered = rec.new("moe/expert_in", (rows, h), x.dtype, x.requires_grad)
     gate_up, down = ctx.p(f"{pre}.experts.gate_up_proj"), ctx.p(f"{pre}.experts.down_proj")
-    gu = rec.linear(gathered, Param(gate_up.name, (2 * m, h), gate_up.dtype, gate_up.trainable), name="moe/expert_gate_up")
+    gate_up, down = (Param(gate_up.name, (2 * m, h), gate_up.dtype, gate_up.trainable),
+                     Param(down.name, (h, m), down.dtype, down.trainable))
+    if gate_up.name in ctx.lora:  # PEFT's ParamWrapper on the fused experts (components/moe_lora.py)
+        gate_up = lora_folded(rec, ctx, gate_up, gathered, d.moe.num_experts, "moe/lora_folded_gate_up")
+    gu = rec.linear(gathered, gate_up, name="moe/expert_gate_up")
     act = activation(rec, rec.view(gu, (rows, m), "moe/expert_gate"), d.hidden_act, "moe/expert_act")
     prod = rec.mul(act, rec.view(gu, (rows, m), "moe/expert_up"), name="moe/expert_act_times_up")
-    out = rec.linear(prod, Param(down.name, (h, m), down.dtype, down.trainable), name="moe/expert_down")
+    if down.name in ctx.lora:
+        down = lora_folded(rec, ctx, down, prod, d.moe.num_experts, "moe/lora_folded_down")
+    out = rec.linear(prod, down, name="moe/expert_down")
     # top_k_weights[token_idx, top_k_pos, None]: an fp32 (rows, 1) gather; the product
     # promotes to fp32 and `.to(final_hidden_states.dtype)` casts back
     w = rec.new("moe/expert_weight", (rows, 1), weights.dtype, weights.requires_grad)
@@ -126,7 +133,10 @@ def _router(rec: Recorder, ctx: Ctx, x: Sym, pre: str, tokens: int) -> Sym:
     d, k = ctx.desc, ctx.desc.moe.top_k
     x32 = rec.to(rec.view(x, (tokens, d.hidden_size)), "fp32", "moe/router_in_fp32")
     w = ctx.p(f"{pre}.gate.weight")
-    logits = rec.linear(x32, Param(w.name, w.shape, "fp32", w.trainable), name="moe/router_logits")
+    w = Param(w.name, w.shape, "fp32", w.trainable)
+    if w.name in ctx.lora:
+        w = lora_folded(rec, ctx, w, x32, 1, "moe/lora_folded_router")
+    logits = rec.linear(x32, w, name="moe/router_logits")
     scores = rec.unary_saving_output(logits, "moe/router_sigmoid" if d.sigmoid_router else "moe/router_softmax")
     rec.save(rec.new("moe/topk_index", (tokens, k), "int64", False))
     weights = rec.new("moe/topk_weights", (tokens, k), "fp32", scores.requires_grad)

@@ -1,0 +1,55 @@
+"""LoRA on transformers 5's fused MoE experts (components/moe_lora.py): the adapters vramplan
+counts against the ones PEFT really adds, and the error PEFT raises, as a spec error."""
+import pytest
+
+import vramplan
+from vramplan.spec import SpecError
+
+TINY = {"vocab_size": 1000, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "tie_word_embeddings": False}
+Q3M = {"model_type": "qwen3_moe", **TINY, "intermediate_size": 128, "moe_intermediate_size": 32, "head_dim": 16,
+       "num_experts": 8, "num_experts_per_tok": 2, "decoder_sparse_step": 1}
+MIX = {"model_type": "mixtral", **TINY, "intermediate_size": 96, "num_local_experts": 4, "num_experts_per_tok": 2}
+DSV3 = {"model_type": "deepseek_v3", **TINY, "num_hidden_layers": 3, "intermediate_size": 128,
+        "moe_intermediate_size": 32, "n_routed_experts": 8, "num_experts_per_tok": 2, "n_shared_experts": 1,
+        "first_k_dense_replace": 1, "n_group": 1, "topk_group": 1, "q_lora_rank": 32, "kv_lora_rank": 16,
+        "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16, "num_key_value_heads": 4}
+QWEN2_MOE = {"model_type": "qwen2_moe", **TINY, "intermediate_size": 128, "moe_intermediate_size": 32,
+             "shared_expert_intermediate_size": 64, "num_experts": 4, "num_experts_per_tok": 2}
+CASES = {
+    "qwen3_moe/all-linear": (Q3M, "all-linear"),
+    "qwen3_moe/experts": (Q3M, ["gate_proj", "up_proj", "down_proj"]),
+    "qwen3_moe/attention+down": (Q3M, ["q_proj", "v_proj", "down_proj"]),
+    "mixtral/w1-w3": (MIX, ["q_proj", "v_proj", "w1", "w2", "w3"]),
+    "mixtral/all-linear": (MIX, "all-linear"),
+    "deepseek_v3/all-linear": (DSV3, "all-linear"),       # dense layer 0 and shared experts lose theirs
+    "deepseek_v3/mlp-names": (DSV3, ["gate_proj", "up_proj", "down_proj"]),
+    "qwen2_moe/all-linear": (QWEN2_MOE, "all-linear"),    # not rewritten by PEFT: linears only
+}
+
+
+def _estimate(config, targets):
+    return vramplan.estimate(vramplan.load_spec({
+        "model": config, "method": "lora", "lora": {"r": 4, "target_modules": targets}, "backend": "cpu",
+        "micro_batch_size": 1, "seq_len": 16}))
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_trainable_count_matches_peft(name):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    peft = pytest.importorskip("peft")
+    config, targets = CASES[name]
+    cfg = dict(config)
+    hf = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(hf)
+    model = peft.get_peft_model(model, peft.LoraConfig(r=4, target_modules=targets))
+    real = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    assert _estimate(config, targets).trainable_params == real
+
+
+def test_naming_part_of_a_fused_pair_is_refused():
+    """PEFT: 'Cannot convert PEFT target(s) gate_proj without also targeting up_proj'."""
+    with pytest.raises(SpecError, match=r"^lora\.target_modules: .*up_proj"):
+        _estimate(Q3M, ["gate_proj", "down_proj"])
