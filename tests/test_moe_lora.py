@@ -53,3 +53,18 @@ def test_naming_part_of_a_fused_pair_is_refused():
     """PEFT: 'Cannot convert PEFT target(s) gate_proj without also targeting up_proj'."""
     with pytest.raises(SpecError, match=r"^lora\.target_modules: .*up_proj"):
         _estimate(Q3M, ["gate_proj", "down_proj"])
+
+
+def test_the_estimate_says_why():
+    noted = [str(n) for n in _estimate(Q3M, "all-linear").notes]
+    assert any("fused expert weights" in n for n in noted)
+    assert not any("fused expert weights" in str(n) for n in _estimate(Q3M, ["q_proj", "v_proj"]).notes)
+
+
+def test_the_folded_copies_are_saved_per_layer():
+    """Without checkpointing each MoE layer keeps its folded expert stack: the activations grow
+    by at least the experts' weight bytes over the attention-only LoRA."""
+    config = {**Q3M, "hidden_size": 256, "moe_intermediate_size": 256, "num_experts": 16}
+    experts = 2 * 16 * 3 * 256 * 256 * 4  # two layers, gate_up (2f x h) + down (h x f), fp32
+    delta = _estimate(config, "all-linear").peak_allocated_bytes - _estimate(config, ["q_proj", "v_proj"]).peak_allocated_bytes
+    assert delta >= experts

@@ -150,7 +150,7 @@ def _low_rank(desc: ModelDesc, spec: JobSpec) -> None:
 
 
 def _lora(desc: ModelDesc, spec: JobSpec) -> list[str]:
-    from vramplan.components.trainable import default_lora_targets, lora_targets
+    from vramplan.components.trainable import default_lora_targets, is_fused_experts, lora_targets
     hit, unmatched = lora_targets(desc, spec)
     assumed = spec.lora.target_modules is None and default_lora_targets(desc, spec)[1]
     if not hit:
@@ -178,11 +178,18 @@ def _lora(desc: ModelDesc, spec: JobSpec) -> list[str]:
         raise SpecError("lora.target_modules", f"PEFT cannot wrap {desc.name}'s {', '.join(bad)} with LoRA "
                         f"(its forward returns a tuple); name the modules to adapt instead of all-linear, "
                         f"without {', '.join(bad)}")
+    notes = []
+    if any(is_fused_experts(p) for p in hit):
+        # components/moe_lora.py: peft/utils/transformers_weight_conversion.py _convert_peft_config_moe
+        notes.append(Msg("lora.target_modules: PEFT puts the expert projections on {family}'s fused expert weights "
+                         "(transformers 5), a rank of r x experts each, and every MoE layer's forward keeps a "
+                         "folded copy of its expert weights for backward (counted here). Name only the attention "
+                         "modules to avoid it", family=desc.model_type))
     if assumed:
-        return [Msg("lora.target_modules: PEFT has no default for model type {mtype} (it would ask for "
+        return notes + [Msg("lora.target_modules: PEFT has no default for model type {mtype} (it would ask for "
                     "target_modules); the estimate assumes q_proj, v_proj. Name the modules you adapt, "
                     "or all-linear", mtype=repr(desc.model_type))]
-    return []  # partly unmatched targets: estimation's note (PEFT ignores them)
+    return notes  # partly unmatched targets: estimation's note (PEFT ignores them)
 
 
 def _parallel(desc: ModelDesc, spec: JobSpec) -> list[str]:
