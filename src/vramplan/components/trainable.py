@@ -131,19 +131,20 @@ def lora_targets(desc: ModelDesc, spec: JobSpec) -> tuple[list[ParamEntry], tupl
     """Linear weights LoRA wraps, and target names that matched nothing (memoized on the
     frozen ModelDesc and the targets, like param_set: validity and the ParamSet both ask)."""
     targets = resolved_lora_targets(desc, spec)
-    key = (id(desc), targets)
+    fused = not per_expert_linears(spec)
+    key = (id(desc), targets, fused)
     hit = _TARGETS.get(key)
     if hit is None or hit[0] is not desc:
         if len(_TARGETS) >= _CACHE_SIZE:
             _TARGETS.pop(next(iter(_TARGETS)))
-        hit = _TARGETS[key] = (desc, _lora_targets(desc, targets))
+        hit = _TARGETS[key] = (desc, _lora_targets(desc, targets, fused))
     return list(hit[1][0]), hit[1][1]
 
 
-def _lora_targets(desc: ModelDesc, targets) -> tuple[tuple[ParamEntry, ...], tuple[str, ...]]:
+def _lora_targets(desc: ModelDesc, targets, fused: bool = True) -> tuple[tuple[ParamEntry, ...], tuple[str, ...]]:
     routers = _routers(desc)
     linears = [p for p in desc.params if is_linear(p) and p.name not in routers]
-    moe = _moe_targets(desc, targets)
+    moe = _moe_targets(desc, targets) if fused else None
     if moe is not None:  # PEFT moves the expert and router names onto parameters (moe_lora.py)
         names, params = moe
         plain = {id(p) for p in linears}
@@ -227,7 +228,8 @@ def _param_set(desc: ModelDesc, spec: JobSpec) -> ParamSet:
 def _lora_set(desc: ModelDesc, spec: JobSpec, wdtype: str) -> ParamSet:
     targets, unmatched = lora_targets(desc, spec)
     target_names = {p.name for p in targets}
-    moe = _moe_targets(desc, resolved_lora_targets(desc, spec))
+    # transformers 4.x (stack.transformers) built an nn.Linear per expert: no rewrite there
+    moe = _moe_targets(desc, resolved_lora_targets(desc, spec)) if not per_expert_linears(spec) else None
     held: list[HeldParam] = []
     # torchtune's QLoRA builders (torchtune/models/*/_component_builders.py, quantize_base=True)
     # turn the base linears into torchao NF4Tensors and leave the rest in the model's dtype;
