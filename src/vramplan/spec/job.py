@@ -186,10 +186,8 @@ class JobSpec:
             set_("alloc_conf", str(self.alloc_conf).strip() or None)
             parse_alloc_conf(self.alloc_conf)
         if self.lengths is not None:
-            from vramplan.spec.lengths import parse_lengths
-            set_("lengths", parse_lengths(self.lengths))
-            if self.packing:
-                raise SpecError("lengths", "packing fills every row to seq_len; drop packing or the lengths section")
+            from vramplan.spec.lengths import parse_job_lengths
+            set_("lengths", parse_job_lengths(self.lengths, self.seq_len, self.micro_batch_size, self.packing))
         for name, value in _tasks.check_task_fields(self).items():
             set_(name, value)
         self._fill_method_defaults()
