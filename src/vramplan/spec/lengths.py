@@ -137,8 +137,9 @@ def check_replay_size(cfg: LengthsConfig, seq_len: int, batch: int) -> None:
     """A replay that would build thousands of steps' events or draw billions of rows (a
     bucket of 1 token, a huge batch) is refused, naming the field that sets its size."""
     limit = min(seq_len, cfg.cap or seq_len)
-    if cfg.bucket and -(-limit // cfg.bucket) > MAX_PADDED_LENGTHS:
-        raise SpecError("lengths.bucket", f"a bucket of {cfg.bucket:,} tokens cuts {limit:,} tokens into {-(-limit // cfg.bucket):,} "
+    count = -(-limit // cfg.bucket) if cfg.bucket else 0
+    if count > MAX_PADDED_LENGTHS:
+        raise SpecError("lengths.bucket", f"a bucket of {cfg.bucket:,} tokens cuts {limit:,} tokens into {count:,} "
                         f"padded lengths, each replayed as its own step (at most {MAX_PADDED_LENGTHS}); use "
                         f"bucket >= {-(-limit // MAX_PADDED_LENGTHS):,}, or leave it out (seq_len / 16)")
     if batch > MAX_ROWS:
