@@ -1,0 +1,49 @@
+"""Bad inputs found by the fifth sweep (badinput5) that the YAML corpus (tests/bad_inputs/)
+cannot hold: files written byte by byte, the web API's request bodies, commands other
+than `estimate`. Each was a traceback, an exit status other than 2, a hang or a silent
+number; each is now one line naming the field and the fix."""
+from __future__ import annotations
+
+import json
+import struct
+
+import pytest
+
+import vramplan
+from vramplan.catalog.model_index_counts import header_params, weight_files
+
+
+def _safetensors(path, header: bytes) -> str:
+    path.write_bytes(struct.pack("<Q", len(header)) + header)
+    return str(path)
+
+
+@pytest.mark.parametrize("header", [
+    b'{"w": {"dtype": "F32", "shape": ["a"]}}',  # ValueError: invalid literal for int()
+    b'{"w": {"dtype": "F32", "shape": 5}}',  # TypeError: exit 70
+    b'{"w": {"dtype": "F32", "shape": [1e400]}}',  # OverflowError
+    b'{"w": {"dtype": "F32", "shape": [-5, 3]}}',  # -15 parameters, silently
+    b'{"w": {"dtype": "F32", "shape": [2.5]}}',  # 2 parameters, silently
+    b'{"w": {"dtype": "F32", "shape": {"a": 1}}}',
+], ids=["word", "int", "inf", "negative", "fraction", "mapping"])
+def test_safetensors_header_shape_names_the_tensor(header, tmp_path):
+    path = _safetensors(tmp_path / "model.safetensors", header)
+    with pytest.raises(vramplan.SpecError) as info:
+        header_params([path], "FluxTransformer2DModel")
+    assert info.value.field == "model" and "tensor 'w' has shape" in str(info.value)
+    assert "remove the file to count from config.json" in str(info.value)
+
+
+def test_safetensors_header_good_shapes_count(tmp_path):
+    path = _safetensors(tmp_path / "m.safetensors",
+                        b'{"w": {"dtype": "F32", "shape": [3, 4]}, "s": {"dtype": "BF16", "shape": []}}')
+    assert header_params([path], "X") == 13
+
+
+def test_sharded_index_naming_shards_by_number_is_no_index(tmp_path):
+    """os.path.join(folder, 5) raised TypeError (exit 70): such an index is skipped as an
+    unreadable one is, and the single file or the config counts."""
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": 5}}))
+    assert weight_files(str(tmp_path)) == []
+    _safetensors(tmp_path / "model.safetensors", b'{"w": {"dtype": "F32", "shape": [2]}}')
+    assert weight_files(str(tmp_path)) == [str(tmp_path / "model.safetensors")]
