@@ -47,3 +47,27 @@ def test_sharded_index_naming_shards_by_number_is_no_index(tmp_path):
     assert weight_files(str(tmp_path)) == []
     _safetensors(tmp_path / "model.safetensors", b'{"w": {"dtype": "F32", "shape": [2]}}')
     assert weight_files(str(tmp_path)) == [str(tmp_path / "model.safetensors")]
+
+
+@pytest.mark.parametrize("offline,says", [
+    (True, "HF_HUB_OFFLINE is set, so the hub is not asked"),  # was "LocalEntryNotFoundError"
+    (False, "cannot reach the hub to fetch config.json for 'someorg/not-cached' (OSError: no network?)"),
+], ids=["hf_hub_offline", "no_network"])
+def test_online_hub_id_without_the_hub_is_one_line(offline, says, monkeypatch, tmp_path):
+    """--online with no network retried for ~25 s (huggingface_hub's backoff), printing a
+    warning line per try, then said only "LocalEntryNotFoundError"."""
+    hub = pytest.importorskip("huggingface_hub")
+    constants = pytest.importorskip("huggingface_hub.constants")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", offline)
+    asked = []
+
+    def no_network(*args, **kwargs):
+        asked.append(args)
+        raise OSError("[Errno -2] Name or service not known")
+    monkeypatch.setattr(hub, "get_hf_file_metadata", no_network)
+    monkeypatch.setattr(hub, "hf_hub_download", no_network)
+    with pytest.raises(vramplan.SpecError) as info:
+        vramplan.estimate({"model": "someorg/not-cached", "seq_len": 512, "online": True})
+    assert info.value.field == "model" and says in str(info.value) and "local config.json path" in str(info.value)
+    assert len(asked) == (0 if offline else 1)  # one request, not hf_hub_download's retries
