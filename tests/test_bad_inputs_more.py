@@ -71,3 +71,17 @@ def test_online_hub_id_without_the_hub_is_one_line(offline, says, monkeypatch, t
         vramplan.estimate({"model": "someorg/not-cached", "seq_len": 512, "online": True})
     assert info.value.field == "model" and says in str(info.value) and "local config.json path" in str(info.value)
     assert len(asked) == (0 if offline else 1)  # one request, not hf_hub_download's retries
+
+
+def test_measure_on_cpu_past_the_host_memory_is_refused(monkeypatch, capsys):
+    """`measure llama-3.1-405b --device cpu` built the model until the machine swapped or the
+    process was killed (a hang): a job whose estimate is past the available RAM is one line."""
+    pytest.importorskip("torch")
+    import importlib
+    from vramplan.cli import main
+    measure_cli = importlib.import_module("vramplan.cli.measure")
+    monkeypatch.setattr(measure_cli, "_available_ram", lambda: 2**30)
+    code = main(["measure", "llama-3.2-1b", "--seq-len", "16", "--device", "cpu"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("vramplan: error: device: measuring this job on cpu")
+    assert "this machine has 1.0 GiB available; use --fake" in err[0]

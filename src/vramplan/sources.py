@@ -68,8 +68,9 @@ def _from_hub(hub_id: str, online: bool = False) -> dict:
                         "the hub, or pass a local config.json path")
     from huggingface_hub import constants, get_hf_file_metadata, hf_hub_url
     if constants.HF_HUB_OFFLINE:  # hf_hub_download would fail with LocalEntryNotFoundError
-        raise SpecError("model", f"{hub_id!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set, "
-                        "so the hub is not asked; unset HF_HUB_OFFLINE, or pass a local config.json path or model folder")
+        raise SpecError("model", f"{hub_id!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is "
+                        "set, so the hub is not asked; unset HF_HUB_OFFLINE, or pass a local config.json path "
+                        "or model folder")
     try:
         # one HEAD request without retries first: offline, hf_hub_download retries for ~25 s
         # (huggingface_hub's http_backoff), printing a warning line at each try
