@@ -234,6 +234,26 @@ def _parallel(desc: ModelDesc, spec: JobSpec) -> list[str]:
     return _offload(spec)
 
 
+def check_roles(descs: dict[str, ModelDesc], spec: JobSpec) -> None:
+    """The other models of a multi-model job (reference, teacher, reward, critic, a models
+    list) are cut by the same tp, pp and Ulysses groups as the trained one (jobs/sharding.py:
+    Megatron builds them with the policy's parallel state; Ulysses patches every model's
+    attention), so each must take them as check_job asks of the trained model."""
+    if spec.parallel.model_parallel == 1:
+        return
+    for role, desc in descs.items():
+        if role == "policy":
+            continue
+        try:
+            _tensor(desc, spec)
+            if spec.parallel.pp > desc.num_layers:
+                raise SpecError("parallel.pp", f"{spec.parallel.pp} pipeline stages for {desc.name}'s "
+                                f"{desc.num_layers} layers: every stage needs a layer; use pp <= {desc.num_layers}")
+            _ulysses(desc, spec)
+        except SpecError as exc:
+            raise SpecError(exc.field, f"{str(exc)[len(exc.field) + 2:]} (the {role} model)") from None
+
+
 def _ulysses(desc: ModelDesc, spec: JobSpec) -> None:
     u = spec.parallel.ulysses
     if u == 1:
