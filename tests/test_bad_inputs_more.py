@@ -85,3 +85,27 @@ def test_measure_on_cpu_past_the_host_memory_is_refused(monkeypatch, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and err[0].startswith("vramplan: error: device: measuring this job on cpu")
     assert "this machine has 1.0 GiB available; use --fake" in err[0]
+
+
+@pytest.mark.parametrize("argv,step", [
+    (["--task", "grpo"], 8),  # TRL's default num_generations on one GPU
+    (["--task", "grpo", "--num-generations", "4", "--micro-batch-size", "4", "--grad-accum-steps", "2"], 2),
+    (["--task", "sft"], 1),
+], ids=["grpo_default", "grpo_accum", "sft"])
+def test_fit_maximize_micro_batch_takes_grpo_groups(argv, step, capsys):
+    """`fit MODEL --task grpo --maximize micro_batch_size` probed micro-batch 1, which TRL's
+    GRPO refuses (a generation batch of whole groups): a valid job answered exit 2."""
+    from vramplan.cli import main
+    code = main(["fit", "llama-3.2-1b", "--seq-len", "256", "--gpu", "h100", *argv,
+                 "--maximize", "micro_batch_size", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and out["value"] > 0 and out["value"] % step == 0
+    assert all(point["value"] % step == 0 for point in out["sweep"])
+
+
+def test_fit_maximize_seq_len_of_a_diffusion_job_is_refused(capsys):
+    """It answered "largest seq_len that fits: 2048", the search's cap: a diffusion job reads no seq_len."""
+    from vramplan.cli import main
+    code = main(["fit", "flux.1-dev", "--task", "diffusion", "--gpu", "h100", "--maximize", "seq_len"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err[-1].startswith("vramplan: error: maximize: a diffusion job reads no seq_len")
