@@ -70,11 +70,10 @@ def _fits_host(spec) -> None:
     if est is None or free is None:
         return
     need = est.peak_allocated_bytes * spec.num_gpus
-    ranks = f" on each of {spec.num_gpus} ranks" if spec.num_gpus > 1 else ""
     if need > free:
-        raise SpecError("device", f"measuring this job on cpu holds about {need / 2**30:,.1f} GiB "
-                        f"(the estimate's peak{ranks}) and this machine has {free / 2**30:,.1f} GiB available; use --fake (FakeTensorMode, "
-                        "no memory) or a smaller job")
+        raise SpecError("device", f"measuring this job on cpu holds about {need / 2**30:,.1f} GiB ({spec.num_gpus} "
+                        f"process(es) at the estimate's peak) and this machine has {free / 2**30:,.1f} GiB "
+                        "available; use --fake (FakeTensorMode, no memory) or a smaller job")
 
 
 def _available_ram() -> int | None:

@@ -178,6 +178,27 @@ TEMPLATES = (
     N_("this job needs {size} PiB per GPU, beyond any GPU (the largest hold a few hundred GB); lower "
        "micro_batch_size or seq_len, or shard more"),
     N_("this job needs {size} PiB per GPU, beyond any GPU (the largest hold a few hundred GB); lower it"),
+    # spec/lengths.py: the size of a lengths replay
+    N_("a bucket of {bucket} tokens cuts {limit} tokens into {count} padded lengths, each replayed as its own step "
+       "(at most {most}); use bucket >= {least}, or leave it out (seq_len / 16)"),
+    N_("a micro-batch of {batch} rows is past what a lengths replay draws ({most} rows); lower micro_batch_size "
+       "or drop the lengths section"),
+    N_("{steps} steps of {batch} rows draw {rows} rows (at most {most}); use steps <= {least}"),
+    # sources.py: a hub id fetched with --online; catalog/model_index_counts.py: safetensors headers
+    N_("{hub_id} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set, so the hub is not asked; unset "
+       "HF_HUB_OFFLINE, or pass a local config.json path or model folder"),
+    N_("cannot reach the hub to fetch config.json for {hub_id} ({kind}: no network?); pass a local config.json path "
+       "or model folder, or drop --online to use the catalog and the local cache"),
+    N_("the hub has no config.json for {hub_id} that this machine may read ({kind}); check the id (a gated or "
+       "private model needs `hf auth login`), or pass a local config.json"),
+    N_("{path}: tensor {name} has shape {shape}, not a list of sizes; check the download, or remove the file to "
+       "count from config.json"),
+    # cli/measure.py, plan/solve.py, web/api.py
+    N_("measuring this job on cpu holds about {need} GiB ({ranks} process(es) at the estimate's peak) and this "
+       "machine has {free} GiB available; use --fake (FakeTensorMode, no memory) or a smaller job"),
+    N_("a diffusion job reads no seq_len (its tokens come from height, width and num_frames); maximize "
+       "micro_batch_size"),
+    N_("the request body gives {key} twice; keep one"),
     # vramplan.files: spec and config files
     N_("{path}: file not found"),
     N_("{path}: not a regular file; pass the path of a YAML/JSON file"),

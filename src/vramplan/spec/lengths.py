@@ -143,7 +143,7 @@ def check_replay_size(cfg: LengthsConfig, seq_len: int, batch: int) -> None:
                         f"padded lengths, each replayed as its own step (at most {MAX_PADDED_LENGTHS}); use "
                         f"bucket >= {-(-limit // MAX_PADDED_LENGTHS):,}, or leave it out (seq_len / 16)")
     if batch > MAX_ROWS:
-        raise SpecError("micro_batch_size", f"{batch:,} rows per micro-batch are past what a lengths replay draws "
+        raise SpecError("micro_batch_size", f"a micro-batch of {batch:,} rows is past what a lengths replay draws "
                         f"({MAX_ROWS:,} rows); lower micro_batch_size or drop the lengths section")
     if cfg.steps * batch > MAX_ROWS:
         raise SpecError("lengths.steps", f"{cfg.steps:,} steps of {batch:,} rows draw {cfg.steps * batch:,} rows "

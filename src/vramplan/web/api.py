@@ -80,7 +80,7 @@ def _unique_keys(pairs: list) -> dict:
     out = {}
     for key, value in pairs:
         if key in out:
-            raise SpecError("spec", f"duplicate key {key!r} in the request body; keep one")
+            raise SpecError("spec", f"the request body gives {key!r} twice; keep one")
         out[key] = value
     return out
 
