@@ -109,3 +109,36 @@ def test_fit_maximize_seq_len_of_a_diffusion_job_is_refused(capsys):
     code = main(["fit", "flux.1-dev", "--task", "diffusion", "--gpu", "h100", "--maximize", "seq_len"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and err[-1].startswith("vramplan: error: maximize: a diffusion job reads no seq_len")
+
+
+@pytest.mark.parametrize("call", ["fit", "compare"])
+@pytest.mark.parametrize("mfu", [float("nan"), 5, 0, True, "0.4"], ids=["nan", "five", "zero", "bool", "str"])
+def test_plan_api_refuses_an_mfu_the_cli_refuses(call, mfu):
+    """fit(mfu=nan) ranked layouts by NaN step times and compare(mfu=5) answered, where
+    `--mfu nan` / `--mfu 5` are refused (plan/answers.py): the Evaluator checks it."""
+    from vramplan.plan.compare import compare
+    from vramplan.plan.fit import fit
+    with pytest.raises(vramplan.SpecError) as info:
+        (fit if call == "fit" else compare)({"model": "gpt2", "seq_len": 512, "gpu": "h100"}, mfu=mfu)
+    assert info.value.field == "mfu" and "(0, 1]" in str(info.value)
+
+
+def test_check_api_without_a_gpu_is_a_spec_error(monkeypatch):
+    """vramplan.check with no GPU anywhere raised NoGPUError, a RuntimeError: outside the
+    ValueError family every other refusal of the Python API belongs to."""
+    import importlib
+    monkeypatch.setattr(importlib.import_module("vramplan.check"), "local_gpus", lambda: [])
+    with pytest.raises(vramplan.SpecError) as info:
+        vramplan.check({"model": "gpt2", "seq_len": 512})
+    assert isinstance(info.value, ValueError) and info.value.field == "device"
+    assert str(info.value).startswith("device: no local GPU")
+
+
+def test_save_spec_takes_a_mapping_and_checks_it(tmp_path):
+    """save_spec({...}) raised AttributeError ('dict' object has no attribute 'to_dict')."""
+    path = tmp_path / "job.yaml"
+    vramplan.save_spec({"model": "gpt2", "seq_len": 512}, str(path))
+    assert vramplan.load_spec(str(path)).seq_len == 512
+    with pytest.raises(vramplan.SpecError) as info:
+        vramplan.save_spec({"model": "gpt2", "seq_len": 0}, str(path))
+    assert info.value.field == "seq_len"

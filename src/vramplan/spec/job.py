@@ -382,9 +382,9 @@ def copy_with(spec: JobSpec, **values) -> JobSpec:
     return out
 
 
-def save_spec(spec: JobSpec, path: str) -> None:
-    """Write the spec as YAML (or JSON when the path ends in .json), as the user gave it."""
-    data = spec.to_dict(as_given=True)
+def save_spec(spec: "JobSpec | Mapping | str", path: str) -> None:
+    """Write the spec (a mapping or file is loaded and checked first) as YAML, or JSON when the path ends in .json."""
+    data = (spec if isinstance(spec, JobSpec) else load_spec(spec)).to_dict(as_given=True)
     with open(path, "w", encoding="utf-8") as fh:
         if path.endswith(".json"):
             json.dump(data, fh, indent=2)
