@@ -52,7 +52,7 @@ def weight_files(path: str) -> list[str]:
                     shards = sorted(set(json.load(fh)["weight_map"].values()))
                 if not all(isinstance(s, str) for s in shards):  # a shard named by a number: no index
                     raise TypeError
-            except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
                 continue
             files = [os.path.join(path, s) for s in shards]
             return files if all(os.path.isfile(f) for f in files) else []
@@ -94,7 +94,7 @@ def _header(path: str) -> dict:
             if size > 100 * 2**20:
                 raise ValueError(f"header of {size} bytes")
             header = json.loads(fh.read(size))
-    except (OSError, ValueError, struct.error) as exc:
+    except (OSError, ValueError, struct.error, RecursionError) as exc:  # RecursionError: [[[[... (exit 70)
         raise SpecError("model", f"cannot read the safetensors header of {path} ({exc}); "
                         "check the download, or remove the file to count from config.json") from None
     if not isinstance(header, dict):
