@@ -43,6 +43,9 @@ def check_size(device_bytes: int, spec: JobSpec) -> None:
     if device_bytes <= MAX_DEVICE_BYTES:
         return
     field = "seq_len" if spec.seq_len >= spec.micro_batch_size else "micro_batch_size"
+    if spec.task is Task.DIFFUSION and spec.micro_batch_size <= 2**20:  # it blamed `model` and seq_len
+        raise SpecError("diffusion", f"this job needs {device_bytes / 2**50:,.0f} PiB per GPU, beyond any GPU "
+                        "(the largest hold a few hundred GB); lower diffusion.height, width or num_frames")
     if spec.seq_len * spec.micro_batch_size <= 2**20:
         field = "model" if spec.model is not None else "num_params"
         if spec.num_labels > 2**20 and spec.task is Task.SEQUENCE_CLASSIFICATION:

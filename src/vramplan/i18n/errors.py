@@ -178,6 +178,8 @@ TEMPLATES = (
     N_("this job needs {size} PiB per GPU, beyond any GPU (the largest hold a few hundred GB); lower "
        "micro_batch_size or seq_len, or shard more"),
     N_("this job needs {size} PiB per GPU, beyond any GPU (the largest hold a few hundred GB); lower it"),
+    N_("this job needs {size} PiB per GPU, beyond any GPU (the largest hold a few hundred GB); lower "
+       "diffusion.height, width or num_frames"),
     # spec/lengths.py: the size of a lengths replay
     N_("a bucket of {bucket} tokens cuts {limit} tokens into {count} padded lengths, each replayed as its own step "
        "(at most {most}); use bucket >= {least}, or leave it out (seq_len / 16)"),
