@@ -216,6 +216,7 @@ FLAGS = [  # (command line, a substring of the one error line); {tmp} is a folde
     (["compare", "gpt2", "--seq-len", "512", "--gpu", "h100", "--strategies", "{tmp}/missing.yaml"], "strategies"),
     (["measure", "gpt2", "--seq-len", "64", "--device", "tpu"], "device"),
     (["serve", "--port", "99999"], "port"),
+    (["serve", "--port", "0"], "from 1 to 65535"),  # badinput5: "serving the page at http://127.0.0.1:0/"
     (["estimate", "--spec", "/dev/null"], "not a regular file"),
     (["estimate", "--spec", "-"], "not a regular file"),
     # badinput3: a filter that matches nothing printed an empty table (read as an empty catalog), exit 0

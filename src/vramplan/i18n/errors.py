@@ -151,7 +151,7 @@ TEMPLATES = (
     N_("expected cpu, cuda or cuda:N, got {value}"),
     N_("no CUDA GPU here (torch.cuda.is_available() is False); use --device cpu or --fake"),
     N_("no GPU {device}: {n} visible"),
-    N_("expected a port number from 0 to 65535, got {value}"),
+    N_("expected a port number from 1 to 65535, got {value}"),
     # badinput3: a model of the wrong kind, engine knobs, ignored fields
     N_("{name} is not a diffusion pipeline; task diffusion needs one from `vramplan models` (e.g. flux.1-dev), "
        "or drop task diffusion for a language model"),
