@@ -145,3 +145,14 @@ def test_save_spec_takes_a_mapping_and_checks_it(tmp_path):
     with pytest.raises(vramplan.SpecError) as info:
         vramplan.save_spec({"model": "gpt2", "seq_len": 0}, str(path))
     assert info.value.field == "seq_len"
+
+
+def test_fit_maximize_micro_batch_of_a_lengths_job_stops_at_the_replay(tmp_path, capsys):
+    """With a lengths section the doubling search reached 16,384 rows x 100 steps, past what a
+    replay draws, and failed with the spec's own refusal; it now says where it stopped."""
+    from vramplan.cli import main
+    spec = tmp_path / "job.yaml"
+    spec.write_text("model: gpt2\nseq_len: 16\ngpu: b200\nlengths: {p50: 8, max: 16}\n")
+    code = main(["--lang", "zh", "fit", "--spec", str(spec), "--maximize", "micro_batch_size"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("vramplan: 错误：lengths.steps: micro_batch_size 10,000 仍能放下")

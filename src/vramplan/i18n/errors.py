@@ -186,6 +186,8 @@ TEMPLATES = (
     N_("a micro-batch of {batch} rows is past what a lengths replay draws ({most} rows); lower micro_batch_size "
        "or drop the lengths section"),
     N_("{steps} steps of {batch} rows draw {rows} rows (at most {most}); use steps <= {least}"),
+    N_("micro_batch_size {best} still fits, and a lengths replay of {steps} steps draws at most {rows} rows; "
+       "lower lengths.steps to search larger micro-batches"),
     # sources.py: a hub id fetched with --online; catalog/model_index_counts.py: safetensors headers
     N_("{hub_id} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set, so the hub is not asked; unset "
        "HF_HUB_OFFLINE, or pass a local config.json path or model folder"),

@@ -90,6 +90,11 @@ def maximize(ev: Evaluator, spec: JobSpec, name: str, *, axes: dict | None = Non
         limit = ev.desc.max_position_embeddings if ev.desc is not None else 0
         # a seq_len not given is the default, not a length asked for: the model's positions bound it
         hi = max(limit, spec.seq_len) if spec.seq_len_given or not limit else limit
+    replay_cap = None
+    if name == "micro_batch_size" and spec.lengths is not None and hi is None:
+        # a lengths replay draws steps x micro_batch_size rows, at most MAX_ROWS (spec/lengths.py)
+        from vramplan.spec.lengths import MAX_ROWS
+        hi = replay_cap = MAX_ROWS // spec.lengths.steps
     space = default_axes(spec, ev.desc) if axes is None else axes
     layouts = sorted((c.spec for c in enumerate_candidates(spec, ev.desc, space, vary_micro_batch=False)),
                      key=_lean_first)
@@ -113,6 +118,10 @@ def maximize(ev: Evaluator, spec: JobSpec, name: str, *, axes: dict | None = Non
         winners.append(layout.with_(**{name: value}))
     if not winners:
         return Solved(name, None, None, None, None, len(layouts))
+    if best == replay_cap:  # more may fit: say where the search stopped rather than answer the cap
+        raise SpecError("lengths.steps", f"micro_batch_size {best:,} still fits, and a lengths replay of "
+                        f"{spec.lengths.steps:,} steps draws at most {best * spec.lengths.steps:,} rows; lower "
+                        "lengths.steps to search larger micro-batches")
     # Fastest first; among equals the simpler layout (less sharding and offload).
     fastest = min(winners, key=lambda s: (ev.step_time(s, ev.estimate(s)).total_s, s.parallel.zero_stage,
                                           s.parallel.offload_optimizer != "none"))
