@@ -54,7 +54,9 @@ def check_size(device_bytes: int, spec: JobSpec) -> None:
             field = "lora.r"
         elif spec.generation is not None and (spec.generation.generation_batch_size or 0) > 2**20:
             field = "generation.generation_batch_size"
-    fix = ("lower it" if field in ("num_labels", "lora.r", "generation.generation_batch_size")
+        elif (spec.max_new_tokens or 0) > 2**20:  # the completion's KV cache and logits (was `model`)
+            field = "max_new_tokens"
+    fix = ("lower it" if field in ("num_labels", "lora.r", "generation.generation_batch_size", "max_new_tokens")
            else "lower micro_batch_size or seq_len, or shard more")
     raise SpecError(field, f"this job needs {device_bytes / 2**50:,.0f} PiB per GPU, beyond any GPU "
                     f"(the largest hold a few hundred GB); {fix}")
