@@ -88,8 +88,12 @@ def _positions(desc: ModelDesc, spec: JobSpec) -> list[str]:
     if desc.position is PositionKind.LEARNED:
         # GPT-2's wpe / BERT's position_embeddings are nn.Embedding(max_positions, h): a
         # position past the table is an index error (a device-side assert on CUDA).
-        raise SpecError("seq_len", f"{what} are past {desc.name}'s {limit:,} learned "
-                        f"positions (max_position_embeddings); use seq_len <= {limit:,}")
+        room = limit - (spec.max_new_tokens or 0)  # was "use seq_len <= 1,024" for a 512-token prompt
+        field, use = ("seq_len", f"seq_len <= {room:,}") if room >= 1 else (
+            "max_new_tokens", f"max_new_tokens <= {limit - spec.seq_len:,}" if limit > spec.seq_len
+            else f"seq_len + max_new_tokens <= {limit:,}")
+        raise SpecError(field, f"{what} are past {desc.name}'s {limit:,} learned "
+                        f"positions (max_position_embeddings); use {use}")
     return [Msg("seq_len: {what} are past {model}'s max_position_embeddings {limit:,}: "
                 "rotary positions run, but the model was not trained that long (rope_scaling?)",
                 what=what, model=desc.name, limit=limit)]
