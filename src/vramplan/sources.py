@@ -116,7 +116,10 @@ def resolve_hf_config(model: object, *, online: bool = False) -> tuple[str, dict
         return os.path.basename(os.path.normpath(path)), _read_config_file(path)
     if "/" in model:
         return model, _from_hub(model, online)
-    raise SpecError("model", _plain(unknown) + _pipeline_hint(model))
+    hint = _pipeline_hint(model)
+    # a catalog VLM or pipeline is no unknown model: "unknown model 'qwen2-vl-2b'; did you mean
+    # 'qwen2-1.5b'?" sent users away from the entry `vramplan models` lists
+    raise SpecError("model", hint[2:-1] if hint else _plain(unknown))
 
 
 def _pipeline_hint(name: str) -> str:
