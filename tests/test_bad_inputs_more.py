@@ -156,3 +156,17 @@ def test_fit_maximize_micro_batch_of_a_lengths_job_stops_at_the_replay(tmp_path,
     code = main(["--lang", "zh", "fit", "--spec", str(spec), "--maximize", "micro_batch_size"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and err[0].startswith("vramplan: 错误：lengths.steps: micro_batch_size 10,000 仍能放下")
+
+
+@pytest.mark.parametrize("flags,what", [
+    (["--num-gpus", "2", "--tp", "2"], "not tp;"),
+    (["--num-gpus", "4", "--fsdp", "full-shard"], "not fsdp;"),
+    (["--num-gpus", "4"], "not 4 GPUs without ZeRO;"),
+], ids=["tp", "fsdp", "ddp"])
+def test_measure_refuses_a_layout_it_does_not_build(flags, what, capsys):
+    """`measure --num-gpus 2 --tp 2 --fake` ran one unsharded process and printed its
+    difference from the tp-sharded rank's estimate as the error (-42.7%), exit 0."""
+    from vramplan.cli import main
+    code = main(["measure", "gpt2", "--seq-len", "16", "--fake", *flags])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err[-1].startswith("vramplan: error: parallel: measure runs one process") and what in err[-1]
