@@ -203,6 +203,12 @@ TEMPLATES = (
     N_("a diffusion job reads no seq_len (its tokens come from height, width and num_frames); maximize "
        "micro_batch_size"),
     N_("the request body gives {key} twice; keep one"),
+    N_("measure runs one process, or DeepSpeed ZeRO ranks (zero_stage >= 1), not {what}; measure num_gpus 1 or a "
+       "ZeRO layout (bench/parallel/ holds the others)"),
+    # spec/lora.py, spec/stack.py
+    N_("{targets} is a regex, which PEFT matches against full module names and vramplan does not model; list the "
+       "module names it matches (e.g. [q_proj, v_proj]) or use all-linear"),
+    N_("the number {text} may be a release like {text0} read as a number; write it in quotes ({quoted})"),
     # vramplan.files: spec and config files
     N_("{path}: file not found"),
     N_("{path}: not a regular file; pass the path of a YAML/JSON file"),
