@@ -216,6 +216,7 @@ FLAGS = [  # (command line, a substring of the one error line); {tmp} is a folde
     (["compare", "gpt2", "--seq-len", "512", "--gpu", "h100", "--strategies", "{tmp}/missing.yaml"], "strategies"),
     (["measure", "gpt2", "--seq-len", "64", "--device", "tpu"], "device"),
     (["serve", "--port", "99999"], "port"),
+    (["serve", "--port", "0"], "from 1 to 65535"),  # badinput5: "serving the page at http://127.0.0.1:0/"
     (["estimate", "--spec", "/dev/null"], "not a regular file"),
     (["estimate", "--spec", "-"], "not a regular file"),
     # badinput3: a filter that matches nothing printed an empty table (read as an empty catalog), exit 0
@@ -358,10 +359,11 @@ LENGTHS_FILES = [  # (file content, a substring of the error): badinput4, each w
     ("100\n\u00b2\n", "line 2 is '\u00b2'"),  # for int()" / "spec: Exceeds the limit (4300 digits)"
     ("7" * 5000 + "\n", "5,000-digit number"),
     ("[" + "7" * 5000 + "]", "thousands of digits"),
+    ("[" * 100000, "(nested lists)"),  # badinput5: RecursionError, exit 70
 ]
 
 
-@pytest.mark.parametrize("content,says", LENGTHS_FILES, ids=["superscript", "digits_line", "digits_json"])
+@pytest.mark.parametrize("content,says", LENGTHS_FILES, ids=["superscript", "digits_line", "digits_json", "json_nested"])
 def test_lengths_file_numbers_python_cannot_read(content, says, tmp_path, capsys):
     path = tmp_path / "lengths.txt"
     path.write_text(content, encoding="utf-8")

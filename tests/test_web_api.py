@@ -214,3 +214,20 @@ def test_lengths_file_is_not_read_on_the_server():
     status, _ = answer("estimate", {}, json.dumps(
         {"model": "gpt2", "seq_len": 512, "lengths": {"p50": 300, "max": 512}}).encode())
     assert status == 200
+
+
+@pytest.mark.parametrize("name,query,body,says", [
+    # badinput5: the last of two keys won unseen (a spec file refuses it: vramplan.files)
+    ("estimate", {}, b'{"model": "gpt2", "seq_len": 512, "model": "llama-3.2-1b"}', "gives 'model' twice; keep one"),
+    ("estimate", {}, b'{"model": "gpt2", "seq_len": 512, "parallel": {"tp": 1, "tp": 2}}', "gives 'tp' twice"),
+    # RecursionError out of json.loads: HTTP 500 "internal error"
+    ("estimate", {}, b"[" * 100000 + b"]" * 100000, "nested too deeply"),
+    # an imported file's error named the server's temporary copy (/tmp/vramplan-web-.../config.json)
+    ("import", {"kind": "deepspeed", "name": "ds.json"}, b'{"zero_optimization": {"stage": 7}}',
+     "error: ds.json: zero_optimization.stage: must be 0, 1, 2 or 3"),
+    ("import", {"kind": "training_args", "name": "args.json"}, b'{"deepspeed": "ds_z3.json"}', "error: ds_z3.json: file not found"),
+], ids=["duplicate_top", "duplicate_nested", "nested_deep", "import_names_the_file", "import_names_the_file_beside"])
+def test_request_slips_are_400_naming_the_fix(name, query, body, says):
+    from vramplan.web.api import answer
+    status, payload = answer(name, query, body)
+    assert status == 400 and says in payload["error"] and "vramplan-web-" not in json.dumps(payload), payload

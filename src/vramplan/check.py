@@ -19,8 +19,14 @@ from vramplan.units import GiB
 CHECK_SCHEMA_VERSION = 1
 
 
-class NoGPUError(RuntimeError):
-    """No local GPU to check against (and no catalog GPU named)."""
+class NoGPUError(SpecError):
+    """No local GPU to check against (and no catalog GPU named): bad input of the `device`
+    field (a SpecError, as every refusal of the Python API; it was a RuntimeError)."""
+
+    def __init__(self, message: str):
+        super().__init__("device", message)
+        self.detail = message
+        """The message without the field, as the command line prints it after `device: `."""
 
 
 class DoesNotFitError(RuntimeError):

@@ -66,12 +66,32 @@ def _from_hub(hub_id: str, online: bool = False) -> dict:
         raise SpecError("model", f"{hub_id!r} is not in the catalog or the local Hugging Face cache; "
                         "pass --online (or online: true in the spec) to fetch its config.json from "
                         "the hub, or pass a local config.json path")
+    from huggingface_hub import constants, get_hf_file_metadata, hf_hub_url
+    if constants.HF_HUB_OFFLINE:  # hf_hub_download would fail with LocalEntryNotFoundError
+        raise SpecError("model", f"{hub_id!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is "
+                        "set, so the hub is not asked; unset HF_HUB_OFFLINE, or pass a local config.json path "
+                        "or model folder")
     try:
+        # one HEAD request without retries first: offline, hf_hub_download retries for ~25 s
+        # (huggingface_hub's http_backoff), printing a warning line at each try
+        get_hf_file_metadata(hf_hub_url(hub_id, "config.json"), timeout=10)
         path = hf_hub_download(hub_id, "config.json")
     except Exception as exc:  # the hub client raises many types; one line for the user
-        raise SpecError("model", f"cannot get config.json for {hub_id!r} from the hub: "
-                        f"{type(exc).__name__}; check the id, or pass a local config.json") from None
+        raise SpecError("model", _hub_failure(hub_id, exc)) from None
     return _read_config_file(path)
+
+
+def _hub_failure(hub_id: str, exc: Exception) -> str:
+    """What went wrong fetching a hub config.json, in one line with the way round it."""
+    from huggingface_hub.errors import HfHubHTTPError
+    kind = type(exc).__name__
+    if kind in ("RepositoryNotFoundError", "GatedRepoError", "EntryNotFoundError", "RemoteEntryNotFoundError"):
+        return (f"the hub has no config.json for {hub_id!r} that this machine may read ({kind}); check the id "
+                "(a gated or private model needs `hf auth login`), or pass a local config.json")
+    if isinstance(exc, HfHubHTTPError):
+        return f"cannot get config.json for {hub_id!r} from the hub: {kind}; check the id, or pass a local config.json"
+    return (f"cannot reach the hub to fetch config.json for {hub_id!r} ({kind}: no network?); pass a local "
+            "config.json path or model folder, or drop --online to use the catalog and the local cache")
 
 
 def resolve_hf_config(model: object, *, online: bool = False) -> tuple[str, dict]:
@@ -96,7 +116,10 @@ def resolve_hf_config(model: object, *, online: bool = False) -> tuple[str, dict
         return os.path.basename(os.path.normpath(path)), _read_config_file(path)
     if "/" in model:
         return model, _from_hub(model, online)
-    raise SpecError("model", _plain(unknown) + _pipeline_hint(model))
+    hint = _pipeline_hint(model)
+    # a catalog VLM or pipeline is no unknown model: "unknown model 'qwen2-vl-2b'; did you mean
+    # 'qwen2-1.5b'?" sent users away from the entry `vramplan models` lists
+    raise SpecError("model", hint[2:-1] if hint else _plain(unknown))
 
 
 def _pipeline_hint(name: str) -> str:

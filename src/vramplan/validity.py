@@ -43,6 +43,9 @@ def check_size(device_bytes: int, spec: JobSpec) -> None:
     if device_bytes <= MAX_DEVICE_BYTES:
         return
     field = "seq_len" if spec.seq_len >= spec.micro_batch_size else "micro_batch_size"
+    if spec.task is Task.DIFFUSION and spec.micro_batch_size <= 2**20:  # it blamed `model` and seq_len
+        raise SpecError("diffusion", f"this job needs {device_bytes / 2**50:,.0f} PiB per GPU, beyond any GPU "
+                        "(the largest hold a few hundred GB); lower diffusion.height, width or num_frames")
     if spec.seq_len * spec.micro_batch_size <= 2**20:
         field = "model" if spec.model is not None else "num_params"
         if spec.num_labels > 2**20 and spec.task is Task.SEQUENCE_CLASSIFICATION:
@@ -51,7 +54,9 @@ def check_size(device_bytes: int, spec: JobSpec) -> None:
             field = "lora.r"
         elif spec.generation is not None and (spec.generation.generation_batch_size or 0) > 2**20:
             field = "generation.generation_batch_size"
-    fix = ("lower it" if field in ("num_labels", "lora.r", "generation.generation_batch_size")
+        elif (spec.max_new_tokens or 0) > 2**20:  # the completion's KV cache and logits (was `model`)
+            field = "max_new_tokens"
+    fix = ("lower it" if field in ("num_labels", "lora.r", "generation.generation_batch_size", "max_new_tokens")
            else "lower micro_batch_size or seq_len, or shard more")
     raise SpecError(field, f"this job needs {device_bytes / 2**50:,.0f} PiB per GPU, beyond any GPU "
                     f"(the largest hold a few hundred GB); {fix}")
@@ -83,8 +88,12 @@ def _positions(desc: ModelDesc, spec: JobSpec) -> list[str]:
     if desc.position is PositionKind.LEARNED:
         # GPT-2's wpe / BERT's position_embeddings are nn.Embedding(max_positions, h): a
         # position past the table is an index error (a device-side assert on CUDA).
-        raise SpecError("seq_len", f"{what} are past {desc.name}'s {limit:,} learned "
-                        f"positions (max_position_embeddings); use seq_len <= {limit:,}")
+        room = limit - (spec.max_new_tokens or 0)  # was "use seq_len <= 1,024" for a 512-token prompt
+        field, use = ("seq_len", f"seq_len <= {room:,}") if room >= 1 else (
+            "max_new_tokens", f"max_new_tokens <= {limit - spec.seq_len:,}" if limit > spec.seq_len
+            else f"seq_len + max_new_tokens <= {limit:,}")
+        raise SpecError(field, f"{what} are past {desc.name}'s {limit:,} learned "
+                        f"positions (max_position_embeddings); use {use}")
     return [Msg("seq_len: {what} are past {model}'s max_position_embeddings {limit:,}: "
                 "rotary positions run, but the model was not trained that long (rope_scaling?)",
                 what=what, model=desc.name, limit=limit)]
@@ -239,6 +248,26 @@ def _parallel(desc: ModelDesc, spec: JobSpec) -> list[str]:
                         f"equal chunks; use a seq_len that is a multiple of {2 * par.cp}")
     _ulysses(desc, spec)
     return _offload(spec)
+
+
+def check_roles(descs: dict[str, ModelDesc], spec: JobSpec) -> None:
+    """The other models of a multi-model job (reference, teacher, reward, critic, a models
+    list) are cut by the same tp, pp and Ulysses groups as the trained one (jobs/sharding.py:
+    Megatron builds them with the policy's parallel state; Ulysses patches every model's
+    attention), so each must take them as check_job asks of the trained model."""
+    if spec.parallel.model_parallel == 1:
+        return
+    for role, desc in descs.items():
+        if role == "policy":
+            continue
+        try:
+            _tensor(desc, spec)
+            if spec.parallel.pp > desc.num_layers:
+                raise SpecError("parallel.pp", f"{spec.parallel.pp} pipeline stages for {desc.name}'s "
+                                f"{desc.num_layers} layers: every stage needs a layer; use pp <= {desc.num_layers}")
+            _ulysses(desc, spec)
+        except SpecError as exc:
+            raise SpecError(exc.field, f"{str(exc)[len(exc.field) + 2:]} (the {role} model)") from None
 
 
 def _ulysses(desc: ModelDesc, spec: JobSpec) -> None:

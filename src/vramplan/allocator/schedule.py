@@ -58,9 +58,14 @@ def replay_schedule(setup: Ops, ops_for: Callable[[int], Ops], lengths: Sequence
     the unconstrained one)."""
     alloc = CachingAllocator(conf or AllocConf(), capacity=capacity)
     live: dict = {}
-    _run(alloc, setup, live)
+    oom = None
+    try:
+        _run(alloc, setup, live)
+    except OutOfMemory:  # what lives across steps (weights, states) overflows: no step runs
+        oom = 0
+        alloc, live = _unlimited(alloc, conf, setup, ops_for, ())
     done: set[tuple] = set()
-    reserved, oom, replayed = [], None, 0
+    reserved, replayed = [], 0
     for i, length in enumerate(lengths):
         key = (length, alloc.num_device_alloc, alloc.num_device_free)
         if key not in done:

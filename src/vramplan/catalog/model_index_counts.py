@@ -50,7 +50,9 @@ def weight_files(path: str) -> list[str]:
             try:
                 with open(os.path.join(path, name), encoding="utf-8") as fh:
                     shards = sorted(set(json.load(fh)["weight_map"].values()))
-            except (OSError, ValueError, KeyError, TypeError, AttributeError):
+                if not all(isinstance(s, str) for s in shards):  # a shard named by a number: no index
+                    raise TypeError
+            except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
                 continue
             files = [os.path.join(path, s) for s in shards]
             return files if all(os.path.isfile(f) for f in files) else []
@@ -68,7 +70,11 @@ def header_params(files: list[str], cls: str) -> int:
     for path in files:
         for name, info in _header(path).items():
             if name != "__metadata__" and isinstance(info, dict) and info.get("dtype") in _FLOAT:
-                shapes[name] = info.get("shape") or []
+                shape = info.get("shape")
+                if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+                    raise SpecError("model", f"{path}: tensor {name!r} has shape {shape!r}, not a list of sizes; "
+                                    "check the download, or remove the file to count from config.json")
+                shapes[name] = shape
     keep, alias = _TIED.get(cls, (None, None))
     if keep in shapes:
         shapes.pop(alias, None)
@@ -76,7 +82,7 @@ def header_params(files: list[str], cls: str) -> int:
     for shape in shapes.values():
         n = 1
         for d in shape:
-            n *= int(d)
+            n *= d
         total += n
     return total
 
@@ -88,7 +94,7 @@ def _header(path: str) -> dict:
             if size > 100 * 2**20:
                 raise ValueError(f"header of {size} bytes")
             header = json.loads(fh.read(size))
-    except (OSError, ValueError, struct.error) as exc:
+    except (OSError, ValueError, struct.error, RecursionError) as exc:  # RecursionError: [[[[... (exit 70)
         raise SpecError("model", f"cannot read the safetensors header of {path} ({exc}); "
                         "check the download, or remove the file to count from config.json") from None
     if not isinstance(header, dict):

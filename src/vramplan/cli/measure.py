@@ -61,6 +61,33 @@ def _device(args) -> str:
     return device
 
 
+def _fits_host(spec) -> None:
+    """A CPU measurement holds the step's tensors in this machine's RAM (every rank's, for
+    the ranks it starts): a job far past it (llama-3.1-405b) would swap or be killed after
+    minutes, so it is refused before the model is built."""
+    est, _ = _estimated(spec)
+    free = _available_ram()
+    if est is None or free is None:
+        return
+    need = est.peak_allocated_bytes * spec.num_gpus
+    if need > free:
+        raise SpecError("device", f"measuring this job on cpu holds about {need / 2**30:,.1f} GiB ({spec.num_gpus} "
+                        f"process(es) at the estimate's peak) and this machine has {free / 2**30:,.1f} GiB "
+                        "available; use --fake (FakeTensorMode, no memory) or a smaller job")
+
+
+def _available_ram() -> int | None:
+    """MemAvailable of /proc/meminfo (Linux), else None: no guess."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 def _estimated(spec):
     """(Estimate or None, failure dict or None)."""
     try:
@@ -115,6 +142,8 @@ def measure_main(args) -> dict:
     if fake and getattr(args, "device", None) is not None:  # was ignored: any word ran the fake step
         raise SpecError("device", "--fake runs under FakeTensorMode on no device; drop --device or --fake")
     device = "fake" if fake else _device(args)
+    if device == "cpu":
+        _fits_host(spec)
     trace = bool(getattr(args, "trace", False))
     out: dict = {"schema": SCHEMA, "device": device, "job": spec.to_dict(), "runner": None,
                  "measured": None, "estimated": None, "error": None, "failure": None}

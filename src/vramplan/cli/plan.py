@@ -305,7 +305,7 @@ def cmd_check(args) -> int:
                        headroom_bytes=parse_headroom(args.headroom, 0))
     except NoGPUError as exc:
         from vramplan.i18n.errors import error_line
-        print(error_line(f"device: {localize(str(exc))}"), file=sys.stderr)
+        print(error_line(f"device: {localize(exc.detail)}"), file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))

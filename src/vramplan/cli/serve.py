@@ -26,9 +26,10 @@ def register(sub) -> None:
 def cmd_serve(args) -> int:
     if args.static_build or args.pyodide:
         return _static_build(args)
-    if not 0 <= args.port <= 65535:  # else uvicorn's bind() fails with a traceback
+    if not 1 <= args.port <= 65535:  # else uvicorn's bind() fails with a traceback; 0 (a port the
+        # system picks) printed "serving the page at http://127.0.0.1:0/", an address that answers nothing
         from vramplan.spec import SpecError
-        raise SpecError("port", f"expected a port number from 0 to 65535, got {args.port}")
+        raise SpecError("port", f"expected a port number from 1 to 65535, got {args.port}")
     try:
         import uvicorn
 

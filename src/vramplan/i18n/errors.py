@@ -151,7 +151,7 @@ TEMPLATES = (
     N_("expected cpu, cuda or cuda:N, got {value}"),
     N_("no CUDA GPU here (torch.cuda.is_available() is False); use --device cpu or --fake"),
     N_("no GPU {device}: {n} visible"),
-    N_("expected a port number from 0 to 65535, got {value}"),
+    N_("expected a port number from 1 to 65535, got {value}"),
     # badinput3: a model of the wrong kind, engine knobs, ignored fields
     N_("{name} is not a diffusion pipeline; task diffusion needs one from `vramplan models` (e.g. flux.1-dev), "
        "or drop task diffusion for a language model"),
@@ -178,6 +178,37 @@ TEMPLATES = (
     N_("this job needs {size} PiB per GPU, beyond any GPU (the largest hold a few hundred GB); lower "
        "micro_batch_size or seq_len, or shard more"),
     N_("this job needs {size} PiB per GPU, beyond any GPU (the largest hold a few hundred GB); lower it"),
+    N_("this job needs {size} PiB per GPU, beyond any GPU (the largest hold a few hundred GB); lower "
+       "diffusion.height, width or num_frames"),
+    # spec/lengths.py: the size of a lengths replay
+    N_("a bucket of {bucket} tokens cuts {limit} tokens into {count} padded lengths, each replayed as its own step "
+       "(at most {most}); use bucket >= {least}, or leave it out (seq_len / 16)"),
+    N_("a micro-batch of {batch} rows is past what a lengths replay draws ({most} rows); lower micro_batch_size "
+       "or drop the lengths section"),
+    N_("{steps} steps of {batch} rows draw {rows} rows (at most {most}); use steps <= {least}"),
+    N_("micro_batch_size {best} still fits, and a lengths replay of {steps} steps draws at most {rows} rows; "
+       "lower lengths.steps to search larger micro-batches"),
+    # sources.py: a hub id fetched with --online; catalog/model_index_counts.py: safetensors headers
+    N_("{hub_id} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set, so the hub is not asked; unset "
+       "HF_HUB_OFFLINE, or pass a local config.json path or model folder"),
+    N_("cannot reach the hub to fetch config.json for {hub_id} ({kind}: no network?); pass a local config.json path "
+       "or model folder, or drop --online to use the catalog and the local cache"),
+    N_("the hub has no config.json for {hub_id} that this machine may read ({kind}); check the id (a gated or "
+       "private model needs `hf auth login`), or pass a local config.json"),
+    N_("{path}: tensor {name} has shape {shape}, not a list of sizes; check the download, or remove the file to "
+       "count from config.json"),
+    # cli/measure.py, plan/solve.py, web/api.py
+    N_("measuring this job on cpu holds about {need} GiB ({ranks} process(es) at the estimate's peak) and this "
+       "machine has {free} GiB available; use --fake (FakeTensorMode, no memory) or a smaller job"),
+    N_("a diffusion job reads no seq_len (its tokens come from height, width and num_frames); maximize "
+       "micro_batch_size"),
+    N_("the request body gives {key} twice; keep one"),
+    N_("measure runs one process, or DeepSpeed ZeRO ranks (zero_stage >= 1), not {what}; measure num_gpus 1 or a "
+       "ZeRO layout (bench/parallel/ holds the others)"),
+    # spec/lora.py, spec/stack.py
+    N_("{targets} is a regex, which PEFT matches against full module names and vramplan does not model; list the "
+       "module names it matches (e.g. [q_proj, v_proj]) or use all-linear"),
+    N_("the number {text} may be a release like {text0} read as a number; write it in quotes ({quoted})"),
     # vramplan.files: spec and config files
     N_("{path}: file not found"),
     N_("{path}: not a regular file; pass the path of a YAML/JSON file"),

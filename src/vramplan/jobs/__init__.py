@@ -54,10 +54,11 @@ def estimate_job(spec: JobSpec, gpu=None):
     if spec.task is Task.DIFFUSION:  # the model is a pipeline (catalog or inline)
         from vramplan.jobs import diffusion
         return diffusion.diffusion_estimate(diffusion.resolve_pipeline(spec.model), spec, gpu)
-    from vramplan.validity import assume_seq_len, check_job
+    from vramplan.validity import assume_seq_len, check_job, check_roles
     descs = resolve_models(spec)
     spec = assume_seq_len(descs["policy"], spec) if "policy" in descs else spec
     notes = check_job(descs["policy"], spec)  # SpecError for a job the libraries refuse
+    check_roles(descs, spec)
     est = estimate_descs(descs, spec, gpu)
     est.notes[:0] = notes
     return est

@@ -297,6 +297,9 @@ def diffusion_estimate(pipe: dict, spec: JobSpec, gpu=None):
     if den.get("class") in VIDEO_CLASSES:
         step.after_forward.append(("forward", "a block's working set", working, False))
     total, notes = {"denoiser": pipe["denoiser"]["num_params"]}, [f"latents {shape}; tokens {tokens}"]
+    if spec.seq_len_given:  # was dropped without a word (seq_len 1e12 gave the same answer)
+        notes.append(Msg("seq_len: a diffusion job reads no seq_len (its tokens come from height, width and "
+                         "num_frames, the text's from the pipeline's encoders); {n:,} is not used", n=spec.seq_len))
     if grads_kept(spec) and spec.grad_accum_steps == 1:
         notes.append(Msg("gradients stay allocated into the next forward (zero_grad(set_to_none=False), the "
                          "script's default); the script's --set_grads_to_none (diffusion.set_grads_to_none: true) "

@@ -58,6 +58,7 @@ def phase_kinds(phase_peaks: dict[str, int]) -> dict[str, int]:
 def measure(job: Any, device: str = "cpu", fake: bool = False, trace: bool = False,
             steps: int = 2) -> MeasureResult:
     """Build ``job``'s model and run ``steps`` training steps under a meter."""
+    _layout_runs(job)  # before torch is imported
     from .dispatch import loop_runner, measure_cpu
     from .run_modes import run_cuda, run_fake
 
@@ -88,6 +89,23 @@ def _cuda_runs(job: Any) -> None:
     if what is not None:
         raise ValueError(f"device: measuring {what} on cuda is not implemented yet (cuda runs "
                          f"{', '.join(sorted(MEASURED_TASKS))}); measure it with device cpu")
+
+
+def _layout_runs(job: Any) -> None:
+    """The layouts measured here are one process, or DeepSpeed ZeRO's ranks (deepspeed_run.py):
+    any other (tp, pp, cp, ulysses, ep, FSDP, or DDP over several GPUs) ran one unsharded
+    process beside the sharded rank's estimate and printed its difference as the error."""
+    from .build import job_dict
+
+    jd = job_dict(job)
+    par, n = jd.get("parallel") or {}, int(jd.get("num_gpus", 1) or 1)
+    axes = [k for k in ("tp", "pp", "cp", "ulysses", "ep") if int(par.get(k, 1) or 1) > 1]
+    if par.get("fsdp") not in (None, "none"):
+        axes.append("fsdp")
+    if axes or (n > 1 and not _deepspeed_job(job)):
+        what = ", ".join(axes) if axes else f"{n} GPUs without ZeRO"
+        raise ValueError(f"parallel: measure runs one process, or DeepSpeed ZeRO ranks (zero_stage >= 1), "
+                         f"not {what}; measure num_gpus 1 or a ZeRO layout (bench/parallel/ holds the others)")
 
 
 def _deepspeed_job(job: Any) -> bool:

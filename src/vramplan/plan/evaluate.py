@@ -116,6 +116,9 @@ class Evaluator:
             raise SpecError("headroom", f"expected a number of bytes >= 0, got {headroom_bytes!r}")
         self.headroom_bytes = int(headroom_bytes)
         self.capacity_bytes = int(capacity_bytes if capacity_bytes is not None else gpu.memory_bytes)
+        if isinstance(mfu, bool) or not isinstance(mfu, (int, float)) or not 0 < mfu <= 1:
+            # a share of the GPU's peak FLOP/s (fit(mfu=nan) ranked layouts by NaN step times)
+            raise SpecError("mfu", f"expected a number in (0, 1] (model FLOPs utilization, e.g. 0.4), got {mfu!r}")
         self.mfu = mfu
         self.calls = 0
         self._cache: dict[tuple, Estimate] = {}

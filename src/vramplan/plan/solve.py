@@ -14,18 +14,25 @@ from vramplan.plan.evaluate import Evaluator, apply_changes
 from vramplan.plan.space import default_axes, enumerate_candidates
 from vramplan.plan.steptime import StepTime
 from vramplan.spec import JobSpec, SpecError
+from vramplan.spec.grpo import batch_step
 
 MAXIMIZABLE = ("micro_batch_size", "seq_len")
 _CHECKPOINT_ORDER = {"full": 0, "selective": 1, "op-selective": 1, "none": 2}
 
 
 def largest_value(ev: Evaluator, spec: JobSpec, name: str, *, lo: int = 1, hi: int | None = None,
-                  cap: int = 1 << 22) -> int | None:
-    """Largest integer `name` in [lo, hi] for which `spec` fits (None if lo does not fit).
-    Without hi, doubles from lo until it stops fitting (at most `cap`)."""
-    def fits(value: int) -> bool:
-        return ev.fits(spec.with_(**{name: value}))
+                  cap: int = 1 << 22, step: int = 1) -> int | None:
+    """Largest multiple of `step` as `name` in [lo, hi] for which `spec` fits (None if the
+    first one from lo does not fit). Without hi, doubles from lo until it stops fitting (at
+    most `cap`). The search runs over k = value / step."""
+    def fits(k: int) -> bool:
+        return ev.fits(spec.with_(**{name: k * step}))
 
+    lo, cap = -(-lo // step), max(1, cap // step)
+    if hi is not None:
+        hi //= step
+        if hi < lo:
+            return None
     if not fits(lo):
         return None
     if hi is None:
@@ -33,16 +40,16 @@ def largest_value(ev: Evaluator, spec: JobSpec, name: str, *, lo: int = 1, hi: i
         while hi < cap and fits(min(hi * 2, cap)):
             hi = min(hi * 2, cap)
         if hi >= cap:
-            return cap
+            return cap * step
         good, bad = hi, min(hi * 2, cap)
     else:
         if fits(hi):
-            return hi
+            return hi * step
         good, bad = lo, hi
     while bad - good > 1:
         mid = (good + bad) // 2
         good, bad = (mid, bad) if fits(mid) else (good, mid)
-    return good
+    return good * step
 
 
 @dataclass(slots=True)
@@ -76,23 +83,34 @@ def maximize(ev: Evaluator, spec: JobSpec, name: str, *, axes: dict | None = Non
     """The largest `name` any layout of the space fits, and the fastest layout reaching it."""
     if name not in MAXIMIZABLE:
         raise SpecError("maximize", f"choose one of {', '.join(MAXIMIZABLE)}")
+    if name == "seq_len" and spec.task.value == "diffusion":  # it answered the search's cap, 2048
+        raise SpecError("maximize", "a diffusion job reads no seq_len (its tokens come from height, width "
+                        "and num_frames); maximize micro_batch_size")
     if name == "seq_len" and hi is None:
         limit = ev.desc.max_position_embeddings if ev.desc is not None else 0
         # a seq_len not given is the default, not a length asked for: the model's positions bound it
         hi = max(limit, spec.seq_len) if spec.seq_len_given or not limit else limit
+    replay_cap = None
+    if name == "micro_batch_size" and spec.lengths is not None and hi is None:
+        # a lengths replay draws steps x micro_batch_size rows, at most MAX_ROWS (spec/lengths.py)
+        from vramplan.spec.lengths import MAX_ROWS
+        hi = replay_cap = MAX_ROWS // spec.lengths.steps
     space = default_axes(spec, ev.desc) if axes is None else axes
     layouts = sorted((c.spec for c in enumerate_candidates(spec, ev.desc, space, vary_micro_batch=False)),
                      key=_lean_first)
     best, winners = 0, []
     for layout in layouts:
-        # Only a layout that fits at best + 1 can beat the best so far; one that fits at
+        # GRPO takes micro-batches whose generation batch is whole groups: multiples of `step`
+        step = batch_step(layout) if name == "micro_batch_size" else 1
+        above = (best // step + 1) * step  # the least value past best this layout takes
+        # Only a layout that fits at `above` can beat the best so far; one that fits at
         # best exactly ties it. Neither needs a search of its own.
-        # At hi, best + 1 is past the model's positions (a refusal, not a misfit).
-        if best and (best == hi or not ev.fits(layout.with_(**{name: best + 1}))):
-            if ev.fits(layout.with_(**{name: best})):
+        # Past hi, `above` is past the model's positions (a refusal, not a misfit).
+        if best and ((hi is not None and above > hi) or not ev.fits(layout.with_(**{name: above}))):
+            if best % step == 0 and ev.fits(layout.with_(**{name: best})):
                 winners.append(layout.with_(**{name: best}))
             continue
-        value = largest_value(ev, layout, name, lo=best + 1 if best else 1, hi=hi)
+        value = largest_value(ev, layout, name, lo=above, hi=hi, step=step)
         if value is None:
             continue
         if value > best:
@@ -100,6 +118,10 @@ def maximize(ev: Evaluator, spec: JobSpec, name: str, *, axes: dict | None = Non
         winners.append(layout.with_(**{name: value}))
     if not winners:
         return Solved(name, None, None, None, None, len(layouts))
+    if best == replay_cap:  # more may fit: say where the search stopped rather than answer the cap
+        raise SpecError("lengths.steps", f"micro_batch_size {best:,} still fits, and a lengths replay of "
+                        f"{spec.lengths.steps:,} steps draws at most {best * spec.lengths.steps:,} rows; lower "
+                        "lengths.steps to search larger micro-batches")
     # Fastest first; among equals the simpler layout (less sharding and offload).
     fastest = min(winners, key=lambda s: (ev.step_time(s, ev.estimate(s)).total_s, s.parallel.zero_stage,
                                           s.parallel.offload_optimizer != "none"))
@@ -114,7 +136,8 @@ def _sweep(ev: Evaluator, spec: JobSpec, name: str, best: int, stop: int | None,
     """Device bytes at up to `points` values to 1.5 x best; `stop`: a learned-positions model's
     last position (past it, the job is refused)."""
     top = max(2, int(best * 1.5)) if stop is None else min(max(2, int(best * 1.5)), stop)
-    values = sorted({max(1, round(top * i / points)) for i in range(1, points + 1)} | {best})
+    step = batch_step(spec) if name == "micro_batch_size" else 1  # GRPO: whole groups only
+    values = sorted({max(1, round(top * i / points / step)) * step for i in range(1, points + 1)} | {best})
     return [(v, ev.estimate(spec.with_(**{name: v})).device_bytes) for v in values]
 
 

@@ -53,5 +53,17 @@ def check_generation_batch(spec) -> None:
                                            f"of {gens} per step")
 
 
-__all__ = ["GRPO_MAX_COMPLETION", "GRPO_MICRO_BATCH", "GRPO_NUM_GENERATIONS", "check_generation_batch",
+def batch_step(spec) -> int:
+    """The step between the micro-batch sizes check_generation_batch accepts on this layout
+    (their generation batches are whole groups): 1 outside GRPO or with a generation batch
+    given (which the micro-batch must divide instead)."""
+    import math
+    if spec.task is not Task.GRPO or (spec.generation is not None and spec.generation.generation_batch_size):
+        return 1
+    gens = spec.num_generations or GRPO_NUM_GENERATIONS
+    dp = max(1, spec.num_gpus // spec.parallel.model_parallel)
+    return gens // math.gcd(gens, spec.grad_accum_steps * dp)
+
+
+__all__ = ["GRPO_MAX_COMPLETION", "batch_step", "GRPO_MICRO_BATCH", "GRPO_NUM_GENERATIONS", "check_generation_batch",
            "default_micro_batch"]

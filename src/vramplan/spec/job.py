@@ -186,10 +186,8 @@ class JobSpec:
             set_("alloc_conf", str(self.alloc_conf).strip() or None)
             parse_alloc_conf(self.alloc_conf)
         if self.lengths is not None:
-            from vramplan.spec.lengths import parse_lengths
-            set_("lengths", parse_lengths(self.lengths))
-            if self.packing:
-                raise SpecError("lengths", "packing fills every row to seq_len; drop packing or the lengths section")
+            from vramplan.spec.lengths import parse_job_lengths
+            set_("lengths", parse_job_lengths(self.lengths, self.seq_len, self.micro_batch_size, self.packing))
         for name, value in _tasks.check_task_fields(self).items():
             set_(name, value)
         self._fill_method_defaults()
@@ -384,9 +382,9 @@ def copy_with(spec: JobSpec, **values) -> JobSpec:
     return out
 
 
-def save_spec(spec: JobSpec, path: str) -> None:
-    """Write the spec as YAML (or JSON when the path ends in .json), as the user gave it."""
-    data = spec.to_dict(as_given=True)
+def save_spec(spec: "JobSpec | Mapping | str", path: str) -> None:
+    """Write the spec (a mapping or file is loaded and checked first) as YAML, or JSON when the path ends in .json."""
+    data = (spec if isinstance(spec, JobSpec) else load_spec(spec)).to_dict(as_given=True)
     with open(path, "w", encoding="utf-8") as fh:
         if path.endswith(".json"):
             json.dump(data, fh, indent=2)

@@ -28,6 +28,11 @@ LengthGroupedSampler (group_by_length=True: shuffled mega-batches of 50 micro-ba
 sorted longest first, the batch holding the longest row moved to the front)."""
 
 MAX_STEPS = 10_000
+MAX_PADDED_LENGTHS = 32
+"""Padded lengths one replay may build a step for: each is a full event list (~0.04 s for a
+1B model, ~0.2 s for a 70B one); the default bucket (seq_len / 16) makes 16 or 17."""
+MAX_ROWS = 1_000_000
+"""Rows one replay draws (steps x micro_batch_size): a few seconds at the bound."""
 _KEYS = ("min", "max", "lengths_file", "rows", "batching", "cap", "pad_to_multiple_of", "steps", "seed", "bucket")
 
 
@@ -119,6 +124,32 @@ def _check_percentiles(pairs, top: int | None) -> tuple[tuple[float, int], ...]:
     return tuple(out)
 
 
+def parse_job_lengths(value: object, seq_len: int, batch: int, packing: bool) -> LengthsConfig:
+    """The section of a job: parsed, and checked against the job's packing and sizes."""
+    cfg = parse_lengths(value)
+    if packing:
+        raise SpecError("lengths", "packing fills every row to seq_len; drop packing or the lengths section")
+    check_replay_size(cfg, seq_len, batch)
+    return cfg
+
+
+def check_replay_size(cfg: LengthsConfig, seq_len: int, batch: int) -> None:
+    """A replay that would build thousands of steps' events or draw billions of rows (a
+    bucket of 1 token, a huge batch) is refused, naming the field that sets its size."""
+    limit = min(seq_len, cfg.cap or seq_len)
+    count = -(-limit // cfg.bucket) if cfg.bucket else 0
+    if count > MAX_PADDED_LENGTHS:
+        raise SpecError("lengths.bucket", f"a bucket of {cfg.bucket:,} tokens cuts {limit:,} tokens into {count:,} "
+                        f"padded lengths, each replayed as its own step (at most {MAX_PADDED_LENGTHS}); use "
+                        f"bucket >= {-(-limit // MAX_PADDED_LENGTHS):,}, or leave it out (seq_len / 16)")
+    if batch > MAX_ROWS:
+        raise SpecError("micro_batch_size", f"a micro-batch of {batch:,} rows is past what a lengths replay draws "
+                        f"({MAX_ROWS:,} rows); lower micro_batch_size or drop the lengths section")
+    if cfg.steps * batch > MAX_ROWS:
+        raise SpecError("lengths.steps", f"{cfg.steps:,} steps of {batch:,} rows draw {cfg.steps * batch:,} rows "
+                        f"(at most {MAX_ROWS:,}); use steps <= {MAX_ROWS // batch:,}")
+
+
 def parse_lengths(value: object) -> LengthsConfig | None:
     """The section from a spec mapping: `pNN` keys are percentiles, the rest are fields."""
     if value is None or isinstance(value, LengthsConfig):
@@ -144,4 +175,4 @@ def parse_lengths(value: object) -> LengthsConfig | None:
     return LengthsConfig(percentiles=tuple(pairs), **fields)
 
 
-__all__ = ["BATCHING", "LengthsConfig", "parse_lengths"]
+__all__ = ["BATCHING", "LengthsConfig", "check_replay_size", "parse_job_lengths", "parse_lengths"]

@@ -37,6 +37,12 @@ class LoraConfig:
         object.__setattr__(self, "use_rslora", boolean("lora.use_rslora", self.use_rslora))
         object.__setattr__(self, "alpha", number("lora.alpha", self.alpha, high=1e6))
         object.__setattr__(self, "dropout", fraction("lora.dropout", self.dropout, high=0.999))
+        if isinstance(self.target_modules, str) and any(c in self.target_modules for c in ".*+?[](){}|^$\\"):
+            # PEFT fullmatches a string against each module's full name (a regex); it was read as
+            # one module name and refused as "match no module"
+            raise SpecError("lora.target_modules", f"{self.target_modules!r} is a regex, which PEFT matches against "
+                            "full module names and vramplan does not model; list the module names it matches "
+                            "(e.g. [q_proj, v_proj]) or use all-linear")
         if self.target_modules is not None:
             object.__setattr__(self, "target_modules", module_targets("lora.target_modules", self.target_modules))
         object.__setattr__(self, "modules_to_save", string_list("lora.modules_to_save", self.modules_to_save))

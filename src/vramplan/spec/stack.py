@@ -130,6 +130,10 @@ def _version(value: object, field_name: str) -> str | None:
     text = str(value).strip()
     if isinstance(value, bool) or not text.isascii() or not _VERSION.match(text):
         raise SpecError(field_name, f"expected a release like '5.24' or '0.21.0', got {value!r}")
+    if isinstance(value, float) and len(text.partition(".")[2]) == 1:
+        # YAML and JSON read an unquoted 4.50 as the number 4.5: release 4.50 became 4.5, silently
+        raise SpecError(field_name, f"the number {text} may be a release like {text}0 read as a number; "
+                        f"write it in quotes ('{text}0' or '{text}')")
     return text
 
 

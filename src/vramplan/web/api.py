@@ -58,9 +58,11 @@ def _spec(body: bytes):
     """The body as a JobSpec, loaded as `vramplan estimate --spec FILE.json` loads it."""
     from vramplan.spec import load_spec
     try:
-        data = json.loads(body.decode("utf-8") or "{}")
+        data = json.loads(body.decode("utf-8") or "{}", object_pairs_hook=_unique_keys)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise SpecError("spec", f"the request body is not JSON: {exc}") from None
+    except RecursionError:
+        raise SpecError("spec", "the request body is not JSON: nested too deeply") from None
     if not isinstance(data, dict):
         raise SpecError("spec", f"expected a mapping of spec fields, got {type(data).__name__}")
     spec = load_spec(data)
@@ -70,6 +72,17 @@ def _spec(body: bytes):
         raise SpecError("lengths.lengths_file", "the web API reads no files on the server; send the "
                                                 "lengths as percentiles and max (p50, p90, p99, max)")
     return spec
+
+
+def _unique_keys(pairs: list) -> dict:
+    """A JSON object whose keys are all different: a key given twice (the last one would
+    win unseen) is refused, as in a spec file (vramplan.files)."""
+    out = {}
+    for key, value in pairs:
+        if key in out:
+            raise SpecError("spec", f"the request body gives {key!r} twice; keep one")
+        out[key] = value
+    return out
 
 
 def _estimate(spec, query) -> dict:
@@ -134,6 +147,7 @@ def _import(body: bytes, query) -> dict:
     used, ignored and left unresolved}. The body goes through a temporary file because the
     importers read files (a TrainingArguments file may name its DeepSpeed JSON beside it)."""
     from vramplan.importers.cli_args import import_config_files
+    from vramplan.importers.report import ImportError_
     kind = query.get("kind", "")
     if kind not in IMPORT_KINDS:
         raise SpecError("kind", f"expected one of {', '.join(IMPORT_KINDS)}; got {kind or 'nothing'}")
@@ -143,7 +157,11 @@ def _import(body: bytes, query) -> dict:
         path = os.path.join(folder, os.path.splitext(name)[0] + suffix)
         with open(path, "wb") as fh:
             fh.write(body)
-        overrides, lines = import_config_files(**{kind: path})
+        try:
+            overrides, lines = import_config_files(**{kind: path})
+        except USER_ERRORS as exc:  # the file named as the caller named it, not by its temporary path here
+            error, here = as_spec_error(exc), lambda text: text.replace(path, name).replace(folder + os.sep, "")
+            raise ImportError_(here(str(error)), here(error.field)) from None
     return {"spec": overrides, "lines": [tr(line).replace(path, name) for line in lines]}
 
 
