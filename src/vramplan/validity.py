@@ -358,8 +358,13 @@ def resolve_attention(desc: ModelDesc, spec: JobSpec) -> JobSpec:
     return spec
 
 
+# transformers families with no attention layer at all (state-space and recurrent): eager or
+# sdpa names nothing they run, so the switch to eager needs no note
+_ATTENTION_FREE = frozenset({"mamba", "mamba2", "falcon_mamba", "rwkv", "xlstm"})
+
+
 def attention_note(desc: ModelDesc, given: JobSpec, spec: JobSpec) -> list:
-    if given.attention is spec.attention:
+    if given.attention is spec.attention or desc.model_type in _ATTENTION_FREE:
         return []
     return [Msg("attention: transformers has no SDPA path for {family} (_supports_sdpa is False for its models) "
                 "and runs it with eager attention, estimated here; it refuses attn_implementation='sdpa'. "
