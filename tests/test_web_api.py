@@ -216,6 +216,23 @@ def test_lengths_file_is_not_read_on_the_server():
     assert status == 200
 
 
+@pytest.mark.parametrize("field,body", [
+    ("model", {"model": "/etc/passwd"}),
+    ("model", {"model": "./config.json"}),
+    ("model", {"model": "~/models/llama"}),
+    ("teacher", {"model": "gpt2", "task": "distill", "teacher": "/etc"}),
+])
+def test_model_paths_are_not_read_on_the_server(field, body):
+    """A local path as a model in a request names a file or folder on the server, which
+    sources.py would open: refused, while catalog names and inline configs still answer."""
+    import json
+    from vramplan.web.api import answer
+    status, payload = answer("estimate", {}, json.dumps({"seq_len": 128, **body}).encode())
+    assert status == 400 and payload["field"] == field and "reads no files" in payload["error"]
+    status, _ = answer("estimate", {}, json.dumps({"model": "gpt2", "seq_len": 128}).encode())
+    assert status == 200
+
+
 @pytest.mark.parametrize("name,query,body,says", [
     # badinput5: the last of two keys won unseen (a spec file refuses it: vramplan.files)
     ("estimate", {}, b'{"model": "gpt2", "seq_len": 512, "model": "llama-3.2-1b"}', "gives 'model' twice; keep one"),

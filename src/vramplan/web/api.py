@@ -66,12 +66,25 @@ def _spec(body: bytes):
     if not isinstance(data, dict):
         raise SpecError("spec", f"expected a mapping of spec fields, got {type(data).__name__}")
     spec = load_spec(data)
+    for name in ("model", "reference_model", "teacher", "reward_model", "critic_model"):
+        value = getattr(spec, name, None)
+        if isinstance(value, str) and _server_path(value):
+            # a local path in a request names a file on the server (sources.py reads a
+            # config.json or a model folder there): not the caller's to read
+            raise SpecError(name, "the web API reads no files on the server; give a catalog name or a "
+                                  "Hugging Face id, or send the config.json contents as the value")
     if spec.lengths is not None and spec.lengths.lengths_file is not None:
         # a path in a request is one on the server: reading it would show its lines to the
         # caller (the error names a line that is no token count)
         raise SpecError("lengths.lengths_file", "the web API reads no files on the server; send the "
                                                 "lengths as percentiles and max (p50, p90, p99, max)")
     return spec
+
+
+def _server_path(text: str) -> bool:
+    """What sources.py would read as a local path (vramplan.sources._looks_like_path)."""
+    from vramplan.sources import _looks_like_path
+    return _looks_like_path(text)
 
 
 def _unique_keys(pairs: list) -> dict:
