@@ -233,6 +233,19 @@ def test_model_paths_are_not_read_on_the_server(field, body):
     assert status == 200
 
 
+def test_an_imported_file_does_not_open_the_deepspeed_path_it_names():
+    """A TrainingArguments file's `deepspeed: PATH` names a file on the server: refused; an
+    inline DeepSpeed mapping is still read."""
+    import json
+    from vramplan.web.api import answer
+    query = {"kind": "training_args", "name": "args.json"}
+    status, payload = answer("import", query, json.dumps({"deepspeed": "/etc/passwd"}).encode())
+    assert status == 400 and "reads no files" in payload["error"] and "root" not in payload["error"]
+    inline = {"per_device_train_batch_size": 2, "deepspeed": {"zero_optimization": {"stage": 2}}}
+    status, payload = answer("import", query, json.dumps(inline).encode())
+    assert status == 200 and payload["spec"]["parallel"] == {"zero_stage": 2}
+
+
 @pytest.mark.parametrize("name,query,body,says", [
     # badinput5: the last of two keys won unseen (a spec file refuses it: vramplan.files)
     ("estimate", {}, b'{"model": "gpt2", "seq_len": 512, "model": "llama-3.2-1b"}', "gives 'model' twice; keep one"),
@@ -242,7 +255,7 @@ def test_model_paths_are_not_read_on_the_server(field, body):
     # an imported file's error named the server's temporary copy (/tmp/vramplan-web-.../config.json)
     ("import", {"kind": "deepspeed", "name": "ds.json"}, b'{"zero_optimization": {"stage": 7}}',
      "error: ds.json: zero_optimization.stage: must be 0, 1, 2 or 3"),
-    ("import", {"kind": "training_args", "name": "args.json"}, b'{"deepspeed": "ds_z3.json"}', "error: ds_z3.json: file not found"),
+    ("import", {"kind": "training_args", "name": "args.json"}, b'{"deepspeed": "ds_z3.json"}', "error: args.json: deepspeed: the web API reads no files on the server"),
 ], ids=["duplicate_top", "duplicate_nested", "nested_deep", "import_names_the_file", "import_names_the_file_beside"])
 def test_request_slips_are_400_naming_the_fix(name, query, body, says):
     from vramplan.web.api import answer

@@ -22,9 +22,12 @@ def read_config(path: str) -> dict:
 
 
 def import_config_files(deepspeed: str | None = None, training_args: str | None = None,
-                        accelerate_config: str | None = None, recipe: str | None = None) -> tuple[dict, list[str]]:
+                        accelerate_config: str | None = None, recipe: str | None = None,
+                        named_files: bool = True) -> tuple[dict, list[str]]:
     """Spec overrides (a mapping for vramplan.spec.load_spec) and report lines.
-    Raises ImportError_ (a ValueError) with one line naming the file and field."""
+    Raises ImportError_ (a ValueError) with one line naming the file and field.
+    `named_files=False` (the web API) reads no DeepSpeed JSON that a file names by path: on a
+    server that path is the server's."""
     overrides: dict = {}
     lines: list[str] = []
     ds_path = deepspeed
@@ -44,6 +47,10 @@ def import_config_files(deepspeed: str | None = None, training_args: str | None 
     if ds_path:
         if isinstance(ds_path, dict):
             cfg, source = ds_path, "deepspeed (inline)"
+        elif not named_files and ds_path is not deepspeed:
+            raise ImportError_(training_args or recipe or accelerate_config or "config", "deepspeed",
+                               "the web API reads no files on the server; import the DeepSpeed JSON "
+                               "itself (kind deepspeed) or give it inline")
         else:
             base = os.path.dirname(training_args or recipe or accelerate_config or "")
             path = ds_path if os.path.isabs(ds_path) or os.path.isfile(ds_path) else os.path.join(base, ds_path)

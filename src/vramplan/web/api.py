@@ -171,7 +171,7 @@ def _import(body: bytes, query) -> dict:
         with open(path, "wb") as fh:
             fh.write(body)
         try:
-            overrides, lines = import_config_files(**{kind: path})
+            overrides, lines = import_config_files(**{kind: path}, named_files=False)
         except USER_ERRORS as exc:  # the file named as the caller named it, not by its temporary path here
             error, here = as_spec_error(exc), lambda text: text.replace(path, name).replace(folder + os.sep, "")
             raise ImportError_(here(str(error)), here(error.field)) from None
