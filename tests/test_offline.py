@@ -41,6 +41,8 @@ def fake_hub(monkeypatch, tmp_path):
         asked.append((repo_id, filename))
         return str(path)
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", download)
+    # sources._from_hub asks for the file's metadata once, without retries, before downloading
+    monkeypatch.setattr(huggingface_hub, "get_hf_file_metadata", lambda url, **kwargs: None)
     return asked
 
 

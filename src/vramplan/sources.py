@@ -38,7 +38,7 @@ def _read_config_file(path: str) -> dict:
         raise SpecError("model", str(exc)) from None
 
 
-def _looks_like_path(text: str) -> bool:
+def looks_like_path(text: str) -> bool:
     return text.endswith(".json") or text.startswith((".", "/", "~")) or os.path.exists(text)
 
 
@@ -109,7 +109,7 @@ def resolve_hf_config(model: object, *, online: bool = False) -> tuple[str, dict
         return entry.name, dict(entry.config)
     except catalog.UnknownNameError as exc:
         unknown = exc
-    if _looks_like_path(model):
+    if looks_like_path(model):
         path = os.path.expanduser(model)
         if not os.path.exists(path):
             raise SpecError("model", f"no such file or folder: {model}")
@@ -149,7 +149,7 @@ def _desc_key(spec: JobSpec) -> tuple | None:
     model = spec.model
     if isinstance(model, str):
         path = os.path.expanduser(model)
-        if _looks_like_path(model):
+        if looks_like_path(model):
             try:
                 st = os.stat(path if os.path.isfile(path) else os.path.join(path, "config.json"))
             except OSError:

@@ -82,9 +82,9 @@ def _spec(body: bytes):
 
 
 def _server_path(text: str) -> bool:
-    """What sources.py would read as a local path (vramplan.sources._looks_like_path)."""
-    from vramplan.sources import _looks_like_path
-    return _looks_like_path(text)
+    """What sources.py would read as a local path (vramplan.sources.looks_like_path)."""
+    from vramplan.sources import looks_like_path
+    return looks_like_path(text)
 
 
 def _unique_keys(pairs: list) -> dict:
