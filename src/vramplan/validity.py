@@ -188,7 +188,7 @@ def _lora(desc: ModelDesc, spec: JobSpec) -> list[str]:
                         f"(its forward returns a tuple); name the modules to adapt instead of all-linear, "
                         f"without {', '.join(bad)}")
     notes = []
-    if any(is_fused_experts(p) for p in hit):
+    if getattr(desc, "moe", None) is not None and any(is_fused_experts(p) for p in hit):
         # components/moe_lora.py: peft/utils/transformers_weight_conversion.py _convert_peft_config_moe
         notes.append(Msg("lora.target_modules: PEFT puts the expert projections on {family}'s fused expert weights "
                          "(transformers 5), a rank of r x experts each, and every MoE layer's forward keeps a "
