@@ -14,6 +14,7 @@ from functools import partial
 
 from vramplan.breakdown import Breakdown
 from vramplan.components.arch import Ctx, local_window, model_rows, norm
+from vramplan.components.checkpoint_moments import CACHE_TERM, apply_stops, cache_before, layer_stop
 from vramplan.components.chunked_loss import chunked_loss_terms
 from vramplan.components.megatron_loss import megatron_ce_terms
 from vramplan.components.arch_gpt2_bert import family_forward, is_other, layer_fn, layer_prefix, other_embed, other_head
@@ -144,13 +145,13 @@ def _plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Activ
     stages = [Stage("embedding", rec.saved_items(), [])]
     cache: dict[tuple, tuple[list, bool, tuple | None, str, tuple, list, tuple]] = {}
     parts: dict[tuple, tuple] = {}   # one stage's lists per signature (shared, never changed in place)
-    gc, f8_layer, fwd_peaks, mlp_out, dora_at = spec.gradient_checkpointing, (), {}, _MLP_OUT_INPUTS[desc.mlp], {}
+    gc, f8_layer, fwd_peaks, mlp_out, dora_at, stops = spec.gradient_checkpointing, (), {}, _MLP_OUT_INPUTS[desc.mlp], {}, {}
     hook = getattr(family_forward(desc), "backward_peak", None)
     for i in range(desc.num_layers):
         key = _signature(ctx, i, x)
         if key not in cache:
             cache[key] = _layer(ctx, spec, i, x, b, s, seen, gc is Checkpointing.OP_SELECTIVE)
-        saved, out_rg, op_split, out_dtype, f8_layer, (fwd_peak, unsaved_peak, input_saved), dora = cache[key]
+        saved, out_rg, op_split, out_dtype, f8_layer, (fwd_peak, unsaved_peak, input_saved), dora, stop = cache[key]
         if i == 0:
             # LlamaModel.forward keeps `inputs_embeds` (layer 0's input) as a local to its
             # return: alive through every layer's forward unless a layer saved it
@@ -174,6 +175,8 @@ def _plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Activ
         stages.append(Stage(f"layer {i}", *parts[at]))
         if wrapped:
             fwd_peaks[len(stages) - 1] = fwd_peak  # what its forward holds, none of it saved
+            if stop is not None:
+                stops[len(stages) - 1] = stop
         elif unsaved_peak:
             # what its forward holds beyond what it saves (a frozen down_proj's input)
             fwd_peaks[len(stages) - 1] = unsaved_peak + embeds
@@ -191,6 +194,13 @@ def _plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Activ
     head_w = ctx.params.get("lm_head.weight") or ctx.params.get("model.embed_tokens.weight")
     plan = _with_loss(desc, spec, stages, logits, x, bool(head_w and head_w.trainable))
     plan.input_leaf_bytes = input_leaf
+    trained = {p.name.split("#", 1)[0] for p in params.trainable()}
+    casts = cache_before([st.recompute for st in stages], trained)
+    if dtypes_of(spec).autocast and gc is not Checkpointing.NONE:
+        # a checkpointed layer's forward also holds the autocast casts of the trained weights
+        # the earlier layers made (components/checkpoint_moments.py)
+        fwd_peaks = {j: [*m, (CACHE_TERM.rsplit("/", 1)[1], casts[j])] if dora_at[j][1] and casts[j] else m
+                     for j, m in fwd_peaks.items()}
     if any(fwd_peaks.values()):
         # one Breakdown per distinct moment, shared by the layers that have it (the timeline
         # and the parallel plans sum and scale a shared part once)
@@ -212,11 +222,10 @@ def _plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Activ
         # layers keep none of them, the casts of the trained weights made in forward are
         # still alive while the loss is computed. Frozen weights are cast at each use and
         # freed with it.
-        trained = {p.name.split("#", 1)[0] for p in params.trainable()}
-        cache = sum(v for st in stages for n, v in st.recompute
-                    if n.startswith("autocast_weight/") and n.split("/", 1)[1] in trained)
-        if cache:
-            plan.forward_end_transient.add("activations/autocast_weight_cache", cache)
+        if casts[-1]:
+            plan.forward_end_transient.add(CACHE_TERM, casts[-1])
+    if stops:
+        apply_stops(plan, stops)
     head_in = head_rec.last_linear_input
     if head_in is not None:
         plan.head_input = (head_in.name, head_in.storage.nbytes)
@@ -284,7 +293,7 @@ def _layer(ctx: Ctx, spec: JobSpec, i: int, x: Sym, b: int, s: int, seen: set[in
     items = [(name, st.nbytes) for name, st in rec.saved.values() if not name.startswith("rotary/")]
     return (items, out.requires_grad, split_layer(rec, x) if op_selective else None, out.dtype,
             tuple(rec.float8_linears), (rec.forward_peak, rec.unsaved_peak(), id(x.storage) in rec.seen),
-            tuple(rec.linear_transients))
+            tuple(rec.linear_transients), layer_stop(rec))
 
 
 def _shared_rotary(ctx: Ctx, stages: list[Stage]) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from collections.abc import Callable
 
+from vramplan.components.checkpoint_moments import record_lora_stop
 from vramplan.components.dora import dora_linear
 from vramplan.components.graph import Param, Recorder, Sym
 from vramplan.model import ModelDesc, NormKind
@@ -60,13 +61,21 @@ def lin(rec: Recorder, ctx: Ctx, x: Sym, module: str, name: str) -> Sym:
     if module not in ctx.lora:
         return out
     a, b = ctx.lora[module]
-    xa = rec.to(x, a.dtype, name=f"{name}.lora_in")  # `_cast_input_dtype` to the adapter dtype
+    xc = rec.to(x, a.dtype, name=f"{name}.lora_in")  # `_cast_input_dtype` to the adapter dtype
     if ctx.dora:
-        return dora_linear(rec, x, xa, out, w, bias, a, b, ctx.lora_dropout, name)
-    xa = rec.dropout(xa, ctx.lora_dropout, name=f"{name}.lora_dropout")
+        return dora_linear(rec, x, xc, out, w, bias, a, b, ctx.lora_dropout, name)
+    xa = rec.dropout(xc, ctx.lora_dropout, name=f"{name}.lora_dropout")
     ya = rec.linear(xa, a, name=f"{name}.lora_A")
     yb = rec.linear(ya, b, name=f"{name}.lora_B")
-    yb = rec.scale(yb, name=f"{name}.lora_scaled")
+    if b.trainable:  # lora_B saves ya: the last pack of a layer whose output projection has LoRA
+        record_lora_stop(rec, (x, xc, xa, out, ya), out, yb)
+    scaled = rec.scale(yb, name=f"{name}.lora_scaled")
+    # `result = result + lora_B(lora_A(dropout(x))) * scaling` (peft/tuners/lora/layer.py
+    # Linear.forward): at the product the base result, the input's cast to the adapters'
+    # dtype (`x` rebound by `_cast_input_dtype`), lora_B's output and its scaled copy are
+    # alive beside what the callers hold
+    rec.forward_moment(*rec.frame, *rec.held, x, xc, out, yb, scaled)
+    yb = scaled
     summed = rec.add(out, yb, name=f"{name}.lora_sum")
     return rec.to(summed, out.dtype, name=name)
 
