@@ -151,7 +151,7 @@ def _plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Activ
         key = _signature(ctx, i, x)
         if key not in cache:
             cache[key] = _layer(ctx, spec, i, x, b, s, seen, gc is Checkpointing.OP_SELECTIVE)
-        saved, out_rg, op_split, out_dtype, f8_layer, (fwd_peak, unsaved_peak, input_saved), dora, stop = cache[key]
+        saved, out_rg, op_split, out_dtype, f8_layer, (fwd_peak, unsaved_peak, input_saved, own_input), dora, stop = cache[key]
         if i == 0:
             # LlamaModel.forward keeps `inputs_embeds` (layer 0's input) as a local to its
             # return: alive through every layer's forward unless a layer saved it
@@ -163,8 +163,11 @@ def _plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Activ
         if at not in parts:
             if wrapped:
                 # torch.utils.checkpoint (non-reentrant, transformers 5's default) keeps the
-                # layer's inputs for the recomputation and nothing the layer saves.
-                parts[at] = ([("checkpoint/layer_input", x.storage.nbytes)], saved, mlp_out)
+                # layer's inputs for the recomputation and nothing the layer saves; the
+                # recomputation runs on those inputs, so an input the layer saves itself (fp32
+                # RMSNorm's pow, LayerNorm) is that same storage, not a second one
+                redo = [it for it in saved if it[0] != own_input] if own_input else saved
+                parts[at] = ([("checkpoint/layer_input", x.storage.nbytes)], redo, mlp_out)
             elif gc is Checkpointing.OP_SELECTIVE:
                 keep, redo, dropped = op_split
                 parts[at] = (keep, redo, mlp_out + dropped)
@@ -292,7 +295,8 @@ def _layer(ctx: Ctx, spec: JobSpec, i: int, x: Sym, b: int, s: int, seen: set[in
     out = layer_fn(ctx.desc)(rec, ctx, x, i, b, s)
     items = [(name, st.nbytes) for name, st in rec.saved.values() if not name.startswith("rotary/")]
     return (items, out.requires_grad, split_layer(rec, x) if op_selective else None, out.dtype,
-            tuple(rec.float8_linears), (rec.forward_peak, rec.unsaved_peak(), id(x.storage) in rec.seen),
+            tuple(rec.float8_linears), (rec.forward_peak, rec.unsaved_peak(), id(x.storage) in rec.seen,
+                                        rec.saved.get(id(x.storage), (None,))[0]),
             tuple(rec.linear_transients), layer_stop(rec))
 
 

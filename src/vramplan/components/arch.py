@@ -252,12 +252,12 @@ def mlp(rec: Recorder, ctx: Ctx, x: Sym, i: int) -> Sym:
 def mlp_shared(rec: Recorder, ctx: Ctx, x: Sym, pre: str) -> Sym:
     """LlamaMLP: down(act(gate(x)) * up(x)); Phi-3 computes gate and up in one linear."""
     desc = ctx.desc
+    rec.frame.append(x)  # LlamaMLP.forward's (Phi3MLP.forward's) argument, alive until it returns
     if desc.fused_gate_up:
         gu = lin(rec, ctx, x, f"{pre}.gate_up_proj", "mlp/gate_up")
         half = gu.shape[:-1] + (gu.shape[-1] // 2,)
         gate, up = rec.view(gu, half, "mlp/gate"), rec.view(gu, half, "mlp/up")
     else:
-        rec.frame.append(x)  # LlamaMLP.forward's argument, alive until it returns
         gate = lin(rec, ctx, x, f"{pre}.gate_proj", "mlp/gate")
         rec.held.append(gate)  # act_fn(gate) (gate's size) is alive while up_proj runs
         up = lin(rec, ctx, x, f"{pre}.up_proj", "mlp/up")
@@ -276,8 +276,7 @@ def mlp_shared(rec: Recorder, ctx: Ctx, x: Sym, pre: str) -> Sym:
     # down_proj's output beside its input: the product is not saved when down_proj is frozen
     # (LoRA elsewhere), so a layer that keeps its saved tensors peaks here on top of them
     rec.forward_moment(*rec.frame, x, prod, out)
-    if not desc.fused_gate_up:
-        rec.frame.pop()
+    rec.frame.pop()
     return out
 
 
