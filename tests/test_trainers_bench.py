@@ -106,3 +106,18 @@ def test_the_recomputation_stops_inside_the_output_projection_s_lora_branch():
     assert abs(est.peak_allocated_bytes / row["measured"]["peak_allocated_bytes"] - 1) < 0.005
     other = estimate(MEASURED["reward-model/bf16/lora/gc"]["job"])
     assert not any("recompute_stop" in t for e in other.events for t in e.live.terms)
+
+
+def test_trl_trainers_that_disable_dropout_run_lora_dropout_as_none():
+    # RewardConfig/DPOConfig/KTOConfig default disable_dropout=True: the trainer sets every
+    # nn.Dropout's p to 0 (PEFT's lora_dropout too), so the measured step with lora dropout 0.1
+    # is, to the byte, the step without it; the estimate drops the masks there. SFTConfig has no
+    # such field: an SFT job's dropout stays in its estimate.
+    drop, plain = (MEASURED[f"reward-model/bf16/lora/all-linear/{n}gc"] for n in ("dropout0.1/", ""))
+    assert drop["measured"]["phase_peaks"] == plain["measured"]["phase_peaks"]
+    assert estimate(drop["job"]).peak_allocated_bytes == estimate(plain["job"]).peak_allocated_bytes
+    def masks(job):
+        return sum(v for e in estimate(job).events for t, v in e.live.terms.items() if "lora_dropout" in t)
+
+    assert masks(drop["job"]) == 0
+    assert masks(MEASURED["sft/bf16/lora/hf-trainer/all-linear/dropout0.05/gc"]["job"]) > 0

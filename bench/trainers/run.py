@@ -243,6 +243,11 @@ CASES = dict([
     case("grpo/bf16/full/g4-c32/iter2", **GRPO, precision="bf16"),
     case("kto/bf16/lora/adapter-disabled/all-linear/gc", task="kto", precision="bf16",
          method="lora", lora={"r": 16, "target_modules": "all-linear"}, gradient_checkpointing="full"),
+    # DPOConfig's disable_dropout (True) under a LoRA dropout; GRPOConfig's is False
+    case("dpo/bf16/lora/adapter-disabled/all-linear/dropout0.1", task="dpo", precision="bf16",
+         method="lora", lora={"r": 16, "dropout": 0.1, "target_modules": "all-linear"}),
+    case("grpo/bf16/lora/g4-c32/dropout0.1", **GRPO, precision="bf16",
+         method="lora", lora={"r": 8, "dropout": 0.1, "target_modules": ["q_proj", "v_proj"]}),
 ])
 # A job without optimizer_impl: the spec's default, as the importer leaves it for adamw_torch;
 # the Trainer's own optimizer takes TrainingArguments' weight_decay default, 0.0
