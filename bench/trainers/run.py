@@ -246,6 +246,10 @@ CASES = dict([
     # DPOConfig's disable_dropout (True) under a LoRA dropout; GRPOConfig's is False
     case("dpo/bf16/lora/adapter-disabled/all-linear/dropout0.1", task="dpo", precision="bf16",
          method="lora", lora={"r": 16, "dropout": 0.1, "target_modules": "all-linear"}),
+    case("reward-model/bf16/lora/eager/attn-dropout0.1", task="reward-model", precision="bf16", **LORA,
+         model=dict(LLAMA, attention_dropout=0.1), attention="eager"),
+    case("dpo/bf16/full/ref-separate/eager/attn-dropout0.1", task="dpo", precision="bf16",
+         model=dict(LLAMA, attention_dropout=0.1), attention="eager"),
     case("grpo/bf16/lora/g4-c32/dropout0.1", **GRPO, precision="bf16",
          method="lora", lora={"r": 8, "dropout": 0.1, "target_modules": ["q_proj", "v_proj"]}),
 ])
