@@ -66,6 +66,12 @@ def lin(rec: Recorder, ctx: Ctx, x: Sym, module: str, name: str) -> Sym:
         return dora_linear(rec, x, xc, out, w, bias, a, b, ctx.lora_dropout, name)
     xa = rec.dropout(xc, ctx.lora_dropout, name=f"{name}.lora_dropout")
     ya = rec.linear(xa, a, name=f"{name}.lora_A")
+    # under autocast lora_A runs on a low-precision copy of its input (saved by its mm): at
+    # lora_A's output the input, its cast, that copy and the base result are alive
+    copy = next((Sym(n, xa.shape, rec.autocast, False, st) for n, st in rec.saved.values()
+                 if n == f"{xa.name}.autocast"), None) if rec.autocast else None
+    if copy is not None:
+        rec.forward_moment(*rec.frame, *rec.held, x, xc, xa, copy, out, ya)
     yb = rec.linear(ya, b, name=f"{name}.lora_B")
     if b.trainable:  # lora_B saves ya: the last pack of a layer whose output projection has LoRA
         record_lora_stop(rec, (x, xc, xa, out, ya), out, yb)
