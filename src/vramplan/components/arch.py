@@ -71,7 +71,7 @@ def lin(rec: Recorder, ctx: Ctx, x: Sym, module: str, name: str) -> Sym:
     copy = next((Sym(n, xa.shape, rec.autocast, False, st) for n, st in rec.saved.values()
                  if n == f"{xa.name}.autocast"), None) if rec.autocast else None
     if copy is not None:
-        rec.forward_moment(*rec.frame, *rec.held, x, xc, xa, copy, out, ya)
+        rec.forward_moment(*rec.frame, *rec.held, x, xc, xa, copy, out, ya, early=True)
     yb = rec.linear(ya, b, name=f"{name}.lora_B")
     if b.trainable:  # lora_B saves ya: the last pack of a layer whose output projection has LoRA
         record_lora_stop(rec, (x, xc, xa, out, ya), out, yb)
@@ -79,8 +79,9 @@ def lin(rec: Recorder, ctx: Ctx, x: Sym, module: str, name: str) -> Sym:
     # `result = result + lora_B(lora_A(dropout(x))) * scaling` (peft/tuners/lora/layer.py
     # Linear.forward): at the product the base result, the input's cast to the adapters'
     # dtype (`x` rebound by `_cast_input_dtype`), lora_B's output and its scaled copy are
-    # alive beside what the callers hold
-    rec.forward_moment(*rec.frame, *rec.held, x, xc, out, yb, scaled)
+    # alive beside what the callers hold. A layer that keeps its saved tensors saves more
+    # after this (the rest of the MLP), so the moment counts for a checkpointed layer only.
+    rec.forward_moment(*rec.frame, *rec.held, x, xc, out, yb, scaled, early=True)
     yb = scaled
     summed = rec.add(out, yb, name=f"{name}.lora_sum")
     return rec.to(summed, out.dtype, name=name)

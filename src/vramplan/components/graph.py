@@ -97,17 +97,17 @@ class Recorder:
     """Moments of the layer's own forward, each the tensors alive then (`forward_moment`);
     `unsaved_peak` reads them once the layer has saved what it saves."""
     recompute_stop: tuple | None = None
-    """(saved count, unsaved alive, grads in flight) at a recomputation's early stop
-    (components/checkpoint_moments.py)."""
+    """(saved count, unsaved alive, grads) at a recomputation's early stop (checkpoint_moments)."""
 
     # -- bookkeeping --------------------------------------------------------------------
-    def forward_moment(self, *tensors: Sym) -> None:
+    def forward_moment(self, *tensors: Sym, early: bool = False) -> None:
         """A moment of the layer's own forward with `tensors` alive (each storage once, a
-        parameter operand has none): it becomes `forward_peak` (nothing kept: a checkpointed
-        layer) when larger than the one kept, and is kept for `unsaved_peak`. The autocast
-        cache's casts of trained weights made so far are alive too (`cast_cache`)."""
+        parameter operand has none, autocast's cached weight casts too): it becomes
+        `forward_peak` (a checkpointed layer) when larger, and unless `early` (before the
+        layer's later saves, which `unsaved_peak` would count beside it) is kept for it."""
         moment = self._distinct((*tensors, *self.cast_cache.values()))
-        self.moments.append(moment)
+        if not early:
+            self.moments.append(moment)
         if sum(t.storage.nbytes for t in moment) > sum(n for _, n in self.forward_peak):
             self.forward_peak[:] = [(t.name, t.storage.nbytes) for t in moment]
 
