@@ -220,6 +220,38 @@ CASES = dict([
          method="lora", lora={"r": 16, "target_modules": "all-linear"}, gradient_checkpointing="full"),
     case("reward-model/bf16/lora/all-linear/gc", task="reward-model", precision="bf16",
          method="lora", lora={"r": 16, "target_modules": "all-linear"}, gradient_checkpointing="full"),
+    # trainers5: the recomputation's early stop inside down_proj's LoRA branch across families,
+    # dtypes (fp32; pure bf16 with fp32 adapters, no autocast), dropout and reentrant checkpointing
+    case("reward-model/bf16/lora/all-linear/gc/qwen3", task="reward-model", precision="bf16", model=QWEN3,
+         method="lora", lora={"r": 16, "target_modules": "all-linear"}, gradient_checkpointing="full"),
+    case("reward-model/bf16/lora/all-linear/gc/gemma", task="reward-model", precision="bf16", model=GEMMA,
+         method="lora", lora={"r": 16, "target_modules": "all-linear"}, gradient_checkpointing="full"),
+    case("reward-model/bf16/lora/all-linear/gc/phi3", task="reward-model", precision="bf16", model=PHI3,
+         method="lora", lora={"r": 16, "target_modules": "all-linear"}, gradient_checkpointing="full"),
+    case("reward-model/fp32/lora/all-linear/gc", task="reward-model", precision="fp32",
+         method="lora", lora={"r": 16, "target_modules": "all-linear"}, gradient_checkpointing="full"),
+    case("reward-model/bf16/lora/all-linear/dropout0.1/gc", task="reward-model", precision="bf16",
+         method="lora", lora={"r": 16, "dropout": 0.1, "target_modules": "all-linear"}, gradient_checkpointing="full"),
+    case("reward-model/bf16/lora/all-linear/gc/reentrant", task="reward-model", precision="bf16",
+         method="lora", lora={"r": 16, "target_modules": "all-linear"}, gradient_checkpointing="full"),
+    case("reward-model/bf16/lora/down/gc", task="reward-model", precision="bf16",
+         method="lora", lora={"r": 16, "target_modules": ["down_proj"]}, gradient_checkpointing="full"),
+    case("sft/bf16/full/hf-trainer/gc/reentrant", task="sft", precision="bf16", stack="hf-trainer",
+         gradient_checkpointing="full"),
+    case("sft/bf16/full/hf-trainer/llama-tied", task="sft", precision="bf16", stack="hf-trainer",
+         model=dict(LLAMA, tie_word_embeddings=True)),
+    case("grpo/bf16/full/g4-c32/iter2", **GRPO, precision="bf16"),
+    case("kto/bf16/lora/adapter-disabled/all-linear/gc", task="kto", precision="bf16",
+         method="lora", lora={"r": 16, "target_modules": "all-linear"}, gradient_checkpointing="full"),
+    # DPOConfig's disable_dropout (True) under a LoRA dropout; GRPOConfig's is False
+    case("dpo/bf16/lora/adapter-disabled/all-linear/dropout0.1", task="dpo", precision="bf16",
+         method="lora", lora={"r": 16, "dropout": 0.1, "target_modules": "all-linear"}),
+    case("reward-model/bf16/lora/eager/attn-dropout0.1", task="reward-model", precision="bf16", **LORA,
+         model=dict(LLAMA, attention_dropout=0.1), attention="eager"),
+    case("dpo/bf16/full/ref-separate/eager/attn-dropout0.1", task="dpo", precision="bf16",
+         model=dict(LLAMA, attention_dropout=0.1), attention="eager"),
+    case("grpo/bf16/lora/g4-c32/dropout0.1", **GRPO, precision="bf16",
+         method="lora", lora={"r": 8, "dropout": 0.1, "target_modules": ["q_proj", "v_proj"]}),
 ])
 # A job without optimizer_impl: the spec's default, as the importer leaves it for adamw_torch;
 # the Trainer's own optimizer takes TrainingArguments' weight_decay default, 0.0
@@ -238,6 +270,11 @@ TRAINER_ARGS = {
     "sft/fp32/full/hf-trainer/max-grad-norm-0": {"max_grad_norm": 0.0},
     "sft/bf16/lora/sft-trainer/gc/reentrant": {"gradient_checkpointing_kwargs": {"use_reentrant": True}},
     "sft/bf16/full/sft-trainer/padding-free": {"packing": False, "padding_free": True, "max_length": None},
+    "reward-model/bf16/lora/all-linear/gc/reentrant": {"gradient_checkpointing_kwargs": {"use_reentrant": True}},
+    "sft/bf16/full/hf-trainer/gc/reentrant": {"gradient_checkpointing_kwargs": {"use_reentrant": True}},
+    # GRPOConfig.num_iterations (no spec word): old_per_token_logps scored after generation;
+    # a completion batch serves two steps, so a third step generates again in steady state
+    "grpo/bf16/full/g4-c32/iter2": {"num_iterations": 2, "max_steps": 3},
 }
 
 

@@ -9,11 +9,12 @@ Legend: b micro-batch, s sequence, h hidden, f MLP width, v vocabulary, T = b * 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import partial
 
 from vramplan.breakdown import Breakdown
+from vramplan.components.activation_plan import ActivationPlan, Stage, copy_plan
 from vramplan.components.arch import Ctx, local_window, model_rows, norm
+from vramplan.components.checkpoint_moments import CACHE_TERM, apply_stops, cache_before, layer_stop
 from vramplan.components.chunked_loss import chunked_loss_terms
 from vramplan.components.megatron_loss import megatron_ce_terms
 from vramplan.components.arch_gpt2_bert import family_forward, is_other, layer_fn, layer_prefix, other_embed, other_head
@@ -41,41 +42,6 @@ from vramplan.units import nbytes
 _MLP_OUT_INPUTS = {MlpKind.GATED: ("mlp/act_times_up", "moe/expert_act_times_up"), MlpKind.PLAIN: ("mlp/act",)}
 
 
-@dataclass(slots=True)
-class Stage:
-    label: str
-    saved: list[tuple[str, int]]
-    """(tensor name, bytes) saved until this stage's backward."""
-    recompute: list[tuple[str, int]]
-    """Under checkpointing: what the recomputation saves again during backward."""
-    freed_before_peak: tuple[str, ...] = ()
-    """Names of this stage's saved tensors already released at its backward peak."""
-    backward_transient: Breakdown | None = None
-    """This layer's own backward-peak temporaries when its family says where that peak is
-    (families/<name>/forward.py `backward_peak`); None: the plan's layer_backward_transient."""
-
-
-@dataclass(slots=True)
-class ActivationPlan:
-    stages: list[Stage]
-    loss_saved: Breakdown
-    forward_end_transient: Breakdown
-    loss_backward_transient: Breakdown
-    head_backward_transient: Breakdown
-    layer_backward_transient: Breakdown
-    input_leaf_bytes: int = 0
-    """enable_input_require_grads' embedding output (a leaf that requires grad) under
-    checkpointing with frozen embeddings: it and its .grad stay alive while the loss graph
-    lives, which in a plain loop (loss kept until after optimizer.step()) spans the step."""
-    head_input: tuple[str, int] = ("", 0)
-    """(name, bytes) of the output head's input (the final norm's output): what a log-prob
-    head that bypasses the head module (jobs/logprob.py) reads instead."""
-    head_linear_saved: tuple[str, ...] = ()
-    """Names of what the output head's linear saved (its input, an autocast copy)."""
-    stage_forward_transient: list[Breakdown] | None = None
-    """Per stage: held only while its forward runs (float8 casts, components/float8.py)."""
-
-
 def _recorder(spec: JobSpec, seen: set[int]) -> Recorder:
     q = spec.quantization
     saved = q.compute_dtype if q is not None and dequant_modes(q)[0] == SAVED else None
@@ -97,7 +63,7 @@ def zero3_linear_wrap(spec: JobSpec) -> bool:
 def plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> ActivationPlan:
     """The saved tensors of one model's step, memoized on the model, its parameter set and the
     spec's fields but the layout's (memo.py LAYOUT_FIELDS). Callers get a copy."""
-    return _copy(shared_plan(desc, spec, params))
+    return copy_plan(shared_plan(desc, spec, params))
 
 
 def shared_plan(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> ActivationPlan:
@@ -107,31 +73,6 @@ def shared_plan(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> ActivationP
         return _plan_activations(desc, spec, params)
     key = (key, zero3_linear_wrap(spec))  # the one layout setting that changes what is saved
     return cached_plan(desc, params, key, lambda: _plan_activations(desc, spec, params))
-
-
-def _copy(plan: ActivationPlan) -> ActivationPlan:
-    """Fresh Breakdowns and Stages (callers extend the one and reassign the other's fields,
-    jobs/trained.py, jobs/vlm.py); the saved lists are shared, as no caller changes a list
-    in place, so layers that shared one still do (step.build keys its breakdowns by it)."""
-    def bd(b: Breakdown) -> Breakdown:
-        return Breakdown(dict(b.terms))
-    return ActivationPlan([Stage(st.label, st.saved, st.recompute, st.freed_before_peak, st.backward_transient)
-                           for st in plan.stages], bd(plan.loss_saved), bd(plan.forward_end_transient),
-                          bd(plan.loss_backward_transient), bd(plan.head_backward_transient),
-                          bd(plan.layer_backward_transient), plan.input_leaf_bytes, plan.head_input,
-                          plan.head_linear_saved, None if plan.stage_forward_transient is None
-                          else _copy_shared(plan.stage_forward_transient))
-
-
-def _copy_shared(parts: list[Breakdown]) -> list[Breakdown]:
-    """A fresh Breakdown per distinct one of `parts`, shared where the original shared
-    one (equal layers' forward moments: the timeline and the parallel plans treat a shared
-    part once; whoever adds to one stage alone copies it first, breakdown.own)."""
-    fresh: dict[int, Breakdown] = {}
-    for b in parts:
-        if id(b) not in fresh:
-            fresh[id(b)] = Breakdown(dict(b.terms))
-    return [fresh[id(b)] for b in parts]
 
 
 def _plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> ActivationPlan:
@@ -155,13 +96,13 @@ def _plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Activ
     stages = [Stage("embedding", rec.saved_items(), [])]
     cache: dict[tuple, tuple[list, bool, tuple | None, str, tuple, list, tuple]] = {}
     parts: dict[tuple, tuple] = {}   # one stage's lists per signature (shared, never changed in place)
-    gc, f8_layer, fwd_peaks, mlp_out, dora_at = spec.gradient_checkpointing, (), {}, _MLP_OUT_INPUTS[desc.mlp], {}
+    gc, f8_layer, fwd_peaks, mlp_out, dora_at, stops = spec.gradient_checkpointing, (), {}, _MLP_OUT_INPUTS[desc.mlp], {}, {}
     hook = getattr(family_forward(desc), "backward_peak", None)
     for i in range(desc.num_layers):
         key = _signature(ctx, i, x)
         if key not in cache:
             cache[key] = _layer(ctx, spec, i, x, b, s, seen, gc is Checkpointing.OP_SELECTIVE)
-        saved, out_rg, op_split, out_dtype, f8_layer, (fwd_peak, unsaved_peak, input_saved), dora = cache[key]
+        saved, out_rg, op_split, out_dtype, f8_layer, (fwd_peak, unsaved_peak, input_saved, own_input), dora, stop = cache[key]
         if i == 0:
             # LlamaModel.forward keeps `inputs_embeds` (layer 0's input) as a local to its
             # return: alive through every layer's forward unless a layer saved it
@@ -173,8 +114,11 @@ def _plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Activ
         if at not in parts:
             if wrapped:
                 # torch.utils.checkpoint (non-reentrant, transformers 5's default) keeps the
-                # layer's inputs for the recomputation and nothing the layer saves.
-                parts[at] = ([("checkpoint/layer_input", x.storage.nbytes)], saved, mlp_out)
+                # layer's inputs for the recomputation and nothing the layer saves; the
+                # recomputation runs on those inputs, so an input the layer saves itself (fp32
+                # RMSNorm's pow, LayerNorm) is that same storage, not a second one
+                redo = [it for it in saved if it[0] != own_input] if own_input else saved
+                parts[at] = ([("checkpoint/layer_input", x.storage.nbytes)], redo, mlp_out)
             elif gc is Checkpointing.OP_SELECTIVE:
                 keep, redo, dropped = op_split
                 parts[at] = (keep, redo, mlp_out + dropped)
@@ -185,6 +129,8 @@ def _plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Activ
         stages.append(Stage(f"layer {i}", *parts[at]))
         if wrapped:
             fwd_peaks[len(stages) - 1] = fwd_peak  # what its forward holds, none of it saved
+            if stop is not None:
+                stops[len(stages) - 1] = stop
         elif unsaved_peak:
             # what its forward holds beyond what it saves (a frozen down_proj's input)
             fwd_peaks[len(stages) - 1] = unsaved_peak + embeds
@@ -202,6 +148,13 @@ def _plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Activ
     head_w = ctx.params.get("lm_head.weight") or ctx.params.get("model.embed_tokens.weight")
     plan = _with_loss(desc, spec, stages, logits, x, bool(head_w and head_w.trainable))
     plan.input_leaf_bytes = input_leaf
+    trained = {p.name.split("#", 1)[0] for p in params.trainable()}
+    casts = cache_before([st.recompute for st in stages], trained)
+    if dtypes_of(spec).autocast and gc is not Checkpointing.NONE:
+        # a checkpointed layer's forward also holds the autocast casts of the trained weights
+        # the earlier layers made (components/checkpoint_moments.py)
+        fwd_peaks = {j: [*m, (CACHE_TERM.rsplit("/", 1)[1], casts[j])] if dora_at[j][1] and casts[j] else m
+                     for j, m in fwd_peaks.items()}
     if any(fwd_peaks.values()):
         # one Breakdown per distinct moment, shared by the layers that have it (the timeline
         # and the parallel plans sum and scale a shared part once)
@@ -224,11 +177,10 @@ def _plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Activ
         # layers keep none of them, the casts of the trained weights made in forward are
         # still alive while the loss is computed. Frozen weights are cast at each use and
         # freed with it.
-        trained = {p.name.split("#", 1)[0] for p in params.trainable()}
-        cache = sum(v for st in stages for n, v in st.recompute
-                    if n.startswith("autocast_weight/") and n.split("/", 1)[1] in trained)
-        if cache:
-            plan.forward_end_transient.add("activations/autocast_weight_cache", cache)
+        if casts[-1]:
+            plan.forward_end_transient.add(CACHE_TERM, casts[-1])
+    if stops:
+        apply_stops(plan, stops)
     head_in = head_rec.last_linear_input
     if head_in is not None:
         plan.head_input = (head_in.name, head_in.storage.nbytes)
@@ -295,8 +247,9 @@ def _layer(ctx: Ctx, spec: JobSpec, i: int, x: Sym, b: int, s: int, seen: set[in
     out = layer_fn(ctx.desc)(rec, ctx, x, i, b, s)
     items = [(name, st.nbytes) for name, st in rec.saved.values() if not name.startswith("rotary/")]
     return (items, out.requires_grad, split_layer(rec, x) if op_selective else None, out.dtype,
-            tuple(rec.float8_linears), (rec.forward_peak, rec.unsaved_peak(), id(x.storage) in rec.seen),
-            tuple(rec.linear_transients))
+            tuple(rec.float8_linears), (rec.forward_peak, rec.unsaved_peak(), id(x.storage) in rec.seen,
+                                        rec.saved.get(id(x.storage), (None,))[0]),
+            tuple(rec.linear_transients), layer_stop(rec))
 
 
 def _shared_rotary(ctx: Ctx, stages: list[Stage]) -> None:

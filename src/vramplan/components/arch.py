@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from collections.abc import Callable
 
+from vramplan.components.checkpoint_moments import record_lora_stop
 from vramplan.components.dora import dora_linear
 from vramplan.components.graph import Param, Recorder, Sym
 from vramplan.model import ModelDesc, NormKind
@@ -60,13 +61,28 @@ def lin(rec: Recorder, ctx: Ctx, x: Sym, module: str, name: str) -> Sym:
     if module not in ctx.lora:
         return out
     a, b = ctx.lora[module]
-    xa = rec.to(x, a.dtype, name=f"{name}.lora_in")  # `_cast_input_dtype` to the adapter dtype
+    xc = rec.to(x, a.dtype, name=f"{name}.lora_in")  # `_cast_input_dtype` to the adapter dtype
     if ctx.dora:
-        return dora_linear(rec, x, xa, out, w, bias, a, b, ctx.lora_dropout, name)
-    xa = rec.dropout(xa, ctx.lora_dropout, name=f"{name}.lora_dropout")
+        return dora_linear(rec, x, xc, out, w, bias, a, b, ctx.lora_dropout, name)
+    xa = rec.dropout(xc, ctx.lora_dropout, name=f"{name}.lora_dropout")
     ya = rec.linear(xa, a, name=f"{name}.lora_A")
+    # under autocast lora_A runs on a low-precision copy of its input (saved by its mm): at
+    # lora_A's output the input, its cast, that copy and the base result are alive
+    copy = next((Sym(n, xa.shape, rec.autocast, False, st) for n, st in rec.saved.values()
+                 if n == f"{xa.name}.autocast"), None) if rec.autocast else None
+    if copy is not None:
+        rec.forward_moment(*rec.frame, *rec.held, x, xc, xa, copy, out, ya, early=True)
     yb = rec.linear(ya, b, name=f"{name}.lora_B")
-    yb = rec.scale(yb, name=f"{name}.lora_scaled")
+    if b.trainable:  # lora_B saves ya: the last pack of a layer whose output projection has LoRA
+        record_lora_stop(rec, (x, xc, xa, out, ya), out, yb)
+    scaled = rec.scale(yb, name=f"{name}.lora_scaled")
+    # `result = result + lora_B(lora_A(dropout(x))) * scaling` (peft/tuners/lora/layer.py
+    # Linear.forward): at the product the base result, the input's cast to the adapters'
+    # dtype (`x` rebound by `_cast_input_dtype`), lora_B's output and its scaled copy are
+    # alive beside what the callers hold. A layer that keeps its saved tensors saves more
+    # after this (the rest of the MLP), so the moment counts for a checkpointed layer only.
+    rec.forward_moment(*rec.frame, *rec.held, x, xc, out, yb, scaled, early=True)
+    yb = scaled
     summed = rec.add(out, yb, name=f"{name}.lora_sum")
     return rec.to(summed, out.dtype, name=name)
 
@@ -243,12 +259,12 @@ def mlp(rec: Recorder, ctx: Ctx, x: Sym, i: int) -> Sym:
 def mlp_shared(rec: Recorder, ctx: Ctx, x: Sym, pre: str) -> Sym:
     """LlamaMLP: down(act(gate(x)) * up(x)); Phi-3 computes gate and up in one linear."""
     desc = ctx.desc
+    rec.frame.append(x)  # LlamaMLP.forward's (Phi3MLP.forward's) argument, alive until it returns
     if desc.fused_gate_up:
         gu = lin(rec, ctx, x, f"{pre}.gate_up_proj", "mlp/gate_up")
         half = gu.shape[:-1] + (gu.shape[-1] // 2,)
         gate, up = rec.view(gu, half, "mlp/gate"), rec.view(gu, half, "mlp/up")
     else:
-        rec.frame.append(x)  # LlamaMLP.forward's argument, alive until it returns
         gate = lin(rec, ctx, x, f"{pre}.gate_proj", "mlp/gate")
         rec.held.append(gate)  # act_fn(gate) (gate's size) is alive while up_proj runs
         up = lin(rec, ctx, x, f"{pre}.up_proj", "mlp/up")
@@ -267,8 +283,7 @@ def mlp_shared(rec: Recorder, ctx: Ctx, x: Sym, pre: str) -> Sym:
     # down_proj's output beside its input: the product is not saved when down_proj is frozen
     # (LoRA elsewhere), so a layer that keeps its saved tensors peaks here on top of them
     rec.forward_moment(*rec.frame, x, prod, out)
-    if not desc.fused_gate_up:
-        rec.frame.pop()
+    rec.frame.pop()
     return out
 
 

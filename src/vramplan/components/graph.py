@@ -61,16 +61,14 @@ class Recorder:
     """autocast caches the casts of leaf tensors that require grad (weights) for the region
     (aten/src/ATen/autocast_mode.cpp `cached_cast`); frozen weights are cast at each use."""
     dequant_saved: str | None = None
-    """Compute dtype of quantized weights a kernel dequantizes outside an autograd.Function
-    (GPTQModel TorchLinear: `torch.matmul(x, self.dequantize_weight())`), so MmBackward keeps
-    the dequantized copy; None for kernels that keep only the packed weight."""
+    """Compute dtype of weights a kernel dequantizes outside an autograd.Function, which
+    MmBackward then keeps (GPTQModel TorchLinear); None: only the packed weight is kept."""
     quant_input_saved: bool = False
     """A quantized kernel whose autograd.Function saves its input whenever that input needs a
     gradient (hqq HQQMatmulNoCacheMul, components/quant.py kernel_saves_input)."""
     last_linear_input: Sym | None = None
     ops: list | None = None
-    """When a list: (aten op, outputs) of the matmuls and attention kernels, in call order,
-    for policies that choose by op what to keep (components/op_checkpoint.py)."""
+    """When a list: (aten op, outputs) of matmuls and attention, in order (op_checkpoint.py)."""
     float8: tuple[bool, bool] | None = None
     """torchao float8 training: (on, output head converted); None when off."""
     float8_linears: list = field(default_factory=list)
@@ -84,30 +82,32 @@ class Recorder:
     alive, transient): DoRA's weight norm (components/dora.py), a kernel's dequantization
     (`dequant_peak`)."""
     dequant_peak: Callable[[int], int] | None = None
-    """Bytes alive at the peak of a quantized kernel's per-call dequantization of a weight of
-    that many elements, the dequantized copy included (components/quant.py); None: not modelled."""
+    """Bytes alive at a kernel's per-call dequantization of a weight of that many elements
+    (components/quant.py); None: not modelled."""
     frame: list = field(default_factory=list)
     """Tensors enclosing module calls hold while an inner one runs (LlamaDecoderLayer's residual
     and LlamaMLP's input during the MLP): alive, saved or not; read by `_dequant_moment`."""
     held: list = field(default_factory=list)
-    """Tensors the caller holds, unsaved, while the next linear runs: LlamaMLP's act_fn(gate_proj(x))
-    during up_proj(x) (operands evaluate left to right); components/dora.py adds on top."""
+    """Tensors the caller holds, unsaved, while a linear runs (LlamaMLP's act during up_proj)."""
     seen: set[int] = field(default_factory=set)
     """Storages already saved by an earlier stage (shared tensors are counted once)."""
     forward_peak: list = field(default_factory=list)
-    """(name, bytes) a layer holds at its own forward's peak beyond its input when nothing it
-    saves is kept (torch.utils.checkpoint's forward; Jamba's scan, families/jamba/forward.py)."""
+    """(name, bytes) at the forward's peak of a layer that keeps nothing (checkpointed)."""
     moments: list = field(default_factory=list)
     """Moments of the layer's own forward, each the tensors alive then (`forward_moment`);
     `unsaved_peak` reads them once the layer has saved what it saves."""
+    recompute_stop: tuple | None = None
+    """(saved count, unsaved alive, grads) at a recomputation's early stop (checkpoint_moments)."""
 
     # -- bookkeeping --------------------------------------------------------------------
-    def forward_moment(self, *tensors: Sym) -> None:
+    def forward_moment(self, *tensors: Sym, early: bool = False) -> None:
         """A moment of the layer's own forward with `tensors` alive (each storage once, a
-        parameter operand has none): it becomes `forward_peak` (nothing kept: a checkpointed
-        layer) when larger than the one kept, and is kept for `unsaved_peak`."""
-        moment = self._distinct(tensors)
-        self.moments.append(moment)
+        parameter operand has none, autocast's cached weight casts too): it becomes
+        `forward_peak` (a checkpointed layer) when larger, and unless `early` (before the
+        layer's later saves, which `unsaved_peak` would count beside it) is kept for it."""
+        moment = self._distinct((*tensors, *self.cast_cache.values()))
+        if not early:
+            self.moments.append(moment)
         if sum(t.storage.nbytes for t in moment) > sum(n for _, n in self.forward_peak):
             self.forward_peak[:] = [(t.name, t.storage.nbytes) for t in moment]
 

@@ -15,6 +15,7 @@ from vramplan.components.trainable import ParamSet, param_set
 from vramplan.jobs.logprob import Chunked
 from vramplan.model import ModelDesc
 from vramplan.spec import JobSpec, Task
+from vramplan.spec.stack import Framework
 from vramplan.timeline import StepPlan
 from vramplan.units import nbytes
 
@@ -34,8 +35,28 @@ class LossTerms:
     counted there only when the head stage did not save it (then it is a transient)."""
 
 
+# TRL configs whose `disable_dropout` defaults to True (trl/trainer/dpo_config.py, kto_config.py,
+# reward_config.py; trl/experimental gkd, orpo and cpo configs); SFTConfig has no such field and
+# GRPOConfig's default is False
+DROPOUT_OFF_TASKS = frozenset({Task.DPO, Task.IPO, Task.KTO, Task.REWARD_MODEL, Task.DISTILL, Task.ORPO, Task.SIMPO})
+
+
+def trainer_disables_dropout(spec: JobSpec) -> bool:
+    """The trainer's __init__ runs trl/trainer/utils.py `disable_dropout_in_model` (every
+    nn.Dropout's p = 0, PEFT's lora_dropout included), and at::dropout returns its input when
+    p == 0 (aten/src/ATen/native/Dropout.cpp `_dropout_impl`): no mask, no dropped copy.
+    These tasks run TRL's trainers under the HF Trainer and TRL stacks, not a plain loop.
+    Llama-family attention dropout is a float handed to the attention function
+    (LlamaAttention `dropout=0.0 if not self.training else self.attention_dropout`), no
+    nn.Dropout: it stays (bench/trainers `eager/attn-dropout0.1`)."""
+    return spec.stack.framework in (Framework.TRL, Framework.HF_TRAINER) and spec.task in DROPOUT_OFF_TASKS
+
+
 def single_spec(spec: JobSpec, rows: int, seq_len: int | None = None, **changes) -> JobSpec:
-    """The job as the core sees one trained model: task sft, `rows` rows, no job fields."""
+    """The job as the core sees one trained model: task sft, `rows` rows, no job fields; the
+    adapters' dropout off where the job's TRL trainer turns it off."""
+    if spec.lora is not None and spec.lora.dropout and trainer_disables_dropout(spec):
+        changes.setdefault("lora", replace(spec.lora, dropout=0.0))
     return replace(spec, task=changes.pop("task", Task.SFT), micro_batch_size=rows,
                    seq_len=seq_len or spec.seq_len, reference_model=None, teacher=None,
                    reward_model=None, critic_model=None, num_generations=None,

@@ -110,7 +110,8 @@ def frozen_model(job: dict, field, dtype):
 
 
 def common_args(job: dict, flags: dict) -> dict:
-    """TrainingArguments fields every trainer gets."""
+    """TrainingArguments fields every trainer gets (`flags` override them: a case that needs a
+    third step, GRPO's num_iterations, names max_steps)."""
     gc = job.get("gradient_checkpointing", "none") not in (None, False, "none", "off")
     return dict(output_dir=tempfile.mkdtemp(prefix="vramplan-measure-"),
                 per_device_train_batch_size=int(job.get("micro_batch_size", 1)),
@@ -119,7 +120,7 @@ def common_args(job: dict, flags: dict) -> dict:
                 disable_tqdm=True, dataloader_num_workers=0, seed=0, gradient_checkpointing=gc,
                 learning_rate=float(job.get("learning_rate", 1e-4)),
                 label_smoothing_factor=float(job.get("label_smoothing", 0.0)),
-                neftune_noise_alpha=job.get("neftune_noise_alpha"), **flags)
+                neftune_noise_alpha=job.get("neftune_noise_alpha")) | flags
 
 
 def optimizers_for(model, job: dict, flags: dict | None = None):

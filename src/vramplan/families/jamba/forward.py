@@ -82,12 +82,17 @@ def mamba(rec: Recorder, ctx: Ctx, x: Sym, pre: str, b: int, s: int) -> Sym:
     B = rms_norm(rec, ctx, rec.view(dbc, (b, s, N)), f"{pre}.b_layernorm", "ssm/B_norm")
     C = rms_norm(rec, ctx, rec.view(dbc, (b, s, N)), f"{pre}.c_layernorm", "ssm/C_norm")
     dt = rec.linear(dt, ctx.p(f"{pre}.dt_proj.weight"), name="ssm/dt_proj")  # weight @ dt^T (b, I, s)
+    # the scan's moment is built by the two `_live` calls below; a LoRA linear's moment
+    # recorded before it (components/arch.py lin) is another moment, never added to it
+    prior, rec.forward_peak[:] = rec.forward_peak[:], []
     y = selective_scan(rec, ctx, act, dt, A, B, C, gate, pre, dtype)
     # JambaMambaMixer.forward's locals while mamba_selective_scan runs: the normed input
     # (the decoder layer's and the mixer's `hidden_states`), projected_states (in_proj's
     # output; the conv input and the gate are views of it), A, the conv's silu output, the
     # dt_proj product `time_step` and the normed B and C
     _live(rec, x, proj, A, act, dt, B, C)
+    if sum(n for _, n in prior) > sum(n for _, n in rec.forward_peak):
+        rec.forward_peak[:] = prior
     yt = rec.new("ssm/out_proj_in", (b * s, inner), dtype, y.requires_grad)  # .to(dtype), reshape copy
     return rec.view(lin(rec, ctx, yt, f"{pre}.out_proj", "ssm/out_proj"), (b, s, d.hidden_size))
 
