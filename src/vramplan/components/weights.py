@@ -77,6 +77,15 @@ def quantized_linear_bytes(spec: JobSpec, p: HeldParam) -> tuple[int, int]:
 # Token embedding tables (Llama/Qwen embed_tokens, GPT-2/Qwen-1 wte, BERT/BLOOM
 # word_embeddings, GPT-NeoX embed_in) and other input-side embeddings.
 _TOKEN_EMBED = ("embed_tokens", "tok_embeddings", "wte", "word_embeddings", "embed_in")
+# Classification heads (AutoModelForSequenceClassification's `score`, BERT's `classifier`).
+_CLASS_HEADS = ("score.", "classifier.")
+
+
+def head_is_embedding(desc: ModelDesc) -> bool:
+    """Whether the output head is the tied token embedding: tie_word_embeddings ties lm_head,
+    which a sequence classifier (reward model) does not have; its `score` is its own weight
+    (e.g. models/qwen3/modeling_qwen3.py Qwen3ForSequenceClassification)."""
+    return bool(desc.tie_word_embeddings) and not any(p.name.startswith(_CLASS_HEADS) for p in desc.params)
 _EMBED = _TOKEN_EMBED + ("wpe", "embed_positions", "embeddings")
 
 
@@ -98,7 +107,7 @@ def stage_of(desc: ModelDesc, p: HeldParam) -> int:
         return p.layer + 1
     base = p.name.split("#", 1)[0]
     is_embedding = any(w in base for w in _EMBED)
-    if is_embedding and not (desc.tie_word_embeddings and any(w in base for w in _TOKEN_EMBED)):
+    if is_embedding and not (head_is_embedding(desc) and any(w in base for w in _TOKEN_EMBED)):
         return 0
     return desc.num_layers + 1
 
@@ -167,7 +176,7 @@ def tied_embedding_grad_temp(desc: ModelDesc, spec: JobSpec, params: ParamSet) -
     and in the H100 allocation traces (bench/allocator/traces: qwen2.5-0.5b and llama-3.2-1b
     hold three embedding-sized blocks at the embedding's backward, then free two)."""
     out = Breakdown()
-    if not desc.tie_word_embeddings:
+    if not head_is_embedding(desc):
         return out
     for p in params.trainable():
         if p.layer is None and is_token_embedding(p):
