@@ -20,6 +20,10 @@ ALIASES = {"qkv_bias": "attention_bias", "bias": "mlp_bias"}
 
 
 def build(config: dict, name: str, num_labels: int | None) -> ModelDesc:
+    if num_labels:  # transformers' MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES has no internlm3
+        raise ValueError("internlm3 has no sequence-classification model in transformers 5.24 "
+                         "(no InternLM3ForSequenceClassification): no classifier or reward model of it; "
+                         "use task sft")
     cfg = {**DEFAULTS, **{ALIASES.get(k, k): v for k, v in config.items()}}
     if bool(cfg["attention_bias"]) != bool(cfg["mlp_bias"]):
         raise ValueError("internlm3 config: qkv_bias (attention_bias) and bias (mlp_bias) must be equal; "

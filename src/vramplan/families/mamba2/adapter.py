@@ -52,6 +52,10 @@ class SSMDesc(FamilyDesc):
 
 
 def build(config: dict, name: str, num_labels: int | None) -> ModelDesc:
+    if num_labels:  # transformers' MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES has no mamba2
+        raise ValueError("mamba2 has no sequence-classification model in transformers 5.24 "
+                         "(no Mamba2ForSequenceClassification): no classifier or reward model of it; "
+                         "use task sft")
     c = Cfg(config, "mamba2", DEFAULTS)
     h, L = c.int("hidden_size"), c.int("num_hidden_layers")
     H, P, N, G = c.int("num_heads"), c.int("head_dim"), c.int("state_size"), c.int("n_groups")
