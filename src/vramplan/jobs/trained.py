@@ -12,6 +12,7 @@ from vramplan.breakdown import Breakdown
 from vramplan.components.dtypes import dtypes_of
 from vramplan.components.activations import ActivationPlan, plan_activations
 from vramplan.components.trainable import ParamSet, param_set
+from vramplan.spec.stack import loss_detached_before_step
 from vramplan.jobs.logprob import Chunked
 from vramplan.model import ModelDesc
 from vramplan.spec import JobSpec, Task
@@ -231,7 +232,9 @@ def trained_plan(desc: ModelDesc, spec: JobSpec, rows: int, loss: LossTerms | Ch
     params = param_set(desc, one)
     acts: ActivationPlan = plan_activations(desc, one, params)
     chunked = with_loss(acts, loss, params)
-    plan = rank_step(desc, one, params, acts)
+    # the job's task decides the loop: a TRL trainer's step frees the loss before the optimizer
+    # step whatever the stack (spec/stack.py TRL_TRAINER_TASKS); `one` says task sft
+    plan = rank_step(desc, one, params, acts, loss_detached=loss_detached_before_step(spec))
     if chunked:
         head_grads_after_fold(plan)
     plan.static.terms.pop("batch/input_ids", None)

@@ -71,6 +71,18 @@ FP32_PARAM_FRAMEWORKS = frozenset({Framework.TORCHTITAN})
 # Whose step is transformers' Trainer.training_step with its (or TRL's) collators: the loss
 # returned detached, packed batches flattened to one row (step/build.py, components/arch.py).
 TRAINER_STEP_FRAMEWORKS = frozenset({Framework.HF_TRAINER, Framework.TRL})
+# Tasks whose step is a TRL trainer's whatever the stack names (DPOTrainer, KTOTrainer,
+# RewardTrainer, GRPOTrainer, GKDTrainer, ORPOTrainer, CPOTrainer: transformers.Trainer
+# subclasses, so Trainer.training_step returns the loss detached); what measure/trainers.py
+# runs for them.
+TRL_TRAINER_TASKS = frozenset({"dpo", "ipo", "kto", "reward-model", "grpo", "distill", "orpo", "simpo"})
+
+
+def loss_detached_before_step(spec) -> bool:
+    """Whether the step frees the loss's graph before optimizer.step(): transformers'
+    Trainer.training_step returns `loss.detach()` (HF Trainer, TRL, and the TRL trainers'
+    tasks); a plain loop keeps `loss` (and its graph) until after the step."""
+    return spec.stack.framework in TRAINER_STEP_FRAMEWORKS or spec.task.value in TRL_TRAINER_TASKS
 
 _LABELS = {
     Framework.PLAIN: "no framework named", Framework.HF_TRAINER: "HF Trainer", Framework.TRL: "TRL", Framework.DEEPSPEED: "DeepSpeed",
@@ -199,4 +211,4 @@ def parse_stack(value: object) -> StackConfig:
 
 __all__ = ["Framework", "StackConfig", "parse_cuda_version", "parse_dtype", "parse_stack",
            "AUTOCAST_FRAMEWORKS", "MASTER_FRAMEWORKS", "PURE_FRAMEWORKS", "FP32_PARAM_FRAMEWORKS",
-           "TRAINER_STEP_FRAMEWORKS"]
+           "TRAINER_STEP_FRAMEWORKS", "TRL_TRAINER_TASKS", "loss_detached_before_step"]

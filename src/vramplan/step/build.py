@@ -24,16 +24,16 @@ from vramplan.components.weights import (
 from vramplan.model import ModelDesc
 from vramplan.spec import JobSpec
 from vramplan.spec.optimizers import FUSED_IN_BACKWARD
-from vramplan.spec.stack import TRAINER_STEP_FRAMEWORKS
+from vramplan.spec.stack import loss_detached_before_step
 from vramplan.timeline import StepPlan
 from vramplan.units import nbytes
 
 
 def rank_step(desc: ModelDesc, spec: JobSpec, params: ParamSet, acts: ActivationPlan,
-              managed: Breakdown | None = None) -> StepPlan:
+              managed: Breakdown | None = None, loss_detached: bool | None = None) -> StepPlan:
     """The step of one rank: `build_step`, then the parallel layer when the layout is not a
     single GPU (the plan's `parallel` then holds the ParallelReport)."""
-    plan = build_step(desc, spec, params, acts, managed)
+    plan = build_step(desc, spec, params, acts, managed, loss_detached)
     if not spec.parallel.is_trivial or spec.num_gpus > 1:
         from vramplan.parallel import rank_plan
         plan, report = rank_plan(desc, spec, params, plan)
@@ -41,13 +41,16 @@ def rank_step(desc: ModelDesc, spec: JobSpec, params: ParamSet, acts: Activation
     return plan
 
 
-def _optimizer_extras(spec: JobSpec, params: ParamSet, acts: ActivationPlan) -> Breakdown:
+def _optimizer_extras(spec: JobSpec, params: ParamSet, acts: ActivationPlan, loss_detached: bool | None) -> Breakdown:
     out = cached(params, ("temporaries",) + state_key(spec), lambda: step_temporaries(spec, params))
-    if acts.input_leaf_bytes and spec.stack.framework not in TRAINER_STEP_FRAMEWORKS:
+    if loss_detached is None:
+        loss_detached = loss_detached_before_step(spec)
+    if acts.input_leaf_bytes and not loss_detached:
         # the loss (and so its graph, holding the input leaf and its gradient) is kept until
         # after optimizer.step() in a plain training loop; HF Trainer's (and TRL's)
         # `training_step` returns `loss.detach()` (transformers/trainer.py), so the graph and
-        # the leaf are gone before the optimizer step (bench/trainers `*/lora/*/gc`).
+        # the leaf are gone before the optimizer step (bench/trainers `*/lora/*/gc`; a reward
+        # model, TRL's RewardTrainer, whatever the stack: the CPU grid's mistral LoRA gc row).
         out.add("activations/input_leaf", acts.input_leaf_bytes).add("gradients/input_leaf", acts.input_leaf_bytes)
     return out
 
@@ -71,9 +74,11 @@ def _stage_breakdown(items: list[tuple[str, int]], prefix: str) -> Breakdown:
 
 
 def build_step(desc: ModelDesc, spec: JobSpec, params: ParamSet, acts: ActivationPlan,
-               managed: Breakdown | None = None) -> StepPlan:
+               managed: Breakdown | None = None, loss_detached: bool | None = None) -> StepPlan:
     """`managed` receives paged optimizer state (outside the allocator); without it, that
-    state stays with the rest (multi-model jobs)."""
+    state stays with the rest (multi-model jobs). `loss_detached`: whether the job's step
+    frees the loss before the optimizer step (spec.stack.loss_detached_before_step of the job,
+    when `spec` is one model's single spec); None: read it from `spec`."""
     opt_key = ("states",) + state_key(spec)
     static = cached(params, ("weights", spec.quantization), lambda: weight_terms(spec, params))
     for key, value in cached(params, opt_key, lambda: optimizer_states(spec, params, heads_of(desc))):
@@ -144,7 +149,7 @@ def build_step(desc: ModelDesc, spec: JobSpec, params: ParamSet, acts: Activatio
                     stage_backward_transient=transients, stage_acts_at_peak=at_peak,
                     stage_grads_at_peak=grads_at_peak,
                     stage_grads_in_flight=_in_flight(grads_at_peak) if spec.grad_accum_steps > 1 else None,
-                    optimizer_temporaries=_optimizer_extras(spec, params, acts),
+                    optimizer_temporaries=_optimizer_extras(spec, params, acts, loss_detached),
                     grads_alive_in_forward=spec.grad_accum_steps > 1, labels=labels,
                     in_backward=_in_backward(desc, spec, params, acts),
                     stage_forward_transient=acts.stage_forward_transient)
