@@ -19,6 +19,7 @@ from vramplan.components.chunked_loss import chunked_loss_terms
 from vramplan.components.megatron_loss import megatron_ce_terms
 from vramplan.components.arch_gpt2_bert import family_forward, is_other, layer_fn, layer_prefix, other_embed, other_head
 from vramplan.components.dora import apply as linear_transients_apply
+from vramplan.components.eager_attention import backward_moment as eager_backward, eager_masks, place_masks
 from vramplan.components.dtypes import dtypes_of
 from vramplan.components.forward_ctx import build_ctx
 from vramplan.components.graph import Recorder, Storage, Sym
@@ -85,7 +86,7 @@ def _plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Activ
     rec = _recorder(spec, seen)
     ids = rec.new("input_ids", (b, s), "int64", False)
     x = _embed(rec, ctx, ids)
-    input_leaf = 0
+    input_leaf, embed_dtype = 0, x.dtype
     if spec.gradient_checkpointing is not Checkpointing.NONE and not x.requires_grad:
         # transformers' enable_input_require_grads (used with checkpointing when the
         # embeddings are frozen: LoRA, freeze): a forward hook calls
@@ -98,6 +99,7 @@ def _plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Activ
     parts: dict[tuple, tuple] = {}   # one stage's lists per signature (shared, never changed in place)
     gc, f8_layer, fwd_peaks, mlp_out, dora_at, stops = spec.gradient_checkpointing, (), {}, _MLP_OUT_INPUTS[desc.mlp], {}, {}
     hook = getattr(family_forward(desc), "backward_peak", None)
+    eager, mlp_bwd, attn_bwd = ctx.attention == "eager" and not is_other(desc), layer_backward(desc, spec), {}
     for i in range(desc.num_layers):
         key = _signature(ctx, i, x)
         if key not in cache:
@@ -137,11 +139,19 @@ def _plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Activ
         dora_at[len(stages) - 1] = (dora, wrapped)  # DoRA's linears (components/dora.py)
         # a family's own backward peak (Jamba's Mamba scan): its temporaries, what it releases
         peak = hook(desc, spec, params, i, stages[-1].recompute or stages[-1].saved) if hook else None
+        if peak is None and eager:  # the softmax's backward (components/eager_attention.py)
+            if at not in attn_bwd:
+                attn_bwd[at] = eager_backward(desc, spec, params, i, stages[-1].recompute or stages[-1].saved,
+                                              stages[-1].freed_before_peak, mlp_bwd, x.name if wrapped else None)
+            peak = attn_bwd[at]
         if peak is not None:
             stages[-1].backward_transient, stages[-1].freed_before_peak = peak
         # the layer's output dtype: Mamba's fp32 residual stream (residual_in_fp32) widens it
         x = Sym(f"layer{i}.out", x.shape, out_dtype, out_rg, Storage(nbytes(x.numel, out_dtype)))
     _shared_rotary(ctx, stages)
+    if eager and gc in (Checkpointing.NONE, Checkpointing.FULL):
+        place_masks(eager_masks(desc, b, s, embed_dtype), gc is Checkpointing.FULL, stages[0].saved, fwd_peaks,
+                    range(1, len(stages)))
     head_rec = _recorder(spec, seen)
     logits = _head(head_rec, ctx, x)
     stages.append(Stage("head", head_rec.saved_items(), []))

@@ -175,13 +175,15 @@ def attention_core(rec: Recorder, ctx: Ctx, q: Sym, k: Sym, v: Sym, name: str, m
     if sdpa and ctx.gqa_native and not masked:
         return rec.sdpa(q, k, v, (b, s, a, d), name, dropout=drop,  # output laid out (b, s, a, d)
                         impl="flash" if ctx.attention.startswith("flash") else "sdpa")
+    k_kv = None
     if desc.num_kv_heads != desc.num_heads:
+        k_kv = (k, v)
         # repeat_kv: expand + reshape materializes k and v at full head count (sdpa: a mask
         # turns off transformers' use_gqa_in_sdpa, integrations/sdpa_attention.py).
         k = rec.new(f"{name}.k_repeated", (b, a, s, d), k.dtype, k.requires_grad)
         v = rec.new(f"{name}.v_repeated", (b, a, s, d), v.dtype, v.requires_grad)
     if not sdpa:
-        return eager_attention(rec, ctx, q, k, v, name)
+        return eager_attention(rec, ctx, q, k, v, name, k_kv)
     if masked and drop == 0:
         # F.scaled_dot_product_attention turns a bool mask into a float one in the query's
         # (autocast) dtype, a new (b, 1, s, s) tensor in each call (aten/src/ATen/native/
@@ -193,9 +195,10 @@ def attention_core(rec: Recorder, ctx: Ctx, q: Sym, k: Sym, v: Sym, name: str, m
     return rec.sdpa(q, k, v, (b, s, a, d), name, dropout=drop)
 
 
-def eager_attention(rec: Recorder, ctx: Ctx, q: Sym, k: Sym, v: Sym, name: str) -> Sym:
+def eager_attention(rec: Recorder, ctx: Ctx, q: Sym, k: Sym, v: Sym, name: str, k_kv: tuple | None = None) -> Sym:
     """eager_attention_forward: matmul, * scaling, + causal mask, softmax in fp32 then
-    back to q's dtype, dropout, matmul with v, transpose(1, 2).contiguous()."""
+    back to q's dtype, dropout, matmul with v, transpose(1, 2).contiguous(). `k_kv`: the
+    unrepeated k and v, alive beside the repeated ones (GQA)."""
     b, a, s, d = q.shape
     dtype = rec.autocast or q.dtype
     q, k, v = (rec._autocast_input(t) for t in (q, k, v))
@@ -203,21 +206,35 @@ def eager_attention(rec: Recorder, ctx: Ctx, q: Sym, k: Sym, v: Sym, name: str) 
         rec.save(q)
     if q.requires_grad:
         rec.save(k)
-    scores = rec.new(f"{name}.scores", (b, a, s, s), dtype, q.requires_grad or k.requires_grad)
-    rec.log_op("bmm", scores)  # torch.matmul of 4-D tensors runs bmm on (b * a, s, d)
-    scores = rec.scale(scores, name=f"{name}.scaled")
+    raw = rec.new(f"{name}.scores", (b, a, s, s), dtype, q.requires_grad or k.requires_grad)
+    rec.log_op("bmm", raw)  # torch.matmul of 4-D tensors runs bmm on (b * a, s, d)
+    scores = rec.scale(raw, name=f"{name}.scaled")
+    # Moments of this function's own forward (transformers' eager_attention_forward, e.g.
+    # models/qwen2/modeling_qwen2.py): `torch.matmul(q, k^T) * scaling` holds the product and
+    # the scaled copy, `+ attention_mask` the scaled and the masked, F.softmax(dtype=float32)
+    # its input, the fp32 copy it makes of a narrower one (aten softmax: input.to(dtype) then
+    # _softmax) and the output; q, k, v, the repeated k and v (locals) and the frame (the
+    # layer's normed input) stay alive. A checkpointed layer's forward peaks here when
+    # a * s exceeds about the MLP's width (seen with the exact CPU meter: Qwen2, b2 s1000).
+    held = (*rec.frame, q, k, v, *(() if k_kv is None else k_kv))
+    rec.forward_moment(*held, raw, scores)
     if ctx.desc.attn_logit_softcapping:
         # Gemma 2: scores / cap, tanh (saves its output), * cap
         scores = rec.scale(rec.unary_saving_output(rec.scale(scores, f"{name}.capped"), f"{name}.softcap_tanh"),
                            f"{name}.uncapped")
-    scores = rec.new(f"{name}.masked", scores.shape, scores.dtype, scores.requires_grad)
+    masked = rec.new(f"{name}.masked", scores.shape, scores.dtype, scores.requires_grad)
+    rec.forward_moment(*held, scores, masked)
     if getattr(ctx.desc, "softmax_in_input_dtype", False) and rec.autocast is None:
         # Llama-4's eager_attention_forward: softmax in the scores' dtype, no fp32 upcast
         # (under autocast softmax is on the fp32 list, as for the others: seen with the meter)
-        probs = rec.unary_saving_output(scores, f"{name}.softmax")
+        probs = rec.unary_saving_output(masked, f"{name}.softmax")
+        rec.forward_moment(*held, masked, probs)
     else:
-        probs32 = rec.unary_saving_output(rec.to(scores, "fp32"), f"{name}.softmax", "fp32")
+        wide = rec.to(masked, "fp32")
+        probs32 = rec.unary_saving_output(wide, f"{name}.softmax", "fp32")
+        rec.forward_moment(*held, masked, wide, probs32)
         probs = rec.to(probs32, q.dtype, name=f"{name}.probs")
+        rec.forward_moment(*held, probs32, probs)
     probs = rec.dropout(probs, ctx.desc.attention_dropout if ctx.training_dropout else 0.0, f"{name}.dropout")
     if v.requires_grad:
         rec.save(probs)
@@ -247,7 +264,9 @@ def self_attention(rec: Recorder, ctx: Ctx, x: Sym, i: int, b: int, s: int) -> S
     cos, sin = rotary(rec, ctx, b, s)
     q = rope(rec, q, cos, sin, "attn/q_rope")
     kk = rope(rec, kk, cos, sin, "attn/k_rope")
+    rec.frame.append(x)  # the attention's normed input, held by the decoder layer until it returns
     out = attention_core(rec, ctx, q, kk, v, "attn/core", sdpa_gets_mask(desc, i, s))
+    rec.frame.pop()
     out = rec.view(out, (b, s, a * d))
     return lin(rec, ctx, out, f"{pre}.o_proj", "attn/o")
 
