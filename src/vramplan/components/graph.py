@@ -357,30 +357,30 @@ class Recorder:
         return out
 
     def _sdpa_math(self, q, k, v, out_shape, name, dropout, dtype, rg) -> Sym:
-        """aten `_scaled_dot_product_attention_math` (CPU with dropout, which no fused CPU
-        kernel takes; CUDA where no fused kernel accepts the call): scales q and k by
-        sqrt(scale) (copies), softmaxes the (b, a, s, s) scores, applies dropout (a noise
-        tensor and the dropped probabilities) when there is one, and multiplies by v; the
-        (b, a, s, d) result is transposed to (b, s, a, d) by a copy. On CPU the math path
-        computes 16-bit inputs in fp32 (it converts q, k and v first), so what it saves is
-        fp32 and only the output returns to the input dtype; CUDA keeps the input dtype."""
+        """aten `_scaled_dot_product_attention_math` (CPU with dropout, which no fused CPU kernel
+        takes; CUDA where no fused kernel accepts the call): scales q and k by sqrt(scale)
+        (copies), softmaxes the (b, a, s, s) scores, applies dropout (a noise tensor and the
+        dropped probabilities) when there is one, multiplies by v, and copies (b, a, s, d) to
+        (b, s, a, d). On CPU it computes 16-bit inputs in fp32 (converting q, k and v first), so
+        what it saves is fp32 and only the output returns to the input dtype; CUDA keeps it."""
         b, a, s, d = q.shape
         inner = "fp32" if dtype in ("bf16", "fp16") and self.backend == "cpu" else dtype
+        # enable_gqa: k, v repeat_interleaved to q's heads first (CPU meter: GPTBigCode's one head)
+        full = (b, a, k.shape[2], k.shape[3])
+        qkv = [self.new(f"{name}.{n}", sh, inner, True) for n, sh in (("q_scaled", q.shape), ("k_scaled_t", full), ("v", full))]
+        probs = [self.new(f"{name}.softmax", (b, a, s, s), inner, False)]
+        if dropout > 0:
+            # at::dropout: on CPU a noise tensor in the input's dtype (bernoulli_, then
+            # input * noise); on CUDA the fused native_dropout and its bool mask
+            # (aten/src/ATen/native/Dropout.cpp, is_fused_kernel_acceptable)
+            probs += [self.new(f"{name}.dropout.mask", (b, a, s, s), inner if self.backend == "cpu" else "bool", False),
+                      self.new(f"{name}.dropped", (b, a, s, s), inner, False)]
         if rg:
-            # enable_gqa: the math path repeat_interleaves k and v to q's head count first
-            # (seen with the exact CPU meter: GPTBigCode's one-head k, v saved at a heads).
-            full = (b, a, k.shape[2], k.shape[3])
-            self.save(self.new(f"{name}.q_scaled", q.shape, inner, True),
-                      self.new(f"{name}.k_scaled_t", full, inner, True),
-                      self.new(f"{name}.v", full, inner, True))
-            self.save(self.new(f"{name}.softmax", (b, a, s, s), inner, False))
-            if dropout > 0:
-                # at::dropout: on CPU a noise tensor in the input's dtype (bernoulli_, then
-                # input * noise); on CUDA the fused native_dropout and its bool mask
-                # (aten/src/ATen/native/Dropout.cpp, is_fused_kernel_acceptable)
-                mask = inner if self.backend == "cpu" else "bool"
-                self.save(self.new(f"{name}.dropout.mask", (b, a, s, s), mask, False),
-                          self.new(f"{name}.dropped", (b, a, s, s), inner, False))
+            self.save(*qkv, *probs)
+        # its largest moment: the fp32 copies of q and k (16-bit inputs on CPU), v's, the scaled
+        # q, the probabilities, the dropout's noise and output (CPU meter: BERT, checkpointed)
+        conv = [self.new(f"{name}.{t}_fp32", x.shape, inner, False) for t, x in (("q", q), ("k", k)) if inner != dtype]
+        self.forward_moment(*self.frame, q, k, v, *conv, qkv[0], qkv[2], *probs)
         return self.new(f"{name}.out_t", out_shape, dtype, rg)
 
 
