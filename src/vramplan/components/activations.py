@@ -139,7 +139,7 @@ def _plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Activ
         dora_at[len(stages) - 1] = (dora, wrapped)  # DoRA's linears (components/dora.py)
         # a family's own backward peak (Jamba's Mamba scan): its temporaries, what it releases
         peak = hook(desc, spec, params, i, stages[-1].recompute or stages[-1].saved) if hook else None
-        if peak is None and eager:  # the softmax's backward (components/eager_attention.py)
+        if peak is None and (eager or ctx.attention == "sdpa"):  # a softmax's backward (eager_attention.py)
             if at not in attn_bwd:
                 attn_bwd[at] = eager_backward(desc, spec, params, i, stages[-1].recompute or stages[-1].saved,
                                               stages[-1].freed_before_peak, mlp_bwd, x.name if wrapped else None)

@@ -72,7 +72,7 @@ def backward_moment(desc: ModelDesc, spec: JobSpec, params: ParamSet, i: int, sa
     t, c = b * s, dtypes_of(spec).compute
     out = (Breakdown().add("backward/grad_hidden", nbytes(t * desc.hidden_size, dtypes_of(spec).weights))
            .add("backward/grad_attn_probs", probs).add("backward/grad_attn_scores", probs)
-           .add("backward/grad_attn_v", nbytes(t * desc.num_heads * desc.head_dim, c)))
+           .add("backward/grad_attn_v", nbytes(t * desc.num_heads * (getattr(desc, "v_head_dim", 0) or desc.head_dim), c)))
     for p in params.trainable():
         if p.layer == i and not is_mlp_out(p.name) and _after_attention(p.name):
             out.add("backward/layer_grads_after_attention", nbytes(p.numel, grad_dtype(spec, p)))

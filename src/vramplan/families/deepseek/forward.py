@@ -79,10 +79,15 @@ def _core(rec: Recorder, ctx: Ctx, q: Sym, k: Sym, v: Sym) -> Sym:
     dtype = rec.autocast or q.dtype
     if ctx.attention != "eager" and dtype in ("bf16", "fp16"):
         dtype = "fp32"  # the CPU math path upcasts 16-bit inputs
-    rec.save(rec.new("attn/core.q_used", q.shape, dtype, True), rec.new("attn/core.k_used", k.shape, dtype, True))
-    rec.save(rec.new("attn/core.v_contiguous", out_shape, dtype, True))
-    probs = rec.unary_saving_output(rec.new("attn/core.scores", (b, a, s, s), dtype, True), "attn/core.softmax",
-                                    "fp32" if ctx.attention == "eager" else dtype)
+    used = (rec.new("attn/core.q_used", q.shape, dtype, True), rec.new("attn/core.k_used", k.shape, dtype, True),
+            rec.new("attn/core.v_contiguous", out_shape, dtype, True))
+    rec.save(*used)
+    # the scores and their masked copy (the math path's causal mask add, eager's `+ mask`) beside
+    # q, k, v and their copies: the layer's forward moment (CPU meter: DeepSeek-V3, b1 s512)
+    scores = rec.new("attn/core.scores", (b, a, s, s), dtype, True)
+    masked = rec.new("attn/core.masked", (b, a, s, s), dtype, True)
+    rec.forward_moment(*rec.frame, q, k, v, *used, scores, masked)
+    probs = rec.unary_saving_output(masked, "attn/core.softmax", "fp32" if ctx.attention == "eager" else dtype)
     if ctx.attention == "eager":
         probs = rec.to(probs, rec.autocast or q.dtype, name="attn/core.probs")
         rec.save(probs)
