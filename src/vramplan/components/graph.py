@@ -1,13 +1,11 @@
 """A symbolic autograd recorder: what a forward pass saves for backward, without torch.
 
-Architectures write their forward with these ops on symbolic tensors (shape, dtype,
-requires_grad, storage). Each op records the tensors autograd would save, following
-PyTorch's derivative formulas (tools/autograd/derivatives.yaml): an input is saved only
-when a gradient that needs it will be computed (the generated autograd code guards each
-SavedVariable with `should_compute_output`), so a frozen weight's input is not kept, and
-`a * b` keeps `a` only when `b` requires grad. Views share their base's storage, and a
-storage is counted once however many ops save it.
-"""
+Architectures write their forward with these ops on symbolic tensors (shape, dtype, requires_grad,
+storage). Each op records the tensors autograd would save, following PyTorch's derivative formulas
+(tools/autograd/derivatives.yaml): an input is saved only when a gradient that needs it will be
+computed (the generated code guards each SavedVariable with `should_compute_output`), so a frozen
+weight's input is not kept, and `a * b` keeps `a` only when `b` requires grad. Views share their
+base's storage, and a storage is counted once however many ops save it."""
 from __future__ import annotations
 
 import math
@@ -94,8 +92,7 @@ class Recorder:
     forward_peak: list = field(default_factory=list)
     """(name, bytes) at the forward's peak of a layer that keeps nothing (checkpointed)."""
     moments: list = field(default_factory=list)
-    """Moments of the layer's own forward, each the tensors alive then (`forward_moment`);
-    `unsaved_peak` reads them once the layer has saved what it saves."""
+    """Moments of the layer's own forward: (tensors alive then, bytes saved by then), for `unsaved_peak`."""
     recompute_stop: tuple | None = None
     """(saved count, unsaved alive, grads) at a recomputation's early stop (checkpoint_moments)."""
 
@@ -107,19 +104,22 @@ class Recorder:
         layer's later saves, which `unsaved_peak` would count beside it) is kept for it."""
         moment = self._distinct((*tensors, *self.cast_cache.values()))
         if not early:
-            self.moments.append(moment)
+            self.moments.append((moment, self.saved_bytes()))
         if sum(t.storage.nbytes for t in moment) > sum(n for _, n in self.forward_peak):
             self.forward_peak[:] = [(t.name, t.storage.nbytes) for t in moment]
 
     def unsaved_peak(self) -> list[tuple[str, int]]:
-        """The largest moment counting only what neither this layer nor an earlier stage
-        saved: what a layer that keeps its saved tensors holds on top of them."""
-        best: list[tuple[str, int]] = []
-        for moment in self.moments:
+        """What a layer that keeps its saved tensors holds at its largest moment on top of all of
+        them: what neither it nor an earlier stage saved, less what it saves only later (eager
+        attention's moments precede the MLP's saves); the tensors up to that excess, the last cut."""
+        total, best, top = self.saved_bytes(), [], 0
+        for moment, saved_then in self.moments:
             alive = [(t.name, t.storage.nbytes) for t in moment if id(t.storage) not in self.seen]
-            if sum(n for _, n in alive) > sum(n for _, n in best):
-                best = alive
-        return best
+            excess = sum(n for _, n in alive) - (total - saved_then)
+            if excess > top:
+                best, top = alive, excess
+        cut = [(name, min(n, top - sum(m for _, m in best[:k]))) for k, (name, n) in enumerate(best)]
+        return [(name, n) for name, n in cut if n > 0]
 
     @staticmethod
     def _distinct(tensors) -> list[Sym]:
