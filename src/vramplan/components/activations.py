@@ -158,9 +158,10 @@ def _plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Activ
     head_w = ctx.params.get("lm_head.weight") or ctx.params.get("model.embed_tokens.weight")
     plan = _with_loss(desc, spec, stages, logits, x, bool(head_w and head_w.trainable))
     plan.input_leaf_bytes = input_leaf
-    trained = {p.name.split("#", 1)[0] for p in params.trainable()}
-    casts = cache_before([st.recompute for st in stages], trained)
+    casts = None
     if dtypes_of(spec).autocast and gc is not Checkpointing.NONE:
+        trained = {p.name.split("#", 1)[0] for p in params.trainable()}
+        casts = cache_before([st.recompute for st in stages], trained)
         # a checkpointed layer's forward also holds the autocast casts of the trained weights
         # the earlier layers made (components/checkpoint_moments.py)
         fwd_peaks = {j: [*m, (CACHE_TERM.rsplit("/", 1)[1], casts[j])] if dora_at[j][1] and casts[j] else m

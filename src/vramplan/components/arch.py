@@ -34,6 +34,9 @@ class Ctx:
     gqa_native: bool
     """SDPA called with enable_gqa (k/v not repeated): transformers' use_gqa_in_sdpa."""
     training_dropout: bool = True
+    checkpointed: bool = False
+    """Full checkpointing: a layer's forward moments count (its forward_peak, its recomputation's
+    stop); a layer that keeps its saved tensors has no use for the early ones."""
     dora: bool = False
     """PEFT use_dora: adapted linears run DoRA's forward (components/dora.py)."""
     packed: bool = False
@@ -69,11 +72,11 @@ def lin(rec: Recorder, ctx: Ctx, x: Sym, module: str, name: str) -> Sym:
     # under autocast lora_A runs on a low-precision copy of its input (saved by its mm): at
     # lora_A's output the input, its cast, that copy and the base result are alive
     copy = next((Sym(n, xa.shape, rec.autocast, False, st) for n, st in rec.saved.values()
-                 if n == f"{xa.name}.autocast"), None) if rec.autocast else None
+                 if n == f"{xa.name}.autocast"), None) if rec.autocast and ctx.checkpointed else None
     if copy is not None:
         rec.forward_moment(*rec.frame, *rec.held, x, xc, xa, copy, out, ya, early=True)
     yb = rec.linear(ya, b, name=f"{name}.lora_B")
-    if b.trainable:  # lora_B saves ya: the last pack of a layer whose output projection has LoRA
+    if b.trainable and ctx.checkpointed:  # lora_B saves ya: the last pack of a layer whose output projection has LoRA
         record_lora_stop(rec, (x, xc, xa, out, ya), out, yb)
     scaled = rec.scale(yb, name=f"{name}.lora_scaled")
     # `result = result + lora_B(lora_A(dropout(x))) * scaling` (peft/tuners/lora/layer.py
@@ -81,7 +84,8 @@ def lin(rec: Recorder, ctx: Ctx, x: Sym, module: str, name: str) -> Sym:
     # dtype (`x` rebound by `_cast_input_dtype`), lora_B's output and its scaled copy are
     # alive beside what the callers hold. A layer that keeps its saved tensors saves more
     # after this (the rest of the MLP), so the moment counts for a checkpointed layer only.
-    rec.forward_moment(*rec.frame, *rec.held, x, xc, out, yb, scaled, early=True)
+    if ctx.checkpointed:
+        rec.forward_moment(*rec.frame, *rec.held, x, xc, out, yb, scaled, early=True)
     yb = scaled
     summed = rec.add(out, yb, name=f"{name}.lora_sum")
     return rec.to(summed, out.dtype, name=name)

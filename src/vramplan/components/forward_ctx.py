@@ -8,7 +8,7 @@ from vramplan.components.dtypes import dtypes_of
 from vramplan.components.graph import Param
 from vramplan.components.trainable import ParamSet
 from vramplan.model import ModelDesc
-from vramplan.spec import JobSpec
+from vramplan.spec import Checkpointing, JobSpec
 
 
 def build_ctx(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Ctx:
@@ -20,7 +20,8 @@ def build_ctx(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Ctx:
                lora_dropout=spec.lora.dropout if spec.lora else 0.0, dora=bool(spec.lora and spec.lora.use_dora),
                act_dtype=dtypes_of(spec).weights if spec.method.value != "qlora"
                else spec.quantization.compute_dtype,
-               attention=spec.attention.value, gqa_native=gqa_native, packed=spec.packing)
+               attention=spec.attention.value, gqa_native=gqa_native, packed=spec.packing,
+               checkpointed=spec.gradient_checkpointing is Checkpointing.FULL)
     ctx.shared_keys["param_set"] = params
     return ctx
 

@@ -132,7 +132,7 @@ class Recorder:
         return out
 
     def new(self, name: str, shape, dtype: str, requires_grad: bool) -> Sym:
-        shape = tuple(int(d) for d in shape)
+        shape = tuple(map(int, shape))
         return Sym(name, shape, dtype, requires_grad, Storage(nbytes(math.prod(shape), dtype)))
 
     def save(self, *tensors: Sym) -> None:
