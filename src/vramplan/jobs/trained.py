@@ -46,11 +46,14 @@ def trainer_disables_dropout(spec: JobSpec) -> bool:
     """The trainer's __init__ runs trl/trainer/utils.py `disable_dropout_in_model` (every
     nn.Dropout's p = 0, PEFT's lora_dropout included), and at::dropout returns its input when
     p == 0 (aten/src/ATen/native/Dropout.cpp `_dropout_impl`): no mask, no dropped copy.
-    These tasks run TRL's trainers under the HF Trainer and TRL stacks, not a plain loop.
+    These tasks run TRL's trainers under the HF Trainer and TRL stacks, and when no framework is named.
     Llama-family attention dropout is a float handed to the attention function
     (LlamaAttention `dropout=0.0 if not self.training else self.attention_dropout`), no
     nn.Dropout: it stays (bench/trainers `eager/attn-dropout0.1`)."""
-    return spec.stack.framework in (Framework.TRL, Framework.HF_TRAINER) and spec.task in DROPOUT_OFF_TASKS
+    # no framework named (PLAIN): these tasks are the TRL trainers' (what `vramplan measure`
+    # runs, and spec/stack.py loss_detached_before_step reads them the same way)
+    return (spec.stack.framework in (Framework.TRL, Framework.HF_TRAINER, Framework.PLAIN)
+            and spec.task in DROPOUT_OFF_TASKS)
 
 
 def single_spec(spec: JobSpec, rows: int, seq_len: int | None = None, **changes) -> JobSpec:
