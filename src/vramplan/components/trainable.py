@@ -142,7 +142,7 @@ def lora_targets(desc: ModelDesc, spec: JobSpec) -> tuple[list[ParamEntry], tupl
 
 
 def _lora_targets(desc: ModelDesc, targets, fused: bool = True) -> tuple[tuple[ParamEntry, ...], tuple[str, ...]]:
-    routers = _routers(desc)
+    routers = _routers(desc) if fused else set()  # transformers 4.x: the router was an nn.Linear
     linears = [p for p in desc.params if is_linear(p) and p.name not in routers]
     moe = _moe_targets(desc, targets) if fused else None
     if moe is not None:  # PEFT moves the expert and router names onto parameters (moe_lora.py)
