@@ -56,6 +56,7 @@ def answer_json(name: str, query_json: str, body: str) -> str:
 
 def _spec(body: bytes):
     """The body as a JobSpec, loaded as `vramplan estimate --spec FILE.json` loads it."""
+    from vramplan.sources import looks_like_path
     from vramplan.spec import load_spec
     try:
         data = json.loads(body.decode("utf-8") or "{}", object_pairs_hook=_unique_keys)
@@ -68,7 +69,7 @@ def _spec(body: bytes):
     spec = load_spec(data)
     for name in ("model", "reference_model", "teacher", "reward_model", "critic_model"):
         value = getattr(spec, name, None)
-        if isinstance(value, str) and _server_path(value):
+        if isinstance(value, str) and looks_like_path(value):
             # a local path in a request names a file on the server (sources.py reads a
             # config.json or a model folder there): not the caller's to read
             raise SpecError(name, "the web API reads no files on the server; give a catalog name or a "
@@ -79,12 +80,6 @@ def _spec(body: bytes):
         raise SpecError("lengths.lengths_file", "the web API reads no files on the server; send the "
                                                 "lengths as percentiles and max (p50, p90, p99, max)")
     return spec
-
-
-def _server_path(text: str) -> bool:
-    """What sources.py would read as a local path (vramplan.sources.looks_like_path)."""
-    from vramplan.sources import looks_like_path
-    return looks_like_path(text)
 
 
 def _unique_keys(pairs: list) -> dict:
