@@ -34,6 +34,8 @@ LLAMA_WIDE = dict(LLAMA, vocab_size=40000, hidden_size=64, intermediate_size=176
 BASE = {"model": LLAMA, "stack": "trl", "micro_batch_size": 2, "seq_len": 128, "optimizer": "adamw",
         "optimizer_impl": "foreach", "attention": "sdpa", "backend": "cpu"}
 LORA = {"method": "lora", "lora": {"r": 8, "target_modules": ["q_proj", "v_proj"]}}
+# the all-linear LoRA recipe with full checkpointing that the reward and DPO rows share
+ALL_LINEAR_GC = {"method": "lora", "lora": {"r": 16, "target_modules": "all-linear"}, "gradient_checkpointing": "full"}
 # A wider, deeper teacher on the student's vocabulary (GKD compares full distributions).
 TEACHER = dict(LLAMA, hidden_size=256, intermediate_size=688, num_hidden_layers=3)
 QWEN2 = {"model_type": "qwen2", "vocab_size": 8192, "hidden_size": 128, "intermediate_size": 344,
@@ -215,25 +217,25 @@ CASES = dict([
     # all-linear LoRA recipes and GRPO's TRL 1.x default (beta 0) with LoRA
     case("grpo/bf16/lora/g4-c32/beta0", **GRPO, precision="bf16", reference_model="precomputed", **LORA),
     case("sft/bf16/lora/sft-trainer/mistral/all-linear/gc", task="sft", precision="bf16", model=MISTRAL,
-         method="lora", lora={"r": 16, "target_modules": "all-linear"}, gradient_checkpointing="full"),
+         **ALL_LINEAR_GC),
     case("dpo/bf16/lora/adapter-disabled/qwen3/all-linear/gc", task="dpo", precision="bf16", model=QWEN3,
-         method="lora", lora={"r": 16, "target_modules": "all-linear"}, gradient_checkpointing="full"),
+         **ALL_LINEAR_GC),
     case("reward-model/bf16/lora/all-linear/gc", task="reward-model", precision="bf16",
-         method="lora", lora={"r": 16, "target_modules": "all-linear"}, gradient_checkpointing="full"),
+         **ALL_LINEAR_GC),
     # trainers5: the recomputation's early stop inside down_proj's LoRA branch across families,
     # dtypes (fp32; pure bf16 with fp32 adapters, no autocast), dropout and reentrant checkpointing
     case("reward-model/bf16/lora/all-linear/gc/qwen3", task="reward-model", precision="bf16", model=QWEN3,
-         method="lora", lora={"r": 16, "target_modules": "all-linear"}, gradient_checkpointing="full"),
+         **ALL_LINEAR_GC),
     case("reward-model/bf16/lora/all-linear/gc/gemma", task="reward-model", precision="bf16", model=GEMMA,
-         method="lora", lora={"r": 16, "target_modules": "all-linear"}, gradient_checkpointing="full"),
+         **ALL_LINEAR_GC),
     case("reward-model/bf16/lora/all-linear/gc/phi3", task="reward-model", precision="bf16", model=PHI3,
-         method="lora", lora={"r": 16, "target_modules": "all-linear"}, gradient_checkpointing="full"),
+         **ALL_LINEAR_GC),
     case("reward-model/fp32/lora/all-linear/gc", task="reward-model", precision="fp32",
-         method="lora", lora={"r": 16, "target_modules": "all-linear"}, gradient_checkpointing="full"),
+         **ALL_LINEAR_GC),
     case("reward-model/bf16/lora/all-linear/dropout0.1/gc", task="reward-model", precision="bf16",
          method="lora", lora={"r": 16, "dropout": 0.1, "target_modules": "all-linear"}, gradient_checkpointing="full"),
     case("reward-model/bf16/lora/all-linear/gc/reentrant", task="reward-model", precision="bf16",
-         method="lora", lora={"r": 16, "target_modules": "all-linear"}, gradient_checkpointing="full"),
+         **ALL_LINEAR_GC),
     case("reward-model/bf16/lora/down/gc", task="reward-model", precision="bf16",
          method="lora", lora={"r": 16, "target_modules": ["down_proj"]}, gradient_checkpointing="full"),
     case("sft/bf16/full/hf-trainer/gc/reentrant", task="sft", precision="bf16", stack="hf-trainer",
@@ -242,7 +244,7 @@ CASES = dict([
          model=dict(LLAMA, tie_word_embeddings=True)),
     case("grpo/bf16/full/g4-c32/iter2", **GRPO, precision="bf16"),
     case("kto/bf16/lora/adapter-disabled/all-linear/gc", task="kto", precision="bf16",
-         method="lora", lora={"r": 16, "target_modules": "all-linear"}, gradient_checkpointing="full"),
+         **ALL_LINEAR_GC),
     # DPOConfig's disable_dropout (True) under a LoRA dropout; GRPOConfig's is False
     case("dpo/bf16/lora/adapter-disabled/all-linear/dropout0.1", task="dpo", precision="bf16",
          method="lora", lora={"r": 16, "dropout": 0.1, "target_modules": "all-linear"}),
