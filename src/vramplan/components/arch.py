@@ -37,6 +37,10 @@ class Ctx:
     checkpointed: bool = False
     """Full checkpointing: a layer's forward moments count (its forward_peak, its recomputation's
     stop); a layer that keeps its saved tensors has no use for the early ones."""
+    module_dropout: bool = True
+    """The nn.Dropout modules drop (residual, embedding, GPT-2's and BERT's attention); False
+    under TRL's disable_dropout, which sets their p to 0. An attention dropout passed as the
+    config's float (`dropout=self.attention_dropout`, Llama's and most families') still drops."""
     dora: bool = False
     """PEFT use_dora: adapted linears run DoRA's forward (components/dora.py)."""
     packed: bool = False
@@ -338,7 +342,8 @@ def llama_layer(rec: Recorder, ctx: Ctx, x: Sym, i: int, b: int, s: int) -> Sym:
     h = self_attention(rec, ctx, h, i, b, s)
     if ctx.desc.sandwich_norm:
         h = norm(rec, ctx, h, f"{pre}.post_attention_layernorm", "attn_post_norm")
-    h = rec.dropout(h, ctx.desc.hidden_dropout if ctx.training_dropout else 0.0, "attn/resid_dropout")
+    h = rec.dropout(h, ctx.desc.hidden_dropout if ctx.training_dropout and ctx.module_dropout else 0.0,
+                    "attn/resid_dropout")
     x = rec.add(x, h, name="attn_residual")
     mlp_norm = "pre_feedforward_layernorm" if ctx.desc.sandwich_norm else "post_attention_layernorm"
     h = norm(rec, ctx, x, f"{pre}.{mlp_norm}", "mlp_norm")
@@ -351,5 +356,6 @@ def llama_layer(rec: Recorder, ctx: Ctx, x: Sym, i: int, b: int, s: int) -> Sym:
         rec.frame.pop()
     if ctx.desc.sandwich_norm:
         h = norm(rec, ctx, h, f"{pre}.post_feedforward_layernorm", "mlp_post_norm")
-    h = rec.dropout(h, ctx.desc.hidden_dropout if ctx.training_dropout else 0.0, "mlp/resid_dropout")
+    h = rec.dropout(h, ctx.desc.hidden_dropout if ctx.training_dropout and ctx.module_dropout else 0.0,
+                    "mlp/resid_dropout")
     return rec.add(x, h, name="mlp_residual")

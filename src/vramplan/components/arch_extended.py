@@ -16,7 +16,7 @@ MORE_LAYER_PREFIX = {"gpt_neox": "gpt_neox.layers", "bloom": "transformer.h",
 
 
 def _drop(ctx: Ctx, p: float) -> float:
-    return p if ctx.training_dropout else 0.0
+    return p if ctx.training_dropout and ctx.module_dropout else 0.0
 
 
 def _ln(rec: Recorder, ctx: Ctx, x: Sym, module: str, name: str) -> Sym:

@@ -16,8 +16,13 @@ def build_ctx(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Ctx:
     # transformers: use_gqa_in_sdpa -> enable_gqa when there is no attention mask (no
     # padding, no packing) and head_dim <= 256 (integrations/sdpa_attention.py).
     gqa_native = not spec.packing and desc.head_dim <= 256
-    ctx = Ctx(desc=desc, params=table, lora=lora,
-               lora_dropout=spec.lora.dropout if spec.lora else 0.0, dora=bool(spec.lora and spec.lora.use_dora),
+    # TRL's disable_dropout sets every nn.Dropout's p to 0: lora_dropout and the model's own
+    # (trl/trainer/utils.py disable_dropout_in_model); F.dropout with p = 0 returns its input.
+    # An attention dropout passed as a config float is no module and still drops (Ctx.module_dropout)
+    off = spec.disable_dropout is True
+    ctx = Ctx(desc=desc, params=table, lora=lora, module_dropout=not off,
+               lora_dropout=spec.lora.dropout if spec.lora and not off else 0.0,
+               dora=bool(spec.lora and spec.lora.use_dora),
                act_dtype=dtypes_of(spec).weights if spec.method.value != "qlora"
                else spec.quantization.compute_dtype,
                attention=spec.attention.value, gqa_native=gqa_native, packed=spec.packing,

@@ -50,6 +50,8 @@ def trainer_disables_dropout(spec: JobSpec) -> bool:
     Llama-family attention dropout is a float handed to the attention function
     (LlamaAttention `dropout=0.0 if not self.training else self.attention_dropout`), no
     nn.Dropout: it stays (bench/trainers `eager/attn-dropout0.1`)."""
+    if spec.disable_dropout is not None:  # the TRL config's disable_dropout, as the user set it
+        return spec.disable_dropout
     # no framework named (PLAIN): these tasks are the TRL trainers' (what `vramplan measure`
     # runs, and spec/stack.py loss_detached_before_step reads them the same way)
     return (spec.stack.framework in (Framework.TRL, Framework.HF_TRAINER, Framework.PLAIN)
@@ -58,9 +60,8 @@ def trainer_disables_dropout(spec: JobSpec) -> bool:
 
 def single_spec(spec: JobSpec, rows: int, seq_len: int | None = None, **changes) -> JobSpec:
     """The job as the core sees one trained model: task sft, `rows` rows, no job fields; the
-    adapters' dropout off where the job's TRL trainer turns it off."""
-    if spec.lora is not None and spec.lora.dropout and trainer_disables_dropout(spec):
-        changes.setdefault("lora", replace(spec.lora, dropout=0.0))
+    dropout modules off where the job's TRL trainer turns them off (components/forward_ctx.py)."""
+    changes.setdefault("disable_dropout", trainer_disables_dropout(spec))
     return replace(spec, task=changes.pop("task", Task.SFT), micro_batch_size=rows,
                    seq_len=seq_len or spec.seq_len, reference_model=None, teacher=None,
                    reward_model=None, critic_model=None, num_generations=None,

@@ -123,6 +123,11 @@ def common_args(job: dict, flags: dict) -> dict:
                 neftune_noise_alpha=job.get("neftune_noise_alpha")) | flags
 
 
+def trl_dropout(job: dict) -> dict:
+    """The spec's `disable_dropout` for a TRL config (its own default when the spec leaves it out)."""
+    return {} if job.get("disable_dropout") is None else {"disable_dropout": bool(job["disable_dropout"])}
+
+
 def optimizers_for(model, job: dict, flags: dict | None = None):
     """The spec's torch optimizer for the trainer, or (None, None) when the trainer args name
     an ``optim`` string: then the Trainer builds its own (transformers/trainer.py
@@ -148,7 +153,7 @@ def _dpo(job: dict, dtype, flags: dict):
     precomputed = ref == "precomputed"
     lora_ref = ref is None and job.get("method") in ("lora", "qlora")
     ref_model = None if lora_ref or precomputed else frozen_model(job, ref or job["model"], dtype)
-    args = DPOConfig(**common_args(job, flags), max_length=int(job["seq_len"]), precompute_ref_log_probs=precomputed,
+    args = DPOConfig(**common_args(job, flags), **trl_dropout(job), max_length=int(job["seq_len"]), precompute_ref_log_probs=precomputed,
                      loss_type=[DPO_LOSS[job["task"]]], dataset_num_proc=None)
     trainer = DPOTrainer(model=policy, ref_model=ref_model, args=args, peft_config=peft_config,
                          train_dataset=data.dataset(data.preference_rows(num_rows(job), job["seq_len"], vocab)),
@@ -169,7 +174,7 @@ def _kto(job: dict, dtype, flags: dict):
     precomputed = ref == "precomputed"
     lora_ref = ref is None and job.get("method") in ("lora", "qlora")
     ref_model = None if lora_ref or precomputed else frozen_model(job, ref or job["model"], dtype)
-    args = KTOConfig(**common_args(job, flags), max_length=int(job["seq_len"]), dataset_num_proc=None,
+    args = KTOConfig(**common_args(job, flags), **trl_dropout(job), max_length=int(job["seq_len"]), dataset_num_proc=None,
                      precompute_ref_log_probs=precomputed)
     trainer = KTOTrainer(model=policy, ref_model=ref_model, args=args, peft_config=peft_config,
                          train_dataset=data.dataset(data.unpaired_rows(num_rows(job), job["seq_len"], vocab)),
@@ -184,7 +189,7 @@ def _reward(job: dict, dtype, flags: dict):
 
     policy = policy_model(job, dtype, "sequence-classification", num_labels=1)
     vocab = policy.config.vocab_size
-    args = RewardConfig(**common_args(job, flags), max_length=int(job["seq_len"]), dataset_num_proc=None)
+    args = RewardConfig(**common_args(job, flags), **trl_dropout(job), max_length=int(job["seq_len"]), dataset_num_proc=None)
     trainer = RewardTrainer(model=policy, args=args,
                             train_dataset=data.dataset(data.reward_rows(num_rows(job), job["seq_len"], vocab)),
                             processing_class=data.tokenizer(vocab), optimizers=optimizers_for(policy, job, flags))
@@ -220,7 +225,7 @@ def _grpo(job: dict, dtype, flags: dict):
     # `min_new_tokens`, which adds transformers' MinNewTokensLengthLogitsProcessor and its
     # (rows, v) fp32 clone/where copies at each sampling step, logits_process.py: TRL's
     # defaults add no logits processor, and the estimate models none.)
-    args = GRPOConfig(**common_args(job, flags), num_generations=g, max_completion_length=new, beta=beta,
+    args = GRPOConfig(**common_args(job, flags), **trl_dropout(job), num_generations=g, max_completion_length=new, beta=beta,
                       use_vllm=False, generation_kwargs={"eos_token_id": None})
     with mock.patch.object(grpo_trainer, "create_model_from_path", lambda *a, **k: frozen):
         trainer = GRPOTrainer(model=policy, reward_funcs=_length_reward, args=args, peft_config=peft_config,

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from . import trl_data as data
-from .trainers import common_args, frozen_model, num_rows, optimizers_for, policy_model
+from .trainers import common_args, frozen_model, num_rows, optimizers_for, policy_model, trl_dropout
 
 ENTRIES = {"distill": ("trl.experimental.gkd", "GKDTrainer"),
            "orpo": ("trl.experimental.orpo", "ORPOTrainer"),
@@ -56,7 +56,7 @@ def _gkd(job: dict, dtype, flags: dict):
     policy = policy_model(job, dtype)
     teacher = frozen_model(job, job["teacher"], dtype)
     vocab = policy.config.vocab_size
-    args = GKDConfig(**common_args(job, flags), lmbda=0.0, seq_kd=False, max_length=int(job["seq_len"]))
+    args = GKDConfig(**common_args(job, flags), **trl_dropout(job), lmbda=0.0, seq_kd=False, max_length=int(job["seq_len"]))
     trainer = GKDTrainer(model=policy, teacher_model=teacher, args=args, data_collator=default_data_collator,
                          train_dataset=data.dataset(data.distill_rows(num_rows(job), job["seq_len"], vocab)),
                          processing_class=data.tokenizer(vocab), optimizers=optimizers_for(policy, job, flags))
@@ -76,7 +76,7 @@ def _odds_ratio(job: dict, dtype, flags: dict):
         extra = {"loss_type": "simpo", "cpo_alpha": 0.0}
     policy = policy_model(job, dtype)
     vocab = policy.config.vocab_size
-    args = Config(**common_args(job, flags), max_length=seq_len, dataset_num_proc=None, **extra)
+    args = Config(**common_args(job, flags), **trl_dropout(job), max_length=seq_len, dataset_num_proc=None, **extra)
     trainer = Trainer(model=policy, args=args,
                       train_dataset=data.dataset(data.preference_rows(num_rows(job), seq_len, vocab)),
                       processing_class=data.tokenizer(vocab), optimizers=optimizers_for(policy, job, flags))

@@ -104,6 +104,9 @@ class JobSpec:
     """torch.compile of model and loss: accepted, not modelled (fusion saves fewer; the answer says so)."""
     keep_logits: bool = False
     """The loop keeps `outputs = model(**batch)`: its logits live into the next forward (step/build.py)."""
+    disable_dropout: bool | None = None
+    """TRL's `disable_dropout` (every nn.Dropout at p = 0, lora_dropout too); None: the trainer's
+    default for the task (jobs/trained.py trainer_disables_dropout)."""
     logprob_head: LogprobHead = LogprobHead.AUTO
     """Preference/RL log-prob head: auto (what TRL 1.16 does), full, selective or chunked."""
     gradient_checkpointing: Checkpointing = Checkpointing.NONE
@@ -160,7 +163,7 @@ class JobSpec:
             value = getattr(self, name)
             if value is not None or name != "optimizer_impl":
                 set_(name, enum_cls.parse(value, name))
-        for name in BOOL_FIELDS:
+        for name in BOOL_FIELDS + (("disable_dropout",) if self.disable_dropout is not None else ()):
             set_(name, boolean(name, getattr(self, name)))
         if self.gpu is not None and (not isinstance(self.gpu, str) or not self.gpu.strip()):
             raise SpecError("gpu", f"expected a GPU name from `vramplan gpus` (e.g. h100), got {self.gpu!r}")

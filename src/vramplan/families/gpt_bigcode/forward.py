@@ -17,7 +17,7 @@ LAYER_PREFIX = "transformer.h"
 
 
 def _drop(ctx: Ctx, p: float) -> float:
-    return p if ctx.training_dropout else 0.0
+    return p if ctx.training_dropout and ctx.module_dropout else 0.0
 
 
 def layer(rec: Recorder, ctx: Ctx, x: Sym, i: int, b: int, s: int) -> Sym:
