@@ -85,8 +85,9 @@ def _plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Activ
     seen: set[int] = set()
     rec = _recorder(spec, seen)
     ids = rec.new("input_ids", (b, s), "int64", False)
+    ctx.input_hook = spec.gradient_checkpointing is not Checkpointing.NONE  # arch.input_hook: GPT-2's, BERT's
     x = _embed(rec, ctx, ids)
-    input_leaf, embed_dtype = 0, x.dtype
+    input_leaf, embed_dtype = ctx.shared_keys.pop("input_leaf", 0), x.dtype
     if spec.gradient_checkpointing is not Checkpointing.NONE and not x.requires_grad:
         # transformers' enable_input_require_grads (used with checkpointing when the
         # embeddings are frozen: LoRA, freeze): a forward hook calls

@@ -41,6 +41,8 @@ class Ctx:
     """The nn.Dropout modules drop (residual, embedding, GPT-2's and BERT's attention); False
     under TRL's disable_dropout, which sets their p to 0. An attention dropout passed as the
     config's float (`dropout=self.attention_dropout`, Llama's and most families') still drops."""
+    input_hook: bool = False
+    """transformers' enable_input_require_grads is on (checkpointing): see `input_hook`."""
     dora: bool = False
     """PEFT use_dora: adapted linears run DoRA's forward (components/dora.py)."""
     packed: bool = False
@@ -57,6 +59,18 @@ class Ctx:
 
     def opt(self, name: str) -> Param | None:
         return self.params.get(name)
+
+
+def input_hook(ctx: Ctx, x: Sym) -> Sym:
+    """The input embedding's output under enable_input_require_grads (modeling_utils.py: a
+    forward hook on get_input_embeddings() calls output.requires_grad_(True)) when the
+    embedding is frozen: a leaf that requires grad, so what follows it inside the embedding
+    module (GPT-2's sum and dropout, BERT's LayerNorm and dropout) saves for backward (CPU
+    meter: BERT LoRA under checkpointing keeps the LayerNorm input and the dropout's noise)."""
+    if not ctx.input_hook or x.requires_grad:
+        return x
+    ctx.shared_keys["input_leaf"] = x.storage.nbytes
+    return Sym(x.name, x.shape, x.dtype, True, x.storage)
 
 
 def lin(rec: Recorder, ctx: Ctx, x: Sym, module: str, name: str) -> Sym:

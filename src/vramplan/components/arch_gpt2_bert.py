@@ -6,7 +6,7 @@ one (T, 3h) output; dropout on embeddings (embd_pdrop), attention output and MLP
 """
 from __future__ import annotations
 
-from vramplan.components.arch import Ctx, activation, attention_core, lin, llama_layer
+from vramplan.components.arch import Ctx, activation, attention_core, input_hook, lin, llama_layer
 from vramplan.components.arch_extended import MORE_EMBEDS, MORE_HEADS, MORE_LAYER_PREFIX, MORE_LAYERS
 from vramplan.components.graph import Recorder, Sym
 from vramplan.model import ModelDesc
@@ -79,7 +79,7 @@ def gpt2_block(rec: Recorder, ctx: Ctx, x: Sym, i: int, b: int, s: int) -> Sym:
 
 
 def gpt2_embed(rec: Recorder, ctx: Ctx, ids: Sym) -> Sym:
-    x = rec.embedding(ids, ctx.p("transformer.wte.weight"), "embed/tokens")
+    x = input_hook(ctx, rec.embedding(ids, ctx.p("transformer.wte.weight"), "embed/tokens"))
     pos = rec.new("position_ids", (1, ids.shape[1]), "int64", False)
     xp = rec.embedding(pos, ctx.p("transformer.wpe.weight"), "embed/positions")
     x = rec.add(x, xp, name="embed/sum")
@@ -138,7 +138,7 @@ def bert_eager_attention(rec: Recorder, ctx: Ctx, q: Sym, k: Sym, v: Sym) -> Sym
 def bert_embed(rec: Recorder, ctx: Ctx, ids: Sym) -> Sym:
     """word + token_type + position embeddings, LayerNorm, dropout."""
     pre = "bert.embeddings"
-    x = rec.embedding(ids, ctx.p(f"{pre}.word_embeddings.weight"), "embed/tokens")
+    x = input_hook(ctx, rec.embedding(ids, ctx.p(f"{pre}.word_embeddings.weight"), "embed/tokens"))
     tt = rec.new("token_type_ids", ids.shape, "int64", False)
     x = rec.add(x, rec.embedding(tt, ctx.p(f"{pre}.token_type_embeddings.weight"), "embed/token_types"), name="embed/sum")
     pos = rec.new("position_ids", (1, ids.shape[1]), "int64", False)
