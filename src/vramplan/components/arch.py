@@ -41,6 +41,8 @@ class Ctx:
     """The nn.Dropout modules drop (residual, embedding, GPT-2's and BERT's attention); False
     under TRL's disable_dropout, which sets their p to 0. An attention dropout passed as the
     config's float (`dropout=self.attention_dropout`, Llama's and most families') still drops."""
+    lora_dropout_module: bool = False
+    """lora_dropout is an nn.Dropout (configured > 0), whatever p it runs with (components/dora.py)."""
     input_hook: bool = False
     """transformers' enable_input_require_grads is on (checkpointing): see `input_hook`."""
     dora: bool = False
@@ -84,7 +86,7 @@ def lin(rec: Recorder, ctx: Ctx, x: Sym, module: str, name: str) -> Sym:
     a, b = ctx.lora[module]
     xc = rec.to(x, a.dtype, name=f"{name}.lora_in")  # `_cast_input_dtype` to the adapter dtype
     if ctx.dora:
-        return dora_linear(rec, x, xc, out, w, bias, a, b, ctx.lora_dropout, name)
+        return dora_linear(rec, x, xc, out, w, bias, a, b, ctx.lora_dropout, name, ctx.lora_dropout_module)
     xa = rec.dropout(xc, ctx.lora_dropout, name=f"{name}.lora_dropout")
     ya = rec.linear(xa, a, name=f"{name}.lora_A")
     # under autocast lora_A runs on a low-precision copy of its input (saved by its mm): at

@@ -33,10 +33,13 @@ from vramplan.units import nbytes
 
 
 def dora_linear(rec: Recorder, x: Sym, xa: Sym, out: Sym, w: Param, bias: Param | None,
-                a: Param, b: Param, dropout: float, name: str) -> Sym:
+                a: Param, b: Param, dropout: float, name: str, dropout_module: bool | None = None) -> Sym:
     """One adapted linear under DoRA: `out` is the base layer's result, `xa` its input cast to
     the adapters' dtype (lora.Linear.forward `_cast_input_dtype`). Records what autograd saves
-    and appends (saved before, alive locals, transient) to `rec.linear_transients`."""
+    and appends (saved before, alive locals, transient) to `rec.linear_transients`.
+    `dropout`: the p lora_dropout runs with; `dropout_module`: whether it is an nn.Dropout
+    (PEFT makes one when lora_dropout > 0, nn.Identity otherwise; TRL's disable_dropout sets
+    its p to 0 but keeps the module, so DoRA still takes its dropout path). None: p > 0."""
     fan_in, fan_out, r = x.shape[-1], out.shape[-1], a.shape[0]
     ad = a.dtype
     before = rec.saved_bytes()
@@ -44,7 +47,7 @@ def dora_linear(rec: Recorder, x: Sym, xa: Sym, out: Sym, w: Param, bias: Param 
     # a plain tensor of the adapters' dtype; alive from here to the end of the forward
     # (saved too with dropout; `before` does not count it, the transient does)
     w_copy = nbytes(fan_in * fan_out, ad) if w.dtype != ad else 0
-    if dropout > 0:
+    if dropout > 0 if dropout_module is None else dropout_module:
         # variants.py: x = dropout(x); base_result = None, so DoraLinearLayer.forward computes
         # F.linear(x, weight) itself, which keeps the (copied) frozen weight for grad_input
         xd = rec.dropout(xa, dropout, name=f"{name}.lora_dropout")

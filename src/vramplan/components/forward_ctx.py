@@ -22,6 +22,7 @@ def build_ctx(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Ctx:
     off = spec.disable_dropout is True
     ctx = Ctx(desc=desc, params=table, lora=lora, module_dropout=not off,
                lora_dropout=spec.lora.dropout if spec.lora and not off else 0.0,
+               lora_dropout_module=bool(spec.lora and spec.lora.dropout > 0),
                dora=bool(spec.lora and spec.lora.use_dora),
                act_dtype=dtypes_of(spec).weights if spec.method.value != "qlora"
                else spec.quantization.compute_dtype,
