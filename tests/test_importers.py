@@ -339,3 +339,15 @@ def test_accelerate_ao_conversion_measured_against_the_estimate(tmp_path):
     assert abs(est.peak_allocated_bytes / measured["peak_allocated_bytes"] - 1) < 0.02
     for phase, value in measured["phases"].items():
         assert abs(est.phases[phase] / value - 1) < 0.02, phase
+
+
+@pytest.mark.parametrize("value", [True, False])
+def test_trl_disable_dropout_is_read_from_the_config(tmp_path, value):
+    """RewardConfig / DPOConfig ... `disable_dropout` reaches the spec and makes the file a TRL
+    config (bench/trainers' gpt2 `keep-dropout` rows measure what it changes); a quoted value
+    is refused with the field named."""
+    over, _ = import_config_files(training_args=write(tmp_path, "args.json",
+                                                      {"output_dir": "o", "disable_dropout": value}))
+    assert over["stack"] == "trl" and over["disable_dropout"] is value
+    with pytest.raises(ImportError_, match="disable_dropout"):
+        import_config_files(training_args=write(tmp_path, "bad.json", {"output_dir": "o", "disable_dropout": "no"}))

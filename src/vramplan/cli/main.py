@@ -85,6 +85,14 @@ _PARALLEL_FLAGS = (
     ("offload_optimizer", str, "none | cpu | nvme"),
     ("offload_params", str, "none | cpu | nvme"),
 )
+_SWITCH_FLAGS = (  # on/off spec keys given as a bare flag (the spec's default otherwise)
+    ("packing", N_("packed rows without padding, documents told apart by position_ids")),
+    ("activation_offloading", N_("saved activations offloaded to CPU (torchtune enable_activation_offloading)")),
+    ("optimizer_in_backward", N_("optimizer step per parameter inside backward (torchtune optimizer_in_bwd)")),
+    ("compile", N_("torch.compile (accepted; its fusion is not modelled)")),
+    ("keep_logits", N_("the training loop keeps the model's output, so its logits live through backward and the "
+                       "optimizer step (a plain loop's outputs = model(**batch)); Trainer does not")),
+)
 
 
 EXIT_STATUS_HELP = N_("exit status: 0 the job fits (or no --gpu was given), 1 it does not fit "
@@ -132,16 +140,10 @@ def _add_spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--use-rslora", "--lora-use-rslora", dest="lora_use_rslora", action="store_true", default=None,
                    help=_("rsLoRA (PEFT use_rslora): scaling alpha/sqrt(r); no memory effect"))
     add_section_flags(p)
-    p.add_argument("--packing", action="store_true", default=None, help=_("packed rows without padding, documents told apart by position_ids"))
-    p.add_argument("--activation-offloading", action="store_true", default=None,
-                   help=_("saved activations offloaded to CPU (torchtune enable_activation_offloading)"))
-    p.add_argument("--optimizer-in-backward", action="store_true", default=None,
-                   help=_("optimizer step per parameter inside backward (torchtune optimizer_in_bwd)"))
-    p.add_argument("--compile", action="store_true", default=None,
-                   help=_("torch.compile (accepted; its fusion is not modelled)"))
-    p.add_argument("--keep-logits", action="store_true", default=None,
-                   help=_("the training loop keeps the model's output, so its logits live through backward and the "
-                          "optimizer step (a plain loop's outputs = model(**batch)); Trainer does not"))
+    for name, help_ in _SWITCH_FLAGS:
+        p.add_argument("--" + name.replace("_", "-"), action="store_true", default=None, help=_(help_))
+    p.add_argument("--disable-dropout", action=argparse.BooleanOptionalAction, default=None, help=_(
+        "TRL's disable_dropout: every nn.Dropout, lora_dropout too, at p 0 (the default of TRL's DPO, KTO, ORPO, CPO, GKD and reward trainers)"))
     for name, typ, help_ in _PARALLEL_FLAGS:
         p.add_argument("--" + name.replace("_", "-"), dest="parallel_" + name, type=typ, help=_(help_))
     for name, help_ in (("deepspeed", N_("DeepSpeed config JSON")), ("training_args", N_("HF TrainingArguments / TRL config")),
@@ -216,8 +218,7 @@ def flags_to_data(args, data: dict, *, imply: bool = True) -> dict:
     if getattr(args, "model", None):
         data["model"] = args.model
         data.pop("num_params", None)
-    for name in list(_SPEC_FLAGS) + ["packing", "trust_remote_code", "online", "activation_offloading",
-                                      "optimizer_in_backward", "compile", "keep_logits"]:
+    for name in [*_SPEC_FLAGS, *(n for n, _ in _SWITCH_FLAGS), "trust_remote_code", "online", "disable_dropout"]:
         value = getattr(args, name, None)
         if value is not None:
             data[name] = value

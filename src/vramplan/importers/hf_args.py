@@ -261,6 +261,13 @@ def _packing(v, out, rep, name):
         rep.use(name, "packing")
 
 
+def _disable_dropout(v, out, rep, name):
+    # TRL's RewardConfig, DPOConfig, KTOConfig, CPOConfig, ORPOConfig, GKDConfig and GRPOConfig:
+    # `disable_dropout` runs trl/trainer/utils.py disable_dropout_in_model (every nn.Dropout at p 0)
+    out["disable_dropout"] = need_bool(rep, name, v)
+    rep.use(name, "disable_dropout")
+
+
 _FIELDS = {
     "per_device_train_batch_size": _batch, "gradient_accumulation_steps": _accum,
     "gradient_checkpointing": _gc, "bf16": _bf16, "fp16": _bf16, "optim": _optim, "weight_decay": _number("weight_decay"),
@@ -269,8 +276,10 @@ _FIELDS = {
     "max_seq_length": _seq, "max_length": _seq, "use_peft": _lora,
     "model_init_kwargs": _model_init_kwargs, "optim_target_modules": _optim_target_modules,
     "optim_args": _optim_args, "neftune_noise_alpha": _neftune, "packing": _packing, "padding_free": _packing,
+    "disable_dropout": _disable_dropout,
 }
 
 # Fields only TRL's configs have (trl/trainer/*_config.py): the file is a TRL config.
 _TRL_ONLY = ("model_init_kwargs", "dataset_text_field", "max_seq_length", "beta", "num_generations",
-             "max_prompt_length", "max_completion_length", "use_peft", "completion_only_loss", "packing")
+             "max_prompt_length", "max_completion_length", "use_peft", "completion_only_loss", "packing",
+             "disable_dropout")
