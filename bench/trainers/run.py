@@ -57,6 +57,10 @@ QWEN3_MOE = dict(QWEN3, model_type="qwen3_moe", num_experts=4, num_experts_per_t
 GEMMA3 = dict(GEMMA, model_type="gemma3_text", hidden_activation="gelu_pytorch_tanh", sliding_window=64,
               layer_types=["sliding_attention", "full_attention"], query_pre_attn_scalar=32)
 PHI3 = dict(LLAMA, model_type="phi3", num_key_value_heads=4, pad_token_id=0)  # its default 32000 > vocab
+# GPT-2: its dropouts are nn.Dropout modules (embedding, attention probabilities, residuals at
+# 0.1), which TRL's disable_dropout reaches; pad_token_id for the classifier's last-token pick
+GPT2 = {"model_type": "gpt2", "vocab_size": 8192, "n_embd": 128, "n_layer": 2, "n_head": 4,
+        "n_positions": 1024, "pad_token_id": 0}
 GRPO = {"task": "grpo", "micro_batch_size": 8, "seq_len": 32, "num_generations": 4, "max_new_tokens": 32}
 
 
@@ -254,6 +258,13 @@ CASES = dict([
          model=dict(LLAMA, attention_dropout=0.1), attention="eager"),
     case("grpo/bf16/lora/g4-c32/dropout0.1", **GRPO, precision="bf16",
          method="lora", lora={"r": 8, "dropout": 0.1, "target_modules": ["q_proj", "v_proj"]}),
+    # the spec's disable_dropout, passed to the TRL config: RewardConfig's default (True) with
+    # GPT-2's own dropout modules, then False there and under a LoRA dropout
+    case("reward-model/fp32/full/gpt2/eager", task="reward-model", precision="fp32", model=GPT2, attention="eager"),
+    case("reward-model/fp32/full/gpt2/eager/keep-dropout", task="reward-model", precision="fp32", model=GPT2,
+         attention="eager", disable_dropout=False),
+    case("reward-model/bf16/lora/all-linear/dropout0.1/keep-dropout", task="reward-model", precision="bf16",
+         method="lora", lora={"r": 16, "dropout": 0.1, "target_modules": "all-linear"}, disable_dropout=False),
 ])
 # A job without optimizer_impl: the spec's default, as the importer leaves it for adamw_torch;
 # the Trainer's own optimizer takes TrainingArguments' weight_decay default, 0.0

@@ -130,6 +130,10 @@ class ModelDesc:
     """Every layer's SDPA gets an explicit (b, 1, s, s) mask, the global ones too (Gemma 3
     with image tokens: token_type_ids make them attend both ways, so is_causal cannot stand in)."""
     attention_dropout: float = 0.0
+    attention_dropout_module: bool = False
+    """The attention dropout is an nn.Dropout whose p the attention reads (GPT-2's
+    `attn_dropout`: modeling_gpt2.py `dropout=self.attn_dropout.p`), so TRL's disable_dropout
+    reaches it; most families pass the config's float (`self.attention_dropout`), which it does not."""
     hidden_dropout: float = 0.0
     """Residual dropout (GPT-2 resid_pdrop, BERT hidden_dropout_prob)."""
     embedding_dropout: float = 0.0

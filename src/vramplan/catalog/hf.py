@@ -246,7 +246,7 @@ def _gpt2(c: HFCfg, name: str, num_labels: int | None) -> ModelDesc:
         hidden_act=c["activation_function"], norm=NormKind.LAYERNORM,
         position=PositionKind.LEARNED, max_position_embeddings=c.int("n_positions"),
         tie_word_embeddings=bool(c["tie_word_embeddings"]), qkv_bias=True, o_bias=True,
-        mlp_bias=True, fused_qkv=True, attention_dropout=float(c["attn_pdrop"]),
+        mlp_bias=True, fused_qkv=True, attention_dropout=float(c["attn_pdrop"]), attention_dropout_module=True,
         hidden_dropout=float(c["resid_pdrop"]), embedding_dropout=float(c["embd_pdrop"]),
         num_labels=num_labels or 0, hub_id=c.raw.get("_name_or_path"))
     out = [ParamEntry("transformer.wte.weight", (desc.vocab_size, h)),

@@ -19,7 +19,8 @@ from vramplan.components.chunked_loss import chunked_loss_terms
 from vramplan.components.megatron_loss import megatron_ce_terms
 from vramplan.components.arch_gpt2_bert import family_forward, is_other, layer_fn, layer_prefix, other_embed, other_head
 from vramplan.components.dora import apply as linear_transients_apply
-from vramplan.components.eager_attention import backward_moment as eager_backward, eager_masks, place_masks
+from vramplan.components.eager_attention import (CAUSAL_MASK_OTHERS, backward_moment as eager_backward,
+                                                 eager_masks, place_masks)
 from vramplan.components.dtypes import dtypes_of
 from vramplan.components.forward_ctx import build_ctx
 from vramplan.components.graph import Recorder, Storage, Sym
@@ -88,6 +89,7 @@ def _plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Activ
     ctx.input_hook = spec.gradient_checkpointing is not Checkpointing.NONE  # arch.input_hook: GPT-2's, BERT's
     x = _embed(rec, ctx, ids)
     input_leaf, embed_dtype = ctx.shared_keys.pop("input_leaf", 0), x.dtype
+    model_locals = ctx.shared_keys.pop("model_locals", [])  # the embedding's, where a family names them
     if spec.gradient_checkpointing is not Checkpointing.NONE and not x.requires_grad:
         # transformers' enable_input_require_grads (used with checkpointing when the
         # embeddings are frozen: LoRA, freeze): a forward hook calls
@@ -109,7 +111,7 @@ def _plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Activ
         if i == 0:
             # LlamaModel.forward keeps `inputs_embeds` (layer 0's input) as a local to its
             # return: alive through every layer's forward unless a layer saved it
-            embeds = [] if input_saved else [("inputs_embeds", x.storage.nbytes)]
+            embeds = model_locals or ([] if input_saved else [("inputs_embeds", x.storage.nbytes)])
         # torchtitan <= 0.2 `_apply_layer_sac`: with selective_ac_option = N only every N-th
         # block (a global count from 1) is wrapped; checkpoint_every = 1 wraps them all.
         wrapped = gc is Checkpointing.FULL and (i + 1) % spec.checkpoint_every == 0
@@ -150,7 +152,8 @@ def _plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Activ
         # the layer's output dtype: Mamba's fp32 residual stream (residual_in_fp32) widens it
         x = Sym(f"layer{i}.out", x.shape, out_dtype, out_rg, Storage(nbytes(x.numel, out_dtype)))
     _shared_rotary(ctx, stages)
-    if eager and gc in (Checkpointing.NONE, Checkpointing.FULL):
+    masked = eager or (ctx.attention == "eager" and desc.model_type in CAUSAL_MASK_OTHERS)
+    if masked and gc in (Checkpointing.NONE, Checkpointing.FULL):
         place_masks(eager_masks(desc, b, s, embed_dtype), gc is Checkpointing.FULL, stages[0].saved, fwd_peaks,
                     range(1, len(stages)))
     head_rec = _recorder(spec, seen)

@@ -90,11 +90,13 @@ def lin(rec: Recorder, ctx: Ctx, x: Sym, module: str, name: str) -> Sym:
     xa = rec.dropout(xc, ctx.lora_dropout, name=f"{name}.lora_dropout")
     ya = rec.linear(xa, a, name=f"{name}.lora_A")
     # under autocast lora_A runs on a low-precision copy of its input (saved by its mm): at
-    # lora_A's output the input, its cast, that copy and the base result are alive
+    # lora_A's output the input, its cast, the dropped copy (saved by nothing else), that copy
+    # and the base result are alive (the output projection's, in a kept layer, is the forward's
+    # peak of a classifier: CPU meter, TRL reward model, lora_dropout 0.1 kept)
     copy = next((Sym(n, xa.shape, rec.autocast, False, st) for n, st in rec.saved.values()
-                 if n == f"{xa.name}.autocast"), None) if rec.autocast and ctx.checkpointed else None
+                 if n == f"{xa.name}.autocast"), None) if rec.autocast else None
     if copy is not None:
-        rec.forward_moment(*rec.frame, *rec.held, x, xc, xa, copy, out, ya, early=True)
+        rec.forward_moment(*rec.frame, *rec.held, x, xc, xa, copy, out, ya, early=ctx.checkpointed)
     yb = rec.linear(ya, b, name=f"{name}.lora_B")
     if b.trainable and ctx.checkpointed:  # lora_B saves ya: the last pack of a layer whose output projection has LoRA
         record_lora_stop(rec, (x, xc, xa, out, ya), out, yb)
@@ -102,10 +104,10 @@ def lin(rec: Recorder, ctx: Ctx, x: Sym, module: str, name: str) -> Sym:
     # `result = result + lora_B(lora_A(dropout(x))) * scaling` (peft/tuners/lora/layer.py
     # Linear.forward): at the product the base result, the input's cast to the adapters'
     # dtype (`x` rebound by `_cast_input_dtype`), lora_B's output and its scaled copy are
-    # alive beside what the callers hold. A layer that keeps its saved tensors saves more
-    # after this (the rest of the MLP), so the moment counts for a checkpointed layer only.
-    if ctx.checkpointed:
-        rec.forward_moment(*rec.frame, *rec.held, x, xc, out, yb, scaled, early=True)
+    # alive beside what the callers hold. In a layer that keeps its saved tensors the moment
+    # counts by what it exceeds the layer's later saves by (Recorder.unsaved_peak): the
+    # output projection's, the layer's last linear, can be its forward's peak.
+    rec.forward_moment(*rec.frame, *rec.held, x, xc, out, yb, scaled, early=ctx.checkpointed)
     yb = scaled
     summed = rec.add(out, yb, name=f"{name}.lora_sum")
     return rec.to(summed, out.dtype, name=name)
@@ -188,12 +190,19 @@ def sdpa_gets_mask(desc: ModelDesc, i: int, s: int) -> bool:
     return window is not None and s >= window
 
 
+def attention_dropout(ctx: Ctx) -> float:
+    """The p the attention's dropout runs with: none outside training; under TRL's
+    disable_dropout none where it is a module (ModelDesc.attention_dropout_module)."""
+    on = ctx.training_dropout and (ctx.module_dropout or not ctx.desc.attention_dropout_module)
+    return ctx.desc.attention_dropout if on else 0.0
+
+
 def attention_core(rec: Recorder, ctx: Ctx, q: Sym, k: Sym, v: Sym, name: str, masked: bool = False) -> Sym:
     """softmax(q k^T / sqrt(d) + mask) v, as the configured implementation saves it.
     `masked`: SDPA gets an explicit mask (sdpa_gets_mask)."""
     desc = ctx.desc
     b, a, s, d = q.shape
-    drop = desc.attention_dropout if ctx.training_dropout else 0.0
+    drop = attention_dropout(ctx)
     sdpa = ctx.attention != "eager"
     masked = masked or (ctx.packed and ctx.attention == "sdpa")
     if sdpa and ctx.gqa_native and not masked:
@@ -259,7 +268,7 @@ def eager_attention(rec: Recorder, ctx: Ctx, q: Sym, k: Sym, v: Sym, name: str, 
         rec.forward_moment(*held, masked, wide, probs32)
         probs = rec.to(probs32, q.dtype, name=f"{name}.probs")
         rec.forward_moment(*held, probs32, probs)
-    probs = rec.dropout(probs, ctx.desc.attention_dropout if ctx.training_dropout else 0.0, f"{name}.dropout")
+    probs = rec.dropout(probs, attention_dropout(ctx), f"{name}.dropout")
     if v.requires_grad:
         rec.save(probs)
     if probs.requires_grad:

@@ -18,6 +18,12 @@ SOFTMAX = "attn/core.softmax"
 """The name components/arch.py eager_attention gives the saved softmax output."""
 
 
+# Families outside Llama's layer code whose model forward builds the same eager mask with
+# masking_utils.create_causal_mask (modeling_gpt2.py, modeling_gpt_bigcode.py); seen with the
+# exact CPU meter: a GPT-2 reward model's `aten.where` (4, 1, 128, 128) fp32 through the blocks
+CAUSAL_MASK_OTHERS = frozenset({"gpt2", "gpt_bigcode"})
+
+
 def eager_masks(desc: ModelDesc, b: int, s: int, dtype: str) -> list[tuple[str, int]]:
     """The 4-D masks the model's forward builds for eager attention: masking_utils'
     create_causal_mask (and create_sliding_window_causal_mask for a model with both kinds of

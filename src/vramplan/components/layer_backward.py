@@ -22,10 +22,21 @@ def _linear_numel(p: ParamEntry) -> int:
     return p.shape[0] * p.shape[-1]
 
 
+# The tanh GELU written in Python ops (transformers/activations.py NewGELUActivation:
+# `0.5 * input * (1.0 + torch.tanh(...))`; components/arch.py gelu_new)
+PYTHON_GELUS = ("gelu_new", "gelu_pytorch_tanh_python")
+
+
 def mlp_grad_tensors(desc: ModelDesc) -> int:
     """How many tensors `backward/grad_mlp` is: the gradients of gate, up and act * up
-    (gated), or of fc1's output and the activation (plain)."""
-    return 3 if desc.mlp is MlpKind.GATED else 2
+    (gated), or of fc1's output and the activation (plain). A Python-op GELU's first backward
+    node is the last product's MulBackward0: it makes the gradients of `0.5 * input` and of
+    `1 + tanh(...)` while the activation's output gradient is still its input (seen with the
+    exact CPU meter: a GPT-2 reward model's peak holds the (T, f) mm output and two
+    MulBackward0 outputs)."""
+    if desc.mlp is MlpKind.GATED or desc.hidden_act in PYTHON_GELUS:
+        return 3
+    return 2
 
 
 def layer_backward(desc: ModelDesc, spec: JobSpec) -> Breakdown:

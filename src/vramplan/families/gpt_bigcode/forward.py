@@ -30,18 +30,26 @@ def layer(rec: Recorder, ctx: Ctx, x: Sym, i: int, b: int, s: int) -> Sym:
     kk, v = (rec.view(qkv, (b, k, s, d), f"attn/{n}") for n in "kv")
     out = attention_core(rec, ctx, q, kk, v, "attn/core")
     out = lin(rec, ctx, rec.view(out, (b, s, a * d)), f"{pre}.attn.c_proj", "attn/o")
-    x = rec.add(rec.dropout(out, drop, "attn/resid_dropout"), x, name="attn_residual")
-    h = rec.layer_norm(x, ctx.p(f"{pre}.ln_2.weight"), "mlp_norm")
-    h = lin(rec, ctx, h, f"{pre}.mlp.c_fc", "mlp/fc")
+    out = rec.dropout(out, drop, "attn/resid_dropout")
+    x = rec.add(out, x, name="attn_residual")
+    normed = rec.layer_norm(x, ctx.p(f"{pre}.ln_2.weight"), "mlp_norm")
+    h = lin(rec, ctx, normed, f"{pre}.mlp.c_fc", "mlp/fc")
     h = lin(rec, ctx, activation(rec, h, desc.hidden_act, "mlp/act"), f"{pre}.mlp.c_proj", "mlp/proj")
-    return rec.add(x, rec.dropout(h, drop, "mlp/dropout"), name="mlp_residual")
+    h = rec.dropout(h, drop, "mlp/dropout")
+    y = rec.add(x, h, name="mlp_residual")
+    # GPTBigCodeBlock.forward's locals live to its return, as GPT-2's (arch_gpt2_bert.gpt2_block)
+    rec.forward_moment(out, x, normed, h, y)
+    return y
 
 
 def embed(rec: Recorder, ctx: Ctx, ids: Sym) -> Sym:
     """GPTBigCodeModel.forward: wte(ids) + wpe(position_ids), then `drop` (embd_pdrop)."""
-    x = rec.embedding(ids, ctx.p("transformer.wte.weight"), "embed/tokens")
+    tok = rec.embedding(ids, ctx.p("transformer.wte.weight"), "embed/tokens")
     pos = rec.new("position_ids", (1, ids.shape[1]), "int64", False)
-    x = rec.add(x, rec.embedding(pos, ctx.p("transformer.wpe.weight"), "embed/positions"), name="embed/sum")
+    xp = rec.embedding(pos, ctx.p("transformer.wpe.weight"), "embed/positions")
+    # `inputs_embeds` and `position_embeds` stay locals of GPTBigCodeModel.forward while the blocks run
+    ctx.shared_keys["model_locals"] = [(t.name, t.storage.nbytes) for t in (tok, xp)]
+    x = rec.add(tok, xp, name="embed/sum")
     return rec.dropout(x, _drop(ctx, ctx.desc.embedding_dropout), "embed/dropout")
 
 
