@@ -265,6 +265,13 @@ CASES = dict([
          attention="eager", disable_dropout=False),
     case("reward-model/bf16/lora/all-linear/dropout0.1/keep-dropout", task="reward-model", precision="bf16",
          method="lora", lora={"r": 16, "dropout": 0.1, "target_modules": "all-linear"}, disable_dropout=False),
+    # GPT-2 under the other trainers: SDPA with its module dropout off, LoRA on the fused
+    # c_attn with checkpointing, DPO's two models, SFTTrainer's chunked head on tied wte
+    case("reward-model/fp32/full/gpt2", task="reward-model", precision="fp32", model=GPT2),
+    case("reward-model/bf16/lora/gpt2/c_attn/gc", task="reward-model", precision="bf16", model=GPT2,
+         method="lora", lora={"r": 8, "target_modules": ["c_attn"]}, gradient_checkpointing="full"),
+    case("dpo/fp32/full/ref-separate/gpt2", task="dpo", precision="fp32", model=GPT2),
+    case("sft/bf16/full/sft-trainer/gpt2", task="sft", precision="bf16", model=GPT2),
 ])
 # A job without optimizer_impl: the spec's default, as the importer leaves it for adamw_torch;
 # the Trainer's own optimizer takes TrainingArguments' weight_decay default, 0.0

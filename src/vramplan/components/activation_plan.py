@@ -6,6 +6,10 @@ from dataclasses import dataclass
 
 from vramplan.breakdown import Breakdown
 
+INPUT_LEAF = "embed/input_leaf"
+"""The embedding stage's name for enable_input_require_grads' leaf where it is no layer's
+input (GPT-2's, BERT's word embeddings: arch.input_hook)."""
+
 
 @dataclass(slots=True)
 class Stage:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from functools import partial
 
 from vramplan.breakdown import Breakdown
-from vramplan.components.activation_plan import ActivationPlan, Stage, copy_plan
+from vramplan.components.activation_plan import INPUT_LEAF, ActivationPlan, Stage, copy_plan
 from vramplan.components.arch import Ctx, local_window, model_rows, norm
 from vramplan.components.checkpoint_moments import CACHE_TERM, apply_stops, cache_before, layer_stop
 from vramplan.components.chunked_loss import chunked_loss_terms
@@ -88,7 +88,8 @@ def _plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Activ
     ids = rec.new("input_ids", (b, s), "int64", False)
     ctx.input_hook = spec.gradient_checkpointing is not Checkpointing.NONE  # arch.input_hook: GPT-2's, BERT's
     x = _embed(rec, ctx, ids)
-    input_leaf, embed_dtype = ctx.shared_keys.pop("input_leaf", 0), x.dtype
+    hook_leaf, embed_dtype = ctx.shared_keys.pop("input_leaf", 0), x.dtype
+    input_leaf = hook_leaf
     model_locals = ctx.shared_keys.pop("model_locals", [])  # the embedding's, where a family names them
     if spec.gradient_checkpointing is not Checkpointing.NONE and not x.requires_grad:
         # transformers' enable_input_require_grads (used with checkpointing when the
@@ -97,7 +98,9 @@ def _plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Activ
         # that needs a gradient.
         x = Sym(x.name, x.shape, x.dtype, True, x.storage)
         input_leaf = x.storage.nbytes
-    stages = [Stage("embedding", rec.saved_items(), [])]
+    # the hooked leaf of GPT-2's and BERT's embeddings (arch.input_hook) is no layer's input:
+    # the graph's AccumulateGrad holds it until the embedding's backward, as a saved tensor
+    stages = [Stage("embedding", rec.saved_items() + ([(INPUT_LEAF, hook_leaf)] if hook_leaf else []), [])]
     cache: dict[tuple, tuple[list, bool, tuple | None, str, tuple, list, tuple]] = {}
     parts: dict[tuple, tuple] = {}   # one stage's lists per signature (shared, never changed in place)
     gc, f8_layer, fwd_peaks, mlp_out, dora_at, stops = spec.gradient_checkpointing, (), {}, _MLP_OUT_INPUTS[desc.mlp], {}, {}
@@ -133,7 +136,9 @@ def _plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Activ
                 parts[at] = (saved, [], mlp_out)
         stages.append(Stage(f"layer {i}", *parts[at]))
         if wrapped:
-            fwd_peaks[len(stages) - 1] = fwd_peak  # what its forward holds, none of it saved
+            # what its forward holds, none of it saved, beside the model forward's own locals
+            # (GPT-2's inputs_embeds and position_embeds; Llama's is layer 0's kept input)
+            fwd_peaks[len(stages) - 1] = fwd_peak + model_locals
             if stop is not None:
                 stops[len(stages) - 1] = stop
         elif unsaved_peak:

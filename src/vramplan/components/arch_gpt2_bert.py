@@ -71,9 +71,11 @@ def gpt2_block(rec: Recorder, ctx: Ctx, x: Sym, i: int, b: int, s: int) -> Sym:
     out = rec.dropout(out, drop, "attn/resid_dropout")
     x = rec.add(out, x, name="attn_residual")
     normed = rec.layer_norm(x, ctx.p(f"{pre}.ln_2.weight"), "mlp_norm")
+    rec.frame += [out, x, normed]  # GPT2Block.forward's locals through the MLP
     h = lin(rec, ctx, normed, f"{pre}.mlp.c_fc", "mlp/fc")
     h = activation(rec, h, desc.hidden_act, "mlp/act")
     h = lin(rec, ctx, h, f"{pre}.mlp.c_proj", "mlp/proj")
+    del rec.frame[-3:]
     h = rec.dropout(h, drop, "mlp/dropout")
     y = rec.add(x, h, name="mlp_residual")
     # GPT2Block.forward's locals live to its return: `attn_output`, the residual, ln_2's output
@@ -83,12 +85,14 @@ def gpt2_block(rec: Recorder, ctx: Ctx, x: Sym, i: int, b: int, s: int) -> Sym:
 
 
 def gpt2_embed(rec: Recorder, ctx: Ctx, ids: Sym) -> Sym:
-    x = input_hook(ctx, rec.embedding(ids, ctx.p("transformer.wte.weight"), "embed/tokens"))
+    tok = rec.embedding(ids, ctx.p("transformer.wte.weight"), "embed/tokens")
+    x = input_hook(ctx, tok)
     pos = rec.new("position_ids", (1, ids.shape[1]), "int64", False)
     xp = rec.embedding(pos, ctx.p("transformer.wpe.weight"), "embed/positions")
     # GPT2Model.forward keeps `inputs_embeds` and `position_embeds` as locals while the blocks
-    # run (modeling_gpt2.py: `hidden_states = inputs_embeds + position_embeds`)
-    ctx.shared_keys["model_locals"] = [(t.name, t.storage.nbytes) for t in (x, xp)]
+    # run (modeling_gpt2.py: `hidden_states = inputs_embeds + position_embeds`); a hooked leaf
+    # is counted as the embedding stage keeps it (components/activations.py)
+    ctx.shared_keys["model_locals"] = [(t.name, t.storage.nbytes) for t in ((xp,) if x is not tok else (x, xp))]
     x = rec.add(x, xp, name="embed/sum")
     return rec.dropout(x, ctx.desc.embedding_dropout if ctx.training_dropout and ctx.module_dropout else 0.0, "embed/dropout")
 

@@ -81,6 +81,21 @@ _TOKEN_EMBED = ("embed_tokens", "tok_embeddings", "wte", "word_embeddings", "emb
 _CLASS_HEADS = ("score.", "classifier.")
 
 
+# Output projections of their own (GPT-NeoX's embed_out, InternLM2's output); without one the
+# head is the tied token embedding
+_OUTPUT_HEADS = ("lm_head.weight", "embed_out.weight", "output.weight")
+
+
+def output_head_trainable(params) -> bool:
+    """Whether the output head's weight trains: its own projection, else the token embedding
+    it is tied to (Llama's embed_tokens, GPT-2's wte, ...)."""
+    trains = {p.name: p.trainable for p in params.params}
+    own = next((n for n in _OUTPUT_HEADS if n in trains), None)
+    if own is not None:
+        return trains[own]
+    return any(t for n, t in trains.items() if n.endswith(".weight") and n[:-7].rsplit(".", 1)[-1] in _TOKEN_EMBED)
+
+
 def head_is_embedding(desc: ModelDesc) -> bool:
     """Whether the output head is the tied token embedding: tie_word_embeddings ties lm_head,
     which a sequence classifier (reward model) does not have; its `score` is its own weight

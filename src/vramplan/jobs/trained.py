@@ -12,6 +12,7 @@ from vramplan.breakdown import Breakdown
 from vramplan.components.dtypes import dtypes_of
 from vramplan.components.activations import ActivationPlan, plan_activations
 from vramplan.components.trainable import ParamSet, param_set
+from vramplan.components.weights import output_head_trainable
 from vramplan.spec.stack import loss_detached_before_step
 from vramplan.jobs.logprob import Chunked
 from vramplan.model import ModelDesc
@@ -162,10 +163,6 @@ class Trained:
     plan: StepPlan
 
 
-def head_trainable(params: ParamSet) -> bool:
-    """Whether the output head's weight trains (lm_head, or the embedding it is tied to)."""
-    names = {p.name: p.trainable for p in params.params}
-    return names.get("lm_head.weight", names.get("model.embed_tokens.weight", False))
 
 
 def chunked_loss(acts: ActivationPlan, head: Chunked, trainable: bool) -> LossTerms:
@@ -193,7 +190,7 @@ def with_loss(acts: ActivationPlan, loss: LossTerms | Chunked, params: ParamSet)
     first becomes its LossTerms against the model's own plan); True for a chunked head."""
     chunked = isinstance(loss, Chunked)
     if chunked:
-        loss = chunked_loss(acts, loss, head_trainable(params))
+        loss = chunked_loss(acts, loss, output_head_trainable(params))
     forward_end = loss.forward_end
     if loss.unless_saved:
         saved = {name for name, _ in acts.stages[-1].saved}

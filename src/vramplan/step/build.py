@@ -9,6 +9,7 @@ critic, a VLM's language model) are sharded by the same code.
 from __future__ import annotations
 
 from vramplan.breakdown import Breakdown
+from vramplan.components.activation_plan import INPUT_LEAF
 from vramplan.components.activations import ActivationPlan
 from vramplan.components.dtypes import dtypes_of
 from vramplan.components.memo import cached
@@ -132,8 +133,10 @@ def build_step(desc: ModelDesc, spec: JobSpec, params: ParamSet, acts: Activatio
             t.merge(acts.head_backward_transient)
         elif i == 0:
             t.merge(tied_embedding_grad_temp(desc, spec, params))
-            if acts.input_leaf_bytes:
-                t.add("activations/input_leaf", acts.input_leaf_bytes).add("gradients/input_leaf", acts.input_leaf_bytes)
+            if acts.input_leaf_bytes:  # the leaf itself, unless the embedding stage keeps it
+                if all(name != INPUT_LEAF for name, _ in st.saved):
+                    t.add("activations/input_leaf", acts.input_leaf_bytes)
+                t.add("gradients/input_leaf", acts.input_leaf_bytes)
         transients.append(t)
         labels.append(f"{st.label} backward")
     fwd_end, loss_bwd = acts.forward_end_transient, acts.loss_backward_transient

@@ -33,8 +33,10 @@ def layer(rec: Recorder, ctx: Ctx, x: Sym, i: int, b: int, s: int) -> Sym:
     out = rec.dropout(out, drop, "attn/resid_dropout")
     x = rec.add(out, x, name="attn_residual")
     normed = rec.layer_norm(x, ctx.p(f"{pre}.ln_2.weight"), "mlp_norm")
+    rec.frame += [out, x, normed]  # GPTBigCodeBlock.forward's locals through the MLP
     h = lin(rec, ctx, normed, f"{pre}.mlp.c_fc", "mlp/fc")
     h = lin(rec, ctx, activation(rec, h, desc.hidden_act, "mlp/act"), f"{pre}.mlp.c_proj", "mlp/proj")
+    del rec.frame[-3:]
     h = rec.dropout(h, drop, "mlp/dropout")
     y = rec.add(x, h, name="mlp_residual")
     # GPTBigCodeBlock.forward's locals live to its return, as GPT-2's (arch_gpt2_bert.gpt2_block)
