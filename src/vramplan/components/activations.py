@@ -12,6 +12,7 @@ from __future__ import annotations
 from functools import partial
 
 from vramplan.breakdown import Breakdown
+from vramplan.components.weights import output_head_trainable
 from vramplan.components.activation_plan import INPUT_LEAF, ActivationPlan, Stage, copy_plan
 from vramplan.components.arch import Ctx, local_window, model_rows, norm
 from vramplan.components.checkpoint_moments import CACHE_TERM, apply_stops, cache_before, layer_stop
@@ -164,8 +165,7 @@ def _plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Activ
     head_rec = _recorder(spec, seen)
     logits = _head(head_rec, ctx, x)
     stages.append(Stage("head", head_rec.saved_items(), []))
-    head_w = ctx.params.get("lm_head.weight") or ctx.params.get("model.embed_tokens.weight")
-    plan = _with_loss(desc, spec, stages, logits, x, bool(head_w and head_w.trainable))
+    plan = _with_loss(desc, spec, stages, logits, x, output_head_trainable(params))
     plan.input_leaf_bytes = input_leaf
     casts = None
     if dtypes_of(spec).autocast and gc is not Checkpointing.NONE:
