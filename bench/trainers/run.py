@@ -61,6 +61,14 @@ PHI3 = dict(LLAMA, model_type="phi3", num_key_value_heads=4, pad_token_id=0)  # 
 # 0.1), which TRL's disable_dropout reaches; pad_token_id for the classifier's last-token pick
 GPT2 = {"model_type": "gpt2", "vocab_size": 8192, "n_embd": 128, "n_layer": 2, "n_head": 4,
         "n_positions": 1024, "pad_token_id": 0}
+# Phi (NewGELUActivation, partial rotary, parallel attention and MLP; its dropouts as modules
+# where set) and GPT-NeoX (parallel residual, untied embed_out), at the same size
+PHI = {"model_type": "phi", "vocab_size": 8192, "hidden_size": 128, "intermediate_size": 512,
+       "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 1024,
+       "resid_pdrop": 0.1, "embd_pdrop": 0.1, "pad_token_id": 0}
+GPT_NEOX = {"model_type": "gpt_neox", "vocab_size": 8192, "hidden_size": 128, "intermediate_size": 512,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 1024,
+            "pad_token_id": 0}
 GRPO = {"task": "grpo", "micro_batch_size": 8, "seq_len": 32, "num_generations": 4, "max_new_tokens": 32}
 
 
@@ -272,6 +280,15 @@ CASES = dict([
          method="lora", lora={"r": 8, "target_modules": ["c_attn"]}, gradient_checkpointing="full"),
     case("dpo/fp32/full/ref-separate/gpt2", task="dpo", precision="fp32", model=GPT2),
     case("sft/bf16/full/sft-trainer/gpt2", task="sft", precision="bf16", model=GPT2),
+    case("sft/bf16/lora/sft-trainer/gpt2/dropout0.05", task="sft", precision="bf16", model=GPT2,
+         method="lora", lora={"r": 8, "dropout": 0.05, "target_modules": ["c_attn", "c_fc"]}),
+    case("kto/bf16/full/ref-separate/gpt2", task="kto", precision="bf16", model=GPT2),
+    case("sft/bf16/full/sft-trainer/phi", task="sft", precision="bf16", model=PHI),
+    case("reward-model/bf16/lora/phi/all-linear/gc", task="reward-model", precision="bf16", model=PHI,
+         **ALL_LINEAR_GC),
+    case("sft/bf16/full/hf-trainer/gpt-neox", task="sft", precision="bf16", stack="hf-trainer", model=GPT_NEOX),
+    case("dpo/bf16/lora/adapter-disabled/gpt-neox", task="dpo", precision="bf16", model=GPT_NEOX,
+         method="lora", lora={"r": 8, "target_modules": ["query_key_value"]}),
 ])
 # A job without optimizer_impl: the spec's default, as the importer leaves it for adamw_torch;
 # the Trainer's own optimizer takes TrainingArguments' weight_decay default, 0.0

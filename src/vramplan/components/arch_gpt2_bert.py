@@ -123,10 +123,17 @@ def bert_layer(rec: Recorder, ctx: Ctx, x: Sym, i: int, b: int, s: int) -> Sym:
     x = rec.layer_norm(rec.add(h, x, name="attn_residual"), ctx.p(f"{pre}.attention.output.LayerNorm.weight"),
                        "attn_norm")
     h = lin(rec, ctx, x, f"{pre}.intermediate.dense", "mlp/fc")
-    h = activation(rec, h, desc.hidden_act, "mlp/act")
-    h = lin(rec, ctx, h, f"{pre}.output.dense", "mlp/proj")
+    act = activation(rec, h, desc.hidden_act, "mlp/act")
+    h = lin(rec, ctx, act, f"{pre}.output.dense", "mlp/proj")
     h = rec.dropout(h, drop, "mlp/dropout")
-    return rec.layer_norm(rec.add(h, x, name="mlp_residual"), ctx.p(f"{pre}.output.LayerNorm.weight"), "mlp_norm")
+    summed = rec.add(h, x, name="mlp_residual")
+    y = rec.layer_norm(summed, ctx.p(f"{pre}.output.LayerNorm.weight"), "mlp_norm")
+    # BertLayer.feed_forward_chunk holds `attention_output` and `intermediate_output` to its
+    # return, BertOutput.forward its dropped dense output until the LayerNorm returns (with a
+    # frozen output.dense nothing saves the intermediate output: CPU meter, a LoRA classifier's
+    # last layer holds its GELU output at the forward's peak)
+    rec.forward_moment(x, act, h, summed, y)
+    return y
 
 
 def bert_eager_attention(rec: Recorder, ctx: Ctx, q: Sym, k: Sym, v: Sym) -> Sym:

@@ -25,11 +25,18 @@ def layer(rec: Recorder, ctx: Ctx, x: Sym, i: int, b: int, s: int) -> Sym:
     h = rec.layer_norm(x, ctx.p(f"{pre}.input_layernorm.weight"), "attn_norm")
     drop = _drop(ctx, ctx.desc.hidden_dropout)
     attn = rec.dropout(attention(rec, ctx, h, i, b, s), drop, "attn/resid_dropout")
-    # PhiMLP: fc1 -> activation (gelu_new for every published Phi) -> fc2
+    # PhiMLP: fc1 -> activation (gelu_new for every published Phi) -> fc2; PhiDecoderLayer.forward
+    # holds the norm's output and `attn_outputs` through it, and `residual`, the layer's input
+    # (which a checkpoint keeps and LayerNorm saves: counted there)
+    rec.frame += [h, attn]
     m = lin(rec, ctx, h, f"{pre}.mlp.fc1", "mlp/fc")
     m = lin(rec, ctx, activation(rec, m, ctx.desc.hidden_act, "mlp/act"), f"{pre}.mlp.fc2", "mlp/proj")
+    del rec.frame[-2:]
     m = rec.dropout(m, drop, "mlp/dropout")
-    return rec.add(rec.add(attn, m, name="branches"), x, name="mlp_residual")
+    branches = rec.add(attn, m, name="branches")
+    y = rec.add(branches, x, name="mlp_residual")
+    rec.forward_moment(h, attn, m, branches, y)  # `attn_outputs + feed_forward_hidden_states + residual`
+    return y
 
 
 def attention(rec: Recorder, ctx: Ctx, x: Sym, i: int, b: int, s: int) -> Sym:
