@@ -71,7 +71,10 @@ def _hand_written(job: dict, trace: bool, steps: int) -> MeasureResult:
 def _library_ok(job: dict) -> bool:
     from .trainers import TRL_TASKS, runs_library, trl_sft
 
-    if (job["task"] not in TRL_TASKS and not trl_sft(job)) or job.get("vision") or job.get("models"):
+    # label smoothing is the HF Trainer's LabelSmoother (trainer.py `compute_loss` pops the labels
+    # and smooths the model's logits), which measure/run.py's loop does not run: the Trainer itself
+    smoothed = job["task"] == "sft" and float(job.get("label_smoothing") or 0.0) > 0
+    if (job["task"] not in TRL_TASKS and not trl_sft(job) and not smoothed) or job.get("vision") or job.get("models"):
         return False
     # reference_model precomputed: the builders set TRL's precompute_ref_log_probs (DPO, KTO;
     # GRPO's beta 0), which scores the dataset in the trainer's __init__, before the metered steps
