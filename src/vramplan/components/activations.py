@@ -19,7 +19,7 @@ from vramplan.components.checkpoint_moments import CACHE_TERM, apply_stops, cach
 from vramplan.components.chunked_loss import chunked_loss_terms
 from vramplan.components.megatron_loss import megatron_ce_terms
 from vramplan.components.arch_gpt2_bert import family_forward, is_other, layer_fn, layer_prefix, other_embed, other_head
-from vramplan.components.dora import apply as linear_transients_apply
+from vramplan.components.dora import apply as linear_transients_apply, backward_moments as dora_backward
 from vramplan.components.eager_attention import (CAUSAL_MASK_OTHERS, backward_moment as eager_backward,
                                                  eager_masks, place_masks)
 from vramplan.components.dtypes import dtypes_of
@@ -185,6 +185,8 @@ def _plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Activ
         plan.stage_forward_transient = [shared_moments[key] for key in keys]
     if any(linears for linears, _ in dora_at.values()):
         linear_transients_apply(plan, dora_at, nbytes(x.numel, x.dtype), "dora" if ctx.dora else "dequant")
+        if ctx.dora:
+            dora_backward(plan, dora_at, nbytes(x.numel, x.dtype))
     if spec.float8 is not None:
         from vramplan.components.float8 import apply
         res = dtypes_of(spec).weights
