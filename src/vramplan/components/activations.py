@@ -19,7 +19,8 @@ from vramplan.components.checkpoint_moments import CACHE_TERM, apply_stops, cach
 from vramplan.components.chunked_loss import chunked_loss_terms
 from vramplan.components.megatron_loss import megatron_ce_terms
 from vramplan.components.arch_gpt2_bert import family_forward, is_other, layer_fn, layer_prefix, other_embed, other_head
-from vramplan.components.dora import apply as linear_transients_apply, backward_moments as dora_backward
+from vramplan.components.dora import apply as linear_transients_apply
+from vramplan.components.grad_moments import apply as grad_moments_apply
 from vramplan.components.eager_attention import (CAUSAL_MASK_OTHERS, backward_moment as eager_backward,
                                                  eager_masks, place_masks)
 from vramplan.components.dtypes import dtypes_of
@@ -104,14 +105,16 @@ def _plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Activ
     stages = [Stage("embedding", rec.saved_items() + ([(INPUT_LEAF, hook_leaf)] if hook_leaf else []), [])]
     cache: dict[tuple, tuple[list, bool, tuple | None, str, tuple, list, tuple]] = {}
     parts: dict[tuple, tuple] = {}   # one stage's lists per signature (shared, never changed in place)
-    gc, f8_layer, fwd_peaks, mlp_out, dora_at, stops = spec.gradient_checkpointing, (), {}, _MLP_OUT_INPUTS[desc.mlp], {}, {}
+    gc, f8_layer, fwd_peaks, mlp_out, dora_at, stops, moments_at = (spec.gradient_checkpointing, (), {}, _MLP_OUT_INPUTS[desc.mlp],
+                                                                  {}, {}, {})
     hook = getattr(family_forward(desc), "backward_peak", None)
     eager, mlp_bwd, attn_bwd = ctx.attention == "eager" and not is_other(desc), layer_backward(desc, spec), {}
     for i in range(desc.num_layers):
         key = _signature(ctx, i, x)
         if key not in cache:
             cache[key] = _layer(ctx, spec, i, x, b, s, seen, gc is Checkpointing.OP_SELECTIVE)
-        saved, out_rg, op_split, out_dtype, f8_layer, (fwd_peak, unsaved_peak, input_saved, own_input), dora, stop = cache[key]
+        saved, out_rg, op_split, out_dtype, f8_layer, (fwd_peak, unsaved_peak, input_saved, own_input), (dora, grads), \
+            stop = cache[key]
         if i == 0:
             # LlamaModel.forward keeps `inputs_embeds` (layer 0's input) as a local to its
             # return: alive through every layer's forward unless a layer saved it
@@ -146,6 +149,8 @@ def _plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Activ
             # what its forward holds beyond what it saves (a frozen down_proj's input)
             fwd_peaks[len(stages) - 1] = unsaved_peak + embeds
         dora_at[len(stages) - 1] = (dora, wrapped)  # DoRA's linears (components/dora.py)
+        if grads:
+            moments_at[len(stages) - 1] = grads  # its ops' backward moments (grad_moments.py)
         # a family's own backward peak (Jamba's Mamba scan): its temporaries, what it releases
         peak = hook(desc, spec, params, i, stages[-1].recompute or stages[-1].saved) if hook else None
         if peak is None and (eager or ctx.attention == "sdpa"):  # a softmax's backward (eager_attention.py)
@@ -185,8 +190,8 @@ def _plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Activ
         plan.stage_forward_transient = [shared_moments[key] for key in keys]
     if any(linears for linears, _ in dora_at.values()):
         linear_transients_apply(plan, dora_at, nbytes(x.numel, x.dtype), "dora" if ctx.dora else "dequant")
-        if ctx.dora:
-            dora_backward(plan, dora_at, nbytes(x.numel, x.dtype))
+    if moments_at:
+        grad_moments_apply(plan, moments_at, nbytes(x.numel, x.dtype))
     if spec.float8 is not None:
         from vramplan.components.float8 import apply
         res = dtypes_of(spec).weights
@@ -271,7 +276,7 @@ def _layer(ctx: Ctx, spec: JobSpec, i: int, x: Sym, b: int, s: int, seen: set[in
     return (items, out.requires_grad, split_layer(rec, x) if op_selective else None, out.dtype,
             tuple(rec.float8_linears), (rec.forward_peak, rec.unsaved_peak(), id(x.storage) in rec.seen,
                                         rec.saved.get(id(x.storage), (None,))[0]),
-            tuple(rec.linear_transients), layer_stop(rec))
+            (tuple(rec.linear_transients), tuple(rec.grad_moments)), layer_stop(rec))
 
 
 def _shared_rotary(ctx: Ctx, stages: list[Stage]) -> None:

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from collections.abc import Callable
 
 from vramplan.components.checkpoint_moments import record_lora_stop
-from vramplan.components.dora import DoraLinear, dora_linear
+from vramplan.components.dora import dora_linear
+from vramplan.components.grad_moments import mark_readers
 from vramplan.components.graph import Param, Recorder, Sym
 from vramplan.model import ModelDesc, NormKind
 
@@ -79,9 +80,7 @@ def lin(rec: Recorder, ctx: Ctx, x: Sym, module: str, name: str) -> Sym:
     """A Linear, with its LoRA branch when wrapped (PEFT lora.Linear.forward)."""
     w = ctx.p(module + ".weight")
     bias = ctx.opt(module + ".bias")
-    if ctx.dora:  # an earlier DoRA linear on this input runs its backward after this one (dora.py)
-        rec.linear_transients[:] = [t._replace(sibling_after=True) if isinstance(t, DoraLinear)
-                                    and t.input_id == id(x.storage) else t for t in rec.linear_transients]
+    mark_readers(rec.grad_moments, x)  # an earlier op on this input runs its backward after this one
     conv1d = ctx.desc.model_type == "gpt2" and module.rsplit(".", 1)[-1].startswith("c_")
     out = rec.linear(x, w, bias, name=("conv1d:" if conv1d else "") + name)
     if module not in ctx.lora:

@@ -27,29 +27,10 @@ Legend: T tokens, i in_features, o out_features, r rank.
 """
 from __future__ import annotations
 
-from typing import NamedTuple
-
 from vramplan.breakdown import Breakdown
+from vramplan.components.grad_moments import GradMoment
 from vramplan.components.graph import Param, Recorder, Sym
 from vramplan.units import nbytes
-
-
-class DoraLinear(NamedTuple):
-    """One DoRA linear as the recorder saw it: its forward transient (the first three fields,
-    as every `linear_transients` entry) and what its backward holds (backward_moment)."""
-
-    before: int
-    local: int
-    transient: int
-    last_saved: str
-    """lora_B's output, the last tensor the linear saves (for `s * y_lora`'s backward)."""
-    grads: int
-    """The gradients alive in `s * y_lora`'s MulBackward (backward_moment)."""
-    input_id: int
-    input_grad: int
-    """Bytes of the gradient of the linear's input."""
-    sibling_after: bool = False
-    """A later linear reads the same input (k_proj after q_proj, up_proj after gate_proj)."""
 
 
 def dora_linear(rec: Recorder, x: Sym, xa: Sym, out: Sym, w: Param, bias: Param | None,
@@ -106,9 +87,8 @@ def dora_linear(rec: Recorder, x: Sym, xa: Sym, out: Sym, w: Param, bias: Param 
     tokens = out.storage.nbytes // nbytes(fan_out, out.dtype)
     grads = (nbytes(tokens * fan_out, result_dora.dtype) + 3 * nbytes(tokens * fan_out, t3.dtype)
              + (nbytes(tokens * fan_out, out.dtype) if out.dtype != result_dora.dtype else 0))
-    rec.linear_transients.append(DoraLinear(before, local, transient(fan_in, fan_out, r, ad, rec.autocast, w_copy,
-                                                                     products), yb.name, grads, id(x.storage),
-                                            x.storage.nbytes))
+    rec.linear_transients.append((before, local, transient(fan_in, fan_out, r, ad, rec.autocast, w_copy, products)))
+    rec.grad_moments.append(GradMoment(yb.name, "backward/dora_grads", grads, id(x.storage), x.storage.nbytes))
     return rec.to(summed, out.dtype, name=name)
 
 
@@ -137,8 +117,8 @@ def forward_term(linears, saved_total: int | None) -> int:
     layer's saved tensors kept (`saved_total`), the worst linear's moment less them; in a
     checkpointed forward (None), which keeps nothing, its moment alone."""
     if saved_total is None:
-        return max((local + t for _, local, t, *_ in linears), default=0)
-    return max(0, max((before + local + t for before, local, t, *_ in linears), default=0) - saved_total)
+        return max((local + t for _, local, t in linears), default=0)
+    return max(0, max((before + local + t for before, local, t in linears), default=0) - saved_total)
 
 
 TERMS = {"dora": ("dora/forward_weight_norm", "dora/recomputed_weight_norm"),
@@ -171,46 +151,8 @@ def apply(plan, linears_at: dict, grad_hidden: int, kind: str = "dora") -> None:
             # released before it (the MLP output projection's input), and its temporaries
             counted = (sum(v for n, v in st.recompute if n not in st.freed_before_peak)
                        + plan.layer_backward_transient.total())
-            moment = max((before + local + t for before, local, t, *_ in linears), default=0) + grad_hidden
+            moment = max((before + local + t for before, local, t in linears), default=0) + grad_hidden
             extra = max(extra, moment - counted)
     if extra > 0:
         plan.layer_backward_transient.add(bwd_term, extra)
 
-
-def backward_moments(plan, linears_at: dict, grad_hidden: int) -> None:
-    """A layer's backward peak inside one DoRA linear's backward, where it exceeds the one the
-    plan counts (the MLP's, layer_backward; a softmax's): in MulBackward of `s * y_lora`
-    (DoraLinear.grads), the autograd engine having run every node recorded after it and
-    released what they saved (torch/csrc/autograd/engine.cpp: a node's SavedVariables go
-    when it has run), beside the residual stream's gradient and, when a later linear reads
-    the same input (up_proj after gate_proj), that one's gradient of it, waiting in the input
-    buffer. Seen with the exact CPU meter: Qwen3 amp-bf16 DoRA on gate_proj, checkpointed,
-    whose peak is four fp32 T x f gradients in gate_proj's backward."""
-    shared: dict[tuple, tuple | None] = {}
-    for j, (linears, _) in linears_at.items():
-        st = plan.stages[j]
-        saved = st.recompute or st.saved
-        key = (id(saved), id(linears), st.freed_before_peak, id(st.backward_transient))
-        if key not in shared:
-            counted = (sum(v for n, v in saved if n not in st.freed_before_peak)
-                       + (st.backward_transient or plan.layer_backward_transient).total())
-            shared[key] = _largest_moment(saved, linears, counted, grad_hidden)
-        if shared[key] is not None:
-            st.backward_transient, st.freed_before_peak = shared[key]
-
-
-def _largest_moment(saved: list[tuple[str, int]], linears, counted: int, grad_hidden: int) -> tuple | None:
-    """(transient, names released) of the layer's largest DoRA backward moment above `counted`."""
-    names, best = [n for n, _ in saved], None
-    for lin in linears:
-        if not isinstance(lin, DoraLinear) or lin.last_saved not in names:
-            continue
-        at = len(names) - 1 - names[::-1].index(lin.last_saved)
-        out = Breakdown().add("backward/grad_hidden", grad_hidden).add("backward/dora_grads", lin.grads)
-        if lin.sibling_after:
-            out.add("backward/grad_linear_input", lin.input_grad)
-        moment = sum(v for _, v in saved[:at + 1]) + out.total()
-        if moment > counted:
-            kept = set(names[:at + 1])
-            counted, best = moment, (out, tuple(n for n in names[at + 1:] if n not in kept))
-    return best

@@ -59,8 +59,8 @@ class Recorder:
     """autocast caches the casts of leaf tensors that require grad (weights) for the region
     (aten/src/ATen/autocast_mode.cpp `cached_cast`); frozen weights are cast at each use."""
     dequant_saved: str | None = None
-    """Compute dtype of weights a kernel dequantizes outside an autograd.Function, which
-    MmBackward then keeps (GPTQModel TorchLinear); None: only the packed weight is kept."""
+    """Compute dtype of weights a kernel dequantizes outside an autograd.Function, which MmBackward
+    then keeps (GPTQModel TorchLinear); None: only the packed weight is kept."""
     quant_input_saved: bool = False
     """A quantized kernel whose autograd.Function saves its input whenever that input needs a
     gradient (hqq HQQMatmulNoCacheMul, components/quant.py kernel_saves_input)."""
@@ -77,11 +77,11 @@ class Recorder:
     weight parameter, bias) whenever a gradient flows (deepspeed runtime/zero/linear.py)."""
     linear_transients: list = field(default_factory=list)
     """Linears whose call holds temporaries beyond what it saves, as (bytes saved by then, locals
-    alive, transient): DoRA's weight norm (components/dora.py), a kernel's dequantization
-    (`dequant_peak`)."""
+    alive, transient): DoRA's weight norm (components/dora.py), a kernel's dequantization."""
+    grad_moments: list = field(default_factory=list)
+    """Backward moments of the layer's own ops (components/grad_moments.py GradMoment)."""
     dequant_peak: Callable[[int], int] | None = None
-    """Bytes alive at a kernel's per-call dequantization of a weight of that many elements
-    (components/quant.py); None: not modelled."""
+    """Bytes alive at a kernel's per-call dequantization of a weight of that many elements (quant.py)."""
     frame: list = field(default_factory=list)
     """Tensors enclosing module calls hold while an inner one runs (LlamaDecoderLayer's residual
     and LlamaMLP's input during the MLP): alive, saved or not; read by `_dequant_moment`."""

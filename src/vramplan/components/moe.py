@@ -9,7 +9,9 @@ experts, the gathered rows number T * top_k (T = b * s tokens), assuming even ro
 from __future__ import annotations
 
 from vramplan.components.arch import Ctx, activation, mlp_shared
+from vramplan.components.grad_moments import GradMoment
 from vramplan.components.graph import Param, Recorder, Sym
+from vramplan.units import nbytes
 
 
 def moe_block(rec: Recorder, ctx: Ctx, x: Sym, i: int, pre: str | None = None, router_name: str = "gate",
@@ -59,12 +61,39 @@ def moe_block(rec: Recorder, ctx: Ctx, x: Sym, i: int, pre: str | None = None, r
     reordered = rec.new("moe/expert_reordered", (rows, h), routed.dtype, False)
     rec.forward_moment(*frame, x, gathered, out, routed, reordered)
     combined = rec.new("moe/combined", x.shape, x.dtype, routed.requires_grad or x.requires_grad)
+    # the weights the experts get: Mixtral keeps the router's fp32 softmax (MixtralTopKRouter),
+    # Qwen2/3-MoE cast them to the router logits' dtype, Jamba to the hidden states'
+    w_dtype = {"mixtral": "fp32", "jamba": x.dtype}.get(ctx.desc.model_type, rec.autocast or x.dtype)
     if moe.num_shared_experts:
+        # Qwen2MoeSparseMoeBlock.forward runs the shared expert before the routed ones, and its
+        # gate linear (which reads x too) after them: its saves are alive at the combine's backward
         shared = mlp_shared(rec, ctx, x, f"{pre}.shared_expert")
+        combine_moment(rec, out, w_dtype, probs.requires_grad, x, True)
         gate = rec.linear(x, ctx.p(f"{pre}.shared_expert_gate.weight"), name="moe/shared_gate")
         sig = rec.unary_saving_output(gate, "moe/shared_gate_sigmoid")
         combined = rec.add(combined, rec.mul(sig, shared, name="moe/shared_weighted"), name="moe/out")
+    else:
+        combine_moment(rec, out, w_dtype, probs.requires_grad, x)
     return combined
+
+
+def combine_moment(rec: Recorder, out: Sym, w_dtype: str, w_grad: bool, x: Sym, waiting: bool = False) -> None:
+    """The backward moment of the routing-weight product (transformers/integrations/moe.py
+    grouped_mm_experts_forward: `weighted_out = proj_out * sample_weights_g.unsqueeze(-1)`, then
+    `weighted_out[inv_perm]` and a sum over top_k): its MulBackward holds the reordered gradient
+    (IndexBackward's, S x h), g * w and g * proj_out, at the product's dtype (fp32 when the
+    weights are), and the first's cast to proj_out's dtype, which the engine makes before it
+    reduces the second to (S, 1). Seen with the exact CPU meter: DeepSeek-V2 bf16 LoRA, a
+    classifier (no large logits), whose step peaks there. A GradMoment (grad_moments.py);
+    `waiting`: a later reader of x has made its gradient by then (Qwen2-MoE's shared gate)."""
+    rows, h = out.numel // out.shape[-1], out.shape[-1]
+    p = "fp32" if "fp32" in (out.dtype, w_dtype) else out.dtype
+    grads = nbytes(rows * h, p) * (1 + out.requires_grad + w_grad)
+    if out.requires_grad and p != out.dtype:
+        grads += nbytes(rows * h, out.dtype)
+    last = next(reversed(rec.saved.values()))[0] if rec.saved else ""
+    rec.grad_moments.append(GradMoment(last, "backward/moe_combine_grads", grads, id(x.storage), x.storage.nbytes,
+                                       waiting))
 
 
 def lora_folded(rec: Recorder, ctx: Ctx, w: Param, x: Sym, experts: int, name: str) -> Param:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from vramplan.components.arch import Ctx, activation, lin, mlp_shared, rms_norm
 from vramplan.components.graph import Param, Recorder, Sym
-from vramplan.components.moe import lora_folded
+from vramplan.components.moe import combine_moment, lora_folded
 
 LAYER_PREFIX = "model.layers"
 
@@ -124,6 +124,7 @@ def moe(rec: Recorder, ctx: Ctx, x: Sym, i: int) -> Sym:
     # promotes to fp32 and `.to(final_hidden_states.dtype)` casts back
     w = rec.new("moe/expert_weight", (rows, 1), weights.dtype, weights.requires_grad)
     routed = rec.to(rec.mul(out, w, name="moe/expert_weighted"), x.dtype, "moe/expert_weighted_cast")
+    combine_moment(rec, out, w.dtype, w.requires_grad, x)  # the shared experts, after, read x too
     combined = rec.new("moe/combined", x.shape, x.dtype, routed.requires_grad or x.requires_grad)
     if d.moe.num_shared_experts:
         combined = rec.add(combined, mlp_shared(rec, ctx, x, f"{pre}.shared_experts"), name="moe/out")
