@@ -66,33 +66,41 @@ def shifted_loss_terms(desc: ModelDesc, spec: JobSpec, v: int, c: str, autocast:
     return saved, fwd, bwd0, head
 
 
-def label_smoother_terms(b: int, s: int, v: int, c: str, grad_hidden: int):
+def label_smoother_terms(b: int, s: int, v: int, c: str, grad_hidden: int, autocast: bool = True):
     """(loss_saved, forward_end_transient, loss_backward_transient, head_backward_transient) of the
     HF Trainer's label-smoothed loss (TrainingArguments.label_smoothing_factor > 0):
 
     transformers/trainer.py `compute_loss` pops the labels, so the model returns logits only
     (no ForCausalLMLoss), and calls `LabelSmoother(outputs, labels, shift_labels=True)`
     (transformers/trainer_pt_utils.py):
-    `logits[..., :-1, :].contiguous()` copies T' = b * (s - 1) rows of the fp32 logits
-    (accelerate's `convert_outputs_to_fp32` under bf16/fp16 autocast frees the 16-bit ones),
+    `logits[..., :-1, :].contiguous()` copies T' = b * (s - 1) rows of the logits, fp32 under
+    bf16/fp16 autocast (accelerate's `convert_outputs_to_fp32` frees the 16-bit ones), the
+    model's own dtype otherwise (a bf16 model without autocast: nothing upcasts them),
     `log_probs = -log_softmax(logits)`: log_softmax saves its output and `gather` saves its input,
-    the negated copy, so two (T', v) fp32 tensors are kept for backward (measured:
+    the negated copy, so two (T', v) tensors are kept for backward (measured:
     bench/trainers `label-smoothing`, trace `aten._log_softmax` and `aten.neg` at the end of
     forward). Backward starts in GatherBackward: `new_zeros` then `scatter_add` (out of place),
-    two more (T', v) fp32 tensors beside the two saved ones (the backward peak of the trace).
-    Then the slice's backward writes the (b, s, v) fp32 gradient and the cast's backward its
-    16-bit copy, as the model's own loss does.
+    two more (T', v) tensors beside the two saved ones (the backward peak of the trace).
+    Then the slice's backward writes the (b, s, v) gradient and, under autocast, the cast's
+    backward its 16-bit copy, as the model's own loss does.
     Legend: T' = b * (s - 1) shifted tokens, v vocab, c logits dtype.
     """
-    shifted, full32 = nbytes(b * (s - 1) * v, "fp32"), nbytes(b * s * v, "fp32")
+    lp = "fp32" if autocast else c  # the dtype the smoother computes in
+    shifted, full = nbytes(b * (s - 1) * v, lp), nbytes(b * s * v, lp)
     # saved: log_softmax's output, gather's input (the negated copy), the shifted labels and
     # the clamped index gather keeps (int64 each)
     saved = (Breakdown().add("logits/log_softmax", shifted).add("logits/neg_log_probs", shifted)
              .add("logits/shift_labels", 2 * nbytes(b * (s - 1), "int64")))
-    # at the end of forward: the fp32 logits the model returned and their shifted copy
-    fwd = Breakdown().add("logits/logits_fp32", full32).add("logits/shift_logits", shifted)
+    # at the end of forward: the logits the model returned (fp32 under autocast) and their shifted copy
+    logits = "logits/logits_fp32" if lp == "fp32" else "logits/logits"
+    fwd = Breakdown().add(logits, full).add("logits/shift_logits", shifted)
     bwd0 = Breakdown().add("logits/gather_grad_zeros", shifted).add("logits/gather_grad_scatter", shifted)
-    head = Breakdown().add("logits/grad_logits_fp32", full32)
-    if c != "fp32":
+    if lp != "fp32":
+        # `log_probs.sum(dim=-1, keepdim=True, dtype=torch.float32)` of 16-bit log-probs: its
+        # backward (SumBackward1, run before the gather's) casts the expanded fp32 gradient back,
+        # a (T', v) copy that waits in log_probs' input buffer (seen with the exact CPU meter)
+        bwd0.add("logits/sum_grad_cast", shifted)
+    head = Breakdown().add(f"logits/grad_{logits.split('/')[1]}", full)
+    if c != lp:
         head.add("logits/grad_logits", nbytes(b * s * v, c))
     return saved, fwd, bwd0, head.add("logits/grad_hidden", grad_hidden)
