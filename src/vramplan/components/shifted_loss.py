@@ -43,7 +43,8 @@ def shifted_loss_terms(desc: ModelDesc, spec: JobSpec, v: int, c: str, autocast:
     full = nbytes(b * s * v, "fp32" if kind == "float" else c)
     saved.add("logits/log_softmax", nbytes(tokens * v, ls)).add("logits/shift_labels", nbytes(tokens, "int64"))
     fwd.add("logits/logits" if kind == "zloss" else "logits/logits_fp32", full)
-    fwd.add("logits/shift_logits", nbytes(tokens * v, "fp32" if kind == "float" else c))
+    if b > 1:  # one row's first s - 1 positions are contiguous: `.contiguous()` returns the slice itself
+        fwd.add("logits/shift_logits", nbytes(tokens * v, "fp32" if kind == "float" else c))
     if ls != c and kind == "zloss":
         fwd.add("logits/shift_logits_fp32", nbytes(tokens * v, ls))
     if kind == "zloss":
@@ -93,7 +94,9 @@ def label_smoother_terms(b: int, s: int, v: int, c: str, grad_hidden: int, autoc
              .add("logits/shift_labels", 2 * nbytes(b * (s - 1), "int64")))
     # at the end of forward: the logits the model returned (fp32 under autocast) and their shifted copy
     logits = "logits/logits_fp32" if lp == "fp32" else "logits/logits"
-    fwd = Breakdown().add(logits, full).add("logits/shift_logits", shifted)
+    fwd = Breakdown().add(logits, full)
+    if b > 1:  # at b = 1 the slice is contiguous and `.contiguous()` copies nothing (as shifted_loss_terms)
+        fwd.add("logits/shift_logits", shifted)
     bwd0 = Breakdown().add("logits/gather_grad_zeros", shifted).add("logits/gather_grad_scatter", shifted)
     if lp != "fp32":
         # `log_probs.sum(dim=-1, keepdim=True, dtype=torch.float32)` of 16-bit log-probs: its
