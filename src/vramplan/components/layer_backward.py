@@ -49,6 +49,10 @@ def layer_backward(desc: ModelDesc, spec: JobSpec) -> Breakdown:
     res = dtypes_of(spec).weights if spec.method.value != "qlora" else c
     width = desc.moe.expert_intermediate_size * desc.moe.top_k if desc.moe else desc.intermediate_size
     n_mlp = mlp_grad_tensors(desc)
+    if desc.moe is not None and not desc.model_type.startswith("llama4") and spec.method.value != "qlora":
+        # the experts' grouped matmuls run outside autocast in the weights' dtype (moe.py
+        # without_autocast; Llama-4's experts are bmm, which autocast casts)
+        c = dtypes_of(spec).weights
     out = (Breakdown().add("backward/grad_hidden", nbytes(tokens * desc.hidden_size, res))
            .add("backward/grad_mlp", n_mlp * nbytes(tokens * width, c)))
     q = spec.quantization

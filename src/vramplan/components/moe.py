@@ -33,7 +33,10 @@ def moe_block(rec: Recorder, ctx: Ctx, x: Sym, i: int, pre: str | None = None, r
     weights = rec.new("moe/topk_weights", (tokens, moe.top_k), "fp32", probs.requires_grad)
     if moe.norm_topk_prob:
         rec.save(weights)  # w / w.sum(): the division keeps its inputs
-    weights = rec.to(weights, x.dtype, name="moe/topk_weights_cast")
+    # the weights the experts get: Mixtral keeps the router's fp32 softmax (MixtralTopKRouter),
+    # Qwen2/3-MoE cast them to the router logits' dtype, Jamba to the hidden states'
+    w_dtype = {"mixtral": "fp32", "jamba": x.dtype}.get(ctx.desc.model_type, rec.autocast or x.dtype)
+    weights = rec.to(weights, w_dtype, name="moe/topk_weights_cast")
     rows = tokens * moe.top_k
     gate_up = Param(f"{pre}.experts.gate_up_proj", (2 * moe.expert_intermediate_size, h),
                     ctx.p(f"{pre}.experts.gate_up_proj").dtype, ctx.p(f"{pre}.experts.gate_up_proj").trainable)
@@ -41,6 +44,7 @@ def moe_block(rec: Recorder, ctx: Ctx, x: Sym, i: int, pre: str | None = None, r
                  ctx.p(f"{pre}.experts.down_proj").dtype, ctx.p(f"{pre}.experts.down_proj").trainable)
     rec.save(rec.new("moe/token_index", (rows,), "int64", False))
     gathered = rec.new("moe/expert_in", (rows, h), x.dtype, x.requires_grad)
+    amp = without_autocast(rec)
     if gate_up.name in ctx.lora:
         gate_up = lora_folded(rec, ctx, gate_up, gathered, moe.num_experts, "moe/lora_folded_gate_up")
     gu = rec.linear(gathered, gate_up, name="moe/expert_gate_up")
@@ -50,6 +54,7 @@ def moe_block(rec: Recorder, ctx: Ctx, x: Sym, i: int, pre: str | None = None, r
     if down.name in ctx.lora:
         down = lora_folded(rec, ctx, down, prod, moe.num_experts, "moe/lora_folded_down")
     out = rec.linear(prod, down, name="moe/expert_down")
+    rec.autocast = amp
     routed = rec.mul(out, rec.view(weights, (rows, 1), "moe/expert_weight"), name="moe/expert_weighted")
     # The block's forward moments (transformers/integrations/moe.py grouped_mm_experts_forward):
     # the gathered rows `hidden_states[perm // num_top_k]` stay a local to its return; at the
@@ -61,9 +66,6 @@ def moe_block(rec: Recorder, ctx: Ctx, x: Sym, i: int, pre: str | None = None, r
     reordered = rec.new("moe/expert_reordered", (rows, h), routed.dtype, False)
     rec.forward_moment(*frame, x, gathered, out, routed, reordered)
     combined = rec.new("moe/combined", x.shape, x.dtype, routed.requires_grad or x.requires_grad)
-    # the weights the experts get: Mixtral keeps the router's fp32 softmax (MixtralTopKRouter),
-    # Qwen2/3-MoE cast them to the router logits' dtype, Jamba to the hidden states'
-    w_dtype = {"mixtral": "fp32", "jamba": x.dtype}.get(ctx.desc.model_type, rec.autocast or x.dtype)
     if moe.num_shared_experts:
         # Qwen2MoeSparseMoeBlock.forward runs the shared expert before the routed ones, and its
         # gate linear (which reads x too) after them: its saves are alive at the combine's backward
@@ -75,6 +77,16 @@ def moe_block(rec: Recorder, ctx: Ctx, x: Sym, i: int, pre: str | None = None, r
     else:
         combine_moment(rec, out, w_dtype, probs.requires_grad, x)
     return combined
+
+
+def without_autocast(rec: Recorder) -> str | None:
+    """The experts' grouped matmuls run outside autocast: torch._grouped_mm and
+    F.grouped_mm have no autocast rule, so transformers casts the input to the weights' dtype
+    (integrations/moe.py `_grouped_mm`, pytorch issue 174763) and under amp the experts compute
+    in fp32 on their fp32 weights, no low-precision copies (CPU meter: Mixtral amp-bf16). Returns
+    the autocast dtype to restore after them."""
+    amp, rec.autocast = rec.autocast, None
+    return amp
 
 
 def combine_moment(rec: Recorder, out: Sym, w_dtype: str, w_grad: bool, x: Sym, waiting: bool = False) -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from vramplan.components.arch import Ctx, activation, lin, mlp_shared, rms_norm
 from vramplan.components.graph import Param, Recorder, Sym
-from vramplan.components.moe import combine_moment, lora_folded
+from vramplan.components.moe import combine_moment, lora_folded, without_autocast
 
 LAYER_PREFIX = "model.layers"
 
@@ -109,6 +109,7 @@ def moe(rec: Recorder, ctx: Ctx, x: Sym, i: int) -> Sym:
     # top_k_pos and token_idx from torch.where: kept by the gather, the weight lookup and index_add_
     rec.save(rec.new("moe/token_index", (rows,), "int64", False), rec.new("moe/topk_pos", (rows,), "int64", False))
     gathered = rec.new("moe/expert_in", (rows, h), x.dtype, x.requires_grad)
+    amp = without_autocast(rec)
     gate_up, down = ctx.p(f"{pre}.experts.gate_up_proj"), ctx.p(f"{pre}.experts.down_proj")
     gate_up, down = (Param(gate_up.name, (2 * m, h), gate_up.dtype, gate_up.trainable),
                      Param(down.name, (h, m), down.dtype, down.trainable))
@@ -120,6 +121,7 @@ def moe(rec: Recorder, ctx: Ctx, x: Sym, i: int) -> Sym:
     if down.name in ctx.lora:
         down = lora_folded(rec, ctx, down, prod, d.moe.num_experts, "moe/lora_folded_down")
     out = rec.linear(prod, down, name="moe/expert_down")
+    rec.autocast = amp
     # top_k_weights[token_idx, top_k_pos, None]: an fp32 (rows, 1) gather; the product
     # promotes to fp32 and `.to(final_hidden_states.dtype)` casts back
     w = rec.new("moe/expert_weight", (rows, 1), weights.dtype, weights.requires_grad)
