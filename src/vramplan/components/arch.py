@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from collections.abc import Callable
 
-from vramplan.components.checkpoint_moments import record_lora_stop
+from vramplan.components.checkpoint_moments import record_dropout_moment, record_lora_a_moment, record_lora_stop
 from vramplan.components.dora import dora_linear
 from vramplan.components.grad_moments import mark_readers
 from vramplan.components.graph import Param, Recorder, Sym
@@ -90,15 +90,9 @@ def lin(rec: Recorder, ctx: Ctx, x: Sym, module: str, name: str) -> Sym:
     if ctx.dora:
         return dora_linear(rec, x, xc, out, w, bias, a, b, ctx.lora_dropout, name, ctx.lora_dropout_module)
     xa = rec.dropout(xc, ctx.lora_dropout, name=f"{name}.lora_dropout")
+    record_dropout_moment(rec, (x, xc, out), xa, early=ctx.checkpointed)
     ya = rec.linear(xa, a, name=f"{name}.lora_A")
-    # under autocast lora_A runs on a low-precision copy of its input (saved by its mm): at
-    # lora_A's output the input, its cast, the dropped copy (saved by nothing else), that copy
-    # and the base result are alive (the output projection's, in a kept layer, is the forward's
-    # peak of a classifier: CPU meter, TRL reward model, lora_dropout 0.1 kept)
-    copy = next((Sym(n, xa.shape, rec.autocast, False, st) for n, st in rec.saved.values()
-                 if n == f"{xa.name}.autocast"), None) if rec.autocast else None
-    if copy is not None:
-        rec.forward_moment(*rec.frame, *rec.held, x, xc, xa, copy, out, ya, early=ctx.checkpointed)
+    record_lora_a_moment(rec, (x, xc, xa, out, ya), xa, early=ctx.checkpointed)
     yb = rec.linear(ya, b, name=f"{name}.lora_B")
     if b.trainable and ctx.checkpointed:  # lora_B saves ya: the last pack of a layer whose output projection has LoRA
         record_lora_stop(rec, (x, xc, xa, out, ya), out, yb)
@@ -234,7 +228,7 @@ def eager_attention(rec: Recorder, ctx: Ctx, q: Sym, k: Sym, v: Sym, name: str, 
     """eager_attention_forward: matmul, * scaling, + causal mask, softmax in fp32 then
     back to q's dtype, dropout, matmul with v, transpose(1, 2).contiguous(). `k_kv`: the
     unrepeated k and v, alive beside the repeated ones (GQA)."""
-    b, a, s, d = q.shape
+    (b, a, s, d), in_dtype = q.shape, q.dtype
     dtype = rec.autocast or q.dtype
     q, k, v = (rec._autocast_input(t) for t in (q, k, v))
     if k.requires_grad:
@@ -262,7 +256,7 @@ def eager_attention(rec: Recorder, ctx: Ctx, q: Sym, k: Sym, v: Sym, name: str, 
     if getattr(ctx.desc, "softmax_in_input_dtype", False) and rec.autocast is None:
         # Llama-4's eager_attention_forward: softmax in the scores' dtype, no fp32 upcast
         # (under autocast softmax is on the fp32 list, as for the others: seen with the meter)
-        probs = rec.unary_saving_output(masked, f"{name}.softmax")
+        probs = probs32 = rec.unary_saving_output(masked, f"{name}.softmax")
         rec.forward_moment(*held, masked, probs)
     else:
         wide = rec.to(masked, "fp32")
@@ -271,6 +265,9 @@ def eager_attention(rec: Recorder, ctx: Ctx, q: Sym, k: Sym, v: Sym, name: str, 
         probs = rec.to(probs32, q.dtype, name=f"{name}.probs")
         rec.forward_moment(*held, probs32, probs)
     probs = rec.dropout(probs, attention_dropout(ctx), f"{name}.dropout")
+    # the attention weights (`.to(query.dtype)`: no copy of an fp32 query, amp after an fp32 rotary),
+    # bound by the decoder layer to `_` (LlamaDecoderLayer.forward and copies): alive to its return
+    ctx.shared_keys["attn_weights"] = probs32 if in_dtype == "fp32" and probs.dtype != "fp32" else probs
     if v.requires_grad:
         rec.save(probs)
     if probs.requires_grad:
@@ -372,6 +369,8 @@ def llama_layer(rec: Recorder, ctx: Ctx, x: Sym, i: int, b: int, s: int) -> Sym:
     pre = f"model.layers.{i}"
     h = norm(rec, ctx, x, f"{pre}.input_layernorm", "attn_norm")
     h = self_attention(rec, ctx, h, i, b, s)
+    held = [w for w in (ctx.shared_keys.pop("attn_weights", None),) if w is not None]  # eager's `_`
+    rec.frame += held  # held to the layer's return
     if ctx.desc.sandwich_norm:
         h = norm(rec, ctx, h, f"{pre}.post_attention_layernorm", "attn_post_norm")
     h = rec.dropout(h, ctx.desc.hidden_dropout if ctx.training_dropout and ctx.module_dropout else 0.0,
@@ -390,4 +389,5 @@ def llama_layer(rec: Recorder, ctx: Ctx, x: Sym, i: int, b: int, s: int) -> Sym:
         h = norm(rec, ctx, h, f"{pre}.post_feedforward_layernorm", "mlp_post_norm")
     h = rec.dropout(h, ctx.desc.hidden_dropout if ctx.training_dropout and ctx.module_dropout else 0.0,
                     "mlp/resid_dropout")
+    del rec.frame[len(rec.frame) - len(held):]
     return rec.add(x, h, name="mlp_residual")

@@ -16,10 +16,50 @@ nothing it saves; two moments then hold more than the layer's saved tensors:
 from __future__ import annotations
 
 from vramplan.breakdown import Breakdown
+from vramplan.components.grad_moments import GradMoment
 from vramplan.components.graph import Recorder, Sym
 from vramplan.units import nbytes
 
 CACHE_TERM = "activations/autocast_weight_cache"
+
+
+def record_dropout_moment(rec: Recorder, alive: tuple[Sym, ...], dropped: Sym, early: bool) -> None:
+    """LoRA's dropout on CPU (aten/src/ATen/native/Dropout.cpp `_dropout_impl`: `noise =
+    empty_like(input).bernoulli_(1 - p)`, then `input * noise`): at the product its input, the
+    noise and the output are alive at once, beside `alive` (the caller's). A checkpointed layer
+    keeps none of them, so its forward can peak there (CPU meter: Phi amp-bf16, LoRA dropout
+    0.05 on fc2, whose fp32 cast of the MLP's output, noise and product are alive)."""
+    noise = _saved_as(rec, f"{dropped.name}.mask", dropped)
+    if noise is not None:
+        _moment(rec, (*alive, noise, dropped), noise.name, early)
+
+
+def record_lora_a_moment(rec: Recorder, alive: tuple[Sym, ...], xa: Sym, early: bool) -> None:
+    """Under autocast lora_A runs on a low-precision copy of its input (saved by its mm): at
+    lora_A's output the input, its cast, the dropped copy (saved by nothing else), that copy,
+    the base result and lora_A's output (`alive`) are alive (the output projection's, in a kept
+    layer, is the forward's peak of a classifier: CPU meter, TRL reward model, lora_dropout 0.1
+    kept; in a checkpointed Phi layer's recomputation, the backward's peak)."""
+    copy = _saved_as(rec, f"{xa.name}.autocast", xa, rec.autocast) if rec.autocast else None
+    if copy is not None:
+        _moment(rec, (*alive, copy), copy.name, early)
+
+
+def _saved_as(rec: Recorder, name: str, like: Sym, dtype: str | None = None) -> Sym | None:
+    return next((Sym(n, like.shape, dtype or like.dtype, False, st) for n, st in rec.saved.values() if n == name), None)
+
+
+def _moment(rec: Recorder, alive: tuple[Sym, ...], last_saved: str, early: bool) -> None:
+    """A forward moment; in a checkpointed layer (`early`) also the same moment of its
+    recomputation in backward, with what it has recomputed so far (the saves up to
+    `last_saved`) and the backward's incoming gradient: a GradMoment whose "gradients" are
+    the moment's unsaved tensors (grad_moments.py)."""
+    rec.forward_moment(*rec.frame, *rec.held, *alive, early=early)
+    if early:
+        unsaved = {id(t.storage): t.storage.nbytes for t in (*rec.frame, *rec.held, *alive)
+                   if id(t.storage) not in rec.seen}
+        rec.grad_moments.append(GradMoment(last_saved, "activations/recomputed_forward_moment",
+                                           sum(unsaved.values()), 0, 0))
 
 
 def record_lora_stop(rec: Recorder, alive: tuple[Sym, ...], out: Sym, yb: Sym) -> None:
@@ -80,4 +120,5 @@ def apply_stops(plan, stops: dict[int, tuple]) -> None:
             st.backward_transient = terms
 
 
-__all__ = ["record_lora_stop", "layer_stop", "cache_before", "apply_stops", "CACHE_TERM"]
+__all__ = ["record_dropout_moment", "record_lora_a_moment", "record_lora_stop", "layer_stop", "cache_before",
+           "apply_stops", "CACHE_TERM"]

@@ -28,10 +28,13 @@ def layer(rec: Recorder, ctx: Ctx, x: Sym, i: int, b: int, s: int) -> Sym:
     # PhiMLP: fc1 -> activation (gelu_new for every published Phi) -> fc2; PhiDecoderLayer.forward
     # holds the norm's output and `attn_outputs` through it, and `residual`, the layer's input
     # (which a checkpoint keeps and LayerNorm saves: counted there)
-    rec.frame += [h, attn]
+    # and, under eager attention, the attention weights it binds to `_`
+    weights = ctx.shared_keys.pop("attn_weights", None)
+    held = [h, attn] + ([weights] if weights is not None else [])
+    rec.frame += held
     m = lin(rec, ctx, h, f"{pre}.mlp.fc1", "mlp/fc")
     m = lin(rec, ctx, activation(rec, m, ctx.desc.hidden_act, "mlp/act"), f"{pre}.mlp.fc2", "mlp/proj")
-    del rec.frame[-2:]
+    del rec.frame[-len(held):]
     m = rec.dropout(m, drop, "mlp/dropout")
     branches = rec.add(attn, m, name="branches")
     y = rec.add(branches, x, name="mlp_residual")
