@@ -28,8 +28,12 @@ def layer(rec: Recorder, ctx: Ctx, x: Sym, i: int, b: int, s: int) -> Sym:
     pre = f"{LAYER_PREFIX}.{i}"
     h = rms_norm(rec, ctx, x, f"{pre}.input_layernorm", "attn_norm")
     x = rec.add(x, attention(rec, ctx, h, i, b, s), name="attn_residual")
+    # eager's attention weights, bound to `_` by the decoder layer: alive to its return (arch.py)
+    held = [w for w in (ctx.shared_keys.pop("attn_weights", None),) if w is not None]
+    rec.frame += held
     h = rms_norm(rec, ctx, x, f"{pre}.post_attention_layernorm", "mlp_norm")
     h = moe(rec, ctx, h, i) if i in ctx.desc.moe_layers else mlp_shared(rec, ctx, h, f"{pre}.mlp")
+    del rec.frame[len(rec.frame) - len(held):]
     return rec.add(x, h, name="mlp_residual")
 
 
@@ -91,9 +95,11 @@ def _core(rec: Recorder, ctx: Ctx, q: Sym, k: Sym, v: Sym) -> Sym:
     if ctx.attention == "eager":
         probs = rec.to(probs, rec.autocast or q.dtype, name="attn/core.probs")
         rec.save(probs)
-    rec.dropout(probs, drop, "attn/core.dropout")
+    dropped = rec.dropout(probs, drop, "attn/core.dropout")
     if drop > 0:
         rec.save(rec.new("attn/core.dropped", (b, a, s, s), probs.dtype, True))
+    if ctx.attention == "eager":
+        ctx.shared_keys["attn_weights"] = dropped  # returned as the attention weights
     return rec.new("attn/core.out", out_shape, rec.autocast or q.dtype, True)
 
 
