@@ -341,7 +341,7 @@ def _with_loss(desc: ModelDesc, spec: JobSpec, stages: list[Stage], logits: Sym,
         return ActivationPlan(stages, saved, fwd, bwd0, head, layer_backward(desc, spec))
     if loss_kind(desc, spec) or spec.label_smoothing:  # repository code's own loss, the Trainer's LabelSmoother
         autocast = dtypes_of(spec).autocast is not None
-        terms = (label_smoother_terms(b, s, v, c, grad_hidden, autocast) if spec.label_smoothing else  # (shifted_loss.py)
+        terms = (label_smoother_terms(*model_rows(spec), v, c, grad_hidden, autocast) if spec.label_smoothing else
                  shifted_loss_terms(desc, spec, v, c, autocast, grad_hidden, head_trains))
         return ActivationPlan(stages, *terms, layer_backward(desc, spec))
     saved.add("logits/log_softmax", full32).add("logits/labels", nbytes(tokens, "int64"))
