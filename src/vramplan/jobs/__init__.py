@@ -54,10 +54,13 @@ def estimate_job(spec: JobSpec, gpu=None):
     if spec.task is Task.DIFFUSION:  # the model is a pipeline (catalog or inline)
         from vramplan.jobs import diffusion
         return diffusion.diffusion_estimate(diffusion.resolve_pipeline(spec.model), spec, gpu)
-    from vramplan.validity import assume_seq_len, check_job, check_roles
+    from vramplan.validity import assume_seq_len, attention_note, check_job, check_roles, resolve_attention
     descs = resolve_models(spec)
-    spec = assume_seq_len(descs["policy"], spec) if "policy" in descs else spec
-    notes = check_job(descs["policy"], spec)  # SpecError for a job the libraries refuse
+    given = spec
+    if "policy" in descs:  # and the attention transformers runs for it (estimation.model_spec does the same)
+        spec = resolve_attention(descs["policy"], assume_seq_len(descs["policy"], spec))
+    # SpecError for a job the libraries refuse
+    notes = check_job(descs["policy"], spec) + attention_note(descs["policy"], given, spec)
     check_roles(descs, spec)
     est = estimate_descs(descs, spec, gpu)
     est.notes[:0] = notes
