@@ -69,3 +69,27 @@ def test_the_folded_copies_are_saved_per_layer():
     delta = (_estimate(config, "all-linear").phases["forward"]
              - _estimate(config, ["q_proj", "v_proj"]).phases["forward"])
     assert delta >= experts
+
+
+@pytest.mark.parametrize("field, value", [("dropout", 0.05), ("use_dora", True)])
+@pytest.mark.parametrize("targets", ["all-linear", ["q_proj", "gate_proj", "up_proj", "down_proj"]])
+def test_what_peft_s_param_wrapper_refuses_is_refused(field, value, targets):
+    """lora.ParamWrapper raises ValueError for a lora_dropout or DoRA (get_peft_model fails):
+    the job cannot run, so the estimate is a one-line spec error naming the field; without the
+    experts among the targets both are allowed, as in PEFT."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    peft = pytest.importorskip("peft")
+    cfg = dict(Q3M)
+    hf = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+    peft_kw = {"dropout": "lora_dropout"}.get(field, field)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(hf)
+    with pytest.raises(ValueError, match="ParamWrapper"):
+        peft.get_peft_model(model, peft.LoraConfig(r=4, target_modules=targets, **{peft_kw: value}))
+    spec = {"model": Q3M, "method": "lora", "backend": "cpu", "precision": "bf16", "micro_batch_size": 1,
+            "seq_len": 16, "lora": {"r": 4, "target_modules": targets, field: value}}
+    with pytest.raises(SpecError, match=rf"^lora\.{field}: .*ParamWrapper"):
+        vramplan.estimate(vramplan.load_spec(spec))
+    spec["lora"]["target_modules"] = ["q_proj", "v_proj"]
+    assert vramplan.estimate(vramplan.load_spec(spec)).peak_allocated_bytes > 0

@@ -50,6 +50,19 @@ def convert_targets(model_type: str, names: set[str]) -> tuple[set[str], dict[st
     return remaining, params
 
 
+def check_wrapper_options(lora) -> None:
+    """lora.ParamWrapper refuses what it cannot fold into the weight (peft/tuners/lora/layer.py
+    ParamWrapper.__init__ raises ValueError): a lora_dropout (x is not factored out of
+    lora_B(lora_A(dropout(x)))) and DoRA; get_peft_model fails before training starts."""
+    leave = "or leave the experts and the router out of lora.target_modules"
+    if lora.dropout:
+        raise SpecError("lora.dropout", f"PEFT's LoRA on fused MoE experts (lora.ParamWrapper) does not work with "
+                                        f"lora_dropout != 0 (got {lora.dropout}): set it to 0, {leave}")
+    if lora.use_dora:
+        raise SpecError("lora.use_dora", f"PEFT's LoRA on fused MoE experts (lora.ParamWrapper) does not work with "
+                                         f"use_dora: set it to false, {leave}")
+
+
 def expert_names(model_type: str) -> set[str]:
     """The 4.x names `all-linear` adds for this model type (the mapping's keys)."""
     table = peft_moe_targets(model_type)

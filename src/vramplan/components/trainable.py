@@ -230,6 +230,8 @@ def _lora_set(desc: ModelDesc, spec: JobSpec, wdtype: str) -> ParamSet:
     target_names = {p.name for p in targets}
     # transformers 4.x (stack.transformers) built an nn.Linear per expert: no rewrite there
     moe = _moe_targets(desc, resolved_lora_targets(desc, spec)) if not per_expert_linears(spec) else None
+    if moe is not None and moe[1]:
+        moe_lora.check_wrapper_options(spec.lora)
     held: list[HeldParam] = []
     # torchtune's QLoRA builders (torchtune/models/*/_component_builders.py, quantize_base=True)
     # turn the base linears into torchao NF4Tensors and leave the rest in the model's dtype;
