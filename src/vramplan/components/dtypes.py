@@ -129,6 +129,10 @@ def default_load_dtype(spec: JobSpec, checkpoint_dtype: str | None) -> str:
     word, policy = _word_dtype(spec.precision), _policy(spec.precision, spec.stack)
     if spec.task.value == "inference":  # no trainer: the model is run in the named dtype
         return word
+    if spec.stack.framework is Framework.LLAMA_FACTORY and checkpoint_dtype and policy in (_AUTOCAST, "fp32"):
+        # LLaMA-Factory loads with torch_dtype="auto" whatever its flags and the transformers
+        # release (llamafactory/model/loader.py `load_model`): the checkpoint's dtype
+        return checkpoint_dtype
     if policy in ("fp32", _FP32_PARAMS) or (policy == _AUTOCAST and spec.precision.is_autocast):
         return "fp32"
     if policy != _AUTOCAST:

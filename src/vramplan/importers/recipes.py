@@ -131,6 +131,12 @@ def _llama_factory(cfg: dict, source: str) -> tuple[dict, ImportReport]:
             rep.use(p, "precision")
     _llama_factory_dtype(cfg, out, rep)
     _llama_factory_stage(cfg, out, rep)
+    if "optim" not in cfg:
+        # no `optim`: transformers' TrainingArguments default, adamw_torch_fused with torch
+        # >= 2.8 (transformers/training_args.py `default_optim`; LLaMA-Factory 0.9.5 pins
+        # transformers >= 4.55 and its create_custom_optimizer returns None without
+        # GaLore / APOLLO / BAdam / Muon ..., so the Trainer builds it)
+        out["optimizer"], out["optimizer_impl"] = "adamw", "fused"
     # model_utils/checkpointing.py prepare_model_for_training: gradient checkpointing is on
     # unless `disable_gradient_checkpointing` (ModelArguments default False)
     if _switch(rep, "disable_gradient_checkpointing", cfg.get("disable_gradient_checkpointing")):
@@ -188,21 +194,27 @@ def _llama_factory_stage(cfg: dict, out: dict, rep: ImportReport) -> None:
 
 
 def _llama_factory_dtype(cfg: dict, out: dict, rep: ImportReport) -> None:
-    """LLaMA-Factory loads the model in the compute dtype its bf16/fp16 flag names, then
-    upcasts the trainable parameters to fp32 unless `pure_bf16` (or BAdam) is set
-    (src/llamafactory/model/adapter.py `init_adapter`: cast_trainable_params_to_fp32).
-    A full fine-tune therefore holds fp32 weights under autocast; `pure_bf16` trains in
-    bf16 with no autocast."""
-    if "precision" not in out:
-        return
-    if cfg.get("pure_bf16") or cfg.get("use_badam"):
+    """LLaMA-Factory's precision and the dtypes it loads and trains in.
+
+    - No bf16 / fp16 / pure_bf16: its TrainingArguments defaults (bf16 = fp16 = False), so
+      no autocast: precision fp32 over the weights as loaded.
+    - It loads with `torch_dtype="auto"` (model/loader.py `load_model`): the checkpoint's own
+      dtype, on any transformers release and whatever the precision flag; the estimate takes
+      it from the model's config (load_dtype left unset, components/dtypes.py).
+    - It then upcasts every trainable parameter to fp32 unless `pure_bf16` or BAdam is set
+      (model/adapter.py `init_adapter`: cast_trainable_params_to_fp32; LoRA's adapters are
+      fp32 anyway): a full fine-tune holds fp32 weights (load_dtype fp32), LoRA keeps the
+      frozen base in the checkpoint's dtype. `pure_bf16` trains in bf16 with no autocast."""
+    badam = bool(cfg.get("use_badam"))
+    if cfg.get("pure_bf16") or (badam and "precision" in out):
+        # hparams/parser.py: pure_bf16 sets compute_dtype bf16 with or without the bf16 flag
         out["precision"] = "pure-bf16"
         rep.use("pure_bf16" if cfg.get("pure_bf16") else "use_badam", "precision = pure-bf16")
-    elif out.get("method") == "full":
+        return
+    out.setdefault("precision", "fp32")
+    if out.get("method") == "full" and not badam:
         out["load_dtype"] = "fp32"
         rep.use(out["precision"], f"precision = {out['precision']}, trainable params upcast to fp32 (load_dtype fp32)")
-    else:
-        out["load_dtype"] = out["precision"]
 
 
 def _torchtune(cfg: dict, source: str) -> tuple[dict, ImportReport]:
