@@ -58,6 +58,9 @@ CASES = [
     ("dpo/lora/bf16/gc", {"stage": "dpo", "cutoff_len": 128}),
     ("dpo/full/bf16/no-gc", {"stage": "dpo", "cutoff_len": 128, "finetuning_type": "full",
                               "disable_gradient_checkpointing": True}),
+    ("dpo/full/fp32/gc", {"stage": "dpo", "cutoff_len": 128, "finetuning_type": "full", "bf16": False}),
+    ("orpo/lora/bf16/no-gc", {"stage": "dpo", "pref_loss": "orpo", "cutoff_len": 128,
+                              "disable_gradient_checkpointing": True}),
 ]
 
 
