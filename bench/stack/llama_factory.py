@@ -1,6 +1,6 @@
 """LLaMA-Factory's own training step, measured: each case is a LLaMA-Factory YAML run by
 its real entry (`llamafactory.train.tuner.run_exp`: its argument parser, model loader and
-patcher, adapter setup, data pipeline and collator, CustomSeq2SeqTrainer / CustomDPOTrainer)
+patcher, adapter setup, data pipeline and collator, and its pt / sft / dpo / kto trainers)
 for two optimizer steps on CPU, in a fresh process, under vramplan's exact meter
 (`vramplan.measure.trainer_meter.metered_train`, the phases of bench/trainers), next to
 `vramplan.estimate` of the job the same YAML imports to (`vramplan.importers.from_recipe`).
@@ -61,6 +61,10 @@ CASES = [
     ("dpo/full/bf16/no-gc", {"stage": "dpo", "cutoff_len": 128, "finetuning_type": "full",
                               "disable_gradient_checkpointing": True}),
     ("dpo/full/fp32/gc", {"stage": "dpo", "cutoff_len": 128, "finetuning_type": "full", "bf16": False}),
+    ("pt/lora/bf16/gc", {"stage": "pt"}),
+    ("kto/lora/bf16/gc", {"stage": "kto", "cutoff_len": 128}),
+    ("kto/full/bf16/no-gc", {"stage": "kto", "cutoff_len": 128, "finetuning_type": "full",
+                             "disable_gradient_checkpointing": True}),
     ("orpo/lora/bf16/no-gc", {"stage": "dpo", "pref_loss": "orpo", "cutoff_len": 128,
                               "disable_gradient_checkpointing": True}),
 ]
@@ -129,10 +133,14 @@ def write_assets(root: Path, checkpoint: str, cutoff: int) -> dict:
     pairs = [{"instruction": trl_data.words(cutoff, i, vocab), "input": "",
               "chosen": trl_data.words(cutoff, 100 + i, vocab),
               "rejected": trl_data.words(cutoff, 200 + i, vocab)} for i in range(n)]
+    kto = [dict(row, kto_tag=i % 2 == 0) for i, row in enumerate(sft)]
+    text = [{"text": trl_data.words(2 * cutoff, i, vocab)} for i in range(n)]
     (root / "data").mkdir()
-    (root / "data" / "sft.json").write_text(json.dumps(sft))
-    (root / "data" / "pairs.json").write_text(json.dumps(pairs))
-    info = {"tiny_sft": {"file_name": "sft.json"},
+    for name, rows in (("sft", sft), ("pairs", pairs), ("kto", kto), ("pt", text)):
+        (root / "data" / f"{name}.json").write_text(json.dumps(rows))
+    info = {"tiny_sft": {"file_name": "sft.json"}, "tiny_pt": {"file_name": "pt.json", "columns": {"prompt": "text"}},
+            "tiny_kto": {"file_name": "kto.json", "columns": {"prompt": "instruction", "query": "input",
+                                                              "response": "output", "kto_tag": "kto_tag"}},
             "tiny_pairs": {"file_name": "pairs.json", "ranking": True,
                            "columns": {"prompt": "instruction", "query": "input",
                                        "chosen": "chosen", "rejected": "rejected"}}}
@@ -141,12 +149,17 @@ def write_assets(root: Path, checkpoint: str, cutoff: int) -> dict:
             "output_dir": str(root / "out")}
 
 
+DATASETS = {"sft": "tiny_sft", "dpo": "tiny_pairs", "kto": "tiny_kto", "pt": "tiny_pt"}
+
+
 def child(name: str) -> dict:
     """Run one case's YAML through LLaMA-Factory's run_exp, metering its trainer's train()."""
     _stub_torchaudio()
     import torch
     import llamafactory
     from llamafactory.train.dpo.trainer import CustomDPOTrainer
+    from llamafactory.train.kto.trainer import CustomKTOTrainer
+    from llamafactory.train.pt.trainer import CustomTrainer
     from llamafactory.train.sft.trainer import CustomSeq2SeqTrainer
     from llamafactory.train.tuner import run_exp
 
@@ -155,7 +168,7 @@ def child(name: str) -> dict:
     recipe, checkpoint = case_recipe(name)
     root = Path(tempfile.mkdtemp(prefix="vramplan-lf-"))
     paths = write_assets(root, checkpoint, int(recipe["cutoff_len"]))
-    args = {**recipe, **paths, "dataset": "tiny_pairs" if recipe["stage"] == "dpo" else "tiny_sft"}
+    args = {**recipe, **paths, "dataset": DATASETS[recipe["stage"]]}
     result: dict = {}
 
     class Done(Exception):
@@ -175,7 +188,7 @@ def child(name: str) -> dict:
                                              "optimizer": type(self.optimizer.optimizer).__name__})
         raise Done
 
-    original = {cls: cls.train for cls in (CustomSeq2SeqTrainer, CustomDPOTrainer)}
+    original = {cls: cls.train for cls in (CustomSeq2SeqTrainer, CustomDPOTrainer, CustomKTOTrainer, CustomTrainer)}
     for cls in original:
         cls.train = metered
     torch.manual_seed(0)

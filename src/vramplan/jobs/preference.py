@@ -55,11 +55,10 @@ def _policy_head(spec: JobSpec, desc: ModelDesc, rows: int, chunked: bool):
 
 
 def casts_logits_first(spec: JobSpec) -> bool:
-    """LLaMA-Factory's DPO trainer (ORPO, SimPO: the same `concatenated_forward`) casts the
-    whole logits to fp32 before its get_batch_logps (llamafactory/train/dpo/trainer.py);
-    its KTO trainer also indexes the logits by tag (train/kto/trainer.py), not modelled
-    apart, so KTO keeps the TRL 0.x head."""
-    return spec.stack.framework is Framework.LLAMA_FACTORY and spec.task is not Task.KTO
+    """LLaMA-Factory's DPO trainer (ORPO, SimPO: the same `concatenated_forward`) and its KTO
+    trainer (`forward`) cast the whole logits to fp32 before their get_batch_logps
+    (llamafactory/train/dpo/trainer.py, train/kto/trainer.py)."""
+    return spec.stack.framework is Framework.LLAMA_FACTORY
 
 
 def _reference_dtypes(spec: JobSpec, ref_desc: ModelDesc, c: str) -> tuple[str, str]:
@@ -73,6 +72,21 @@ def _reference_dtypes(spec: JobSpec, ref_desc: ModelDesc, c: str) -> tuple[str, 
         weights = ref_desc.checkpoint_dtype
         return weights, c if dtypes_of(spec).autocast else weights
     return weights, c
+
+
+def _held_logits(spec: JobSpec, extra: Breakdown, logits: int) -> None:
+    """What LLaMA-Factory's preference trainers hold through the reference forward, which runs
+    after the policy's (`get_batch_loss_metrics`), beside its own head.
+    DPO (train/dpo/trainer.py `concatenated_forward`): chosen/rejected views of the policy's
+    fp32 logits, returned and kept until get_batch_loss_metrics returns.
+    KTO (train/kto/trainer.py `concatenated_forward`): `target_logits[kto_tags]` and
+    `[~kto_tags]`, boolean-index copies of the policy's fp32 logits (all rows between them),
+    and, through the reference's KL-batch forward, the reference's own target logits."""
+    if spec.task is Task.KTO:
+        extra.add("policy/logits/tagged_logits_fp32", logits)
+        extra.add("reference/logits/target_logits_fp32", logits)
+    else:
+        extra.add("policy/logits/logits_fp32", logits)
 
 
 def _frozen_head(spec: JobSpec, desc: ModelDesc, rows: int, chunked: bool) -> Breakdown:
@@ -123,10 +137,7 @@ def preference_estimate(descs: dict[str, ModelDesc], spec: JobSpec, gpu=None):
         peak = no_grad_forward_peak(ref_desc, rows, s, ref_c, _frozen_head(spec, ref_desc, rows, chunked))
         extra = Breakdown().merge(peak, prefix="reference/")
         if not chunked and casts_logits_first(spec):
-            # the policy's fp32 logits stay alive through the reference forward: its
-            # `concatenated_forward` returns chosen/rejected views of them, held by
-            # get_batch_loss_metrics until it returns (llamafactory/train/dpo/trainer.py)
-            extra.add("policy/logits/logits_fp32", nbytes(rows * s * desc.vocab_size, "fp32"))
+            _held_logits(spec, extra, nbytes(rows * s * desc.vocab_size, "fp32"))
         label = "reference forward (no_grad log-probs)"
         if spec.task is Task.KTO:
             # The policy's KL-batch forward runs under no_grad too, before the reference's.
