@@ -221,7 +221,9 @@ def _llama_factory_dtype(cfg: dict, out: dict, rep: ImportReport) -> None:
     out.setdefault("precision", "fp32")
     if out.get("method") == "full" and not badam:
         out["load_dtype"] = "fp32"
-        rep.use(out["precision"], f"precision = {out['precision']}, trainable params upcast to fp32 (load_dtype fp32)")
+        if out["precision"] in cfg:  # the bf16 / fp16 flag that was read
+            rep.use(out["precision"], f"precision = {out['precision']}, trainable params upcast to fp32 "
+                                      "(load_dtype fp32)")
 
 
 def _torchtune(cfg: dict, source: str) -> tuple[dict, ImportReport]:
