@@ -99,3 +99,31 @@ def test_llama_factory_loads_the_checkpoint_dtype_on_transformers_4():
     hf = vramplan.estimate(dict(job, stack={"framework": "hf-trainer", "transformers": "4.57"}))
     assert lf.to_dict()["dtypes"]["weights"] == "bf16"
     assert hf.to_dict()["dtypes"]["weights"] == "fp32"
+
+
+def test_freeze_imports_the_layers_llama_factory_trains():
+    # adapter.py _setup_freeze_tuning: the last freeze_trainable_layers (default 2), or the
+    # first ones when negative, plus freeze_extra_modules by name
+    assert _lf(finetuning_type="freeze")["freeze"] == {"trainable_layers": [-2, -1], "trainable_modules": []}
+    out = _lf(finetuning_type="freeze", freeze_trainable_layers=-3, freeze_extra_modules="embed_tokens,lm_head")
+    assert out["freeze"] == {"trainable_layers": [0, 1, 2], "trainable_modules": ["embed_tokens", "lm_head"]}
+    _, rep = from_recipe({"model_name_or_path": "m", "finetuning_type": "freeze", "freeze_trainable_modules": "mlp"})
+    assert "freeze_trainable_modules" in rep.unresolved
+
+
+def test_llama_factory_trains_its_trainable_parameters_in_fp32():
+    """init_adapter's cast_trainable_params_to_fp32: frozen layers stay bf16, trained ones fp32,
+    and a full fine-tune written by hand (no load_dtype) is all fp32; pure_bf16 casts nothing."""
+    import vramplan
+
+    job = {"model": dict(BENCH_MOD.TINY, dtype="bfloat16"), "backend": "cpu", "seq_len": 64,
+           "precision": "bf16", "stack": "llama-factory"}
+    frozen = vramplan.estimate(dict(job, method="freeze", freeze={"trainable_layers": [-1]})).to_dict()["components"]
+    layer = 4 * 256 * 256 + 3 * 256 * 688 + 2 * 256  # one decoder layer's parameters
+    assert frozen["weights/trainable"] == 4 * layer
+    assert frozen["optimizer/exp_avg"] == 4 * layer
+    full = vramplan.estimate(dict(job, method="full")).to_dict()
+    assert full["dtypes"]["weights"] == "fp32"
+    pure = vramplan.estimate(dict(job, method="freeze", precision="pure-bf16",
+                                  freeze={"trainable_layers": [-1]})).to_dict()["components"]
+    assert pure["weights/trainable"] == 2 * layer

@@ -122,9 +122,10 @@ def _llama_factory(cfg: dict, source: str) -> tuple[dict, ImportReport]:
     elif ft == "full":
         out["method"] = "full"
         rep.use("finetuning_type", "method")
+    elif ft == "freeze":
+        _llama_factory_freeze(cfg, out, rep)
     else:
-        rep.unresolved["finetuning_type"] = (f"{ft!r}: freeze needs the trained layers; set freeze in the spec"
-                                             if ft == "freeze" else f"{ft!r}: OFT adapters are not modelled")
+        rep.unresolved["finetuning_type"] = f"{ft!r}: OFT adapters are not modelled"
     for p in ("bf16", "fp16"):
         if _switch(rep, p, cfg.get(p)):
             out["precision"] = p  # the HF Trainer's flag: autocast over the load dtype
@@ -162,6 +163,26 @@ def _llama_factory(cfg: dict, source: str) -> tuple[dict, ImportReport]:
                                                   "estimate counts one 16-bit logits tensor too many")
     _rest(cfg, rep)
     return out, rep
+
+
+def _llama_factory_freeze(cfg: dict, out: dict, rep: ImportReport) -> None:
+    """finetuning_type freeze (llamafactory/model/adapter.py `_setup_freeze_tuning`): the last
+    `freeze_trainable_layers` layers (default 2; negative: the first ones) train whole when
+    `freeze_trainable_modules` is `all` (its default), plus the parameters whose names
+    contain a `freeze_extra_modules` entry (a substring match, as the spec's)."""
+    n = need_int(rep, "freeze_trainable_layers", cfg.get("freeze_trainable_layers", 2), minimum=-(2**31))
+    modules = [m.strip() for m in str(cfg.get("freeze_trainable_modules", "all")).split(",")]
+    if cfg.get("use_llama_pro") or modules != ["all"]:
+        field = "use_llama_pro" if cfg.get("use_llama_pro") else "freeze_trainable_modules"
+        rep.unresolved[field] = "parts of layers trained are not imported; set freeze in the spec"
+        return
+    extra = [m.strip() for m in str(cfg.get("freeze_extra_modules") or "").split(",") if m.strip()]
+    layers = list(range(-n, 0)) if n > 0 else list(range(-n))
+    out["method"] = "freeze"
+    out["freeze"] = {"trainable_layers": layers, "trainable_modules": extra}
+    for k in ("finetuning_type", "freeze_trainable_layers", "freeze_trainable_modules", "freeze_extra_modules"):
+        if k in cfg:
+            rep.use(k, "method/freeze")
 
 
 # LLaMA-Factory `stage` (hparams/finetuning_args.py) and `pref_loss` -> the spec's task.
