@@ -187,8 +187,9 @@ def child(name: str) -> dict:
         res = metered_train(self, models, runner)
         p = next(x for x in self.model.parameters() if x.requires_grad)
         frozen = [x for x in self.model.parameters() if not x.requires_grad]
-        result.update(res.to_dict(), dtypes={"trained": str(p.dtype), "frozen": str(frozen[0].dtype) if frozen else None,
-                                             "optimizer": type(self.optimizer.optimizer).__name__})
+        dtypes = {"trained": str(p.dtype), "frozen": str(frozen[0].dtype) if frozen else None,
+                  "optimizer": type(self.optimizer.optimizer).__name__}
+        result.update(res.to_dict(), dtypes=dtypes)
         raise Done
 
     original = {cls: cls.train for cls in (CustomSeq2SeqTrainer, CustomDPOTrainer, CustomKTOTrainer, CustomTrainer)}

@@ -72,10 +72,10 @@ FP32_PARAM_FRAMEWORKS = frozenset({Framework.TORCHTITAN})
 # returned detached, packed batches flattened to one row (step/build.py, components/arch.py).
 TRAINER_STEP_FRAMEWORKS = frozenset({Framework.HF_TRAINER, Framework.TRL})
 # Whose step returns the loss detached (transformers' Trainer.training_step): the frameworks
-# above, and LLaMA-Factory, whose CustomSeq2SeqTrainer / CustomDPOTrainer override neither
-# training_step nor its collators' flattening (llamafactory/train/sft/trainer.py,
-# train/dpo/trainer.py); its packing is its own (data/processor/supervised.py), not the
-# padding-free flattening TRAINER_STEP_FRAMEWORKS also means.
+# above, and LLaMA-Factory, whose trainers (llamafactory/train/{pt,sft,dpo,kto}/trainer.py)
+# keep Trainer.training_step. It is not in TRAINER_STEP_FRAMEWORKS: its packing concatenates
+# rows into cutoff_len blocks (data/processor/pretrain.py, supervised.py), not the
+# padding-free one-row flattening that set also means.
 LOSS_DETACHED_FRAMEWORKS = TRAINER_STEP_FRAMEWORKS | {Framework.LLAMA_FACTORY}
 # Tasks whose step is a TRL trainer's whatever the stack names (DPOTrainer, KTOTrainer,
 # RewardTrainer, GRPOTrainer, GKDTrainer, ORPOTrainer, CPOTrainer: transformers.Trainer
