@@ -40,6 +40,7 @@ class LossTerms:
 # reward_config.py; trl/experimental gkd, orpo and cpo configs); SFTConfig has no such field and
 # GRPOConfig's default is False
 DROPOUT_OFF_TASKS = frozenset({Task.DPO, Task.IPO, Task.KTO, Task.REWARD_MODEL, Task.DISTILL, Task.ORPO, Task.SIMPO})
+LLAMA_FACTORY_DROPOUT_OFF_TASKS = frozenset({Task.DPO, Task.IPO, Task.KTO, Task.ORPO, Task.SIMPO})
 
 
 def trainer_disables_dropout(spec: JobSpec) -> bool:
@@ -52,6 +53,11 @@ def trainer_disables_dropout(spec: JobSpec) -> bool:
     nn.Dropout: it stays (bench/trainers `eager/attn-dropout0.1`)."""
     # no framework named (PLAIN): these tasks are the TRL trainers' (what `vramplan measure`
     # runs, and spec/stack.py loss_detached_before_step reads them the same way)
+    if spec.stack.framework is Framework.LLAMA_FACTORY:
+        # its CustomDPOTrainer (DPO, IPO, ORPO, SimPO) and CustomKTOTrainer call TRL's
+        # disable_dropout_in_model on the policy and the reference (`disable_dropout=True`,
+        # which its workflows never override: llamafactory/train/dpo/trainer.py, kto/trainer.py)
+        return spec.task in LLAMA_FACTORY_DROPOUT_OFF_TASKS
     return (spec.stack.framework in (Framework.TRL, Framework.HF_TRAINER, Framework.PLAIN)
             and spec.task in DROPOUT_OFF_TASKS)
 
