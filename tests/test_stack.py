@@ -87,7 +87,9 @@ def test_training_args_bf16_estimates_what_precision_bf16_does(tmp_path):
     ("trl", "autocast", "bf16", "bf16", None, "bf16"),
     ("accelerate-fsdp", "autocast", "bf16", "bf16", None, "bf16"),
     ("axolotl", "autocast", "bf16", "bf16", None, "bf16"),
-    ("llama-factory", "autocast", "bf16", "bf16", None, "bf16"),
+    # LLaMA-Factory upcasts the trained parameters (all of them here: method full) to fp32
+    # after loading (llamafactory/model/adapter.py init_adapter; bench/stack llama-factory)
+    ("llama-factory", "autocast", "fp32", "fp32", None, "bf16"),
     ("ms-swift", "autocast", "bf16", "bf16", None, "bf16"),
     ("diffusers-scripts", "autocast", "bf16", "bf16", None, "bf16"),
     # 16-bit weights over an fp32 master copy with fp32 optimizer states

@@ -129,6 +129,11 @@ def default_load_dtype(spec: JobSpec, checkpoint_dtype: str | None) -> str:
     word, policy = _word_dtype(spec.precision), _policy(spec.precision, spec.stack)
     if spec.task.value == "inference":  # no trainer: the model is run in the named dtype
         return word
+    if upcasts_trainable(spec):
+        # LLaMA-Factory loads with torch_dtype="auto" whatever its flags and the transformers
+        # release (llamafactory/model/loader.py `load_model`): the checkpoint's dtype; a full
+        # fine-tune then has every parameter upcast (upcasts_trainable)
+        return "fp32" if spec.method is Method.FULL else (checkpoint_dtype or word)
     if policy in ("fp32", _FP32_PARAMS) or (policy == _AUTOCAST and spec.precision.is_autocast):
         return "fp32"
     if policy != _AUTOCAST:
@@ -137,6 +142,15 @@ def default_load_dtype(spec: JobSpec, checkpoint_dtype: str | None) -> str:
     if major is not None and major < 5:
         return "fp32"
     return checkpoint_dtype or word
+
+
+def upcasts_trainable(spec: JobSpec) -> bool:
+    """Whether the stack casts every trainable parameter to fp32 after loading: LLaMA-Factory
+    does (llamafactory/model/adapter.py `init_adapter`: cast_trainable_params_to_fp32 in
+    `_setup_full_tuning` / `_setup_freeze_tuning` / `_setup_lora_tuning`) unless `pure_bf16`
+    or BAdam (precision pure-*), the frozen ones keeping the dtype they were loaded in."""
+    return (spec.stack.framework is Framework.LLAMA_FACTORY and spec.task.value != "inference"
+            and _policy(spec.precision, spec.stack) in (_AUTOCAST, "fp32"))
 
 
 def resolve_load_dtype(spec: JobSpec, checkpoint_dtype: str | None) -> JobSpec:

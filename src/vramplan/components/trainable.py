@@ -12,7 +12,7 @@ from collections import namedtuple
 from dataclasses import dataclass, field
 
 from vramplan.components import moe_lora
-from vramplan.components.dtypes import dtypes_of
+from vramplan.components.dtypes import dtypes_of, upcasts_trainable
 from vramplan.catalog.runtime import peft_lora_targets
 from vramplan.components.quant import code_dtype
 from vramplan.model import ModelDesc, ParamEntry
@@ -219,9 +219,13 @@ def _param_set(desc: ModelDesc, spec: JobSpec) -> ParamSet:
                       False, "base", p.layer) for p in desc.params))
     if spec.method in (Method.FULL, Method.FREEZE):
         full = spec.method is Method.FULL
-        return ParamSet(tuple(
-            HeldParam(p.name, p.shape, wdtype, full or _freeze_trainable(desc, spec, p), "base", p.layer)
-            for p in desc.params))
+        # the trained parameters of a frozen-in-part model upcast to fp32 (LLaMA-Factory)
+        tdtype = "fp32" if upcasts_trainable(spec) else wdtype
+        held = []
+        for p in desc.params:
+            trains = full or _freeze_trainable(desc, spec, p)
+            held.append(HeldParam(p.name, p.shape, tdtype if trains and not full else wdtype, trains, "base", p.layer))
+        return ParamSet(tuple(held))
     return _lora_set(desc, spec, wdtype)
 
 

@@ -122,15 +122,22 @@ def _llama_factory(cfg: dict, source: str) -> tuple[dict, ImportReport]:
     elif ft == "full":
         out["method"] = "full"
         rep.use("finetuning_type", "method")
+    elif ft == "freeze":
+        _llama_factory_freeze(cfg, out, rep)
     else:
-        rep.unresolved["finetuning_type"] = (f"{ft!r}: freeze needs the trained layers; set freeze in the spec"
-                                             if ft == "freeze" else f"{ft!r}: OFT adapters are not modelled")
+        rep.unresolved["finetuning_type"] = f"{ft!r}: OFT adapters are not modelled"
     for p in ("bf16", "fp16"):
         if _switch(rep, p, cfg.get(p)):
             out["precision"] = p  # the HF Trainer's flag: autocast over the load dtype
             rep.use(p, "precision")
     _llama_factory_dtype(cfg, out, rep)
     _llama_factory_stage(cfg, out, rep)
+    if "optim" not in cfg:
+        # no `optim`: transformers' TrainingArguments default, adamw_torch_fused with torch
+        # >= 2.8 (transformers/training_args.py `default_optim`; LLaMA-Factory 0.9.5 pins
+        # transformers >= 4.55 and its create_custom_optimizer returns None without
+        # GaLore / APOLLO / BAdam / Muon ..., so the Trainer builds it)
+        out["optimizer"], out["optimizer_impl"] = "adamw", "fused"
     # model_utils/checkpointing.py prepare_model_for_training: gradient checkpointing is on
     # unless `disable_gradient_checkpointing` (ModelArguments default False)
     if _switch(rep, "disable_gradient_checkpointing", cfg.get("disable_gradient_checkpointing")):
@@ -147,8 +154,35 @@ def _llama_factory(cfg: dict, source: str) -> tuple[dict, ImportReport]:
         rep.use("deepspeed", "DeepSpeed config (imported separately)")
     if "optim" in cfg:
         _optimizer(cfg["optim"], out, rep, "optim")
+    if _switch(rep, "upcast_lmhead_output", cfg.get("upcast_lmhead_output")):
+        # model_utils/checkpointing.py prepare_model_for_training: a forward hook returns the
+        # lm_head output `.to(torch.float32)`, so the 16-bit logits are freed at once; the
+        # estimate keeps them beside the loss's fp32 copy (bench/stack llama-factory
+        # `upcast-lmhead`: forward +10.7%, on the high side)
+        rep.unresolved["upcast_lmhead_output"] = ("fp32 logits straight from lm_head are not modelled; the forward "
+                                                  "estimate counts one 16-bit logits tensor too many")
     _rest(cfg, rep)
     return out, rep
+
+
+def _llama_factory_freeze(cfg: dict, out: dict, rep: ImportReport) -> None:
+    """finetuning_type freeze (llamafactory/model/adapter.py `_setup_freeze_tuning`): the last
+    `freeze_trainable_layers` layers (default 2; negative: the first ones) train whole when
+    `freeze_trainable_modules` is `all` (its default), plus the parameters whose names
+    contain a `freeze_extra_modules` entry (a substring match, as the spec's)."""
+    n = need_int(rep, "freeze_trainable_layers", cfg.get("freeze_trainable_layers", 2), minimum=-(2**31))
+    modules = [m.strip() for m in str(cfg.get("freeze_trainable_modules", "all")).split(",")]
+    if cfg.get("use_llama_pro") or modules != ["all"]:
+        field = "use_llama_pro" if cfg.get("use_llama_pro") else "freeze_trainable_modules"
+        rep.unresolved[field] = "parts of layers trained are not imported; set freeze in the spec"
+        return
+    extra = [m.strip() for m in str(cfg.get("freeze_extra_modules") or "").split(",") if m.strip()]
+    layers = list(range(-n, 0)) if n > 0 else list(range(-n))
+    out["method"] = "freeze"
+    out["freeze"] = {"trainable_layers": layers, "trainable_modules": extra}
+    for k in ("finetuning_type", "freeze_trainable_layers", "freeze_trainable_modules", "freeze_extra_modules"):
+        if k in cfg:
+            rep.use(k, "method/freeze")
 
 
 # LLaMA-Factory `stage` (hparams/finetuning_args.py) and `pref_loss` -> the spec's task.
@@ -188,21 +222,29 @@ def _llama_factory_stage(cfg: dict, out: dict, rep: ImportReport) -> None:
 
 
 def _llama_factory_dtype(cfg: dict, out: dict, rep: ImportReport) -> None:
-    """LLaMA-Factory loads the model in the compute dtype its bf16/fp16 flag names, then
-    upcasts the trainable parameters to fp32 unless `pure_bf16` (or BAdam) is set
-    (src/llamafactory/model/adapter.py `init_adapter`: cast_trainable_params_to_fp32).
-    A full fine-tune therefore holds fp32 weights under autocast; `pure_bf16` trains in
-    bf16 with no autocast."""
-    if "precision" not in out:
-        return
-    if cfg.get("pure_bf16") or cfg.get("use_badam"):
+    """LLaMA-Factory's precision and the dtypes it loads and trains in.
+
+    - No bf16 / fp16 / pure_bf16: its TrainingArguments defaults (bf16 = fp16 = False), so
+      no autocast: precision fp32 over the weights as loaded.
+    - It loads with `torch_dtype="auto"` (model/loader.py `load_model`): the checkpoint's own
+      dtype, on any transformers release and whatever the precision flag; the estimate takes
+      it from the model's config (load_dtype left unset, components/dtypes.py).
+    - It then upcasts every trainable parameter to fp32 unless `pure_bf16` or BAdam is set
+      (model/adapter.py `init_adapter`: cast_trainable_params_to_fp32; LoRA's adapters are
+      fp32 anyway): a full fine-tune holds fp32 weights (load_dtype fp32), LoRA keeps the
+      frozen base in the checkpoint's dtype. `pure_bf16` trains in bf16 with no autocast."""
+    badam = bool(cfg.get("use_badam"))
+    if cfg.get("pure_bf16") or (badam and "precision" in out):
+        # hparams/parser.py: pure_bf16 sets compute_dtype bf16 with or without the bf16 flag
         out["precision"] = "pure-bf16"
         rep.use("pure_bf16" if cfg.get("pure_bf16") else "use_badam", "precision = pure-bf16")
-    elif out.get("method") == "full":
+        return
+    out.setdefault("precision", "fp32")
+    if out.get("method") == "full" and not badam:
         out["load_dtype"] = "fp32"
-        rep.use(out["precision"], f"precision = {out['precision']}, trainable params upcast to fp32 (load_dtype fp32)")
-    else:
-        out["load_dtype"] = out["precision"]
+        if out["precision"] in cfg:  # the bf16 / fp16 flag that was read
+            rep.use(out["precision"], f"precision = {out['precision']}, trainable params upcast to fp32 "
+                                      "(load_dtype fp32)")
 
 
 def _torchtune(cfg: dict, source: str) -> tuple[dict, ImportReport]:

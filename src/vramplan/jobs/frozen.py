@@ -47,3 +47,12 @@ def logps_head(rows: int, s: int, v: int, c: str) -> Breakdown:
     if c != "fp32":
         out.add("logits/logits_fp32", nbytes(t1 * v, "fp32"))
     return out.add("logits/log_softmax", nbytes(t1 * v, "fp32"))
+
+
+def cast_first_logps_head(rows: int, s: int, v: int) -> Breakdown:
+    """A frozen model's log-probs under LLaMA-Factory's `concatenated_forward` (no_grad):
+    the logits cast to fp32 whole, then get_batch_logps' log_softmax of the shifted view
+    (llamafactory/train/dpo/trainer.py, train/trainer_utils.py): fp32 logits and the
+    log_softmax alive together."""
+    return Breakdown().add("logits/logits_fp32", nbytes(rows * s * v, "fp32")).add(
+        "logits/log_softmax", nbytes(rows * (s - 1) * v, "fp32"))

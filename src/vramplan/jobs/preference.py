@@ -15,14 +15,15 @@ from __future__ import annotations
 from vramplan.breakdown import Breakdown
 from vramplan.i18n import Msg
 from vramplan.jobs.compose import Step, finish
-from vramplan.jobs.frozen import frozen_weights, logps_head, no_grad_forward_peak
+from vramplan.jobs.frozen import cast_first_logps_head, frozen_weights, logps_head, no_grad_forward_peak
 from vramplan.components.dtypes import dtypes_of
 from vramplan.jobs.logprob import chunked_head, head_note, resolve_head
 from vramplan.jobs.odds_ratio import odds_ratio_loss
 from vramplan.jobs.rl import completion_logps_head, completion_logps_loss
-from vramplan.jobs.trained import compute_dtype, logps_loss, prefixed, score_loss, trained_plan
+from vramplan.jobs.trained import cast_first_logps_loss, compute_dtype, logps_loss, prefixed, score_loss, trained_plan
 from vramplan.model import ModelDesc
 from vramplan.spec import Checkpointing, JobSpec, LogprobHead, Method, Task
+from vramplan.spec.stack import Framework
 from vramplan.spec.tasks import PRECOMPUTED
 from vramplan.units import nbytes
 
@@ -45,10 +46,47 @@ def _policy_head(spec: JobSpec, desc: ModelDesc, rows: int, chunked: bool):
         return odds_ratio_loss(spec, rows, s, v)  # TRL 1.16's trl.experimental ORPO / CPO
     if resolve_head(spec) is LogprobHead.SELECTIVE:
         return completion_logps_loss(rows, s - 1, v, compute_dtype(spec))
+    if not chunked and casts_logits_first(spec):
+        return cast_first_logps_loss(rows, s, v, compute_dtype(spec))
     if not chunked:
         return logps_loss(rows, s, v, h, compute_dtype(spec))
     return chunked_head(spec, rows, s, h, v, top1=spec.task is not Task.KTO, entropy=True,
                         softcap=bool(desc.final_logit_softcapping))
+
+
+def casts_logits_first(spec: JobSpec) -> bool:
+    """LLaMA-Factory's DPO trainer (ORPO, SimPO: the same `concatenated_forward`) and its KTO
+    trainer (`forward`) cast the whole logits to fp32 before their get_batch_logps
+    (llamafactory/train/dpo/trainer.py, train/kto/trainer.py)."""
+    return spec.stack.framework is Framework.LLAMA_FACTORY
+
+
+def _reference_dtypes(spec: JobSpec, ref_desc: ModelDesc, c: str) -> tuple[str, str]:
+    """(weights, compute) dtype of a separate reference. LLaMA-Factory loads it with
+    `load_model(..., is_trainable=False)` (llamafactory/train/trainer_utils.py
+    `create_ref_model`): torch_dtype="auto", the checkpoint's dtype, and no upcast of
+    trainable parameters (model/adapter.py `init_adapter` casts only when is_trainable), so
+    it stays 16-bit beside an fp32 policy; without autocast it computes in that dtype."""
+    weights = dtypes_of(spec).weights
+    if spec.stack.framework is Framework.LLAMA_FACTORY and ref_desc.checkpoint_dtype:
+        weights = ref_desc.checkpoint_dtype
+        return weights, c if dtypes_of(spec).autocast else weights
+    return weights, c
+
+
+def _held_logits(spec: JobSpec, extra: Breakdown, logits: int) -> None:
+    """What LLaMA-Factory's preference trainers hold through the reference forward, which runs
+    after the policy's (`get_batch_loss_metrics`), beside its own head.
+    DPO (train/dpo/trainer.py `concatenated_forward`): chosen/rejected views of the policy's
+    fp32 logits, returned and kept until get_batch_loss_metrics returns.
+    KTO (train/kto/trainer.py `concatenated_forward`): `target_logits[kto_tags]` and
+    `[~kto_tags]`, boolean-index copies of the policy's fp32 logits (all rows between them),
+    and, through the reference's KL-batch forward, the reference's own target logits."""
+    if spec.task is Task.KTO:
+        extra.add("policy/logits/tagged_logits_fp32", logits)
+        extra.add("reference/logits/target_logits_fp32", logits)
+    else:
+        extra.add("policy/logits/logits_fp32", logits)
 
 
 def _frozen_head(spec: JobSpec, desc: ModelDesc, rows: int, chunked: bool) -> Breakdown:
@@ -57,6 +95,8 @@ def _frozen_head(spec: JobSpec, desc: ModelDesc, rows: int, chunked: bool) -> Br
     s, v, h = spec.seq_len, desc.vocab_size, desc.hidden_size
     if resolve_head(spec) is LogprobHead.SELECTIVE:
         return completion_logps_head(rows, s - 1, v, compute_dtype(spec))
+    if not chunked and casts_logits_first(spec):
+        return cast_first_logps_head(rows, s, v)
     if not chunked:
         return logps_head(rows, s, v, compute_dtype(spec))
     head = chunked_head(spec, rows, s, h, v, softcap=bool(desc.final_logit_softcapping))
@@ -87,17 +127,22 @@ def preference_estimate(descs: dict[str, ModelDesc], spec: JobSpec, gpu=None):
     else:
         shares_base = ref is None and spec.method in (Method.LORA, Method.QLORA)
         ref_desc = desc if shares_base else descs.get("reference", desc)
+        ref_c = c
         if shares_base:
             notes.append(Msg("reference: the LoRA policy with its adapter disabled (no second model)"))
         else:
-            step.plan.static.merge(frozen_weights(ref_desc, dtypes_of(spec).weights), prefix="reference/")
+            ref_weights, ref_c = _reference_dtypes(spec, ref_desc, c)
+            step.plan.static.merge(frozen_weights(ref_desc, ref_weights), prefix="reference/")
             total["reference"] = ref_desc.num_params()
-        peak = no_grad_forward_peak(ref_desc, rows, s, c, _frozen_head(spec, ref_desc, rows, chunked))
+        peak = no_grad_forward_peak(ref_desc, rows, s, ref_c, _frozen_head(spec, ref_desc, rows, chunked))
+        extra = Breakdown().merge(peak, prefix="reference/")
+        if not chunked and casts_logits_first(spec):
+            _held_logits(spec, extra, nbytes(rows * s * desc.vocab_size, "fp32"))
         label = "reference forward (no_grad log-probs)"
         if spec.task is Task.KTO:
             # The policy's KL-batch forward runs under no_grad too, before the reference's.
             label = "reference / KL-batch forward (no_grad log-probs)"
-        step.after_forward.append(("forward", label, Breakdown().merge(peak, prefix="reference/"), True))
+        step.after_forward.append(("forward", label, extra, True))
     return finish(spec, desc, step, num_params=total, trainable_params=trained.params.numel(trainable=True),
                   gpu=gpu, notes=notes)
 

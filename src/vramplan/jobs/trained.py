@@ -41,6 +41,7 @@ class LossTerms:
 # reward_config.py; trl/experimental gkd, orpo and cpo configs); SFTConfig has no such field and
 # GRPOConfig's default is False
 DROPOUT_OFF_TASKS = frozenset({Task.DPO, Task.IPO, Task.KTO, Task.REWARD_MODEL, Task.DISTILL, Task.ORPO, Task.SIMPO})
+LLAMA_FACTORY_DROPOUT_OFF_TASKS = frozenset({Task.DPO, Task.IPO, Task.KTO, Task.ORPO, Task.SIMPO})
 
 
 def trainer_disables_dropout(spec: JobSpec) -> bool:
@@ -55,6 +56,11 @@ def trainer_disables_dropout(spec: JobSpec) -> bool:
         return spec.disable_dropout
     # no framework named (PLAIN): these tasks are the TRL trainers' (what `vramplan measure`
     # runs, and spec/stack.py loss_detached_before_step reads them the same way)
+    if spec.stack.framework is Framework.LLAMA_FACTORY:
+        # its CustomDPOTrainer (DPO, IPO, ORPO, SimPO) and CustomKTOTrainer call TRL's
+        # disable_dropout_in_model on the policy and the reference (`disable_dropout=True`,
+        # which its workflows never override: llamafactory/train/dpo/trainer.py, kto/trainer.py)
+        return spec.task in LLAMA_FACTORY_DROPOUT_OFF_TASKS
     return (spec.stack.framework in (Framework.TRL, Framework.HF_TRAINER, Framework.PLAIN)
             and spec.task in DROPOUT_OFF_TASKS)
 
@@ -101,6 +107,26 @@ def logps_loss(rows: int, s: int, v: int, h: int, c: str) -> LossTerms:
         head.add("logits/grad_logits_fp32", nbytes(t1 * v, "fp32")).add("logits/grad_logits", nbytes(t1 * v, c))
     else:
         head.add("logits/grad_logits_shifted", nbytes(t1 * v, c)).add("logits/grad_logits", nbytes(t * v, c))
+    return LossTerms(saved, fwd, bwd0, head)
+
+
+def cast_first_logps_loss(rows: int, s: int, v: int, c: str) -> LossTerms:
+    """LLaMA-Factory's per-sequence log-probs: the whole logits cast to fp32 first
+    (llamafactory/train/dpo/trainer.py `concatenated_forward`: `model(...).logits.to(
+    torch.float32)`; under autocast accelerate's convert_outputs_to_fp32 has already made
+    that copy), then its get_batch_logps (train/trainer_utils.py): `labels[:, 1:].clone()`,
+    `logits[:, :-1, :].log_softmax(-1)` and a gather. log_softmax saves its fp32 output and
+    the fp32 logits stay alive to the end of the forward (at the cast, the c logits beside
+    them: smaller than the log_softmax stage). Backward: gather's zeros-and-scatter gradient
+    and log_softmax's, then SliceBackward's full fp32 zeros (aten slice_backward) beside the
+    shifted gradient; the cast back to c (t v fp32 + t v c) comes after and is smaller."""
+    t, t1 = rows * s, rows * (s - 1)
+    saved = Breakdown().add("logits/log_softmax", nbytes(t1 * v, "fp32")).add("logits/labels", nbytes(t1, "int64"))
+    fwd = Breakdown().add("logits/logits_fp32", nbytes(t * v, "fp32"))
+    bwd0 = Breakdown().add("logits/grad_log_softmax", nbytes(t1 * v, "fp32")).add(
+        "logits/grad_logits_shifted", nbytes(t1 * v, "fp32"))
+    head = Breakdown().add("logits/grad_logits_shifted", nbytes(t1 * v, "fp32")).add(
+        "logits/grad_logits_fp32", nbytes(t * v, "fp32"))
     return LossTerms(saved, fwd, bwd0, head)
 
 

@@ -71,6 +71,12 @@ FP32_PARAM_FRAMEWORKS = frozenset({Framework.TORCHTITAN})
 # Whose step is transformers' Trainer.training_step with its (or TRL's) collators: the loss
 # returned detached, packed batches flattened to one row (step/build.py, components/arch.py).
 TRAINER_STEP_FRAMEWORKS = frozenset({Framework.HF_TRAINER, Framework.TRL})
+# Whose step returns the loss detached (transformers' Trainer.training_step): the frameworks
+# above, and LLaMA-Factory, whose trainers (llamafactory/train/{pt,sft,dpo,kto}/trainer.py)
+# keep Trainer.training_step. It is not in TRAINER_STEP_FRAMEWORKS: its packing concatenates
+# rows into cutoff_len blocks (data/processor/pretrain.py, supervised.py), not the
+# padding-free one-row flattening that set also means.
+LOSS_DETACHED_FRAMEWORKS = TRAINER_STEP_FRAMEWORKS | {Framework.LLAMA_FACTORY}
 # Tasks whose step is a TRL trainer's whatever the stack names (DPOTrainer, KTOTrainer,
 # RewardTrainer, GRPOTrainer, GKDTrainer, ORPOTrainer, CPOTrainer: transformers.Trainer
 # subclasses, so Trainer.training_step returns the loss detached); what measure/trainers.py
@@ -82,7 +88,7 @@ def loss_detached_before_step(spec) -> bool:
     """Whether the step frees the loss's graph before optimizer.step(): transformers'
     Trainer.training_step returns `loss.detach()` (HF Trainer, TRL, and the TRL trainers'
     tasks); a plain loop keeps `loss` (and its graph) until after the step."""
-    return spec.stack.framework in TRAINER_STEP_FRAMEWORKS or spec.task.value in TRL_TRAINER_TASKS
+    return spec.stack.framework in LOSS_DETACHED_FRAMEWORKS or spec.task.value in TRL_TRAINER_TASKS
 
 _LABELS = {
     Framework.PLAIN: "no framework named", Framework.HF_TRAINER: "HF Trainer", Framework.TRL: "TRL", Framework.DEEPSPEED: "DeepSpeed",
