@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import sys
 
+from vramplan.cli.flags import say_notes
 from vramplan.i18n import _, ngettext, tr
 from vramplan.i18n.errors import localize
 from vramplan.i18n.terms import strategy_label, tier_label
@@ -64,6 +65,7 @@ def cmd_compare(args) -> int:
         if args.with_defaults:
             strategies = default_strategies(spec) + strategies
     rows, ev = compare_answer(spec, strategies=strategies, headroom=args.headroom, mfu=args.mfu)
+    say_notes(args)
     if args.plot:
         from vramplan.report.plots import plot_compare
         plot_compare(rows, args.plot, capacity_bytes=ev.gpu.memory_bytes)
@@ -187,6 +189,7 @@ def cmd_fit(args) -> int:
             report, _ev = fit_answer(spec, evaluator=ev, axes=axes, top_k=args.top_k, progress=progress)
     else:
         report, _ev = fit_answer(spec, evaluator=ev, axes=axes, top_k=args.top_k)
+    say_notes(args)
     if args.plot and report.results:
         from vramplan.report.plots import plot_breakdown
         plot_breakdown(report.results[0].estimate, args.plot)
