@@ -197,3 +197,13 @@ def test_notes_of_the_input_are_said_with_an_answer(tmp_path, capsys):
     assert "ignored bogus_key" in capsys.readouterr().err
     assert main(["estimate", "stable-diffusion-v1-5", "--json"]) == 0
     assert "from stable-diffusion-v1-5's defaults" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("content", [bytes(range(256)), b"\xff\xfe1\n"], ids=["binary", "latin1"])
+def test_lengths_file_not_utf8_is_named_without_an_exception_name(content, tmp_path):
+    """Round 3: it said "cannot be read (UnicodeDecodeError)"."""
+    (tmp_path / "len.txt").write_bytes(content)
+    with pytest.raises(vramplan.SpecError) as info:
+        vramplan.estimate({"model": "gpt2", "seq_len": 512, "lengths": {"lengths_file": str(tmp_path / "len.txt")}})
+    assert info.value.field == "lengths.lengths_file" and "not UTF-8 text" in str(info.value)
+    assert "Error" not in str(info.value)

@@ -169,6 +169,10 @@ def cmd_fit(args) -> int:
     if axes is not None and not args.only:
         from vramplan.plan.space import default_axes
         axes = {**default_axes(spec, ev.desc), **axes}
+    if args.maximize and args.minimize:  # two questions: --minimize was answered as if not given
+        raise SpecError("minimize", f"--maximize {args.maximize} and --minimize num_gpus ask two questions; keep one")
+    if args.only and not args.vary:  # "search only the --vary axes" with none searched the defaults
+        raise SpecError("only", "searches only the --vary axes, and none is given; add --vary NAME=v1,v2 or drop --only")
     if args.max_gpus is not None and not args.minimize:
         raise SpecError("max_gpus", "bounds --minimize num_gpus; add --minimize num_gpus or drop --max-gpus")
     goal = f"--maximize {args.maximize}" if args.maximize else "--minimize num_gpus" if args.minimize else None
