@@ -197,6 +197,11 @@ FLAGS = [  # (command line, a substring of the one error line); {tmp} is a folde
     (["estimate", "gpt2", "--seq-len", "512", "--gpu", "h1000"], "gpu"),
     (["compare", "llama-3.1-8b", "--num-gpus", "3", "--tp", "3", "--gpu", "h100"], "parallel.tp"),
     (["check", "llama-3.1-8b", "--num-gpus", "16", "--tp", "16", "--gpu", "h100"], "KV heads"),
+    (["fit", "llama-3.2-1b", "--gpu", "h1000"], "gpu: unknown GPU 'h1000'"),  # round 3: was field `spec`
+    # round 3: --minimize was dropped for --maximize, and --only without --vary searched the defaults
+    (["fit", "llama-3.2-1b", "--gpu", "h100", "--maximize", "seq_len", "--minimize", "num_gpus"], "ask two questions"),
+    (["fit", "llama-3.2-1b", "--gpu", "h100", "--only"], "only: searches only the --vary axes"),
+    (["compare", "llama-3.2-1b", "--gpu", "1e30GiB"], "gpu: unknown GPU '1e30GiB'"),
     (["estimate", "llama-3.2-1b", "--optimizer", "galore-adamw", "--optim-args", "="], "--optim-args"),
     (["estimate", "gpt2", "--seq-len", "512", "--depth", "0"], "depth"),
     (["estimate", "gpt2", "--seq-len", "512", "--depth", "-1"], "depth"),

@@ -170,3 +170,40 @@ def test_measure_refuses_a_layout_it_does_not_build(flags, what, capsys):
     code = main(["measure", "gpt2", "--seq-len", "16", "--fake", *flags])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and err[-1].startswith("vramplan: error: parallel: measure runs one process") and what in err[-1]
+
+
+@pytest.mark.parametrize("argv,says", [
+    # the pipeline's defaults note came before the error: two lines on stderr
+    (["estimate", "flux.1-dev", "--micro-batch-size", "100000000"], "micro_batch_size: this job needs"),
+    (["estimate", "flux.1-dev", "--gpu", "nosuchgpu"], "gpu: unknown GPU 'nosuchgpu'"),
+    (["fit", "flux.1-dev", "--gpu", "80GB"], "gpu: fit ranks layouts by step time"),
+    # the importer's report (used / ignored keys) came before the error
+    (["estimate", "llama-3.2-1b", "--accelerate-config", "{tmp}/acc.yaml", "--seq-len", "-1"], "seq_len: expected an integer"),
+], ids=["pipeline_defaults_then_size", "pipeline_defaults_then_gpu", "pipeline_defaults_then_fit_gpu", "import_report_then_seq_len"])
+def test_notes_of_the_input_are_not_said_before_its_error(argv, says, tmp_path, capsys):
+    """Round 3: what reading the input noted is said once the command is past the checks that
+    can refuse it (cli.flags.say_notes), so a refused job is still one line."""
+    from vramplan.cli import main
+    (tmp_path / "acc.yaml").write_text("distributed_type: FSDP\nnum_processes: 2\nbogus_key: 1\n")
+    code = main([a.replace("{tmp}", str(tmp_path)) for a in argv])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("vramplan: error: " + says), err
+
+
+def test_notes_of_the_input_are_said_with_an_answer(tmp_path, capsys):
+    from vramplan.cli import main
+    (tmp_path / "acc.yaml").write_text("distributed_type: FSDP\nnum_processes: 2\nbogus_key: 1\n")
+    assert main(["estimate", "llama-3.2-1b", "--seq-len", "128", "--accelerate-config", str(tmp_path / "acc.yaml")]) == 0
+    assert "ignored bogus_key" in capsys.readouterr().err
+    assert main(["estimate", "stable-diffusion-v1-5", "--json"]) == 0
+    assert "from stable-diffusion-v1-5's defaults" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("content", [bytes(range(256)), b"\xff\xfe1\n"], ids=["binary", "latin1"])
+def test_lengths_file_not_utf8_is_named_without_an_exception_name(content, tmp_path):
+    """Round 3: it said "cannot be read (UnicodeDecodeError)"."""
+    (tmp_path / "len.txt").write_bytes(content)
+    with pytest.raises(vramplan.SpecError) as info:
+        vramplan.estimate({"model": "gpt2", "seq_len": 512, "lengths": {"lengths_file": str(tmp_path / "len.txt")}})
+    assert info.value.field == "lengths.lengths_file" and "not UTF-8 text" in str(info.value)
+    assert "Error" not in str(info.value)

@@ -221,6 +221,8 @@ def test_lengths_file_is_not_read_on_the_server():
     ("model", {"model": "./config.json"}),
     ("model", {"model": "~/models/llama"}),
     ("teacher", {"model": "gpt2", "task": "distill", "teacher": "/etc"}),
+    # badinput round 3: a models list's entry was read on the server ("folder has no config.json: /etc")
+    ("models.critic2.model", {"model": "gpt2", "models": [{"role": "critic2", "model": "/etc"}]}),
 ])
 def test_model_paths_are_not_read_on_the_server(field, body):
     """A local path as a model in a request names a file or folder on the server, which
@@ -261,3 +263,15 @@ def test_request_slips_are_400_naming_the_fix(name, query, body, says):
     from vramplan.web.api import answer
     status, payload = answer(name, query, body)
     assert status == 400 and says in payload["error"] and "vramplan-web-" not in json.dumps(payload), payload
+
+
+def test_import_of_a_long_file_name_is_answered():
+    """Round 3: the temporary file took the caller's name: a 5,000-character name was OSError
+    (File name too long), HTTP 500. The file is now saved under a fixed name and the answer
+    names it as the caller did."""
+    from vramplan.web.api import answer
+    name = "a" * 5000 + ".json"
+    status, payload = answer("import", {"kind": "deepspeed", "name": name}, b'{"zero_optimization": {"stage": 7}}')
+    assert status == 400 and "zero_optimization.stage: must be 0, 1, 2 or 3" in payload["error"]
+    status, payload = answer("import", {"kind": "deepspeed", "name": name}, b'{"zero_optimization": {"stage": 2}}')
+    assert status == 200 and payload["spec"]["parallel"]["zero_stage"] == 2

@@ -210,6 +210,10 @@ _SIZE_UNITS = {"gb": 10**9, "mb": 10**6, "tb": 10**12, "gib": 2**30, "mib": 2**2
 _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*", re.IGNORECASE)
 
 
+MAX_GPU_BYTES = 100 * 10**12
+"""The largest size a GPU is given by: 100 TB, hundreds of times today's largest cards (B300: 288 GB)."""
+
+
 def gpu_by_size(text: str) -> GPU | None:
     """A GPU known only by its total memory, from `64GB` (64 x 10^9 bytes) or `80GiB`
     (80 x 2^30); None when `text` is no size. The total is taken as what the driver reports,
@@ -228,6 +232,9 @@ def gpu_by_size(text: str) -> GPU | None:
     nbytes = int(float(number) * _SIZE_UNITS[unit])
     if nbytes < 2**20:
         raise UnknownNameError(f"GPU size {text!r} is too small to hold a training step")
+    if nbytes > MAX_GPU_BYTES:  # 10^32 TB answered "fits" for any job
+        raise UnknownNameError(f"GPU size {text!r} is past any GPU (at most {MAX_GPU_BYTES // 10**12:,} TB); "
+                               "give the card's memory, e.g. 80GB or 141GB")
     label = f"{number}{m.group(2)}"
     return GPU(name=label, vendor="unknown", memory_bytes=nbytes, memory_marketed=label,
                memory_unit_note=f"given by size: {label} = {nbytes:,} bytes ({nbytes / 2**30:,.2f} GiB, "

@@ -108,11 +108,19 @@ def check_config(config: dict) -> None:
         value = config.get(key)
         if value is not None and not isinstance(value, str):
             raise _field(config, key, "a name", value)
+    for key in ("rope_scaling", "rope_parameters"):  # PreTrainedConfig reads them as dicts (.get)
+        value = config.get(key)
+        if value is not None and not isinstance(value, dict):
+            raise _field(config, key, "null or a mapping like {'rope_type': 'linear', 'factor': 2.0}", value)
+        factor = (value or {}).get("partial_rotary_factor")
+        if factor is not None and (isinstance(factor, bool) or not isinstance(factor, (int, float))
+                                   or not math.isfinite(factor) or not 0 <= factor <= 1):
+            raise _field(config, f"{key}.partial_rotary_factor", "a number in [0, 1]", factor)
     _check_activations(config)
     _check_lists(config)
     for key in ("text_config", "vision_config"):
-        if isinstance(config.get(key), dict):
-            check_config(config[key])
+        if isinstance(config.get(key), dict):  # named in its errors as the outer model's sub-config
+            check_config({**config[key], "model_type": f"{config.get('model_type', 'model')} {key[:-7]}"})
 
 
 def _check_activations(config: dict) -> None:
@@ -144,6 +152,76 @@ def _check_lists(config: dict) -> None:
         if isinstance(value, list) and value and isinstance(layers, int) and len(value) != layers:
             raise ValueError(f"{config.get('model_type', 'model')} config field {key!r} has {len(value)} entries; "
                              f"give one per layer ({layers}, num_hidden_layers)")
+
+
+_TOWER_COUNTS = ("depth", "embed_dim", "spatial_merge_size", "temporal_patch_size", "out_hidden_size",
+                 "window_size", "num_channels", "in_channels")
+"""Vision-tower sizes (Qwen2-VL's VisionTransformer, SigLIP, CLIP, InternViT): positive integers."""
+_TOWER_SIDES = ("image_size", "patch_size")
+"""An integer, or [height, width] (InternViT's and SigLIP's configs allow both), at most
+MAX_SIDE pixels (the largest published towers read 896)."""
+MAX_SIDE = 65536
+_TOWER_WIDTHS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_heads", "mlp_ratio")
+
+
+def check_vlm_config(config: dict) -> object:
+    """A vision-language config (gemma3, internvl, llava, llava_onevision, qwen2_vl,
+    qwen2_5_vl) before the tower is read: model_type a name, text_config and vision_config
+    mappings (the readers merge them over the class defaults), and the tower's sizes as the
+    modules need them (nn.Conv2d / nn.Linear of those widths; SiglipAttention and
+    InternVLVisionAttention refuse a width that the heads do not divide). Returns the model_type."""
+    kind = config.get("model_type")
+    if kind is not None and not isinstance(kind, str):
+        raise ValueError(f"config field 'model_type' must be a string like 'qwen2_vl', got {kind!r}")
+    for key in ("text_config", "vision_config"):
+        if key in config and not isinstance(config[key], dict):
+            raise _field(config, key, "a mapping of its model's config fields", config[key])
+    check_config(config)  # the text fields (at the top for Qwen2-VL), text_config and vision_config
+    vision = {"model_type": f"{kind} vision", **config.get("vision_config", {})}
+    if not isinstance(vision["model_type"], str):
+        raise _field(vision, "model_type", "a name like 'siglip_vision_model'", vision["model_type"])
+    for key in _TOWER_WIDTHS + _TOWER_SIDES:  # the readers merge over the defaults: a null stays null
+        if key in vision and vision[key] is None:
+            raise _field(vision, key, "a number (not null)", None)
+    for key in _TOWER_COUNTS + ("mm_tokens_per_image",):
+        where = config if key == "mm_tokens_per_image" else vision
+        value = where.get(key)
+        if key in where and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise _field(where, key, "an integer >= 1", value)
+    sides = {}
+    for key in _TOWER_SIDES:
+        value = vision.get(key)
+        pair = value if isinstance(value, list) and len(value) == 2 else [value]
+        if key in vision and not all(isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= MAX_SIDE
+                                     for v in pair):
+            raise _field(vision, key, f"an integer in [1, {MAX_SIDE}] (or [height, width])", value)
+        sides[key] = min(pair) if key in vision else None
+    if sides["image_size"] and sides["patch_size"] and sides["patch_size"] > sides["image_size"]:
+        raise _field(vision, "patch_size", f"at most the image_size {sides['image_size']} (a patch inside the image)",
+                     vision["patch_size"])
+    if isinstance(vision.get("depth"), int) and vision["depth"] > MAX_LAYERS:
+        raise _field(vision, "depth", f"at most {MAX_LAYERS:,} (no published model has more)", vision["depth"])
+    for key, low, high in (("mlp_ratio", 0, math.inf), ("downsample_ratio", 0, 1)):
+        where = config if key in config else vision
+        value = where.get(key)
+        if key in where and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not math.isfinite(value) or not low < value <= high):
+            raise _field(where, key, f"a number in ({low}, {high}]", value)
+    for key in ("use_qk_norm", "vision_use_head", "use_mask_token", "use_absolute_position_embeddings", "use_mean_pooling"):
+        if key in vision and not isinstance(vision[key], bool):
+            raise _field(vision, key, "true or false", vision[key])
+    if vision.get("norm_type", "layer_norm") not in ("layer_norm", "rms_norm"):  # InternViT's NORM2FN
+        raise _field(vision, "norm_type", "layer_norm or rms_norm", vision["norm_type"])
+    blocks = vision.get("fullatt_block_indexes")
+    if "fullatt_block_indexes" in vision and not (isinstance(blocks, list) and all(
+            isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in blocks)):
+        raise _field(vision, "fullatt_block_indexes", "a list of block indices", blocks)
+    width = vision.get("embed_dim", vision.get("hidden_size"))
+    heads = vision.get("num_heads", vision.get("num_attention_heads"))
+    if isinstance(width, int) and isinstance(heads, int) and width % heads:
+        raise ValueError(f"{vision['model_type']} config: the width {width} is not a multiple of the {heads} attention "
+                         "heads; each head needs a whole share of it")
+    return kind
 
 
 def check_desc(desc):

@@ -9,7 +9,7 @@ import argparse
 import re
 import sys
 
-from vramplan.i18n import N_, Msg, _
+from vramplan.i18n import N_, Msg, _, tr
 from vramplan.spec import SpecError
 
 
@@ -165,6 +165,14 @@ def section_flags(args, data: dict, imply: bool = True) -> dict:
     return data
 
 
+def say_notes(args) -> None:
+    """What reading the input noted (the importers' report, a pipeline's defaults filled in),
+    said once the command is past the checks that can refuse the job: a bad input stays one
+    line. The answering commands call it before printing; main() after any other."""
+    for note in vars(args).pop("pending_notes", []):
+        print(tr(note), file=sys.stderr)
+
+
 def _flag_names(name: str) -> list[str]:
     return ["--" + n.replace("_", "-") for n in (name, *_ALIASES.get(name, ()))]
 
@@ -194,6 +202,8 @@ def _trainer_flags(args, data: dict) -> dict:
 
 
 def _diffusion(args, data: dict) -> dict:
+    if data.get("diffusion") is not None and not isinstance(data["diffusion"], dict):
+        return data  # `diffusion: 5` or a list: load_spec names the field
     section = dict(data.get("diffusion") or {})
     given = {name: getattr(args, "diffusion_" + name) for name, _, _ in _DIFFUSION_FLAGS
              if getattr(args, "diffusion_" + name, None) is not None}
@@ -205,7 +215,7 @@ def _diffusion(args, data: dict) -> dict:
         filled = {k: v for k, v in (pipe.get("defaults") or {}).items() if k not in section}
         if filled:
             section.update(filled)
-            # said once the spec has loaded (cli.spec_from_args): a bad input stays one line
+            # said once the command is past the checks that can refuse it (cli.main.say_notes)
             vars(args).setdefault("pending_notes", []).append(
                 Msg("vramplan: diffusion: {settings} from {pipeline}'s defaults",
                     settings=", ".join(f"{k}={v}" for k, v in filled.items()), pipeline=pipe["name"]))

@@ -18,7 +18,7 @@ from vramplan.cli.catalogs import cmd_gpus, cmd_models
 from vramplan.cli.flags import (  # noqa: F401 (dashed, strategy_from_flags: public from here too)
     _ATTN_IMPL, _DIFFUSION_FLAGS, _TRAINER_FLAGS, _bool_word, _diffusion, _flag_bool, _flag_names,
     _trainer_flags, add_format_args, add_section_flags, answer_format, cmd_completion, dashed, section_flags,
-    strategy_from_flags, check_paths,
+    strategy_from_flags, check_paths, say_notes,
 )
 from vramplan.report.header import BATCH_HELP
 from vramplan.spec import SpecError
@@ -165,8 +165,7 @@ def _imported(args, data: dict) -> dict:
     from vramplan.importers.cli_args import import_config_files
     from vramplan.importers.report import merge
     overrides, lines = import_config_files(**files)
-    for line in lines:
-        print(f"vramplan: {tr(line)}", file=sys.stderr)
+    vars(args).setdefault("pending_notes", []).extend(f"vramplan: {tr(line)}" for line in lines)
     return merge(data, overrides)
 
 
@@ -194,8 +193,6 @@ def spec_from_args(args) -> "object":
     if spec.diffusion is not None:  # a size the pipeline cannot take stays one line
         from vramplan.jobs.diffusion import check_spec_shape
         check_spec_shape(spec)
-    for note in vars(args).pop("pending_notes", []):
-        print(tr(note), file=sys.stderr)
     if args.save_spec:
         from vramplan.spec import save_spec
         save_spec(spec, args.save_spec)
@@ -250,6 +247,7 @@ def cmd_estimate(args) -> int:
     if args.depth < 1:  # groups(0) would fold every term into one row, groups(-1) drop a key part
         raise SpecError("depth", f"expected an integer >= 1, got {args.depth}")
     est = estimate(spec_from_args(args))
+    say_notes(args)
     if args.plot:
         from vramplan.report.plots import plot_breakdown
         plot_breakdown(est, args.plot)
@@ -379,7 +377,10 @@ def _main(argv: list[str] | None) -> int:
         if not getattr(args, "func", None):
             build_parser().print_help()
             return 2
-        return args.func(args)
+        code = args.func(args)
+        if code != 2:  # 2: the command said its one error line itself (check: no local GPU)
+            say_notes(args)
+        return code
     except UsageError as exc:
         return _error(exc)
     except (SpecError, ValueError, KeyError, NotImplementedError, ArithmeticError) as exc:

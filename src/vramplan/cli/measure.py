@@ -144,6 +144,8 @@ def measure_main(args) -> dict:
     device = "fake" if fake else _device(args)
     if device == "cpu":
         _fits_host(spec)
+    from vramplan.cli.flags import say_notes
+    say_notes(args)
     trace = bool(getattr(args, "trace", False))
     out: dict = {"schema": SCHEMA, "device": device, "job": spec.to_dict(), "runner": None,
                  "measured": None, "estimated": None, "error": None, "failure": None}

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import sys
 
+from vramplan.cli.flags import say_notes
 from vramplan.i18n import _, ngettext, tr
 from vramplan.i18n.errors import localize
 from vramplan.i18n.terms import strategy_label, tier_label
@@ -64,6 +65,7 @@ def cmd_compare(args) -> int:
         if args.with_defaults:
             strategies = default_strategies(spec) + strategies
     rows, ev = compare_answer(spec, strategies=strategies, headroom=args.headroom, mfu=args.mfu)
+    say_notes(args)
     if args.plot:
         from vramplan.report.plots import plot_compare
         plot_compare(rows, args.plot, capacity_bytes=ev.gpu.memory_bytes)
@@ -167,6 +169,10 @@ def cmd_fit(args) -> int:
     if axes is not None and not args.only:
         from vramplan.plan.space import default_axes
         axes = {**default_axes(spec, ev.desc), **axes}
+    if args.maximize and args.minimize:  # two questions: --minimize was answered as if not given
+        raise SpecError("minimize", f"--maximize {args.maximize} and --minimize num_gpus ask two questions; keep one")
+    if args.only and not args.vary:  # "search only the --vary axes" with none searched the defaults
+        raise SpecError("only", "searches only the --vary axes, and none is given; add --vary NAME=v1,v2 or drop --only")
     if args.max_gpus is not None and not args.minimize:
         raise SpecError("max_gpus", "bounds --minimize num_gpus; add --minimize num_gpus or drop --max-gpus")
     goal = f"--maximize {args.maximize}" if args.maximize else "--minimize num_gpus" if args.minimize else None
@@ -187,6 +193,7 @@ def cmd_fit(args) -> int:
             report, _ev = fit_answer(spec, evaluator=ev, axes=axes, top_k=args.top_k, progress=progress)
     else:
         report, _ev = fit_answer(spec, evaluator=ev, axes=axes, top_k=args.top_k)
+    say_notes(args)
     if args.plot and report.results:
         from vramplan.report.plots import plot_breakdown
         plot_breakdown(report.results[0].estimate, args.plot)

@@ -233,7 +233,7 @@ def _fsdp_config(v, out, rep, name):
         rep.ignored.append(name)
 
 
-def _deepspeed(v, out, rep, name):
+def deepspeed_config(v, out, rep, name):
     """A path or an inline dict; the caller reads a path and passes it to from_deepspeed."""
     if not isinstance(v, (str, dict)) or not v:
         raise ImportError_(rep.source, name, f"expected a DeepSpeed JSON path or an inline mapping, got {v!r}")
@@ -272,7 +272,7 @@ _FIELDS = {
     "per_device_train_batch_size": _batch, "gradient_accumulation_steps": _accum,
     "gradient_checkpointing": _gc, "bf16": _bf16, "fp16": _bf16, "optim": _optim, "weight_decay": _number("weight_decay"),
     "label_smoothing_factor": _number("label_smoothing"),
-    "fsdp": _fsdp, "fsdp_config": _fsdp_config, "deepspeed": _deepspeed,
+    "fsdp": _fsdp, "fsdp_config": _fsdp_config, "deepspeed": deepspeed_config,
     "max_seq_length": _seq, "max_length": _seq, "use_peft": _lora,
     "model_init_kwargs": _model_init_kwargs, "optim_target_modules": _optim_target_modules,
     "optim_args": _optim_args, "neftune_noise_alpha": _neftune, "packing": _packing, "padding_free": _packing,

@@ -51,8 +51,11 @@ def _lengths(path: str):
                 value = line.split("#", 1)[0].strip()
                 if value:
                     yield _length(path, "line", n, value)
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SpecError(FIELD, f"{path}: cannot be read ({exc.__class__.__name__})") from None
+    except UnicodeDecodeError:  # was "cannot be read (UnicodeDecodeError)"
+        raise SpecError(FIELD, f"{path}: not UTF-8 text; write one token count per line "
+                               "or a JSON list") from None
+    except OSError as exc:
+        raise SpecError(FIELD, f"{path}: cannot be read ({exc.strerror or exc.__class__.__name__})") from None
 
 
 def _json_list(path: str, text: str) -> list:

@@ -4,7 +4,7 @@ torchtune's recipes/configs/*.yaml."""
 from __future__ import annotations
 
 from vramplan.importers.fp8 import refuse_fp8_switch
-from vramplan.importers.hf_args import OPTIM, from_training_args
+from vramplan.importers.hf_args import OPTIM, deepspeed_config, from_training_args
 from vramplan.importers.report import ImportError_, ImportReport, need_int, need_mapping
 
 
@@ -72,9 +72,8 @@ def _axolotl(cfg: dict, source: str) -> tuple[dict, ImportReport]:
         rep.use("flash_attention", "attention")
     if "optimizer" in cfg:
         _optimizer(cfg["optimizer"], out, rep, "optimizer")
-    if cfg.get("deepspeed"):
-        out["__deepspeed__"] = cfg["deepspeed"]
-        rep.use("deepspeed", "DeepSpeed config (imported separately)")
+    if cfg.get("deepspeed"):  # a path or an inline mapping, as TrainingArguments.deepspeed
+        deepspeed_config(cfg["deepspeed"], out, rep, "deepspeed")
     if cfg.get("fsdp"):
         sub, _ = from_training_args({"fsdp": cfg["fsdp"], "fsdp_config": cfg.get("fsdp_config") or {}},
                                     source=rep.source)
@@ -149,9 +148,8 @@ def _llama_factory(cfg: dict, source: str) -> tuple[dict, ImportReport]:
     if cfg.get("flash_attn") in ("fa2", "auto"):
         out["attention"] = "flash" if cfg["flash_attn"] == "fa2" else "sdpa"
         rep.use("flash_attn", "attention")
-    if cfg.get("deepspeed"):
-        out["__deepspeed__"] = cfg["deepspeed"]
-        rep.use("deepspeed", "DeepSpeed config (imported separately)")
+    if cfg.get("deepspeed"):  # a path or an inline mapping, as TrainingArguments.deepspeed
+        deepspeed_config(cfg["deepspeed"], out, rep, "deepspeed")
     if "optim" in cfg:
         _optimizer(cfg["optim"], out, rep, "optim")
     if _switch(rep, "upcast_lmhead_output", cfg.get("upcast_lmhead_output")):
@@ -261,6 +259,9 @@ def _torchtune(cfg: dict, source: str) -> tuple[dict, ImportReport]:
         if "lora" in comp:
             out["method"] = "qlora" if "qlora" in comp else "lora"
             attn = model.get("lora_attn_modules") or ["q_proj", "v_proj"]
+            if not isinstance(attn, list) or not all(isinstance(a, str) for a in attn):
+                raise ImportError_(source, "model.lora_attn_modules", f"expected a list of module names like "
+                                   f"[q_proj, v_proj, output_proj], got {attn!r}")
             names = {"q_proj": "q_proj", "k_proj": "k_proj", "v_proj": "v_proj", "output_proj": "o_proj"}
             targets = [names.get(a, a) for a in attn]
             if model.get("apply_lora_to_mlp"):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from vramplan.model import ModelDesc
 from vramplan.spec import JobSpec, SpecError, Task
+from vramplan.spec.enums import as_spec_error
 from vramplan.spec.tasks import PRECOMPUTED, needs_several_models
 
 
@@ -48,7 +49,11 @@ def estimate_job(spec: JobSpec, gpu=None):
     if spec.vision is not None:  # the model is a VLM: vision tower + projector + LM
         from vramplan.jobs import vlm
         from vramplan.jobs.vision_fields import refuse_unread
-        vis, lm = vlm.resolve_vlm(spec.model)
+        try:
+            vis, lm = vlm.resolve_vlm(spec.model)
+        except ValueError as exc:  # a config field (catalog/hf_check.py) the message does not lead with: `model`'s
+            error = as_spec_error(exc)
+            raise (SpecError("model", str(error).removeprefix("spec: ")) if error.field == "spec" else error) from None
         refuse_unread(spec, type(vis).__name__)  # a setting this tower never reads
         return vlm.vlm_estimate(vis, lm, spec, gpu)
     if spec.task is Task.DIFFUSION:  # the model is a pipeline (catalog or inline)

@@ -292,14 +292,14 @@ def _prepend(plan: StepPlan, extra, transients=None) -> None:
 
 
 QWEN_VL = ("qwen2_vl", "qwen2_5_vl")
-_TOWER_JOBS = {"QwenVisionDesc": "qwen_vl", "InternVisionDesc": "internvl", "Gemma3VisionDesc": "gemma3_vl",
-               "OnevisionDesc": "llava_onevision"}
+_TOWER_JOBS = {"QwenVisionDesc": "qwen_vl", "InternVisionDesc": "internvl", "Gemma3VisionDesc": "gemma3_vl", "OnevisionDesc": "llava_onevision"}
 _OWN_CONFIG = {"gemma3": "gemma3_vl", "llava_onevision": "llava_onevision"}
 """model_type -> the jobs module whose `resolve(config, name)` reads it."""
 
 
 def _from_config(cfg: dict, name: str | None = None):
-    mt = cfg.get("model_type")
+    from vramplan.catalog.hf_check import check_vlm_config
+    mt = check_vlm_config(cfg)  # sub-configs and tower sizes, before any is read
     if mt in QWEN_VL:
         return _qwen_vl(cfg, name)
     if mt == "internvl":
@@ -318,7 +318,7 @@ def resolve_vlm(model):
         if own is not None:
             return own
         if model.get("model_type") != "llava":
-            raise ValueError(f"vision: inline configs of model_type llava, qwen2_vl, qwen2_5_vl, internvl, gemma3 or "
+            raise SpecError("model", f"inline vision-language configs of model_type llava, qwen2_vl, qwen2_5_vl, internvl, gemma3 or "
                              f"llava_onevision are modelled, got {model.get('model_type')!r}")
         text = dict(model["text_config"])
         return vision_from_llava_config(model), model_from_hf_config(text, name=text.get("model_type", "llm"))

@@ -45,7 +45,10 @@ def evaluator_for(spec: JobSpec, command: str, *, headroom: str | None = None, m
     from vramplan.plan.steptime import DEFAULT_MFU
     if not spec.gpu:
         raise SpecError("gpu", "planning needs a GPU: pass --gpu (see `vramplan gpus`)")
-    gpu = find_gpu(spec.gpu)
+    try:
+        gpu = find_gpu(spec.gpu)
+    except KeyError as exc:  # catalog.UnknownNameError, as estimate() names it (was field `spec`)
+        raise SpecError("gpu", str(exc)) from None
     if gpu.by_size:
         raise SpecError("gpu", f"{command} ranks layouts by step time, which needs the GPU's "
                                f"throughput: name a catalog GPU with {gpu.memory_marketed} (see `vramplan gpus`); "

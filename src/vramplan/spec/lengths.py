@@ -161,7 +161,7 @@ def parse_lengths(value: object) -> LengthsConfig | None:
     for key, v in value.items():
         if not isinstance(key, str):
             raise SpecError(f"lengths.{key}", f"keys are field names or percentiles like p90, got {key!r}")
-        if key.startswith("p") and key[1:].replace(".", "", 1).isdigit():
+        if key.startswith("p") and key[1:].isascii() and key[1:].replace(".", "", 1).isdigit():  # not p٣ (float reads it)
             pairs.append((float(key[1:]), v))
         elif key in _KEYS:
             fields[key] = v

@@ -98,7 +98,8 @@ _LABELS = {
     Framework.MEGATRON: "Megatron", Framework.DIFFUSERS_SCRIPTS: "diffusers scripts",
 }
 
-_VERSION = re.compile(r"^\d+(\.\d+){0,2}$")
+_VERSION = re.compile(r"^\d{1,4}(\.\d{1,4}){0,2}$")
+"""A release: up to three parts of at most four digits (transformers: 10**30 read as a major release)."""
 
 # Torch dtype words -> the spec's dtype names.
 _DTYPE_WORDS = {

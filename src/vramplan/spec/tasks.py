@@ -300,8 +300,8 @@ def check_task_fields(spec) -> dict[str, object]:
     task = spec.task
     out: dict[str, object] = {}
     from vramplan.spec.enums import Method
-    from vramplan.spec.packing import check_packing
-    check_packing(spec)
+    from vramplan.spec.unread import check_unread
+    check_unread(spec)  # packing, and the sections and settings the task never reads
     if task is not Task.INFERENCE:  # a section the method never reads would be ignored, the number not the job's
         if spec.lora is not None and spec.method not in (Method.LORA, Method.QLORA):
             raise SpecError("lora", f"applies to method lora or qlora, not {spec.method.value}; set method lora "

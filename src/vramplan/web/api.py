@@ -67,8 +67,9 @@ def _spec(body: bytes):
     if not isinstance(data, dict):
         raise SpecError("spec", f"expected a mapping of spec fields, got {type(data).__name__}")
     spec = load_spec(data)
-    for name in ("model", "reference_model", "teacher", "reward_model", "critic_model"):
-        value = getattr(spec, name, None)
+    named = [(name, getattr(spec, name, None)) for name in ("model", "reference_model", "teacher", "reward_model",
+                                                             "critic_model")]
+    for name, value in named + [(f"models.{m.role}.model", m.model) for m in spec.models]:
         if isinstance(value, str) and looks_like_path(value):
             # a local path in a request names a file on the server (sources.py reads a
             # config.json or a model folder there): not the caller's to read
@@ -162,7 +163,7 @@ def _import(body: bytes, query) -> dict:
     name = os.path.basename(query.get("name") or "config.json")
     suffix = ".json" if name.endswith(".json") else ".yaml"
     with tempfile.TemporaryDirectory(prefix="vramplan-web-") as folder:
-        path = os.path.join(folder, os.path.splitext(name)[0] + suffix)
+        path = os.path.join(folder, "config" + suffix)  # the caller's name may be past the file system's limit
         with open(path, "wb") as fh:
             fh.write(body)
         try:
