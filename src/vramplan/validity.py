@@ -9,6 +9,7 @@ from __future__ import annotations
 from vramplan.i18n import Msg
 from vramplan.model import ModelDesc, PositionKind
 from vramplan.spec import DEFAULT_SEQ_LEN, JobSpec, Method, SpecError, Task
+from vramplan.spec.tasks import needs_several_models
 
 MAX_DEVICE_BYTES = 2**50
 """1 PiB: thousands of times any GPU's memory; an estimate beyond it is a unit slip."""
@@ -30,11 +31,22 @@ def check_job(desc: ModelDesc, spec: JobSpec) -> list[str]:
     if spec.parallel.sp and spec.parallel.tp == 1:
         notes.append(Msg("parallel.sp: sequence parallelism splits activations over the tp group, and tp is 1; "
                          "Megatron turns it off (arguments.py), so it saves nothing here: set parallel.tp >= 2"))
+    notes += lengths_unreplayed(spec)
     tokens = spec.micro_batch_size * spec.seq_len // (spec.parallel.cp * spec.parallel.ulysses)
     if tokens > LARGE_TOKENS:
         notes.append(Msg("absurd size? micro_batch_size x seq_len = {tokens:,} tokens per GPU per "
                          "micro-step; check the units of micro_batch_size and seq_len", tokens=tokens))
     return notes
+
+
+def lengths_unreplayed(spec: JobSpec) -> list:
+    """The padded-lengths replay runs on the single-model step only (estimation.py): a job of
+    several models (or a VLM) is estimated with every row at seq_len, the longest a batch is
+    padded to, whose step is the peak; the note says so."""
+    if spec.lengths is None or not needs_several_models(spec):
+        return []
+    return [Msg("lengths: the padded-lengths replay covers single-model language jobs; this one is "
+                "estimated with every row at seq_len {seq_len}, the longest a batch is padded to", seq_len=spec.seq_len)]
 
 
 def check_size(device_bytes: int, spec: JobSpec) -> None:

@@ -239,10 +239,9 @@ def flags_to_data(args, data: dict, *, imply: bool = True) -> dict:
 
 def cmd_estimate(args) -> int:
     from vramplan.estimation import estimate
-    # What is imported by now lives as long as this short process: gc.freeze moves it out
-    # of the collector's generations, so the collections the estimate and the allocator
-    # replay trigger do not traverse it again (3% of this command's instructions under
-    # callgrind, bench/speed/README.md).
+    # What is imported by now lives as long as this short process: gc.freeze moves it out of the
+    # collector's generations, so the collections the estimate and the allocator replay trigger
+    # do not traverse it again (3% of this command's instructions, bench/speed/README.md).
     gc.freeze()
     if args.depth < 1:  # groups(0) would fold every term into one row, groups(-1) drop a key part
         raise SpecError("depth", f"expected an integer >= 1, got {args.depth}")

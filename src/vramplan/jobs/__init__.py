@@ -55,7 +55,10 @@ def estimate_job(spec: JobSpec, gpu=None):
             error = as_spec_error(exc)
             raise (SpecError("model", str(error).removeprefix("spec: ")) if error.field == "spec" else error) from None
         refuse_unread(spec, type(vis).__name__)  # a setting this tower never reads
-        return vlm.vlm_estimate(vis, lm, spec, gpu)
+        from vramplan.validity import lengths_unreplayed
+        est = vlm.vlm_estimate(vis, lm, spec, gpu)
+        est.notes[:0] = lengths_unreplayed(spec)
+        return est
     if spec.task is Task.DIFFUSION:  # the model is a pipeline (catalog or inline)
         from vramplan.jobs import diffusion
         return diffusion.diffusion_estimate(diffusion.resolve_pipeline(spec.model), spec, gpu)

@@ -11,17 +11,13 @@ GENERATING_TASKS = (Task.PPO, Task.GRPO)
 
 
 def check_unread(spec) -> None:
-    from vramplan.spec.tasks import MULTI_MODEL_TASKS
     check_packing(spec)
     task = spec.task
     if spec.generation is not None and task not in GENERATING_TASKS:
         raise SpecError("generation", f"task {task.value} generates no completions; the section is read by tasks "
                         "ppo and grpo only; drop it")
-    if spec.lengths is not None and (task in MULTI_MODEL_TASKS or spec.models or spec.vision is not None or task is Task.DIFFUSION):
-        # the replay of padded lengths runs on the single-model step only (estimation.py resolve_lengths)
-        what = "a vision-language job" if spec.vision is not None else "a models list" if spec.models else f"task {task.value}"
-        raise SpecError("lengths", f"the dynamic-padding replay is modelled for single-model language jobs (sft, "
-                        f"pretrain, sequence-classification), not {what}; drop the lengths section")
+    if spec.lengths is not None and task is Task.DIFFUSION:
+        raise SpecError("lengths", "a diffusion job has no token rows to pad; drop the lengths section")
     if spec.vision is not None and spec.loss_impl is not LossImpl.STANDARD:
         raise SpecError("loss_impl", "a vision-language job is estimated with the standard loss; use loss_impl standard")
     if task is Task.DIFFUSION:
