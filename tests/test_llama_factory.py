@@ -55,9 +55,11 @@ def test_estimate_is_current_and_within_targets(row):
     assert within != (row["name"] in BENCH_MOD.OPEN), err
 
 
-def test_open_mechanisms_are_reported_by_the_importer():
-    _, rep = from_recipe({"model_name_or_path": "m", "upcast_lmhead_output": True})
-    assert "upcast_lmhead_output" in rep.unresolved
+def test_upcast_lmhead_output_is_the_stack_s_fp32_logits():
+    # the lm_head hook's fp32 copy frees the 16-bit logits at once (bench case upcast-lmhead)
+    out, rep = from_recipe({"model_name_or_path": "m", "upcast_lmhead_output": True})
+    assert out["stack"] == {"framework": "llama-factory", "fp32_logits": True}
+    assert "upcast_lmhead_output" not in rep.unresolved
 
 
 def _lf(**fields) -> dict:

@@ -76,10 +76,7 @@ CASES = [
                               "disable_gradient_checkpointing": True}),
 ]
 
-OPEN = {"sft/lora/bf16/no-gc/upcast-lmhead":
-        "upcast_lmhead_output: the lm_head hook's fp32 copy frees the 16-bit logits at once "
-        "(llamafactory/model/model_utils/checkpointing.py _fp32_forward_post_hook); the core's loss "
-        "terms (components/activations.py) keep both, as for a plain HF Trainer; the importer says so"}
+OPEN: dict[str, str] = {}
 """Cases outside the targets, with the mechanism the estimate lacks."""
 
 

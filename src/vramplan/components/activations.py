@@ -353,10 +353,11 @@ def _with_loss(desc: ModelDesc, spec: JobSpec, stages: list[Stage], logits: Sym,
     if spec.loss_impl is LossImpl.CHUNKED:
         # chunks with Gemma 2's softcap in front: 8 chunks, each upcast to fp32 on its own.
         fwd.add("logits/logits", full_c).add("logits/fp32_chunk", nbytes(-(-tokens // 8) * v, "fp32"))
-    elif c != "fp32" and (spec.stack.framework is Framework.TORCHTUNE or getattr(desc, "logits_float_in_forward", False)):
+    elif c != "fp32" and (spec.stack.framework is Framework.TORCHTUNE or spec.stack.fp32_logits
+                          or getattr(desc, "logits_float_in_forward", False)):
         # torchtune TransformerDecoder.forward: `output = self.output(h).float()`; the 16-bit
         # logits are dropped as soon as the fp32 copy exists. Mamba2ForCausalLM.forward does
-        # the same (`self.lm_head(...).float()`).
+        # the same (`self.lm_head(...).float()`), and LLaMA-Factory's upcast_lmhead_output hook.
         fwd.add("logits/logits_fp32", full32)
     else:
         fwd.add("logits/logits", full_c)

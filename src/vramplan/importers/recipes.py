@@ -154,11 +154,9 @@ def _llama_factory(cfg: dict, source: str) -> tuple[dict, ImportReport]:
         _optimizer(cfg["optim"], out, rep, "optim")
     if _switch(rep, "upcast_lmhead_output", cfg.get("upcast_lmhead_output")):
         # model_utils/checkpointing.py prepare_model_for_training: a forward hook returns the
-        # lm_head output `.to(torch.float32)`, so the 16-bit logits are freed at once; the
-        # estimate keeps them beside the loss's fp32 copy (bench/stack llama-factory
-        # `upcast-lmhead`: forward +10.7%, on the high side)
-        rep.unresolved["upcast_lmhead_output"] = ("fp32 logits straight from lm_head are not modelled; the forward "
-                                                  "estimate counts one 16-bit logits tensor too many")
+        # lm_head output `.to(torch.float32)`, so the 16-bit logits are freed at once
+        out["stack"] = {"framework": "llama-factory", "fp32_logits": True}
+        rep.use("upcast_lmhead_output", "stack.fp32_logits")
     _rest(cfg, rep)
     return out, rep
 

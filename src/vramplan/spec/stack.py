@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from collections.abc import Mapping
 
 from vramplan.spec.enums import SpecError, _Choice
+from vramplan.spec.sections import boolean
 
 
 class Framework(_Choice):
@@ -173,11 +174,16 @@ class StackConfig:
     peft: str | None = "0.21"
     """PEFT release: LoRA adapters on a 16-bit base are upcast to fp32
     (`autocast_adapter_dtype=True`, PEFT >= 0.12)."""
+    fp32_logits: bool = False
+    """The output head's logits are cast to fp32 as the head returns, so the 16-bit ones go at
+    once: LLaMA-Factory's `upcast_lmhead_output` (a forward hook returning `output.to(float32)`,
+    model_utils/checkpointing.py); torchtune does it always (components/activations.py)."""
 
     def __post_init__(self):
         object.__setattr__(self, "framework", Framework.parse(self.framework, "stack.framework"))
         for name in ("transformers", "trl", "peft"):
             object.__setattr__(self, name, _version(getattr(self, name), f"stack.{name}"))
+        object.__setattr__(self, "fp32_logits", boolean("stack.fp32_logits", self.fp32_logits))
 
     @property
     def label(self) -> str:
@@ -195,8 +201,9 @@ class StackConfig:
         return parts[0], parts[1]
 
     def to_dict(self) -> dict:
-        return {"framework": self.framework.value, "transformers": self.transformers,
-                "trl": self.trl, "peft": self.peft}
+        out = {"framework": self.framework.value, "transformers": self.transformers,
+               "trl": self.trl, "peft": self.peft}
+        return out | ({"fp32_logits": True} if self.fp32_logits else {})
 
 
 def parse_stack(value: object) -> StackConfig:
@@ -209,7 +216,7 @@ def parse_stack(value: object) -> StackConfig:
         return StackConfig(framework=value)
     if not isinstance(value, Mapping):
         raise SpecError("stack", f"expected a framework name or a mapping, got {value!r}")
-    known = {"framework", "transformers", "trl", "peft"}
+    known = {"framework", "transformers", "trl", "peft", "fp32_logits"}
     for key in value:
         if key not in known:
             raise SpecError(f"stack.{key}", f"unknown key; choose from {', '.join(sorted(known))}")
