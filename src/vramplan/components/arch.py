@@ -60,6 +60,11 @@ class Ctx:
     def p(self, name: str) -> Param:
         return self.params[name]
 
+    def module_p(self, p: float) -> float:
+        """The p an nn.Dropout module runs with: none outside training or under TRL's
+        disable_dropout (module_dropout)."""
+        return p if self.training_dropout and self.module_dropout else 0.0
+
     def opt(self, name: str) -> Param | None:
         return self.params.get(name)
 
@@ -373,7 +378,7 @@ def llama_layer(rec: Recorder, ctx: Ctx, x: Sym, i: int, b: int, s: int) -> Sym:
     rec.frame += held  # held to the layer's return
     if ctx.desc.sandwich_norm:
         h = norm(rec, ctx, h, f"{pre}.post_attention_layernorm", "attn_post_norm")
-    h = rec.dropout(h, ctx.desc.hidden_dropout if ctx.training_dropout and ctx.module_dropout else 0.0,
+    h = rec.dropout(h, ctx.module_p(ctx.desc.hidden_dropout),
                     "attn/resid_dropout")
     x = rec.add(x, h, name="attn_residual")
     mlp_norm = "pre_feedforward_layernorm" if ctx.desc.sandwich_norm else "post_attention_layernorm"
@@ -387,7 +392,7 @@ def llama_layer(rec: Recorder, ctx: Ctx, x: Sym, i: int, b: int, s: int) -> Sym:
         rec.frame.pop()
     if ctx.desc.sandwich_norm:
         h = norm(rec, ctx, h, f"{pre}.post_feedforward_layernorm", "mlp_post_norm")
-    h = rec.dropout(h, ctx.desc.hidden_dropout if ctx.training_dropout and ctx.module_dropout else 0.0,
+    h = rec.dropout(h, ctx.module_p(ctx.desc.hidden_dropout),
                     "mlp/resid_dropout")
     del rec.frame[len(rec.frame) - len(held):]
     return rec.add(x, h, name="mlp_residual")

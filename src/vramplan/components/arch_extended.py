@@ -15,9 +15,6 @@ MORE_LAYER_PREFIX = {"gpt_neox": "gpt_neox.layers", "bloom": "transformer.h",
                      "opt": "model.decoder.layers", "qwen": "transformer.h", "falcon": "transformer.h"}
 
 
-def _drop(ctx: Ctx, p: float) -> float:
-    return p if ctx.training_dropout and ctx.module_dropout else 0.0
-
 
 def _ln(rec: Recorder, ctx: Ctx, x: Sym, module: str, name: str) -> Sym:
     return rec.layer_norm(x, ctx.p(module + ".weight"), name)
@@ -62,7 +59,7 @@ def gpt_neox_layer(rec: Recorder, ctx: Ctx, x: Sym, i: int, b: int, s: int) -> S
     """GPTNeoXLayer: attn(ln1(x)) with dropout, then either x + attn + mlp(ln2(x))
     (use_parallel_residual) or the sequential pre-norm form."""
     desc, pre = ctx.desc, f"gpt_neox.layers.{i}"
-    drop = _drop(ctx, desc.hidden_dropout)
+    drop = ctx.module_p(desc.hidden_dropout)
     attn = rec.dropout(gpt_neox_attention(rec, ctx, _ln(rec, ctx, x, f"{pre}.input_layernorm", "attn_norm"), i, b, s),
                        drop, "attn/resid_dropout")
     if desc.parallel_residual:
@@ -116,7 +113,7 @@ def rotary_cat_attention(rec: Recorder, ctx: Ctx, q: Sym, k: Sym, v: Sym, b: int
 def gpt_neox_embed(rec: Recorder, ctx: Ctx, ids: Sym) -> Sym:
     """GPTNeoXModel.forward: embed_in, emb_dropout (p = hidden_dropout)."""
     x = rec.embedding(ids, ctx.p("gpt_neox.embed_in.weight"), "embed/tokens")
-    return rec.dropout(x, _drop(ctx, ctx.desc.embedding_dropout), "embed/dropout")
+    return rec.dropout(x, ctx.module_p(ctx.desc.embedding_dropout), "embed/dropout")
 
 
 def gpt_neox_head(rec: Recorder, ctx: Ctx, x: Sym) -> Sym:
@@ -131,7 +128,7 @@ def bloom_block(rec: Recorder, ctx: Ctx, x: Sym, i: int, b: int, s: int) -> Sym:
     the residual is the block input, or the norm output under
     apply_residual_connection_post_layernorm."""
     desc, pre = ctx.desc, f"transformer.h.{i}"
-    drop = _drop(ctx, desc.hidden_dropout)
+    drop = ctx.module_p(desc.hidden_dropout)
     ln1 = _ln(rec, ctx, x, f"{pre}.input_layernorm", "attn_norm")
     attn = rec.dropout(bloom_attention(rec, ctx, ln1, i, b, s), drop, "attn/resid_dropout")
     attn = rec.add(attn, x if desc.pre_norm else ln1, name="attn_residual")
@@ -159,7 +156,7 @@ def bloom_attention(rec: Recorder, ctx: Ctx, x: Sym, i: int, b: int, s: int) -> 
     scores = rec.new("attn/masked", scores.shape, mm, True)
     probs32 = rec.unary_saving_output(rec.to(scores, "fp32"), "attn/softmax", "fp32")
     probs = rec.to(probs32, q.dtype, name="attn/probs")
-    probs = rec._autocast_input(rec.dropout(probs, _drop(ctx, desc.attention_dropout), "attn/dropout"))
+    probs = rec._autocast_input(rec.dropout(probs, ctx.module_p(desc.attention_dropout), "attn/dropout"))
     rec.save(probs, v)
     rec.new("attn/context", (b * a, s, d), mm, True)
     merged = rec.new("attn/merged", (b, s, a * d), mm, True)
@@ -184,7 +181,7 @@ def opt_layer(rec: Recorder, ctx: Ctx, x: Sym, i: int, b: int, s: int) -> Sym:
     """OPTDecoderLayer: (pre-norm) attention, dropout, residual, (post-norm); the same around
     fc1 -> activation -> fc2. `dropout` applies to both outputs."""
     desc, pre = ctx.desc, f"model.decoder.layers.{i}"
-    drop = _drop(ctx, desc.hidden_dropout)
+    drop = ctx.module_p(desc.hidden_dropout)
     h = _ln(rec, ctx, x, f"{pre}.self_attn_layer_norm", "attn_norm") if desc.pre_norm else x
     h = rec.dropout(opt_attention(rec, ctx, h, i, b, s), drop, "attn/resid_dropout")
     x = rec.add(x, h, name="attn_residual")
@@ -261,7 +258,7 @@ def qwen_block(rec: Recorder, ctx: Ctx, x: Sym, i: int, b: int, s: int) -> Sym:
 
 def qwen_embed(rec: Recorder, ctx: Ctx, ids: Sym) -> Sym:
     x = rec.embedding(ids, ctx.p("transformer.wte.weight"), "embed/tokens")
-    return rec.dropout(x, _drop(ctx, ctx.desc.embedding_dropout), "embed/dropout")
+    return rec.dropout(x, ctx.module_p(ctx.desc.embedding_dropout), "embed/dropout")
 
 
 def qwen_head(rec: Recorder, ctx: Ctx, x: Sym) -> Sym:
@@ -280,14 +277,14 @@ def falcon_layer(rec: Recorder, ctx: Ctx, x: Sym, i: int, b: int, s: int) -> Sym
     attn_in = _ln(rec, ctx, x, f"{pre}.{'ln_attn' if two else 'input_layernorm'}", "attn_norm")
     attn = falcon_attention(rec, ctx, attn_in, i, b, s)
     if not desc.parallel_residual:
-        x = rec.add(rec.dropout(attn, _drop(ctx, desc.attention_dropout), "attn/resid_dropout"), x,
+        x = rec.add(rec.dropout(attn, ctx.module_p(desc.attention_dropout), "attn/resid_dropout"), x,
                     name="attn_residual")
         mlp_in = _ln(rec, ctx, x, f"{pre}.post_attention_layernorm", "mlp_norm")
     else:
         mlp_in = _ln(rec, ctx, x, f"{pre}.ln_mlp", "mlp_norm") if two else attn_in
     h = lin(rec, ctx, mlp_in, f"{pre}.mlp.dense_h_to_4h", "mlp/fc")
     h = lin(rec, ctx, mlp_act(rec, h, desc.hidden_act), f"{pre}.mlp.dense_4h_to_h", "mlp/proj")
-    h = rec.dropout(h, _drop(ctx, desc.hidden_dropout), "mlp/dropout")  # `+= attn` is in place
+    h = rec.dropout(h, ctx.module_p(desc.hidden_dropout), "mlp/dropout")  # `+= attn` is in place
     return rec.add(h, x, name="mlp_residual")
 
 

@@ -61,7 +61,7 @@ def other_head(rec: Recorder, ctx: Ctx, x: Sym) -> Sym:
 def gpt2_block(rec: Recorder, ctx: Ctx, x: Sym, i: int, b: int, s: int) -> Sym:
     desc = ctx.desc
     pre = f"transformer.h.{i}"
-    drop = desc.hidden_dropout if ctx.training_dropout and ctx.module_dropout else 0.0
+    drop = ctx.module_p(desc.hidden_dropout)
     h = rec.layer_norm(x, ctx.p(f"{pre}.ln_1.weight"), "attn_norm")
     qkv = lin(rec, ctx, h, f"{pre}.attn.c_attn", "attn/qkv")
     a, d = desc.num_heads, desc.head_dim
@@ -94,7 +94,7 @@ def gpt2_embed(rec: Recorder, ctx: Ctx, ids: Sym) -> Sym:
     # is counted as the embedding stage keeps it (components/activations.py)
     ctx.shared_keys["model_locals"] = [(t.name, t.storage.nbytes) for t in ((xp,) if x is not tok else (x, xp))]
     x = rec.add(x, xp, name="embed/sum")
-    return rec.dropout(x, ctx.desc.embedding_dropout if ctx.training_dropout and ctx.module_dropout else 0.0, "embed/dropout")
+    return rec.dropout(x, ctx.module_p(ctx.desc.embedding_dropout), "embed/dropout")
 
 
 def gpt2_head(rec: Recorder, ctx: Ctx, x: Sym) -> Sym:
@@ -110,7 +110,7 @@ def bert_layer(rec: Recorder, ctx: Ctx, x: Sym, i: int, b: int, s: int) -> Sym:
     intermediate dense + GELU and output dense + dropout + LayerNorm(h + attn_out)."""
     desc = ctx.desc
     pre = f"bert.encoder.layer.{i}"
-    drop = desc.hidden_dropout if ctx.training_dropout and ctx.module_dropout else 0.0
+    drop = ctx.module_p(desc.hidden_dropout)
     a, d = desc.num_heads, desc.head_dim
     q, k, v = (rec.view(lin(rec, ctx, x, f"{pre}.attention.self.{n}", f"attn/{n}"), (b, a, s, d))
                for n in ("query", "key", "value"))
@@ -146,7 +146,7 @@ def bert_eager_attention(rec: Recorder, ctx: Ctx, q: Sym, k: Sym, v: Sym) -> Sym
     scores = rec.scale(rec.new("attn/scores", (b, a, s, s), mm_dtype, True), "attn/scaled")
     soft_dtype = "fp32" if rec.autocast and rec.backend == "cuda" else scores.dtype
     probs = rec.unary_saving_output(rec.to(scores, soft_dtype), "attn/softmax", soft_dtype)
-    probs = rec.dropout(probs, ctx.desc.attention_dropout if ctx.training_dropout and ctx.module_dropout else 0.0, "attn/probs_dropout")
+    probs = rec.dropout(probs, ctx.module_p(ctx.desc.attention_dropout), "attn/probs_dropout")
     probs = rec._autocast_input(probs)
     rec.save(probs, v)
     rec.new("attn/out", (b, a, s, d), mm_dtype, True)
@@ -162,7 +162,7 @@ def bert_embed(rec: Recorder, ctx: Ctx, ids: Sym) -> Sym:
     pos = rec.new("position_ids", (1, ids.shape[1]), "int64", False)
     x = rec.add(x, rec.embedding(pos, ctx.p(f"{pre}.position_embeddings.weight"), "embed/positions"), name="embed/sum2")
     x = rec.layer_norm(x, ctx.p(f"{pre}.LayerNorm.weight"), "embed/norm")
-    return rec.dropout(x, ctx.desc.hidden_dropout if ctx.training_dropout and ctx.module_dropout else 0.0, "embed/dropout")
+    return rec.dropout(x, ctx.module_p(ctx.desc.hidden_dropout), "embed/dropout")
 
 
 def bert_head(rec: Recorder, ctx: Ctx, x: Sym) -> Sym:
@@ -170,5 +170,5 @@ def bert_head(rec: Recorder, ctx: Ctx, x: Sym) -> Sym:
     b, h = x.shape[0], x.shape[-1]
     first = rec.new("pool/first_token", (b, h), x.dtype, x.requires_grad)
     pooled = rec.unary_saving_output(lin(rec, ctx, first, "bert.pooler.dense", "pool/dense"), "pool/tanh")
-    pooled = rec.dropout(pooled, ctx.desc.hidden_dropout if ctx.training_dropout and ctx.module_dropout else 0.0, "pool/dropout")
+    pooled = rec.dropout(pooled, ctx.module_p(ctx.desc.hidden_dropout), "pool/dropout")
     return lin(rec, ctx, pooled, "classifier", "logits")

@@ -15,7 +15,7 @@ from vramplan.components.graph import Recorder, Sym
 
 
 def _drop(ctx: Ctx) -> float:
-    return ctx.desc.hidden_dropout if ctx.training_dropout and ctx.module_dropout else 0.0
+    return ctx.module_p(ctx.desc.hidden_dropout)
 
 
 def t5_norm(rec: Recorder, ctx: Ctx, x: Sym, module: str, name: str) -> Sym:

@@ -83,7 +83,7 @@ def _recorder(ctx, spec: JobSpec, seen: set[int]) -> Recorder:
 
 
 def _p(ctx) -> float:
-    return ctx.desc.hidden_dropout if ctx.training_dropout and ctx.module_dropout else 0.0
+    return ctx.module_p(ctx.desc.hidden_dropout)
 
 
 def _embed(ctx, spec: JobSpec, seen: set[int], ids_name: str, stack: str, stages: list[Stage],

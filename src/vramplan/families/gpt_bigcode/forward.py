@@ -16,13 +16,10 @@ from vramplan.components.graph import Recorder, Sym
 LAYER_PREFIX = "transformer.h"
 
 
-def _drop(ctx: Ctx, p: float) -> float:
-    return p if ctx.training_dropout and ctx.module_dropout else 0.0
-
 
 def layer(rec: Recorder, ctx: Ctx, x: Sym, i: int, b: int, s: int) -> Sym:
     desc, pre = ctx.desc, f"{LAYER_PREFIX}.{i}"
-    drop = _drop(ctx, desc.hidden_dropout)
+    drop = ctx.module_p(desc.hidden_dropout)
     h = rec.layer_norm(x, ctx.p(f"{pre}.ln_1.weight"), "attn_norm")
     a, k, d = desc.num_heads, desc.num_kv_heads, desc.head_dim
     qkv = lin(rec, ctx, h, f"{pre}.attn.c_attn", "attn/qkv")
@@ -52,7 +49,7 @@ def embed(rec: Recorder, ctx: Ctx, ids: Sym) -> Sym:
     # `inputs_embeds` and `position_embeds` stay locals of GPTBigCodeModel.forward while the blocks run
     ctx.shared_keys["model_locals"] = [(t.name, t.storage.nbytes) for t in (tok, xp)]
     x = rec.add(tok, xp, name="embed/sum")
-    return rec.dropout(x, _drop(ctx, ctx.desc.embedding_dropout), "embed/dropout")
+    return rec.dropout(x, ctx.module_p(ctx.desc.embedding_dropout), "embed/dropout")
 
 
 def head(rec: Recorder, ctx: Ctx, x: Sym) -> Sym:

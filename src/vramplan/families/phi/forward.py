@@ -16,14 +16,11 @@ from vramplan.components.graph import Recorder, Sym
 LAYER_PREFIX = "model.layers"
 
 
-def _drop(ctx: Ctx, p: float) -> float:
-    return p if ctx.training_dropout and ctx.module_dropout else 0.0
-
 
 def layer(rec: Recorder, ctx: Ctx, x: Sym, i: int, b: int, s: int) -> Sym:
     pre = f"{LAYER_PREFIX}.{i}"
     h = rec.layer_norm(x, ctx.p(f"{pre}.input_layernorm.weight"), "attn_norm")
-    drop = _drop(ctx, ctx.desc.hidden_dropout)
+    drop = ctx.module_p(ctx.desc.hidden_dropout)
     attn = rec.dropout(attention(rec, ctx, h, i, b, s), drop, "attn/resid_dropout")
     # PhiMLP: fc1 -> activation (gelu_new for every published Phi) -> fc2; PhiDecoderLayer.forward
     # holds the norm's output and `attn_outputs` through it, and `residual`, the layer's input
@@ -60,7 +57,7 @@ def attention(rec: Recorder, ctx: Ctx, x: Sym, i: int, b: int, s: int) -> Sym:
 def embed(rec: Recorder, ctx: Ctx, ids: Sym) -> Sym:
     """PhiModel.forward: embed_tokens, then embed_dropout (embd_pdrop)."""
     x = rec.embedding(ids, ctx.p("model.embed_tokens.weight"), "embed/tokens")
-    return rec.dropout(x, _drop(ctx, ctx.desc.embedding_dropout), "embed/dropout")
+    return rec.dropout(x, ctx.module_p(ctx.desc.embedding_dropout), "embed/dropout")
 
 
 def head(rec: Recorder, ctx: Ctx, x: Sym) -> Sym:
