@@ -8,6 +8,7 @@
     python bench/accuracy/grid.py --summary         # print the table of a results file, run nothing
     python bench/accuracy/grid.py --job NAME        # print one case's job as JSON (for trace_case.py)
     python bench/accuracy/grid.py --device cuda     # the same grid on this machine's GPU
+    python bench/accuracy/grid.py --device cuda --not-in results-cuda-A.json   # cases A lacks
 
 Each real case runs in its own fresh process (the CPU meter counts every tensor alive
 in the process, so nothing may leak from one case to the next); `fake: true` cases run
@@ -410,6 +411,9 @@ def select(cases: list[dict], args) -> list[dict]:
         out = [c for c in out if c["ci"]]
     if args.device == "cuda" and not args.with_fake:
         out = [c for c in out if not c["fake"]]
+    if args.not_in:  # e.g. the cases another GPU's results file does not hold yet
+        seen = {r["name"] for r in json.loads(Path(args.not_in).read_text())["cases"]}
+        out = [c for c in out if c["name"] not in seen]
     return out
 
 
@@ -451,6 +455,8 @@ def parse(argv):
     ap.add_argument("--resume", action="store_true", help="keep cases already in the results file")
     ap.add_argument("--summary", action="store_true", help="print the results file's table, run nothing")
     ap.add_argument("--job", metavar="NAME", help="print this case's job as JSON and exit")
+    ap.add_argument("--not-in", metavar="RESULTS", default="",
+                    help="skip the cases this results file holds (measured on another machine, say)")
     ap.add_argument("--with-fake", action="store_true", help="with --device cuda, also run the fake cases")
     ap.add_argument("--cases", default=str(CASES), help="cases file (default: grid_cases.yaml here)")
     ap.add_argument("--jobs", type=int, default=1, help="cases run side by side (each in its own process)")

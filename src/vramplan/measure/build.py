@@ -22,6 +22,8 @@ sources):
 """
 from __future__ import annotations
 
+import contextlib
+
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -125,11 +127,15 @@ def build_model(job: dict, device: str = "cpu", dtype: torch.dtype = torch.float
         # T5/mT5: labels go in, the model shifts them right into decoder_input_ids
         # (T5ForConditionalGeneration._shift_right); the target length is the input's.
         auto = AutoModelForSeq2SeqLM
-    model = auto.from_config(config, attn_implementation=attn, trust_remote_code=remote, dtype=dtype)
+    # Built on the device, as from_pretrained(device_map=...) places each weight there: no
+    # host copy first, and a 7B model's random init runs on the GPU (on 16 CPU cores it took
+    # minutes, longer than a device check has).
+    with torch.device(device) if device != "cpu" else contextlib.nullcontext():
+        model = auto.from_config(config, attn_implementation=attn, trust_remote_code=remote, dtype=dtype)
     if getattr(model.config, "pad_token_id", None) is None and auto is AutoModelForSequenceClassification:
         model.config.pad_token_id = 0
     model.config.use_cache = False  # Trainer trains without a KV cache
-    return model if device == "cpu" else model.to(device)
+    return model
 
 
 def precision_dtypes(precision: str) -> tuple[torch.dtype, torch.dtype | None]:

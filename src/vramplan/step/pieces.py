@@ -95,7 +95,7 @@ def tensor_pieces(desc: ModelDesc, params: ParamSet, plan: StepPlan) -> Pieces:
         return Pieces(static=static, transient=transient, lazy=lazy)
     rest = [_without_peak(stages[i], g.total(), plan.stage_grads_at_peak[i].total() if plan.stage_grads_at_peak else 0)
             for i, g in enumerate(plan.grads_by_stage)]
-    return Pieces(static=static, grads_rest=rest, transient=transient, lazy=lazy)
+    return Pieces(static=static, grads_rest=rest, transient=transient, lazy=lazy, trained=stages)
 
 
 def _without_peak(numels: tuple[int, ...], total: int, at_peak: int) -> tuple[int, ...]:
