@@ -96,13 +96,27 @@ def test_estimates_are_never_negative(job):
     assert est.device_bytes >= est.reserved_bytes >= est.peak_allocated_bytes
 
 
+def _assert_grows(small, large) -> None:
+    """A larger step holds at least the live bytes of a smaller one, and nvidia-smi's level
+    adds the same memory outside the allocator. The allocator's reserve above the live peak
+    is not monotone: on one GPU it is the caching allocator's replay of the step's tensors
+    (device.reserved_bytes), where a larger step's blocks can fill the cached segments better
+    than a smaller one's (PyTorch's allocator does the same; bench/allocator/README.md). On
+    several GPUs the fitted reserve is monotone, and so is the whole level."""
+    assert large.peak_allocated_bytes >= small.peak_allocated_bytes
+    assert large.reserved_bytes >= large.peak_allocated_bytes
+    outside = large.device_bytes - large.reserved_bytes
+    assert outside == small.device_bytes - small.reserved_bytes
+    if large.parallel is not None:
+        assert large.device_bytes >= small.device_bytes
+
+
 @FAST
 @given(_jobs, st.integers(1, 4))
 def test_monotone_in_micro_batch(job, more):
     small = vramplan.estimate(job)
     large = vramplan.estimate({**job, "micro_batch_size": job["micro_batch_size"] + more})
-    assert large.peak_allocated_bytes >= small.peak_allocated_bytes
-    assert large.device_bytes >= small.device_bytes
+    _assert_grows(small, large)
 
 
 @FAST
@@ -110,8 +124,7 @@ def test_monotone_in_micro_batch(job, more):
 def test_monotone_in_seq_len(job, more):
     small = vramplan.estimate(job)
     large = vramplan.estimate({**job, "seq_len": job["seq_len"] + 64 * more})
-    assert large.peak_allocated_bytes >= small.peak_allocated_bytes
-    assert large.device_bytes >= small.device_bytes
+    _assert_grows(small, large)
 
 
 _elementwise = _jobs.filter(lambda job: job["optimizer"] in ("adamw", "sgd"))

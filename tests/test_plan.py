@@ -55,9 +55,27 @@ def test_fit_matches_exhaustive_enumeration_with_pipelines_and_pruned_families(j
     spec = job.with_(model="qwen2.5-3b", seq_len=1024)
     desc = resolve_model(spec)
     report = fit(spec, gpu, axes=PIPE_AXES, top_k=8)
-    expected, n_fit = brute_force(spec, desc, gpu, PIPE_AXES, gpu.memory_bytes, 8)
+    # fit keeps its default headroom (the upper bound of the nvidia-smi estimate on the card):
+    # the exhaustive search takes the same limit
+    expected, n_fit = brute_force(spec, desc, gpu, PIPE_AXES, report.limit_bytes, 8)
     assert n_fit > 8
     assert [r.changes for r in report.results] == expected
+
+
+ONE_GPU_AXES = {"gradient_checkpointing": ("none", "full"), "loss_impl": ("standard", "chunked"),
+                "optimizer": ("adamw", "adamw-8bit")}
+
+
+def test_fit_on_one_gpu_matches_exhaustive_enumeration(job):
+    # one GPU: the reserve is the caching allocator's replay, which need not grow with the
+    # micro-batch, so fit decides each layout by its own estimate (plan/fit.py per_candidate)
+    gpu = find_gpu("rtx-4090")
+    one = job.with_(num_gpus=1, seq_len=1024)
+    report = fit(one, gpu, axes=ONE_GPU_AXES, top_k=6, headroom_bytes=0)
+    expected, n_fit = brute_force(one, resolve_model(one), gpu, ONE_GPU_AXES, report.limit_bytes, 6)
+    assert n_fit > 6
+    assert [r.changes for r in report.results] == expected
+    assert all(r.estimate.parallel is None for r in report.results)
 
 
 @pytest.mark.parametrize("headroom_gib", [0, 6])

@@ -34,7 +34,8 @@ unknown may be any of them, so neither builds a bound)."""
 
 
 GPU_RESULTS = os.path.join(score_published.ROOT, "bench", "cuda")
-"""Catalog-size training steps measured here on a GPU (bench/cuda/results-cuda-scale-*.json):
+"""Catalog-size training steps measured here on a GPU (bench/cuda/results-cuda-scale-*.json,
+the published rows' shapes, results-cuda-shapes-*.json, and Adafactor's, -adafactor-):
 rows of every metric, measured exactly (max_memory_allocated, max_memory_reserved and NVML
 device-level used memory of a case run alone)."""
 MEASURED_HERE = (("allocated", "peak_allocated_bytes", "peak_allocated_bytes"),
@@ -48,16 +49,20 @@ def measured_here(folder: str = GPU_RESULTS) -> list[dict]:
     import glob
     import vramplan
     rows = []
-    for path in sorted(glob.glob(os.path.join(folder, "results-cuda-scale-*.json"))):
+    paths = [p for kind in ("scale", "shapes", "adafactor")
+             for p in glob.glob(os.path.join(folder, f"results-cuda-{kind}-*.json"))]
+    for path in sorted(paths):
         with open(path) as fh:
             doc = json.load(fh)
         for case in doc["cases"]:
             measured = case.get("measured")
-            if not measured or case.get("parallel_jobs", 1) > 1:
+            if not measured:
                 continue
             est = vramplan.estimate(vramplan.load_spec(case["job"])).to_dict()
             for metric, meas_key, est_key in MEASURED_HERE:
-                if measured.get(meas_key):
+                # side by side with other processes the device-level figure held theirs too
+                shared = metric == "nvml" and case.get("parallel_jobs", 1) > 1
+                if measured.get(meas_key) and not shared:
                     rows.append({"id": f"{doc['gpu']}: {case['name']}", "metric": metric, "fidelity": "exact",
                                  "error": est[est_key] / measured[meas_key] - 1})
     return rows

@@ -25,14 +25,15 @@ def _group(bd: Breakdown, group: str) -> list[int]:
 
 
 def device_levels(spec: JobSpec, gpu, events: list[Event], top: Event, managed: int = 0,
-                  conf_delta: int = 0) -> tuple[int, int]:
+                  conf_delta: int = 0, replayed: int | None = None) -> tuple[int, int]:
     """(max_memory_reserved, nvidia-smi) on the CUDA backend (both equal to the live peak on
-    cpu): allocated plus the allocator's reserve (`reserved_bytes`), then the CUDA context
-    and managed (paged) memory resident on the GPU."""
+    cpu): the allocator model's replay of the step (`replayed`, one GPU) or allocated plus
+    the fitted reserve (`reserved_bytes`), then the CUDA context and managed (paged) memory
+    resident on the GPU."""
     peak = top.live.total()
     if spec.backend is not Backend.CUDA:
         return peak, peak
-    reserved = reserved_bytes(events, top, conf_delta)
+    reserved = max(peak, replayed) if replayed is not None else reserved_bytes(events, top, conf_delta)
     return reserved, reserved + outside_allocator(spec, gpu, managed).total()
 
 
@@ -42,11 +43,15 @@ def reserved_bytes(events: list[Event], top: Event, conf_delta: int = 0) -> int:
     of backward (components/runtime.py), plus `conf_delta`, what the spec's alloc_conf
     changes in the allocator model's replay (vramplan.allocator) against PyTorch's defaults.
 
-    The replay's own reserve is not used as the level: its event list holds the saved
-    tensors and the modelled transients, not every temporary of the real backward, and on
-    the published GPU rows it is less accurate than this fitted reserve (single-model
-    nvidia-smi rows: median |err| 9.1% against 2.1%, bench/allocator/score_replay.py), though
-    on the H100's own catalog-size runs it is the closer of the two (bench/cuda/README.md)."""
+    Used where the replay is not: sharded and parallel plans (their event lists hold one
+    flat tensor per term) and the jobs of several models. On one GPU the estimate takes the
+    replay of the per-parameter event list instead (estimation.estimate_model), the closer of
+    the two wherever a GPU has measured it (reserved, median |err|, replay against this
+    reserve): H100 grid 133 cases 0.96% / 4.49%, H100 catalog-size 10 cases 1.7% / 7.8% and
+    1.5% / 16.3%, H200 published shapes 7 cases 0.55% / 2.45%, H200 grid 32 cases 2.3% / 6.6%
+    (bench/cuda/README.md); on the published single-model rows 6.6% / 7.3% (reserved) and
+    5.1% / 1.8% (nvidia-smi, where this reserve was fitted on the 2022 BERT-large V100 runs;
+    bench/allocator/score_replay.py)."""
     ends = [e for e in events if e.label.startswith(("end of forward", "loss backward"))]
     # Each event's terms in the three groups, summed from its distinct parts (the peak's
     # from its live set), each part's group terms found once: the values _group(e.live, ...)

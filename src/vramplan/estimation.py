@@ -5,6 +5,7 @@ from vramplan.breakdown import Breakdown
 from vramplan.components.activations import plan_activations
 from vramplan.catalog.quant_config import input_dtype_compute, resolve as resolve_quantization
 from vramplan.components.dtypes import resolve_load_dtype
+from vramplan.components.memo import spec_key
 from vramplan.components.runtime import blas_workspace_terms
 from vramplan.components.trainable import ParamSet, param_set
 from vramplan.components.weights import weight_terms
@@ -88,15 +89,19 @@ def estimate_model(desc: ModelDesc, spec: JobSpec, gpu=None) -> Estimate:
     peak = components.total()
     phases = phase_peaks(events)
     phases[top.phase] = peak
-    replayer, conf_delta = None, 0
+    replayer, conf_delta, replayed = None, 0, None
     if spec.backend is Backend.CUDA and spec.task is not Task.INFERENCE:
         replayer = allocator_replayer(spec, gpu, plan, desc, params if par is None else None, managed.total())
-        if _changes_placement(spec.alloc_conf):
+        if par is None:
+            # one GPU: the reserve is the caching allocator model's replay of the step's
+            # per-parameter tensor events (device.reserved_bytes says why, with figures)
+            replayed = _replayed_reserve(spec, gpu, replayer)
+        elif _changes_placement(spec.alloc_conf):
             conf_delta = replayer().reserved_bytes - replayer(default=True).reserved_bytes
     lengths = None
     if replayer is not None and spec.lengths is not None:
         lengths = _lengths_replay(spec, gpu, desc, params, par is None, managed.total())
-    reserved, device = device_levels(spec, gpu, events, top, managed.total(), conf_delta)
+    reserved, device = device_levels(spec, gpu, events, top, managed.total(), conf_delta, replayed)
     if lengths is not None:
         extra = lengths.applied(reserved, replay_capacity(spec, gpu, managed.total()))
         reserved, device = reserved + extra, device + extra
@@ -119,6 +124,24 @@ def estimate_model(desc: ModelDesc, spec: JobSpec, gpu=None) -> Estimate:
                     components=components, reserved_bytes=reserved, device_bytes=device,
                     events=events, gpu=gpu, notes=notes + (par.notes if par else []), parallel=par,
                     managed_bytes=managed.total(), replay=replayer, lengths=lengths)
+
+
+_REPLAYED: dict[tuple, int] = {}
+
+
+def _replayed_reserve(spec: JobSpec, gpu, replayer) -> int:
+    """max_memory_reserved of the replay, memoized per spec and GPU: the same job estimated
+    again (a notebook's loop, a search's repeated probe) replays once."""
+    fields = spec_key(spec, frozenset())
+    if fields is None:
+        return replayer().reserved_bytes
+    key = (fields, gpu.name if gpu else None)
+    hit = _REPLAYED.get(key)
+    if hit is None:
+        if len(_REPLAYED) >= 256:
+            _REPLAYED.pop(next(iter(_REPLAYED)))
+        hit = _REPLAYED[key] = replayer().reserved_bytes
+    return hit
 
 
 def _changes_placement(alloc_conf: str | None) -> bool:

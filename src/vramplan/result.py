@@ -134,9 +134,10 @@ class Estimate:
         alloc = self.allocator
         if alloc is None:
             return {}
-        return {"allocator": {**alloc.to_dict(), "basis": (
-            "replay of the step's tensor events through the caching-allocator model; the "
-            "estimate's reserved_bytes is the fitted reserve plus what alloc_conf changes in this replay")}}
+        basis = ("replay of the step's tensor events through the caching-allocator model; " + (
+            "on one GPU the estimate's reserved_bytes is this replay's" if self.parallel is None else
+            "the estimate's reserved_bytes is the fitted reserve plus what alloc_conf changes in this replay"))
+        return {"allocator": {**alloc.to_dict(), "basis": basis}}
 
     def _parallel_dict(self) -> dict:
         if self.parallel is None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from vramplan.breakdown import Breakdown
 from vramplan.components import optimizer_projected as projected
 from vramplan.components import optimizer_quantized as quantized
+from vramplan.components.cuda_reduce import column_reduce_buffer
 from vramplan.components.dtypes import dtypes_of
 from vramplan.components.trainable import HeldParam, ParamSet, grad_dtype
 from vramplan.spec import Backend, JobSpec, Optimizer, OptimizerImpl, SpecError
@@ -277,8 +278,24 @@ def muon_step_temporary(p: HeldParam, dtype: str) -> int:
 def _adafactor_temporaries(spec: JobSpec, train: tuple[HeldParam, ...]) -> Breakdown:
     """transformers Adafactor.step works one parameter at a time: a 16-bit gradient and
     parameter are copied to fp32 (`grad.float()`, `p.float()`), and `update = grad**2 + eps`
-    is a full fp32 tensor; the largest parameter sets the peak."""
-    largest = max(train, key=lambda p: p.numel)
-    n = largest.numel
-    copies = 2 if largest.dtype != "fp32" else 0
-    return Breakdown().add("temporaries/optimizer/adafactor_update", nbytes(n, "fp32") * (2 + copies))
+    is a full fp32 tensor (the power and the sum alive together); the largest parameter sets
+    the peak. On CUDA a factored (2-D) parameter's column mean, `update.mean(dim=-2)`, also
+    takes the reduction's staging buffer while `update` lives (components/cuda_reduce.py; up
+    to twice the parameter's fp32 bytes), so there the parameter with the largest sum sets it."""
+    cuda = spec.backend is Backend.CUDA
+    gpu = None
+    if cuda and spec.gpu:
+        from vramplan.catalog import find_gpu
+        gpu = find_gpu(spec.gpu).name
+    best, best_buffer = 0, 0
+    for p in train:
+        n = nbytes(p.numel, "fp32")
+        buffer = column_reduce_buffer(p.shape[0], p.shape[1], gpu) if cuda and len(p.shape) == 2 else 0
+        buffer = buffer if n + buffer > 2 * n else 0     # else the power and the sum set it
+        total = (2 * n if p.dtype != "fp32" else 0) + max(2 * n, n + buffer)
+        if total > best:
+            best, best_buffer = total, buffer
+    out = Breakdown().add("temporaries/optimizer/adafactor_update", best - best_buffer)
+    if best_buffer:
+        out.add("temporaries/optimizer/adafactor_column_mean_buffer", best_buffer)
+    return out

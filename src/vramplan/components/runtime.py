@@ -81,10 +81,11 @@ def _context_entry(gpu_name: str | None, cuda_version: str | None) -> dict | Non
     module loading `cuda_version` implies (without a version the newest for the
     architecture), or None."""
     arch, loading = _arch(gpu_name), _loading(cuda_version)
-    for entry in reversed(_data()["cuda_context"]["entries"]):  # newest last
-        if entry["arch"] == arch and loading in (None, entry["loading"]):
-            return entry
-    return None
+    fits = [e for e in _data()["cuda_context"]["entries"] if e["arch"] == arch and loading in (None, e["loading"])]
+    # an entry measured on this very GPU first: the driver's share grows with the card's
+    # memory (H200 624 MiB, H100 489 MiB, same architecture and software)
+    named = [e for e in fits if gpu_name in e.get("gpus", ())]
+    return (named or [e for e in fits if "gpus" not in e] or [None])[-1]  # newest last
 
 
 @lru_cache(maxsize=64)

@@ -31,14 +31,13 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from vramplan.estimation import Estimate
-from vramplan.i18n import Msg
 from vramplan.plan.evaluate import Evaluator, accum_of, fit_inputs, memory_key
+from vramplan.plan.explain import explain
 from vramplan.plan.floor import MemoryFloor
 from vramplan.plan.space import Candidate, default_axes, enumerate_candidates
 from vramplan.plan.steptime import StepTime
 from vramplan.report.emit import paste_forms
-from vramplan.spec import JobSpec
-from vramplan.units import GiB
+from vramplan.spec import Backend, JobSpec
 
 FIT_SCHEMA_VERSION = 1
 
@@ -130,6 +129,7 @@ class _Groups:
         self.largest_fit: dict[tuple, int] = {}
         self.static_floor: dict[tuple, int] = {}
         self.group_floor: dict[tuple, int | None] = {}
+        self.direct: dict[int, bool] = {}   # per_candidate layouts: index -> fits
         self._families: dict[tuple, tuple] = {}
 
     @staticmethod
@@ -151,7 +151,20 @@ class _Groups:
     def add(self, c: Candidate) -> None:
         self.members.setdefault(self.key(c), []).append(c)
 
+    @staticmethod
+    def per_candidate(c: Candidate) -> bool:
+        """One GPU on CUDA: the reserve is the caching allocator's replay of the step, which
+        a larger micro-batch can leave lower (its blocks reuse the cached segments better;
+        device.reserved_bytes), so no group's fit follows from its neighbours': each
+        candidate is decided by its own estimate."""
+        s = c.layout
+        return s.backend is Backend.CUDA and s.num_gpus <= 1 and s.parallel.is_trivial
+
     def fits(self, c: Candidate) -> bool:
+        if self.per_candidate(c):
+            if c.index not in self.direct:
+                self.direct[c.index] = self._fits(c)
+            return self.direct[c.index]
         key = self.key(c)
         if key not in self.largest_fit:
             ordered = sorted(self.members[key], key=lambda m: m.micro_batch_size)
@@ -168,6 +181,12 @@ class _Groups:
 
     def known(self, c: Candidate) -> bool:
         """Whether `fits(c)` is settled without another estimate."""
+        if self.per_candidate(c):
+            if c.index not in self.direct:
+                floor = self.floor.device_floor(c.spec, self.ev.limit_bytes, c.layout)
+                if floor is not None and floor > self.ev.limit_bytes:
+                    self.direct[c.index] = False
+            return c.index in self.direct
         key = self.key(c)
         if key in self.largest_fit:
             return True
@@ -287,7 +306,7 @@ def fit(spec: JobSpec, gpu=None, *, axes: dict | None = None, top_k: int = 5,
     if progress and not interrupted:  # the last count: the bound can settle the rest at once
         progress(settled, total, len(found))
     results = [_result(ev, c, True) for _, _, _, c in found[:top_k]]
-    _explain(results, ev)
+    explain(results, ev)
     report = FitReport(candidates_evaluated=settled, candidates_total=total,
                        estimates_computed=ev.calls - calls_before,
                        elapsed_s=0.0, limit_bytes=ev.limit_bytes, results=results,
@@ -341,60 +360,3 @@ def _closest(ev: Evaluator, cands: list[Candidate], floor: MemoryFloor | None = 
         if best is None or (d, i) < best:
             best = (d, i)
     return _result(ev, order[best[1]], False)
-
-
-def _top_terms(step: StepTime, n: int = 2) -> str:
-    total = step.total_s or 1.0
-    parts = sorted(step.terms.items(), key=lambda kv: -kv[1])[:n]
-    return ", ".join(f"{k} {v / total:.0%}" for k, v in parts)
-
-
-def _explain(results: list[FitResult], ev: Evaluator) -> None:
-    """One line per reason: spare memory, where the time goes, and what it beats."""
-    if results and not results[0].step.modelled:
-        _explain_untimed(results, ev)
-        return
-    for i, r in enumerate(results):
-        r.why.append(_spare(r, ev))
-        r.why.append(Msg("{seconds:.3f} s/step ({terms})", seconds=r.step_time_s, terms=_top_terms(r.step)))
-        if i + 1 < len(results):
-            nxt = results[i + 1]
-            r.why.append(Msg("faster than #{rank} by {pct}: {gap}", rank=i + 2,
-                             pct=_pct(nxt.step_time_s, r.step_time_s), gap=_largest_gap(r.step, nxt.step)))
-        if i == 0:
-            r.why.insert(0, Msg("fastest layout that fits"))
-
-
-def _explain_untimed(results: list[FitResult], ev: Evaluator) -> None:
-    """Without a step-time model every layout ties on time: they keep the search space's
-    order (no sharding before ZeRO stages, no offload before offload, the larger
-    micro-batch first), and no line claims one is faster."""
-    for i, r in enumerate(results):
-        r.why.append(_spare(r, ev))
-        if i == 0:
-            r.why.insert(0, Msg("first layout of the search space that fits"))
-            r.why.append(Msg("step time not modelled for this model (no FLOPs model for diffusion or video "
-                             "pipelines): layouts in the search space's order, not ranked by speed"))
-
-
-def _spare(r: FitResult, ev: Evaluator) -> Msg:
-    spare = (ev.limit_bytes - r.estimate.device_bytes) / GiB
-    if ev.headroom_bytes:
-        return Msg("fits with {gib:.2f} GiB to spare after keeping {kept:.2f} GiB free", gib=spare,
-                   kept=ev.headroom_bytes / GiB)
-    return Msg("fits with {gib:.2f} GiB to spare", gib=spare)
-
-
-def _pct(slow: float, fast: float) -> str:
-    return "0%" if slow <= 0 else f"{(slow - fast) / slow:.1%}"
-
-
-def _largest_gap(a: StepTime, b: StepTime) -> str:
-    keys = set(a.terms) | set(b.terms)
-    if not keys:
-        return Msg("same step time")
-    key = max(keys, key=lambda k: b.terms.get(k, 0.0) - a.terms.get(k, 0.0))
-    gap = b.terms.get(key, 0.0) - a.terms.get(key, 0.0)
-    if gap <= 0:
-        return Msg("same step time; larger micro-batch or earlier in the space")
-    return Msg("{term} {seconds:.3f} s less", term=key, seconds=gap)

@@ -10,6 +10,7 @@ never exceeds the estimate:
   device_bytes = reserved + outside_allocator (+ managed >= 0)        (device.device_levels)
   reserved     = reserved_from_allocated(peak, largest logits block, activation churn),
                  monotone in each (components/runtime.py; no alloc_conf delta, no lengths);
+                 on one GPU the allocator replay's reserve, which is >= the live peak;
   peak         = the largest event of the reported rank's plan, the pipeline stage with the
                  highest peak (parallel.plan.rank_plan), so >= every stage's "end of
                  forward" and "loss backward" events (timeline._walk always emits both) in
@@ -119,6 +120,8 @@ class MemoryFloor:
                            + (int(others * act) if others > 0 else 0))
             if mspec.backend is not Backend.CUDA:
                 return best             # device.device_levels: the live peak itself
+            if mspec.parallel.is_trivial and mspec.num_gpus <= 1:
+                return best + outside   # one GPU: the replay's reserve, never below the live peak
             if lay.pp > 1:              # which stage is reported, and so its reserve, is unknown
                 return reserved_from_allocated(best, 0) + outside
             # one rank: its end-of-forward and loss-backward events hold these logits terms
