@@ -11,7 +11,7 @@ from vramplan.components.dtypes import dtypes_of
 from vramplan.components.trainable import ParamSet, grad_dtype
 from vramplan.components.weights import is_mlp_out
 from vramplan.model import ModelDesc
-from vramplan.spec import JobSpec
+from vramplan.spec import Backend, JobSpec
 from vramplan.units import nbytes
 
 SOFTMAX = "attn/core.softmax"
@@ -79,6 +79,12 @@ def backward_moment(desc: ModelDesc, spec: JobSpec, params: ParamSet, i: int, sa
     out = (Breakdown().add("backward/grad_hidden", nbytes(t * desc.hidden_size, dtypes_of(spec).weights))
            .add("backward/grad_attn_probs", probs).add("backward/grad_attn_scores", probs)
            .add("backward/grad_attn_v", nbytes(t * desc.num_heads * (getattr(desc, "v_head_dim", 0) or desc.head_dim), c)))
+    if spec.backend is Backend.CUDA:
+        # aten/src/ATen/native/cuda/SoftMax.cu softmax_backward_cuda_out: `tmp = grad * output`
+        # before the kernel, beside the input gradient it writes (the H200 trace of Qwen2
+        # eager, b2 s1000: structured_mul_out inside structured_softmax_backward_cuda_out::impl,
+        # a fourth (b, a, s, s) block; the CPU kernel makes none)
+        out.add("backward/softmax_grad_times_output", probs)
     for p in params.trainable():
         if p.layer == i and not is_mlp_out(p.name) and _after_attention(p.name):
             out.add("backward/layer_grads_after_attention", nbytes(p.numel, grad_dtype(spec, p)))

@@ -16,20 +16,28 @@ import os
 MARK = 1000 * 512
 ACTIONS = ("alloc", "free_requested", "free_completed", "segment_alloc", "segment_free",
            "segment_map", "segment_unmap", "snapshot", "oom")
+_CPP_PLUMBING = ("unwind", "CapturedTraceback", "gather_with_cpp", "CachingAllocator", "::empty",
+                 "empty_strided", "empty_cuda", "empty_generic", "wrap_kernel_functor", "c10::impl::",
+                 "_ops::", "redispatch", "c10::Dispatcher", "KernelFunction", "BoxedKernel",
+                 "anonymous namespace)::wrapper_", "at::_ops")
+"""With VRAMPLAN_TRACE_STACKS=all: C++ frames of the allocation and dispatch machinery, skipped
+so that the frames kept name the operator and the autograd node that asked for the memory."""
 _PLUMBING = ("torch/nn/modules/module.py", "torch/utils/_contextlib.py", "contextlib.py",
              "torch/_tensor.py", "torch/autograd/__init__.py", "torch/autograd/graph.py")
 
 
 def frame_key(frames: list[dict]) -> str:
-    """The three innermost frames outside the module-call plumbing, as file:line:function."""
+    """The innermost frames outside the module-call plumbing, as file:line:function: three,
+    or VRAMPLAN_TRACE_FRAMES (with VRAMPLAN_TRACE_STACKS=all, the C++ frames come first)."""
+    keep = int(os.environ.get("VRAMPLAN_TRACE_FRAMES", "3"))
     out = []
     for f in frames:
         name = f.get("filename", "")
-        if name.endswith(_PLUMBING):
+        if name.endswith(_PLUMBING) or any(p in f.get("name", "") for p in _CPP_PLUMBING):
             continue
         parts = name.split("/site-packages/", 1)
         out.append(f"{parts[-1] if len(parts) > 1 else os.path.basename(name)}:{f.get('line')}:{f.get('name')}")
-        if len(out) == 3:
+        if len(out) == keep:
             break
     return " < ".join(out)
 
@@ -56,7 +64,8 @@ def mark(torch, index: int) -> None:
 @contextlib.contextmanager
 def recording(torch, max_entries: int = 2_000_000):
     """Record the caching allocator's history while the block runs (Python frames of allocs)."""
-    torch.cuda.memory._record_memory_history(max_entries=max_entries, context="alloc", stacks="python")
+    stacks = os.environ.get("VRAMPLAN_TRACE_STACKS", "python")  # "all": C++ frames too
+    torch.cuda.memory._record_memory_history(max_entries=max_entries, context="alloc", stacks=stacks)
     try:
         yield
     finally:

@@ -227,6 +227,31 @@ def build_events(plan: StepPlan, pieces: Pieces | None = None) -> StepEvents:
 CACHE_NAME = CACHE_TERM.rsplit("/", 1)[1]
 
 
+def _per_parameter(items: list[tuple[str, int]]) -> list[tuple[str, int]]:
+    """A moment's lazily made tensors in the order the optimizer makes them: one parameter
+    at a time, each with all its states (torch/optim/adamw.py `_init_group`: exp_avg then
+    exp_avg_sq per parameter; transformers' Adafactor and SGD's buffers likewise), not one
+    state over every parameter and then the next. Terms split into the same number of
+    pieces (one per parameter of a group) interleave piece by piece; the others keep their
+    place. On the H100 trace of Llama-3.2-1B (full, checkpointing) the states made state by
+    state spread over two 4 GB segments and the second step's logits gradient opened a new
+    one (replay +17.7%); made parameter by parameter they share one, as in the trace."""
+    by_term: dict[str, list[tuple[str, int]]] = {}
+    for item in items:
+        by_term.setdefault(item[0], []).append(item)
+    counts = {t: len(v) for t, v in by_term.items()}
+    out: list[tuple[str, int]] = []
+    done: set[str] = set()
+    for term in by_term:
+        if term in done:
+            continue
+        group = [t for t in by_term if t not in done and counts[t] == counts[term] > 1] or [term]
+        for i in range(counts[term]):
+            out.extend(by_term[t][i] for t in group)
+        done.update(group)
+    return out
+
+
 class _AutocastCache:
     """Autocast's weight cache in a forward whose layers are checkpointed: each layer's casts
     of its trained leaf weights (aten/src/ATen/autocast_mode.cpp `cached_cast`, one tensor
@@ -294,6 +319,7 @@ def _build(plan: StepPlan, pieces: Pieces | None, ceiling: int | None) -> StepEv
             pending.setdefault(moment, []).append((term, piece))
     b.alloc(pending.pop("setup"), "setup")
     setup, b.out = b.out, []
+    pending = {m: _per_parameter(items) for m, items in pending.items()}
     lazy = {m: b.alloc(items, PHASE_OF.get(m, m)) for m, items in pending.items()}
     lazy_events, b.out = b.out, []
     at = {"forward": 0}
