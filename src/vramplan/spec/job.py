@@ -18,7 +18,8 @@ from vramplan.spec.low_rank import LowRankConfig
 from vramplan.spec.float8 import Float8Config, check_float8_job, parse_float8, parse_neftune
 from vramplan.spec import tasks as _tasks
 from vramplan.spec.grpo import default_micro_batch
-from vramplan.spec.stack import Framework, StackConfig, parse_cuda_version, parse_dtype, parse_stack
+from vramplan.spec.stack import (Framework, StackConfig, default_optimizer_impl, parse_cuda_version, parse_dtype,
+                                 parse_stack)
 
 ENUM_FIELDS = {
     "task": Task, "method": Method, "precision": Precision, "optimizer": Optimizer,
@@ -197,10 +198,7 @@ class JobSpec:
         from vramplan.spec.variants import check_layout  # the checks that read parallel or the batch split
         check_layout(self)
         if self.optimizer_impl is None:
-            # torch.optim._default_to_fused_or_foreach: foreach when every tensor is on a
-            # CUDA device, the per-parameter loop otherwise (CPU).
-            set_("optimizer_impl", OptimizerImpl.FOREACH if self.backend is Backend.CUDA
-                 else OptimizerImpl.FORLOOP)
+            set_("optimizer_impl", default_optimizer_impl(self))
         if self.attention is Attention.FLASH and self.backend is Backend.CPU:
             raise SpecError("attention", "flash attention needs backend cuda; use sdpa or eager on cpu")
 

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from collections.abc import Mapping
 
-from vramplan.spec.enums import SpecError, _Choice
+from vramplan.spec.enums import Backend, Optimizer, OptimizerImpl, SpecError, _Choice
 from vramplan.spec.sections import boolean
 
 
@@ -83,6 +83,31 @@ LOSS_DETACHED_FRAMEWORKS = TRAINER_STEP_FRAMEWORKS | {Framework.LLAMA_FACTORY}
 # subclasses, so Trainer.training_step returns the loss detached); what measure/trainers.py
 # runs for them.
 TRL_TRAINER_TASKS = frozenset({"dpo", "ipo", "kto", "reward-model", "grpo", "distill", "orpo", "simpo"})
+
+
+# Whose optimizer transformers' Trainer builds from TrainingArguments.optim (the TRL trainers'
+# tasks too, whatever the stack): with no optim named, `adamw_torch_fused` since transformers
+# 4.54 with torch >= 2.8 (training_args.py `default_optim`, transformers#37358; axolotl's own
+# default since axolotl#2293), `adamw_torch` before.
+TRAINER_OPTIM_FRAMEWORKS = frozenset({Framework.HF_TRAINER, Framework.TRL, Framework.AXOLOTL,
+                                      Framework.LLAMA_FACTORY, Framework.MS_SWIFT})
+FUSED_DEFAULT_SINCE = (4, 54)
+
+
+def default_optimizer_impl(spec):
+    """The optimizer implementation a spec that names none runs. torch.optim
+    `_default_to_fused_or_foreach`: foreach when every tensor is on a CUDA device, the
+    per-parameter loop otherwise (CPU). On CUDA a Trainer-built AdamW is transformers' default
+    adamw_torch_fused: a Trainer-built stack (or a TRL trainer's task) at transformers 4.54 or
+    later (an unstated version is a current one). The CPU runs that measure the trainers hand
+    them the spec's own optimizer (measure/trainers.py), so the CPU keeps torch's default."""
+    if spec.backend is not Backend.CUDA:
+        return OptimizerImpl.FORLOOP
+    trainer = spec.stack.framework in TRAINER_OPTIM_FRAMEWORKS or spec.task.value in TRL_TRAINER_TASKS
+    version = tuple(int(x) for x in (spec.stack.transformers or "99").split(".")[:2] if x.isdigit())
+    if spec.optimizer is Optimizer.ADAMW and trainer and version >= FUSED_DEFAULT_SINCE:
+        return OptimizerImpl.FUSED
+    return OptimizerImpl.FOREACH
 
 
 def loss_detached_before_step(spec) -> bool:
