@@ -47,9 +47,9 @@ def reserved_bytes(events: list[Event], top: Event, conf_delta: int = 0) -> int:
     flat tensor per term) and the jobs of several models. On one GPU the estimate takes the
     replay of the per-parameter event list instead (estimation.estimate_model), the closer of
     the two wherever a GPU has measured it (reserved, median |err|, replay against this
-    reserve): H100 grid 133 cases 0.80% / 4.49%, H100 catalog-size 6 cases 0.54% / 7.8% and
+    reserve): H100 grid 133 cases 0.79% / 4.49%, H100 catalog-size 6 cases 0.54% / 7.8% and
     4 allocator-option cases 0.35% / 16.3%, H200 published shapes 7 cases 0.55% / 2.45%, H200
-    grid 28 cases 2.0% / 6.6% (bench/cuda/README.md); on the published single-model rows 6.6% / 7.3% (reserved) and
+    grid 28 cases 1.6% / 6.6% (bench/cuda/README.md); on the published single-model rows 6.6% / 7.3% (reserved) and
     5.1% / 1.8% (nvidia-smi, where this reserve was fitted on the 2022 BERT-large V100 runs;
     bench/allocator/score_replay.py)."""
     ends = [e for e in events if e.label.startswith(("end of forward", "loss backward"))]

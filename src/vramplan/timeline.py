@@ -118,6 +118,10 @@ class StepPlan:
     alive then beyond the static set, the earlier stages' activations and the gradients of
     the stages before it (DeepSpeed ZeRO-2's first bucket reduction,
     parallel/engines.zero2_first_reduction)."""
+    optimizer_sequence: tuple | None = None
+    """The optimizer step's temporaries as a per-parameter sequence of (tensor, bytes) ops,
+    bytes 0 for a free, for the event list of a one-GPU plan (components/optimizer.py
+    adafactor_sequence); their largest moment is optimizer_temporaries'. None: one block."""
     step_grads: Breakdown | None = None
     """The gradients alive at the optimizer step when they are not all that backward made:
     DeepSpeed ZeRO-1 keeps only the rank's partition once backward ends

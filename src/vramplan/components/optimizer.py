@@ -275,6 +275,42 @@ def muon_step_temporary(p: HeldParam, dtype: str) -> int:
     return nbytes(m * n, dtype) + 2 * nbytes(m * n, "bf16") + 2 * nbytes(k * k, "bf16")
 
 
+ADAFACTOR_TERMS = ("temporaries/optimizer/adafactor_update", "temporaries/optimizer/adafactor_column_mean_buffer")
+
+
+def adafactor_sequence(spec: JobSpec, params: ParamSet) -> tuple[tuple[int, int], ...] | None:
+    """transformers Adafactor.step's allocations one parameter after another (optimization.py
+    `step`), as (tensor, bytes) ops, bytes 0 for a free: the fp32 copies of a 16-bit gradient
+    and parameter, `grad**2` and `+ eps` (the power freed), on CUDA the column mean's reduction
+    buffer (components/cuda_reduce.py), the factored update `torch.mul(r_factor, c_factor)`
+    (or `exp_avg_sq.rsqrt()` unfactored) replacing the first, `-update` for `add_`; then all
+    freed. Its largest moment is _adafactor_temporaries'. For the event list (one GPU): the
+    allocator sees the loop's block sizes, not one block of the largest moment. None for other
+    optimizers."""
+    if spec.optimizer is not Optimizer.ADAFACTOR or not params.trainable():
+        return None
+    cuda = spec.backend is Backend.CUDA
+    gpu = None
+    if cuda and spec.gpu:
+        from vramplan.catalog import find_gpu
+        gpu = find_gpu(spec.gpu).name
+    ops: list[tuple[int, int]] = []
+    key = iter(range(1 << 30))
+    for p in params.trainable():
+        n = nbytes(p.numel, "fp32")
+        copies = [next(key), next(key)] if p.dtype != "fp32" else []
+        ops += [(c, n) for c in copies]
+        power, update = next(key), next(key)
+        ops += [(power, n), (update, n), (power, 0)]
+        buffer = column_reduce_buffer(p.shape[0], p.shape[1], gpu) if cuda and len(p.shape) == 2 else 0
+        if buffer:
+            b = next(key)
+            ops += [(b, buffer), (b, 0)]
+        new, neg = next(key), next(key)
+        ops += [(new, n), (update, 0), (neg, n), (neg, 0), (new, 0)] + [(c, 0) for c in reversed(copies)]
+    return tuple(ops)
+
+
 def _adafactor_temporaries(spec: JobSpec, train: tuple[HeldParam, ...]) -> Breakdown:
     """transformers Adafactor.step works one parameter at a time: a 16-bit gradient and
     parameter are copied to fp32 (`grad.float()`, `p.float()`), and `update = grad**2 + eps`

@@ -14,7 +14,8 @@ from vramplan.components.activations import ActivationPlan
 from vramplan.components.dtypes import dtypes_of
 from vramplan.components.memo import cached
 from vramplan.components.offloading import device_resident, forward_stash
-from vramplan.components.optimizer import heads_of, optimizer_states, state_key, step_temporaries
+from vramplan.components.optimizer import (adafactor_sequence, heads_of, optimizer_states, state_key,
+                                           step_temporaries)
 from vramplan.components.optimizer_in_backward import lomo_alive, stage_step_terms, steps_in_backward
 from vramplan.components.trainable import ParamSet
 from vramplan.families import step_buffers
@@ -153,6 +154,7 @@ def build_step(desc: ModelDesc, spec: JobSpec, params: ParamSet, acts: Activatio
                     stage_grads_at_peak=grads_at_peak,
                     stage_grads_in_flight=_in_flight(grads_at_peak) if spec.grad_accum_steps > 1 else None,
                     optimizer_temporaries=_optimizer_extras(spec, params, acts, loss_detached),
+                    optimizer_sequence=adafactor_sequence(spec, params),
                     grads_alive_in_forward=spec.grad_accum_steps > 1, labels=labels,
                     in_backward=_in_backward(desc, spec, params, acts),
                     stage_forward_transient=acts.stage_forward_transient)

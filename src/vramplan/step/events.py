@@ -19,11 +19,10 @@ does (the same order timeline.walk takes its snapshots in):
   order, each after a transient gradient of its size where that stays under the peak
   (`_release_with_grads`), and its other gradients arrive (with gradient accumulation, a
   second micro-step runs with every gradient already allocated);
-- optimizer: its temporaries come and go, then the gradients are freed
-  (zero_grad(set_to_none=True), the default of torch 2.x and transformers' Trainer).
+- optimizer: its temporaries come and go (a per-parameter loop's one parameter after
+  another, StepPlan.optimizer_sequence), then the gradients are freed (zero_grad(set_to_none=True)).
 
-The live-bytes maximum of the list equals timeline.walk's peak. Stages with one shared
-saved list (identical layers) have their pieces built once and repeated.
+The live-bytes maximum of the list equals timeline.walk's peak; identical layers' pieces are built once.
 """
 from __future__ import annotations
 
@@ -32,6 +31,7 @@ from itertools import count
 
 from vramplan.breakdown import Breakdown
 from vramplan.components.checkpoint_moments import CACHE_TERM
+from vramplan.components.optimizer import ADAFACTOR_TERMS
 from vramplan.timeline import StepPlan
 
 ALLOC, FREE = "alloc", "free"
@@ -230,12 +230,8 @@ CACHE_NAME = CACHE_TERM.rsplit("/", 1)[1]
 def _per_parameter(items: list[tuple[str, int]]) -> list[tuple[str, int]]:
     """A moment's lazily made tensors in the order the optimizer makes them: one parameter
     at a time, each with all its states (torch/optim/adamw.py `_init_group`: exp_avg then
-    exp_avg_sq per parameter; transformers' Adafactor and SGD's buffers likewise), not one
-    state over every parameter and then the next. Terms split into the same number of
-    pieces (one per parameter of a group) interleave piece by piece; the others keep their
-    place. On the H100 trace of Llama-3.2-1B (full, checkpointing) the states made state by
-    state spread over two 4 GB segments and the second step's logits gradient opened a new
-    one (replay +17.7%); made parameter by parameter they share one, as in the trace."""
+    exp_avg_sq per parameter), not one state over every parameter and then the next: terms
+    split into the same number of pieces (one per parameter) interleave piece by piece."""
     by_term: dict[str, list[tuple[str, int]]] = {}
     for item in items:
         by_term.setdefault(item[0], []).append(item)
@@ -256,12 +252,10 @@ class _AutocastCache:
     """Autocast's weight cache in a forward whose layers are checkpointed: each layer's casts
     of its trained leaf weights (aten/src/ATen/autocast_mode.cpp `cached_cast`, one tensor
     per weight) stay alive until the autocast region exits, after the loss. The plan shows
-    the cache as part of each layer's forward moment, with all the bytes made so far
-    (components/checkpoint_moments.py); as tensors, each moment adds the casts made since the
-    last one, split per trained parameter of the layer that made them, and all are freed
-    together. Made and freed whole at every moment, the growing block could never reuse the
-    last one's space, and the replay opened a new segment per layer (BERT-large amp-fp16 with
-    checkpointing: 8.6 GiB reserved for a 3.2 GiB peak)."""
+    the whole cache in each layer's forward moment (components/checkpoint_moments.py); here
+    each moment adds the casts made since the last, one per trained parameter of the layer,
+    all freed together. (Made whole at every moment, the growing block opened a segment per
+    layer: BERT-large amp-fp16 with checkpointing replayed 8.6 GiB for a 3.2 GiB peak.)"""
 
     __slots__ = ("made", "bytes")
 
@@ -387,8 +381,16 @@ def _build(plan: StepPlan, pieces: Pieces | None, ceiling: int | None) -> StepEv
         b.free(b.alloc(b.items(plan.backward_end_transient), "backward"), "backward")
     if plan.in_backward is None:
         at["optimizer"] = len(b.out)
-        temps = b.alloc(b.items(plan.optimizer_temporaries, b.pieces.static), "optimizer")
+        loop = plan.optimizer_sequence if pieces is not None else None  # one GPU: per parameter
+        temps = b.alloc([x for x in b.items(plan.optimizer_temporaries, b.pieces.static)
+                         if not loop or x[0] not in ADAFACTOR_TERMS], "optimizer")
         at["optimizer_update"] = len(b.out)
+        made: dict[int, list] = {}
+        for tensor, nbytes in loop or ():
+            if nbytes:
+                made[tensor] = b.alloc([(ADAFACTOR_TERMS[0], nbytes)], "optimizer")
+            else:
+                b.free(made.pop(tensor), "optimizer")
         b.free(temps, "optimizer")
         b.free(grads_made, "optimizer")
     at.setdefault("backward", len(b.out))
