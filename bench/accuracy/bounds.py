@@ -34,10 +34,12 @@ unknown may be any of them, so neither builds a bound)."""
 
 
 GPU_RESULTS = os.path.join(score_published.ROOT, "bench", "cuda")
-"""Catalog-size training steps measured here on a GPU (bench/cuda/results-cuda-scale-*.json,
-the published rows' shapes, results-cuda-shapes-*.json, and Adafactor's, -adafactor-):
-rows of every metric, measured exactly (max_memory_allocated, max_memory_reserved and NVML
-device-level used memory of a case run alone)."""
+"""Catalog-size training steps measured here on a GPU (bench/cuda/results-cuda-scale-*.json
+only: the published rows' shapes and the Adafactor steps measured since are fixed-length
+steps of one session, which would outweigh the published rows and their run-to-run spread,
+two runs of one torchtune config 10% apart): rows of every metric, measured exactly
+(max_memory_allocated, max_memory_reserved and NVML device-level used memory of a case run
+alone)."""
 MEASURED_HERE = (("allocated", "peak_allocated_bytes", "peak_allocated_bytes"),
                  ("reserved", "peak_reserved_bytes", "reserved_bytes"),
                  ("nvml", "device_bytes", "device_bytes"))
@@ -49,8 +51,7 @@ def measured_here(folder: str = GPU_RESULTS) -> list[dict]:
     import glob
     import vramplan
     rows = []
-    paths = [p for kind in ("scale", "shapes", "adafactor")
-             for p in glob.glob(os.path.join(folder, f"results-cuda-{kind}-*.json"))]
+    paths = glob.glob(os.path.join(folder, "results-cuda-scale-*.json"))
     for path in sorted(paths):
         with open(path) as fh:
             doc = json.load(fh)
