@@ -201,7 +201,10 @@ def test_a_distribution_reaching_seq_len_reserves_at_least_the_max_length_estima
     assert rep.longest_padded == 1024
     assert rep.run.reserved_bytes >= plain.allocator.reserved_bytes
     assert dynamic.reserved_bytes >= plain.reserved_bytes
-    assert dynamic.reserved_bytes - plain.reserved_bytes == rep.applied_bytes == rep.extra_bytes  # far below 80 GB
+    # one GPU: the estimate's reserve is the replay of one step, and the run's replay (far
+    # below 80 GB) takes its place
+    assert dynamic.reserved_bytes == max(plain.reserved_bytes, rep.run.reserved_bytes)
+    assert dynamic.reserved_bytes - plain.reserved_bytes == rep.applied_bytes
     assert rep.longest_first.reserved_bytes <= rep.run.reserved_bytes
     assert rep.capped is not None and rep.cap_tokens == 800
     assert rep.capped.reserved_bytes <= rep.run.reserved_bytes

@@ -103,7 +103,7 @@ def estimate_model(desc: ModelDesc, spec: JobSpec, gpu=None) -> Estimate:
         lengths = _lengths_replay(spec, gpu, desc, params, par is None, managed.total())
     reserved, device = device_levels(spec, gpu, events, top, managed.total(), conf_delta, replayed)
     if lengths is not None:
-        extra = lengths.applied(reserved, replay_capacity(spec, gpu, managed.total()))
+        extra = lengths.applied(reserved, replay_capacity(spec, gpu, managed.total()), replayed is not None)
         reserved, device = reserved + extra, device + extra
     if spec.task is Task.SFT and resolve_head(spec) is LogprobHead.CHUNKED:
         checked = checked + [head_note(spec)]

@@ -137,12 +137,14 @@ class LengthsReplay:
         the term the estimate's reserved_bytes gains (allocator fragmentation across steps)."""
         return self.run.reserved_bytes - self.all_longest.reserved_bytes
 
-    def applied(self, reserved: int, capacity: int | None) -> int:
-        """What the order adds to an estimate's `reserved` bytes: extra_bytes, except that
-        cached blocks beyond what the device holds are released when a request fails and
-        the request retried (malloc: release_cached_blocks, then cudaMalloc again), so a run
-        the replay found no out-of-memory in reserves at most the capacity."""
-        extra = self.extra_bytes
+    def applied(self, reserved: int, capacity: int | None, replayed: bool = False) -> int:
+        """What the order adds to an estimate's `reserved` bytes: extra_bytes (or, where
+        `reserved` is itself the allocator's replay of one step, what the run's replay holds
+        beyond it), except that cached blocks beyond what the device holds are released when
+        a request fails and the request retried (malloc: release_cached_blocks, then
+        cudaMalloc again), so a run the replay found no out-of-memory in reserves at most the
+        capacity."""
+        extra = max(0, self.run.reserved_bytes - reserved) if replayed else self.extra_bytes
         if capacity is not None and self.run.out_of_memory_step is None:
             extra = min(extra, max(0, capacity - reserved))
         self.applied_bytes = extra
@@ -184,9 +186,10 @@ class LengthsReplay:
                                  "saves_bytes": self.run.reserved_bytes - self.longest_first.reserved_bytes},
                "all_longest": one(self.all_longest),
                "basis": ("the caching-allocator model replaying one step's tensor events per padded length, "
-                         "allocator state carried from step to step; the estimate's reserved_bytes adds "
-                         "extra_over_all_longest_bytes, up to the device's capacity where the replay "
-                         "frees cached blocks and retries without running out")}
+                         "allocator state carried from step to step; the estimate's reserved_bytes gains "
+                         "added_to_reserved_bytes (on one GPU, up to this run's reserved_bytes; on several, "
+                         "extra_over_all_longest_bytes), up to the device's capacity where the replay frees "
+                         "cached blocks and retries without running out")}
         if self.capped is not None:
             out["cap"] = {"tokens": self.cap_tokens, **one(self.capped),
                           "saves_bytes": self.run.reserved_bytes - self.capped.reserved_bytes}
