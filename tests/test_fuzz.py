@@ -101,14 +101,11 @@ def _assert_grows(small, large) -> None:
     adds the same memory outside the allocator. The allocator's reserve above the live peak
     is not monotone: on one GPU it is the caching allocator's replay of the step's tensors
     (device.reserved_bytes), where a larger step's blocks can fill the cached segments better
-    than a smaller one's (PyTorch's allocator does the same; bench/allocator/README.md). On
-    several GPUs the fitted reserve is monotone, and so is the whole level."""
+    than a smaller one's (PyTorch's allocator does the same; bench/allocator/README.md)."""
     assert large.peak_allocated_bytes >= small.peak_allocated_bytes
     assert large.reserved_bytes >= large.peak_allocated_bytes
     outside = large.device_bytes - large.reserved_bytes
     assert outside == small.device_bytes - small.reserved_bytes
-    if large.parallel is not None:
-        assert large.device_bytes >= small.device_bytes
 
 
 @FAST

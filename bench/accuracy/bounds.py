@@ -51,8 +51,7 @@ def measured_here(folder: str = GPU_RESULTS) -> list[dict]:
     import glob
     import vramplan
     rows = []
-    paths = glob.glob(os.path.join(folder, "results-cuda-scale-*.json"))
-    for path in sorted(paths):
+    for path in sorted(glob.glob(os.path.join(folder, "results-cuda-scale-*.json"))):
         with open(path) as fh:
             doc = json.load(fh)
         for case in doc["cases"]:

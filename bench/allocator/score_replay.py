@@ -7,7 +7,8 @@ bench/accuracy/score_published.py compares with reserved_bytes or device_bytes),
 compares two reserves: the live peak plus the fitted reserve of components/runtime.py
 (device.reserved_bytes: what the estimate reports on several GPUs) and the allocator model's
 replay of the step's tensor events (`allocator.reserved_bytes`: what it reports on one GPU),
-each with the same CUDA context on top for nvidia-smi rows. Prints the median |err| per metric for both and writes results-published-replay.json.
+each with the same CUDA context on top for nvidia-smi rows. Prints the median |err| per
+metric for both and writes results-published-replay.json.
 
     python bench/allocator/score_replay.py [path/to/published-dev-specs.json]
 """

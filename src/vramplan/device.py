@@ -12,7 +12,7 @@ from vramplan.components.runtime import (
 )
 from vramplan.components.trainable import ParamSet, param_set
 from vramplan.model import ModelDesc
-from vramplan.spec import Backend, JobSpec
+from vramplan.spec import Backend, JobSpec, Task
 from vramplan.step.build import build_step
 from vramplan.step.pieces import tensor_pieces
 from vramplan.timeline import Event, StepPlan
@@ -22,6 +22,15 @@ def _group(bd: Breakdown, group: str) -> list[int]:
     """Values of the terms in `group`, with or without a model prefix (multi-model jobs key
     them `policy/logits/...`)."""
     return [v for k, v in bd if k.startswith(group + "/") or f"/{group}/" in k]
+
+
+def reserve_is_replayed(spec: JobSpec) -> bool:
+    """Whether the estimate's reserve is the caching allocator model's replay of the step: a
+    CUDA training step on one GPU, whose event list holds a tensor per parameter
+    (estimation.estimate_model). Sharded plans and the jobs of several models keep the fitted
+    reserve (reserved_bytes). The replay need not grow with the micro-batch or the length."""
+    return (spec.backend is Backend.CUDA and spec.task is not Task.INFERENCE
+            and spec.parallel.is_trivial and spec.num_gpus <= 1)
 
 
 def device_levels(spec: JobSpec, gpu, events: list[Event], top: Event, managed: int = 0,
@@ -49,9 +58,9 @@ def reserved_bytes(events: list[Event], top: Event, conf_delta: int = 0) -> int:
     the two wherever a GPU has measured it (reserved, median |err|, replay against this
     reserve): H100 grid 133 cases 0.79% / 4.49%, H100 catalog-size 6 cases 0.54% / 7.8% and
     4 allocator-option cases 0.35% / 16.3%, H200 published shapes 7 cases 0.55% / 2.45%, H200
-    grid 28 cases 1.6% / 6.6% (bench/cuda/README.md); on the published single-model rows 6.6% / 7.3% (reserved) and
-    5.1% / 1.8% (nvidia-smi, where this reserve was fitted on the 2022 BERT-large V100 runs;
-    bench/allocator/score_replay.py)."""
+    grid 28 cases 1.6% / 6.6% (bench/cuda/README.md); on the published single-model rows
+    6.6% / 7.3% (reserved) and 5.1% / 1.8% (nvidia-smi, where this reserve was fitted on the
+    2022 BERT-large V100 runs; bench/allocator/score_replay.py)."""
     ends = [e for e in events if e.label.startswith(("end of forward", "loss backward"))]
     # Each event's terms in the three groups, summed from its distinct parts (the peak's
     # from its live set), each part's group terms found once: the values _group(e.live, ...)

@@ -10,7 +10,8 @@ from vramplan.components.runtime import blas_workspace_terms
 from vramplan.components.trainable import ParamSet, param_set
 from vramplan.components.weights import weight_terms
 from vramplan.device import (  # noqa: F401 (re-exported: the device levels lived here)
-    allocator_replayer, device_levels, outside_allocator, replay_capacity, reserved_bytes, step_events,
+    allocator_replayer, device_levels, outside_allocator, replay_capacity, reserve_is_replayed, reserved_bytes,
+    step_events,
 )
 from vramplan.i18n import Msg
 from vramplan.jobs.logprob import head_note, resolve_head, sft_head
@@ -92,9 +93,9 @@ def estimate_model(desc: ModelDesc, spec: JobSpec, gpu=None) -> Estimate:
     replayer, conf_delta, replayed = None, 0, None
     if spec.backend is Backend.CUDA and spec.task is not Task.INFERENCE:
         replayer = allocator_replayer(spec, gpu, plan, desc, params if par is None else None, managed.total())
-        if par is None:
-            # one GPU: the reserve is the caching allocator model's replay of the step's
-            # per-parameter tensor events (device.reserved_bytes says why, with figures)
+        if reserve_is_replayed(spec):
+            # the caching allocator model's replay of the step's per-parameter tensor events
+            # (device.reserved_bytes says why, with figures)
             replayed = _replayed_reserve(spec, gpu, replayer)
         elif _changes_placement(spec.alloc_conf):
             conf_delta = replayer().reserved_bytes - replayer(default=True).reserved_bytes

@@ -32,13 +32,12 @@ _WARP = 32
 _MIN_VALUES_PER_THREAD = 16
 _MAX_VALUES_PER_THREAD = 256
 _ACC_BYTES = 4              # float accumulation (fp32, bf16 and fp16 inputs alike)
+_THREADS_PER_SM = 2048      # an architecture the catalog has no figure for: sm70/80/90/100's
 
 
 def _pow2_floor(n: int) -> int:
-    p = 1
-    while p * 2 <= n:
-        p *= 2
-    return p
+    """last_pow2 in Reduce.cuh: the largest power of two not above n (1 for n < 1)."""
+    return 1 << max(n.bit_length() - 1, 0)
 
 
 def _div_up(a: int, b: int) -> int:
@@ -50,7 +49,7 @@ def _grid_target(gpu_name: str | None, threads_per_block: int) -> int:
     (catalog/cuda_runtime.json "multiprocessors"; a job naming none takes the default card)."""
     table = cuda_runtime()["multiprocessors"]
     name = gpu_name if gpu_name in table["sm_count"] else table["default"]["gpu"]
-    threads = table["threads_per_sm"].get(gpu_arch(name) or "", 2048)
+    threads = table["threads_per_sm"].get(gpu_arch(name) or "", _THREADS_PER_SM)
     return table["sm_count"][name] * (threads // threads_per_block)
 
 

@@ -278,6 +278,18 @@ def muon_step_temporary(p: HeldParam, dtype: str) -> int:
 ADAFACTOR_TERMS = ("temporaries/optimizer/adafactor_update", "temporaries/optimizer/adafactor_column_mean_buffer")
 
 
+def _column_mean_buffers(spec: JobSpec):
+    """p -> the bytes `update.mean(dim=-2)` takes as a CUDA reduction buffer for a factored
+    (2-D) parameter p on the job's GPU (components/cuda_reduce.py); 0 off CUDA."""
+    if spec.backend is not Backend.CUDA:
+        return lambda p: 0
+    gpu = None
+    if spec.gpu:
+        from vramplan.catalog import find_gpu
+        gpu = find_gpu(spec.gpu).name
+    return lambda p: column_reduce_buffer(p.shape[0], p.shape[1], gpu) if len(p.shape) == 2 else 0
+
+
 def adafactor_sequence(spec: JobSpec, params: ParamSet) -> tuple[tuple[int, int], ...] | None:
     """transformers Adafactor.step's allocations one parameter after another (optimization.py
     `step`), as (tensor, bytes) ops, bytes 0 for a free: the fp32 copies of a 16-bit gradient
@@ -286,14 +298,10 @@ def adafactor_sequence(spec: JobSpec, params: ParamSet) -> tuple[tuple[int, int]
     (or `exp_avg_sq.rsqrt()` unfactored) replacing the first, `-update` for `add_`; then all
     freed. Its largest moment is _adafactor_temporaries'. For the event list (one GPU): the
     allocator sees the loop's block sizes, not one block of the largest moment. None for other
-    optimizers."""
-    if spec.optimizer is not Optimizer.ADAFACTOR or not params.trainable():
+    optimizers, and off CUDA (nothing replays the allocator there)."""
+    if spec.optimizer is not Optimizer.ADAFACTOR or spec.backend is not Backend.CUDA or not params.trainable():
         return None
-    cuda = spec.backend is Backend.CUDA
-    gpu = None
-    if cuda and spec.gpu:
-        from vramplan.catalog import find_gpu
-        gpu = find_gpu(spec.gpu).name
+    buffer_of = _column_mean_buffers(spec)
     ops: list[tuple[int, int]] = []
     key = iter(range(1 << 30))
     for p in params.trainable():
@@ -302,7 +310,7 @@ def adafactor_sequence(spec: JobSpec, params: ParamSet) -> tuple[tuple[int, int]
         ops += [(c, n) for c in copies]
         power, update = next(key), next(key)
         ops += [(power, n), (update, n), (power, 0)]
-        buffer = column_reduce_buffer(p.shape[0], p.shape[1], gpu) if cuda and len(p.shape) == 2 else 0
+        buffer = buffer_of(p)
         if buffer:
             b = next(key)
             ops += [(b, buffer), (b, 0)]
@@ -318,15 +326,11 @@ def _adafactor_temporaries(spec: JobSpec, train: tuple[HeldParam, ...]) -> Break
     the peak. On CUDA a factored (2-D) parameter's column mean, `update.mean(dim=-2)`, also
     takes the reduction's staging buffer while `update` lives (components/cuda_reduce.py; up
     to twice the parameter's fp32 bytes), so there the parameter with the largest sum sets it."""
-    cuda = spec.backend is Backend.CUDA
-    gpu = None
-    if cuda and spec.gpu:
-        from vramplan.catalog import find_gpu
-        gpu = find_gpu(spec.gpu).name
+    buffer_of = _column_mean_buffers(spec)
     best, best_buffer = 0, 0
     for p in train:
         n = nbytes(p.numel, "fp32")
-        buffer = column_reduce_buffer(p.shape[0], p.shape[1], gpu) if cuda and len(p.shape) == 2 else 0
+        buffer = buffer_of(p)
         buffer = buffer if n + buffer > 2 * n else 0     # else the power and the sum set it
         total = (2 * n if p.dtype != "fp32" else 0) + max(2 * n, n + buffer)
         if total > best:

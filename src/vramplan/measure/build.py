@@ -23,7 +23,6 @@ sources):
 from __future__ import annotations
 
 import contextlib
-
 import re
 from dataclasses import dataclass, field
 from typing import Any

@@ -30,6 +30,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from vramplan.device import reserve_is_replayed
 from vramplan.estimation import Estimate
 from vramplan.plan.evaluate import Evaluator, accum_of, fit_inputs, memory_key
 from vramplan.plan.explain import explain
@@ -37,7 +38,7 @@ from vramplan.plan.floor import MemoryFloor
 from vramplan.plan.space import Candidate, default_axes, enumerate_candidates
 from vramplan.plan.steptime import StepTime
 from vramplan.report.emit import paste_forms
-from vramplan.spec import Backend, JobSpec
+from vramplan.spec import JobSpec
 
 FIT_SCHEMA_VERSION = 1
 
@@ -153,12 +154,11 @@ class _Groups:
 
     @staticmethod
     def per_candidate(c: Candidate) -> bool:
-        """One GPU on CUDA: the reserve is the caching allocator's replay of the step, which
-        a larger micro-batch can leave lower (its blocks reuse the cached segments better;
-        device.reserved_bytes), so no group's fit follows from its neighbours': each
+        """Where the reserve is the caching allocator's replay of the step
+        (device.reserve_is_replayed), a larger micro-batch can leave it lower (its blocks reuse
+        the cached segments better), so no group's fit follows from its neighbours': each
         candidate is decided by its own estimate."""
-        s = c.layout
-        return s.backend is Backend.CUDA and s.num_gpus <= 1 and s.parallel.is_trivial
+        return reserve_is_replayed(c.layout)
 
     def fits(self, c: Candidate) -> bool:
         if self.per_candidate(c):

@@ -40,7 +40,7 @@ from vramplan.components.optimizer import state_key
 from vramplan.breakdown import Breakdown
 from vramplan.components.runtime import blas_workspace_terms, reserved_from_allocated
 from vramplan.components.trainable import param_set
-from vramplan.device import outside_allocator
+from vramplan.device import outside_allocator, reserve_is_replayed
 from vramplan.estimation import model_spec
 from vramplan.jobs.logprob import sft_head
 from vramplan.model import ModelDesc
@@ -120,8 +120,8 @@ class MemoryFloor:
                            + (int(others * act) if others > 0 else 0))
             if mspec.backend is not Backend.CUDA:
                 return best             # device.device_levels: the live peak itself
-            if mspec.parallel.is_trivial and mspec.num_gpus <= 1:
-                return best + outside   # one GPU: the replay's reserve, never below the live peak
+            if reserve_is_replayed(mspec):
+                return best + outside   # the replay's reserve, never below the live peak
             if lay.pp > 1:              # which stage is reported, and so its reserve, is unknown
                 return reserved_from_allocated(best, 0) + outside
             # one rank: its end-of-forward and loss-backward events hold these logits terms

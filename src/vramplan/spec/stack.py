@@ -104,8 +104,8 @@ def default_optimizer_impl(spec):
     if spec.backend is not Backend.CUDA:
         return OptimizerImpl.FORLOOP
     trainer = spec.stack.framework in TRAINER_OPTIM_FRAMEWORKS or spec.task.value in TRL_TRAINER_TASKS
-    version = tuple(int(x) for x in (spec.stack.transformers or "99").split(".")[:2] if x.isdigit())
-    if spec.optimizer is Optimizer.ADAMW and trainer and version >= FUSED_DEFAULT_SINCE:
+    release = spec.stack.minor("transformers")
+    if spec.optimizer is Optimizer.ADAMW and trainer and (release is None or release >= FUSED_DEFAULT_SINCE):
         return OptimizerImpl.FUSED
     return OptimizerImpl.FOREACH
 
