@@ -34,6 +34,9 @@ LLAMA_WIDE = dict(LLAMA, vocab_size=40000, hidden_size=64, intermediate_size=176
 BASE = {"model": LLAMA, "stack": "trl", "micro_batch_size": 2, "seq_len": 128, "optimizer": "adamw",
         "optimizer_impl": "foreach", "attention": "sdpa", "backend": "cpu"}
 LORA = {"method": "lora", "lora": {"r": 8, "target_modules": ["q_proj", "v_proj"]}}
+NF4 = {"type": "nf4", "double_quant": True, "compute_dtype": "bf16"}
+QLORA = {"method": "qlora", "lora": LORA["lora"], "quantization": NF4}
+QLORA_ALL_LINEAR = {"method": "qlora", "lora": {"r": 16, "target_modules": "all-linear"}, "quantization": NF4}
 # the all-linear LoRA recipe with full checkpointing that the reward and DPO rows share
 ALL_LINEAR_GC = {"method": "lora", "lora": {"r": 16, "target_modules": "all-linear"}, "gradient_checkpointing": "full"}
 # A wider, deeper teacher on the student's vocabulary (GKD compares full distributions).
@@ -289,6 +292,18 @@ CASES = dict([
     case("sft/bf16/full/hf-trainer/gpt-neox", task="sft", precision="bf16", stack="hf-trainer", model=GPT_NEOX),
     case("dpo/bf16/lora/adapter-disabled/gpt-neox", task="dpo", precision="bf16", model=GPT_NEOX,
          method="lora", lora={"r": 8, "target_modules": ["query_key_value"]}),
+    # QLoRA (bitsandbytes nf4 on CPU) handed to the trainer as TRL documents it: the quantized
+    # base with peft_config, so the trainer prepares it (TRL >= 0.26: no kbit preparation, the
+    # adapters cast to bf16; experimental ORPO: kbit preparation, embeddings and head back to
+    # bf16); under stack hf-trainer the script's prepare_model_for_kbit_training (PEFT's recipe)
+    case("sft/bf16/qlora/sft-trainer", task="sft", precision="bf16", **QLORA),
+    case("sft/bf16/qlora/sft-trainer/all-linear/gc", task="sft", precision="bf16", **QLORA_ALL_LINEAR,
+         gradient_checkpointing="full"),
+    case("sft/fp32/qlora/sft-trainer", task="sft", precision="fp32", **QLORA),
+    case("sft/bf16/qlora/hf-trainer", task="sft", precision="bf16", stack="hf-trainer", **QLORA),
+    case("dpo/bf16/qlora/adapter-disabled", task="dpo", precision="bf16", **QLORA),
+    case("orpo/bf16/qlora", task="orpo", precision="bf16", **QLORA),
+    case("distill/bf16/qlora/gkd", **DISTILL, precision="bf16", **QLORA),
 ])
 # A job without optimizer_impl: the spec's default, as the importer leaves it for adamw_torch;
 # the Trainer's own optimizer takes TrainingArguments' weight_decay default, 0.0

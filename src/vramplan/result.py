@@ -2,13 +2,14 @@
 (the result of vramplan.estimation.estimate and of every multi-model job)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from vramplan.breakdown import Breakdown
+from vramplan.components import qlora_prep
 from vramplan.components.dtypes import stated_dtypes
 from vramplan.device import outside_allocator
 from vramplan.model import ModelDesc
-from vramplan.spec import Backend, JobSpec
+from vramplan.spec import Backend, JobSpec, Method
 from vramplan.timeline import Event
 
 SCHEMA_VERSION = 1
@@ -54,8 +55,13 @@ class Estimate:
 
     @property
     def dtypes(self):
-        """The effective dtypes taken (weights, gradients, optimizer states, master, compute)."""
-        return stated_dtypes(self.spec)
+        """The effective dtypes taken (weights, gradients, optimizer states, master, compute);
+        a quantized base's adapters as its stack's preparation leaves them (qlora_prep.py)."""
+        dt = stated_dtypes(self.spec)
+        if self.spec.method is not Method.QLORA:
+            return dt
+        adapters = qlora_prep.adapter_dtype(self.spec, dt.adapters)
+        return dt if adapters == dt.adapters else replace(dt, adapters=adapters).for_adapters()
 
     @property
     def fits(self) -> bool | None:

@@ -111,6 +111,9 @@ _SECTION_FLAGS = (
      N_("quantization: bitsandbytes 4-bit double quantization (true/false)")),
     ("quantization", "kernel", ("quant_kernel",), str,
      N_("quantization: GPTQ torch | triton | exllama | exllamav2 | marlin; AWQ gemm | gemv | marlin | torch")),
+    ("quantization", "prepare", ("quant_prepare",), str,
+     N_("QLoRA: what prepares the quantized base: peft (prepare_model_for_kbit_training) | peft-bf16 "
+        "(TRL < 0.26) | bf16-trainable (TRL >= 0.26) | none (torchtune, litgpt); default: the stack's")),
     ("low_rank", "rank", ("rank",), _int_word, N_("GaLore / APOLLO: projection rank (low_rank.rank)")),
     ("low_rank", "update_proj_gap", ("update_proj_gap",), _int_word,
      N_("GaLore / APOLLO: steps between projection updates")),

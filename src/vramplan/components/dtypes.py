@@ -208,7 +208,7 @@ def _derive(precision: Precision, stack: StackConfig, load_dtype: str | None, me
     if policy == "fp32":
         return Dtypes(policy, load, load, load, None, load, None, _adapter_dtype(stack, load), source)
     _check_fp16_grads(precision, stack, load, method, task)
-    autocast = word if not quantized else None
+    autocast = word
     return Dtypes(policy, load, load, load, None, word, autocast, _adapter_dtype(stack, load), source)
 
 

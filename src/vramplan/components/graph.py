@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable
 
-from vramplan.components.quant import QUANT_DTYPES
+from vramplan.components.quant import BNB_4BIT, QUANT_DTYPES
 from vramplan.units import nbytes
 
 
@@ -166,12 +166,11 @@ class Recorder:
         sym = Sym(w.name, w.shape, w.dtype, w.trainable, Storage(nbytes(_numel(w.shape), w.dtype)))
         if self.autocast is None or w.dtype == self.autocast or w.dtype not in ("fp32", "bf16", "fp16"):
             return sym
-        key = id(w)
-        if w.trainable and key in self.cast_cache:
+        if w.trainable and (key := id(w)) in self.cast_cache:
             return self.cast_cache[key]
         cast = self.new(f"autocast_weight/{w.name}", w.shape, self.autocast, w.trainable)
         if w.trainable:
-            self.cast_cache[key] = cast
+            self.cast_cache[id(w)] = cast
         return cast
 
     def _autocast_input(self, x: Sym) -> Sym:
@@ -186,7 +185,8 @@ class Recorder:
         self.last_linear_input = x
         if self.dequant_peak is not None and w.dtype in QUANT_DTYPES:
             self._dequant_moment(x, w)
-        xin = self._autocast_input(x)
+        # bnb Linear4bit returns its input's dtype under autocast too (`.to(inp_dtype)`, nn/modules.py)
+        xin = x if w.dtype in BNB_4BIT else self._autocast_input(x)
         converted = self._float8(x, xin, w, name)
         # torchao Float8Linear saves the weight parameter itself (`self.weight.t()`), no
         # autocast copy: it calls its own autograd.Function, not F.linear

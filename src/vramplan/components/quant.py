@@ -12,6 +12,8 @@ from vramplan.units import nbytes
 
 QUANT_DTYPES = frozenset({"nf4", "fp4", "int8", "int1", "int2", "int3", "int4", "fp8"})
 """HeldParam dtypes of quantized weights (the code width; components/trainable.py)."""
+BNB_4BIT = frozenset({"nf4", "fp4"})
+"""bitsandbytes Linear4bit weights, whose forward returns its input's dtype."""
 
 
 def _ceil(a: int, b: int) -> int:

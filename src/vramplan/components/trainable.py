@@ -11,7 +11,7 @@ import math
 from collections import namedtuple
 from dataclasses import dataclass, field
 
-from vramplan.components import moe_lora
+from vramplan.components import moe_lora, qlora_prep
 from vramplan.components.dtypes import dtypes_of, upcasts_trainable
 from vramplan.catalog.runtime import peft_lora_targets
 from vramplan.components.quant import code_dtype
@@ -237,17 +237,14 @@ def _lora_set(desc: ModelDesc, spec: JobSpec, wdtype: str) -> ParamSet:
     if moe is not None and moe[1]:
         moe_lora.check_wrapper_options(spec.lora)
     held: list[HeldParam] = []
-    # torchtune's QLoRA builders (torchtune/models/*/_component_builders.py, quantize_base=True)
-    # turn the base linears into torchao NF4Tensors and leave the rest in the model's dtype;
-    # PEFT's kbit preparation is not part of that path.
-    kbit_prep = spec.stack.framework is not Framework.TORCHTUNE
+    qlora = spec.method is Method.QLORA
+    adapter_dtype = _adapter_dtype(spec)
     for p in desc.params:
-        quantized = spec.method is Method.QLORA and is_quantized(spec, p)
+        quantized = qlora and is_quantized(spec, p)
         dtype = code_dtype(spec.quantization) if quantized else wdtype
-        if spec.method is Method.QLORA and not quantized and kbit_prep and upcasts_to_fp32(spec):
-            # prepare_model_for_kbit_training casts every non-quantized parameter to fp32
-            # (peft/utils/other.py: `param.data = param.data.to(torch.float32)`).
-            dtype = "fp32"
+        if qlora and not quantized:
+            # what the stack's QLoRA preparation makes of the rest (qlora_prep.py)
+            dtype = qlora_prep.rest_dtype(spec, p.module, wdtype)
         held.append(HeldParam(p.name, p.shape, dtype, False, "base", p.layer))
         mult = moe_lora.wrapped(p.name, moe[1]) if moe else 0
         if mult:
@@ -255,17 +252,19 @@ def _lora_set(desc: ModelDesc, spec: JobSpec, wdtype: str) -> ParamSet:
             # times the names fused into the parameter (PEFT's rank_pattern)
             fan_in, fan_out, experts = moe_lora.in_out_experts(p.shape)
             rank = spec.lora.r * mult * experts
-            held.append(HeldParam(p.name + ".lora_A", (rank, fan_in), _adapter_dtype(spec), True, "lora", p.layer))
-            held.append(HeldParam(p.name + ".lora_B", (fan_out, rank), _adapter_dtype(spec), True, "lora", p.layer))
+            held.append(HeldParam(p.name + ".lora_A", (rank, fan_in), adapter_dtype, True, "lora", p.layer))
+            held.append(HeldParam(p.name + ".lora_B", (fan_out, rank), adapter_dtype, True, "lora", p.layer))
         elif p.name in target_names:
             fan_in, fan_out = linear_in_out(desc, p)
-            adapter_dtype = _adapter_dtype(spec)
             held.append(HeldParam(p.module + ".lora_A", (spec.lora.r, fan_in), adapter_dtype, True, "lora", p.layer))
             held.append(HeldParam(p.module + ".lora_B", (fan_out, spec.lora.r), adapter_dtype, True, "lora", p.layer))
             if spec.lora.use_dora:
                 # DoRA's magnitude vector, one per output row, cast with the adapters
                 # (peft/tuners/lora/dora.py DoraLinearLayer.update_layer: nn.Parameter(weight_norm))
-                held.append(HeldParam(p.module + ".lora_magnitude_vector", (fan_out,), adapter_dtype, True, "lora",
+                # (TRL's bf16 cast of a quantized model's trainable parameters skips it, trl#7268)
+                magnitude = "fp32" if qlora and qlora_prep.preparation(spec) is qlora_prep.Prep.TRL_BF16 \
+                    else adapter_dtype
+                held.append(HeldParam(p.module + ".lora_magnitude_vector", (fan_out,), magnitude, True, "lora",
                                       p.layer))
     saved, unmatched_save = _modules_to_save(desc, spec, wdtype)
     return ParamSet(tuple(held) + saved, unmatched + unmatched_save)
@@ -275,12 +274,10 @@ def _adapter_dtype(spec: JobSpec) -> str:
     # PEFT upcasts adapter weights of a 16-bit base to fp32 (LoraModel with the default
     # autocast_adapter_dtype=True: peft/tuners/tuners_utils.py `_cast_adapter_dtype`);
     # frameworks that cast the whole module (DeepSpeed, torchtune) do not (dtypes.py).
-    # On a quantized base PEFT keeps them fp32 too, unless the engine casts the module
-    # (DeepSpeed's fp16/bf16 engine: `module.half()`), which the master policy says.
-    # torchtune's LoRALinear adapters stay in the model's dtype (no PEFT upcast).
+    # On a quantized base the stack's preparation decides (qlora_prep.py).
     dt = dtypes_of(spec)
-    if spec.method is Method.QLORA and spec.stack.framework is not Framework.TORCHTUNE and not dt.master_weights:
-        return "fp32"
+    if spec.method is Method.QLORA:
+        return qlora_prep.adapter_dtype(spec, dt.adapters)
     return dt.adapters
 
 
@@ -317,13 +314,6 @@ def per_expert_linears(spec: JobSpec) -> bool:
     return major is not None and major < 5
 
 
-def upcasts_to_fp32(spec: JobSpec) -> bool:
-    """peft/utils/other.py prepare_model_for_kbit_training casts the other parameters to fp32
-    except for GPTQ, AQLM, EETQ, HQQ and torchao models (`is_gptq_quantized` ... checks)."""
-    return spec.quantization.type not in (QuantType.GPTQ, QuantType.HQQ, QuantType.TORCHAO_INT8,
-                                          QuantType.TORCHAO_INT4, QuantType.TORCHAO_FP8)
-
-
 def _is_head(p: ParamEntry) -> bool:
     return p.module.rsplit(".", 1)[-1] in _HEADS
 
@@ -347,8 +337,9 @@ def _modules_to_save(desc: ModelDesc, spec: JobSpec, wdtype: str):
         hit = [p for p in desc.params if _matches(p.module, name)]
         if not hit and name not in heads:
             unmatched.append(name)
-        dtype = "fp32" if spec.method is Method.QLORA and upcasts_to_fp32(spec) else wdtype
-        copies += [HeldParam(p.name + "#copy", p.shape, dtype, True, "saved_copy", p.layer) for p in hit]
+        copies += [HeldParam(p.name + "#copy", p.shape,
+                             qlora_prep.saved_copy_dtype(spec, p.module, wdtype) if spec.method is Method.QLORA
+                             else wdtype, True, "saved_copy", p.layer) for p in hit]
     return tuple(copies), tuple(unmatched)
 
 

@@ -7,6 +7,7 @@ its own section of the breakdown (`policy/...`, `reference/...`, `teacher/...`).
 """
 from __future__ import annotations
 
+from vramplan.components import qlora_prep
 from vramplan.model import ModelDesc
 from vramplan.spec import JobSpec, SpecError, Task
 from vramplan.spec.enums import as_spec_error
@@ -68,7 +69,7 @@ def estimate_job(spec: JobSpec, gpu=None):
     if "policy" in descs:  # and the attention transformers runs for it (estimation.model_spec does the same)
         spec = resolve_attention(descs["policy"], assume_seq_len(descs["policy"], spec))
     # SpecError for a job the libraries refuse
-    notes = check_job(descs["policy"], spec) + attention_note(descs["policy"], given, spec)
+    notes = check_job(descs["policy"], spec) + attention_note(descs["policy"], given, spec) + qlora_prep.notes(spec)
     check_roles(descs, spec)
     est = estimate_descs(descs, spec, gpu)
     est.notes[:0] = notes

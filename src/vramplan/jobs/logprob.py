@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 from vramplan.breakdown import Breakdown
 from vramplan.components.arch import model_rows
+from vramplan.components import qlora_prep
+from vramplan.components.dtypes import dtypes_of
 from vramplan.i18n import Msg
 from vramplan.spec import Backend, JobSpec, LogprobHead, Task
 from vramplan.spec.stack import Framework
@@ -208,7 +210,13 @@ def chunked_head(spec: JobSpec, rows: int, seq_len: int, hidden: int, vocab: int
                  entropy: bool = False, softcap: bool = False) -> Chunked:
     """The chunked head of a model in `spec`'s precision and backend."""
     p = spec.precision
-    c = p.compute_dtype if spec.method.value != "qlora" else spec.quantization.compute_dtype
-    hidden_dtype = p.weight_dtype if spec.method.value != "qlora" else c
-    return Chunked(rows, seq_len, hidden, vocab, c, hidden_dtype, p.weight_dtype,
+    c, hidden_dtype, weight_dtype = p.compute_dtype, p.weight_dtype, p.weight_dtype
+    if spec.method.value == "qlora":
+        # the head and the final norm are parameters the quantizer left, in the dtype the
+        # stack's preparation gave them (qlora_prep.py); the kernel computes in the autocast
+        # dtype, else the hidden state's (`compute_dtype = ... else hidden.dtype`)
+        hidden_dtype = qlora_prep.rest_dtype(spec, "model.norm", p.weight_dtype)
+        weight_dtype = qlora_prep.rest_dtype(spec, "lm_head", p.weight_dtype)
+        c = dtypes_of(spec).autocast or hidden_dtype
+    return Chunked(rows, seq_len, hidden, vocab, c, hidden_dtype, weight_dtype,
                    torch_fold=spec.backend is not Backend.CUDA, top1=top1, entropy=entropy, softcap=softcap)

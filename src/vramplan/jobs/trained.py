@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from vramplan.breakdown import Breakdown
+from vramplan.components import qlora_prep
 from vramplan.components.dtypes import dtypes_of
 from vramplan.components.activations import ActivationPlan, plan_activations
 from vramplan.components.trainable import ParamSet, param_set
@@ -69,6 +70,7 @@ def single_spec(spec: JobSpec, rows: int, seq_len: int | None = None, **changes)
     """The job as the core sees one trained model: task sft, `rows` rows, no job fields; the
     dropout modules off where the job's TRL trainer turns them off (components/forward_ctx.py)."""
     changes.setdefault("disable_dropout", trainer_disables_dropout(spec))
+    spec = qlora_prep.resolved(spec)   # the job's trainer prepares a quantized base its way
     return replace(spec, task=changes.pop("task", Task.SFT), micro_batch_size=rows,
                    seq_len=seq_len or spec.seq_len, reference_model=None, teacher=None,
                    reward_model=None, critic_model=None, num_generations=None,
@@ -77,7 +79,13 @@ def single_spec(spec: JobSpec, rows: int, seq_len: int | None = None, **changes)
 
 
 def compute_dtype(spec: JobSpec) -> str:
-    return dtypes_of(spec).compute if spec.method.value != "qlora" else spec.quantization.compute_dtype
+    """The dtype of the model's output head, so of its logits. On a quantized base the head
+    is one of the parameters the quantizer leaves (transformers' bitsandbytes, GPTQ and AWQ
+    skip the output embedding), in the dtype the stack's preparation gave it: fp32 after
+    PEFT's prepare_model_for_kbit_training (the final norm's output is fp32 too)."""
+    if spec.method.value != "qlora":
+        return dtypes_of(spec).compute
+    return qlora_prep.rest_dtype(spec, "lm_head", dtypes_of(spec).weights)
 
 
 def trainer_logits_dtype(spec: JobSpec) -> str:

@@ -87,12 +87,20 @@ def peft_policy(job: dict, dtype):
     wraps it (`get_peft_model`) and scores the reference with the adapter disabled. A PeftModel
     handed in instead gets a frozen copy of its adapter named "ref" as the reference
     (dpo_trainer.py, kto_trainer.py, grpo_trainer.py `__init__`: `model.add_adapter("ref",
-    ...)`), which the spec does not state. QLoRA keeps the prepared, wrapped model."""
-    if job.get("method") != "lora":
+    ...)`), which the spec does not state. A QLoRA policy is handed over the same way, the
+    quantized base as `from_pretrained` loads it with `peft_config`, so that the trainer's own
+    preparation runs (TRL >= 0.26: none, and its trainable parameters cast to bf16,
+    sft_trainer.py / dpo_trainer.py `__init__`), not PEFT's prepare_model_for_kbit_training."""
+    if job.get("method") not in ("lora", "qlora"):
         return policy_model(job, dtype), None
     from .build import lora_config
 
-    return build_role(job, job["model"], dtype), lora_config(job.get("lora") or {}, "sft")
+    base = build_role(job, job["model"], dtype)
+    if job.get("method") == "qlora":
+        from .quantized import quantize_base
+
+        base = quantize_base(base, job, "cpu")
+    return base, lora_config(job.get("lora") or {}, "sft")
 
 
 def with_optimizer(trainer, job: dict, flags: dict):
@@ -255,7 +263,10 @@ def _sft_trl(job: dict, dtype, flags: dict):
     `compute_loss` with `fused_lm_head=True` (trl/trainer/sft_trainer.py), the chunked head."""
     from trl import SFTConfig, SFTTrainer
 
-    policy = policy_model(job, dtype)
+    # QLoRA handed over as TRL documents it (the quantized base and `peft_config`): the
+    # trainer wraps and prepares it its own way. (A LoRA policy is wrapped here, which for
+    # a 16-bit base comes to the same get_peft_model call.)
+    policy, peft_config = peft_policy(job, dtype) if job.get("method") == "qlora" else (policy_model(job, dtype), None)
     vocab = policy.config.vocab_size
     # spec packing: SFTConfig packing (BFD, which turns padding_free on: sft_trainer.py
     # `__init__`), rows of seq_len/4 tokens packed four to a seq_len row
@@ -265,8 +276,8 @@ def _sft_trl(job: dict, dtype, flags: dict):
     args = SFTConfig(**common_args(job, flags), dataset_num_proc=None)
     rows = data.lm_rows(4 * num_rows(job), s // 4, vocab) if pack else data.lm_rows(num_rows(job), s, vocab)
     trainer = SFTTrainer(model=policy, args=args, train_dataset=data.dataset({"input_ids": rows["input_ids"]}),
-                         processing_class=data.tokenizer(vocab), optimizers=optimizers_for(policy, job, flags))
-    return trainer, {"policy": policy}, {}
+                         processing_class=data.tokenizer(vocab), peft_config=peft_config)
+    return trainer, {"policy": with_optimizer(trainer, job, flags)}, {}
 
 
 BUILDERS = {"dpo": _dpo, "ipo": _dpo, "kto": _kto, "reward-model": _reward, "grpo": _grpo, "sft": _sft}

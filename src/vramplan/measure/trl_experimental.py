@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from . import trl_data as data
-from .trainers import common_args, frozen_model, num_rows, optimizers_for, policy_model, trl_dropout
+from .trainers import common_args, frozen_model, num_rows, peft_policy, policy_model, trl_dropout, with_optimizer
 
 ENTRIES = {"distill": ("trl.experimental.gkd", "GKDTrainer"),
            "orpo": ("trl.experimental.orpo", "ORPOTrainer"),
@@ -53,14 +53,14 @@ def _gkd(job: dict, dtype, flags: dict):
     from transformers import default_data_collator
     from trl.experimental.gkd import GKDConfig, GKDTrainer
 
-    policy = policy_model(job, dtype)
+    policy, peft_config = _policy(job, dtype)
     teacher = frozen_model(job, job["teacher"], dtype)
     vocab = policy.config.vocab_size
     args = GKDConfig(**common_args(job, flags), **trl_dropout(job), lmbda=0.0, seq_kd=False, max_length=int(job["seq_len"]))
     trainer = GKDTrainer(model=policy, teacher_model=teacher, args=args, data_collator=default_data_collator,
                          train_dataset=data.dataset(data.distill_rows(num_rows(job), job["seq_len"], vocab)),
-                         processing_class=data.tokenizer(vocab), optimizers=optimizers_for(policy, job, flags))
-    return trainer, {"policy": policy, "teacher": teacher}, {}
+                         processing_class=data.tokenizer(vocab), peft_config=peft_config)
+    return trainer, {"policy": with_optimizer(trainer, job, flags), "teacher": teacher}, {}
 
 
 def _odds_ratio(job: dict, dtype, flags: dict):
@@ -74,13 +74,22 @@ def _odds_ratio(job: dict, dtype, flags: dict):
     else:
         from trl.experimental.cpo import CPOConfig as Config, CPOTrainer as Trainer
         extra = {"loss_type": "simpo", "cpo_alpha": 0.0}
-    policy = policy_model(job, dtype)
+    policy, peft_config = _policy(job, dtype)
     vocab = policy.config.vocab_size
     args = Config(**common_args(job, flags), **trl_dropout(job), max_length=seq_len, dataset_num_proc=None, **extra)
-    trainer = Trainer(model=policy, args=args,
+    trainer = Trainer(model=policy, args=args, peft_config=peft_config,
                       train_dataset=data.dataset(data.preference_rows(num_rows(job), seq_len, vocab)),
-                      processing_class=data.tokenizer(vocab), optimizers=optimizers_for(policy, job, flags))
-    return trainer, {"policy": policy}, {}
+                      processing_class=data.tokenizer(vocab))
+    return trainer, {"policy": with_optimizer(trainer, job, flags)}, {}
+
+
+def _policy(job: dict, dtype):
+    """A QLoRA policy as the quantized base and `peft_config`, so that the trainer prepares it
+    its own way (ORPO/CPO: prepare_model_for_kbit_training, then peft_module_casting_to_bf16;
+    GKD: SFTTrainer's bf16 cast); a LoRA policy wrapped here (the same get_peft_model call)."""
+    if job.get("method") == "qlora":
+        return peft_policy(job, dtype)
+    return policy_model(job, dtype), None
 
 
 BUILDERS = {"distill": _gkd, "orpo": _odds_ratio, "simpo": _odds_ratio}

@@ -198,6 +198,10 @@ def quant_facts(qtype: QuantType) -> tuple[tuple[int, ...], int | None, tuple[st
     return _QUANT_FACTS[qtype]
 
 
+QLORA_PREPARATIONS = ("auto", "peft", "peft-bf16", "bf16-trainable", "none")
+"""quantization.prepare's words (components/qlora_prep.py Prep)."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class QuantConfig:
     """How the frozen base weights are quantized (QLoRA and quantized inference)."""
@@ -221,8 +225,17 @@ class QuantConfig:
     modules_to_not_convert: tuple[str, ...] = ()
     """Linear modules kept unquantized besides the library's own (lm_head; GPTQ/AWQ quantize
     only the decoder layers), as in a quantization_config's `modules_to_not_convert`."""
+    prepare: str = "auto"
+    """What prepares the quantized base for adapter training (components/qlora_prep.py):
+    `peft` (PEFT's prepare_model_for_kbit_training: the rest of the model in fp32), `peft-bf16`
+    (TRL before 0.26: that, then embeddings and head back to bf16 under bf16), `bf16-trainable`
+    (TRL 0.26 and later: no preparation, the adapters cast to bf16), `none` (torchtune, litgpt,
+    a script that skips it), or `auto`: the stack's."""
 
     def __post_init__(self):
+        if self.prepare not in QLORA_PREPARATIONS:
+            raise SpecError("quantization.prepare", f"choose one of {', '.join(QLORA_PREPARATIONS)}; "
+                            f"got {_show(self.prepare)}")
         qtype = QuantType.parse(self.type, "quantization.type")
         object.__setattr__(self, "type", qtype)
         widths, group, kernels, _ = _QUANT_FACTS[qtype]
@@ -289,6 +302,8 @@ class QuantConfig:
         out["kernel"] = self.kernel
         if self.modules_to_not_convert:
             out["modules_to_not_convert"] = list(self.modules_to_not_convert)
+        if self.prepare != "auto":
+            out["prepare"] = self.prepare
         return out
 
 
