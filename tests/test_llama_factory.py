@@ -62,6 +62,22 @@ def test_upcast_lmhead_output_is_the_stack_s_fp32_logits():
     assert "upcast_lmhead_output" not in rep.unresolved
 
 
+def test_upcast_layernorm_on_a_quantized_base_is_its_only_preparation():
+    # LLaMA-Factory runs no prepare_model_for_kbit_training; `upcast_layernorm` puts the norm
+    # weights in fp32 (bench case sft/qlora/bf16/no-gc/upcast-layernorm), which only a
+    # quantized base's estimate reads (on a 16-bit base it moves the forward by under 0.5%)
+    from vramplan import load_spec
+    from vramplan.components import qlora_prep
+
+    out = _lf(finetuning_type="lora", quantization_bit=4, upcast_layernorm=True)
+    assert out["quantization"]["prepare"] == "norms-fp32"
+    plain = _lf(finetuning_type="lora", quantization_bit=4)
+    assert "prepare" not in plain["quantization"]
+    spec = load_spec(dict(plain, model="llama-3.2-1b"))
+    assert qlora_prep.preparation(spec) is qlora_prep.Prep.NONE
+    assert qlora_prep.rest_dtype(load_spec(dict(out, model="llama-3.2-1b")), "model.norm", "bf16") == "fp32"
+
+
 def _lf(**fields) -> dict:
     return from_recipe({"model_name_or_path": "m", "stage": "sft", **fields})[0]
 

@@ -74,6 +74,11 @@ CASES = [
                              "disable_gradient_checkpointing": True}),
     ("orpo/lora/bf16/no-gc", {"stage": "dpo", "pref_loss": "orpo", "cutoff_len": 128,
                               "disable_gradient_checkpointing": True}),
+    # QLoRA (bitsandbytes nf4, which runs on CPU since 0.49): no kbit preparation
+    ("sft/qlora/bf16/gc", {"quantization_bit": 4}),
+    ("sft/qlora/bf16/no-gc", {"quantization_bit": 4, "disable_gradient_checkpointing": True}),
+    ("sft/qlora/bf16/no-gc/upcast-layernorm", {"quantization_bit": 4, "upcast_layernorm": True,
+                                               "disable_gradient_checkpointing": True}),
 ]
 
 OPEN: dict[str, str] = {}

@@ -18,8 +18,15 @@ of the trained adapters. Stacks differ, and the difference is the fp32 residual 
   parameter of a quantized model is cast to bf16 (`param.data.to(torch.bfloat16)`), the
   DoRA magnitude excepted.
 * `NONE`: torchtune's QLoRA builders (torchao NF4 base linears, the rest and the adapters in
-  the model's dtype) and litgpt (Fabric's BitsandbytesPrecision replaces the linears; the
-  rest is built in the precision's dtype, adapters included).
+  the model's dtype), litgpt (Fabric's BitsandbytesPrecision replaces the linears; the rest is
+  built in the precision's dtype, adapters included) and LLaMA-Factory (no kbit preparation:
+  llamafactory/model/model_utils/checkpointing.py `prepare_model_for_training` upcasts norms
+  only with `upcast_layernorm`, default False; its adapters follow its own
+  `cast_trainable_params_to_fp32`, model/adapter.py, which the stack's dtypes say).
+* `NORMS_FP32`: LLaMA-Factory with `upcast_layernorm: true` (which it recommends for quantized
+  training): the 1-D parameters named with "norm" or "ln" (extras/constants.py
+  LAYERNORM_NAMES) in fp32, the rest as loaded. The norms' fp32 outputs then make the whole
+  residual stream fp32, since a bitsandbytes 4-bit linear returns its input's dtype.
 """
 from __future__ import annotations
 
@@ -37,6 +44,7 @@ class Prep(Enum):
     PEFT_KBIT = "peft"
     TRL_KBIT = "peft-bf16"
     TRL_BF16 = "bf16-trainable"
+    NORMS_FP32 = "norms-fp32"
     NONE = "none"
 
 
@@ -46,7 +54,8 @@ TRL_BF16_SINCE = (0, 26)
 _TRL_KBIT_TASKS = frozenset({"orpo", "simpo"})
 # trl/trainer/utils.py peft_module_casting_to_bf16: `any(x in name for x in [...])`
 _BF16_BACK = ("lm_head", "embed_tokens", "wte", "wpe")
-_NO_PREP = frozenset({Framework.TORCHTUNE, Framework.LITGPT})
+_LAYERNORM_NAMES = ("norm", "ln")
+_NO_PREP = frozenset({Framework.TORCHTUNE, Framework.LITGPT, Framework.LLAMA_FACTORY})
 
 
 def preparation(spec: JobSpec) -> Prep:
@@ -77,6 +86,8 @@ _SAYS = {
                       "(quantization.prepare: {word})"),
     Prep.TRL_BF16: N_("QLoRA base as TRL 0.26 and later leave it: no kbit preparation, the rest in the load "
                       "dtype, adapters cast to bf16 (quantization.prepare: {word})"),
+    Prep.NORMS_FP32: N_("QLoRA base with its norm weights upcast to fp32 (LLaMA-Factory's upcast_layernorm), "
+                        "the rest as loaded (quantization.prepare: {word})"),
     Prep.NONE: N_("QLoRA base not prepared: the rest of the model and the adapters in the model's dtype "
                    "(quantization.prepare: {word})"),
 }
@@ -114,6 +125,10 @@ def rest_dtype(spec: JobSpec, module: str, wdtype: str) -> str:
     """The dtype of a base parameter the quantizer left alone (`module` its module's name),
     loaded in `wdtype`."""
     prep = preparation(spec)
+    if prep is Prep.NORMS_FP32:
+        # `param.ndim == 1 and any(ln_name in name ...)`: the weights of the norm modules
+        leaf = module.rsplit(".", 1)[-1]
+        return "fp32" if any(n in leaf for n in _LAYERNORM_NAMES) else wdtype
     if prep in (Prep.NONE, Prep.TRL_BF16) or not _peft_upcasts(spec):
         return wdtype
     if prep is Prep.TRL_KBIT and dtypes_of(spec).autocast == "bf16" and any(w in module for w in _BF16_BACK):
@@ -128,7 +143,7 @@ def adapter_dtype(spec: JobSpec, default: str) -> str:
     prep = preparation(spec)
     if prep is Prep.TRL_BF16:
         return "bf16"
-    if prep is Prep.NONE or dtypes_of(spec).master_weights:
+    if prep in (Prep.NONE, Prep.NORMS_FP32) or dtypes_of(spec).master_weights:
         return default
     return "fp32"
 

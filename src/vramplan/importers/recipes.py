@@ -115,6 +115,11 @@ def _llama_factory(cfg: dict, source: str) -> tuple[dict, ImportReport]:
         _lora_switches(cfg, rep, out["lora"], {"use_dora": "use_dora", "use_rslora": "use_rslora"})
         if quant:
             out["quantization"] = {"bits": int(quant), "type": "nf4" if int(quant) == 4 else "int8"}
+            if _switch(rep, "upcast_layernorm", cfg.get("upcast_layernorm")):
+                # model_utils/checkpointing.py prepare_model_for_training: the norm weights in
+                # fp32, the only preparation LLaMA-Factory gives a quantized base
+                out["quantization"]["prepare"] = "norms-fp32"
+                rep.use("upcast_layernorm", "quantization.prepare")
         for k in ("finetuning_type", "lora_rank", "lora_alpha", "lora_dropout", "lora_target", "quantization_bit"):
             if k in cfg:
                 rep.use(k, "method/lora")

@@ -198,7 +198,7 @@ def quant_facts(qtype: QuantType) -> tuple[tuple[int, ...], int | None, tuple[st
     return _QUANT_FACTS[qtype]
 
 
-QLORA_PREPARATIONS = ("auto", "peft", "peft-bf16", "bf16-trainable", "none")
+QLORA_PREPARATIONS = ("auto", "peft", "peft-bf16", "bf16-trainable", "norms-fp32", "none")
 """quantization.prepare's words (components/qlora_prep.py Prep)."""
 
 
@@ -226,11 +226,11 @@ class QuantConfig:
     """Linear modules kept unquantized besides the library's own (lm_head; GPTQ/AWQ quantize
     only the decoder layers), as in a quantization_config's `modules_to_not_convert`."""
     prepare: str = "auto"
-    """What prepares the quantized base for adapter training (components/qlora_prep.py):
-    `peft` (PEFT's prepare_model_for_kbit_training: the rest of the model in fp32), `peft-bf16`
-    (TRL before 0.26: that, then embeddings and head back to bf16 under bf16), `bf16-trainable`
-    (TRL 0.26 and later: no preparation, the adapters cast to bf16), `none` (torchtune, litgpt,
-    a script that skips it), or `auto`: the stack's."""
+    """What prepares the quantized base for adapter training (components/qlora_prep.py): `peft`
+    (prepare_model_for_kbit_training: the rest in fp32), `peft-bf16` (TRL < 0.26: that, then
+    embeddings and head back to bf16 under bf16), `bf16-trainable` (TRL 0.26+: adapters cast to
+    bf16), `norms-fp32` (LLaMA-Factory's upcast_layernorm), `none` (torchtune, litgpt,
+    LLaMA-Factory), or `auto`: the stack's."""
 
     def __post_init__(self):
         if self.prepare not in QLORA_PREPARATIONS:
