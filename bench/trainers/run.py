@@ -304,6 +304,14 @@ CASES = dict([
     case("dpo/bf16/qlora/adapter-disabled", task="dpo", precision="bf16", **QLORA),
     case("orpo/bf16/qlora", task="orpo", precision="bf16", **QLORA),
     case("distill/bf16/qlora/gkd", **DISTILL, precision="bf16", **QLORA),
+    case("dpo/bf16/qlora/adapter-disabled/all-linear/gc", task="dpo", precision="bf16", **QLORA_ALL_LINEAR,
+         gradient_checkpointing="full"),
+    case("kto/bf16/qlora/adapter-disabled", task="kto", precision="bf16", **QLORA),
+    case("grpo/bf16/qlora/g4-c32", **GRPO, precision="bf16", **QLORA),
+    case("sft/bf16/qlora/sft-trainer/packing/gc", task="sft", precision="bf16", **QLORA, packing=True,
+         gradient_checkpointing="full"),
+    case("sft/bf16/qlora/hf-trainer/all-linear/gc", task="sft", precision="bf16", stack="hf-trainer",
+         **QLORA_ALL_LINEAR, gradient_checkpointing="full"),
 ])
 # A job without optimizer_impl: the spec's default, as the importer leaves it for adamw_torch;
 # the Trainer's own optimizer takes TrainingArguments' weight_decay default, 0.0
