@@ -73,12 +73,18 @@ def test_the_trl_release_decides_the_preparation():
     spec = lambda **kw: load_spec(dict(JOB, **kw))  # noqa: E731
     trl = lambda release, **kw: spec(stack={"framework": "trl", "trl": release}, **kw)  # noqa: E731
     # trl#4577 (0.26): no prepare_model_for_kbit_training in the trainers
-    assert qlora_prep.preparation(trl("0.25", task="sft")) is Prep.TRL_KBIT
+    assert qlora_prep.preparation(trl("0.25", task="sft", backend="cuda")) is Prep.TRL_KBIT
     assert qlora_prep.preparation(trl("0.26", task="sft")) is Prep.TRL_BF16
     assert qlora_prep.preparation(trl("1.16", task="dpo")) is Prep.TRL_BF16
     # before 0.26 a sharded base (FSDP, ZeRO-3) skipped it: `is_sharded_qlora`
-    sharded = trl("0.25", task="sft", num_gpus=2, parallel={"zero_stage": 3})
-    assert qlora_prep.preparation(sharded) is Prep.NONE
+    sharded = trl("0.25", task="sft", num_gpus=2, parallel={"zero_stage": 3}, backend="cuda")
+    assert qlora_prep.preparation(sharded) is Prep.TRL_SHARDED
+    # ... and a CPU run, whose Params4bit are on "cpu" (TRL 0.25.1 measured so on CPU: bf16
+    # adapters and norms on a bf16 load)
+    on_cpu = trl("0.25", task="sft")
+    assert qlora_prep.preparation(on_cpu) is Prep.TRL_SHARDED
+    assert qlora_prep.adapter_dtype(on_cpu, "fp32") == "bf16"
+    assert qlora_prep.rest_dtype(on_cpu, "model.norm", "bf16") == "bf16"
     # the experimental ORPO and CPO trainers of 1.x still prepare
     assert qlora_prep.preparation(trl("1.16", task="orpo")) is Prep.TRL_KBIT
     assert qlora_prep.preparation(trl("1.16", task="simpo")) is Prep.TRL_KBIT
@@ -96,7 +102,7 @@ def test_the_trl_release_decides_the_preparation():
 def test_the_older_trl_casts_embeddings_and_head_back_only_under_its_bf16_flag():
     # peft_module_casting_to_bf16: modules named lm_head/embed_tokens/wte/wpe back to bf16,
     # norms left in fp32, adapters fp32; only when the trainer's bf16 flag is set
-    old = lambda precision: load_spec(dict(JOB, task="sft", precision=precision,  # noqa: E731
+    old = lambda precision: load_spec(dict(JOB, task="sft", precision=precision, backend="cuda",  # noqa: E731
                                            stack={"framework": "trl", "trl": "0.25"}))
     s = old("bf16")
     assert qlora_prep.rest_dtype(s, "model.embed_tokens", "bf16") == "bf16"

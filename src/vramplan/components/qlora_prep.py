@@ -12,7 +12,10 @@ of the trained adapters. Stacks differ, and the difference is the fp32 residual 
   of TRL 1.x (trl/experimental/orpo/orpo_trainer.py, cpo/cpo_trainer.py `__init__`): PEFT's
   preparation, then under `bf16=True` `peft_module_casting_to_bf16`, which leaves norms in
   fp32 and casts the modules named lm_head, embed_tokens, wte or wpe back to bf16. Before
-  0.26 a sharded base (FSDP or ZeRO-3: `is_sharded_qlora`) skips the preparation.
+  0.26 a base whose 4-bit weights are not on a GPU (`is_sharded_qlora`: FSDP or ZeRO-3
+  loading, or a CPU run) skips it: `TRL_SHARDED`, the rest as loaded and the adapters in the
+  dtype PEFT creates them in (`autocast_adapter_dtype=False`), the base's; TRL 0.25.1 on CPU
+  measured so (bf16 adapters and norms on a bf16 load).
 * `TRL_BF16`, TRL 0.26 and later (trl#4577, "Clean up model preparation": SFT, DPO, KTO,
   GRPO, RLOO, reward and distillation trainers `__init__`): no preparation; every trainable
   parameter of a quantized model is cast to bf16 (`param.data.to(torch.bfloat16)`), the
@@ -35,7 +38,7 @@ from enum import Enum
 
 from vramplan.components.dtypes import dtypes_of
 from vramplan.i18n import Msg, N_
-from vramplan.spec import JobSpec, Method, QuantType
+from vramplan.spec import Backend, JobSpec, Method, QuantType
 from vramplan.spec.stack import TRL_TRAINER_TASKS, Framework
 
 
@@ -45,6 +48,7 @@ class Prep(Enum):
     TRL_KBIT = "peft-bf16"
     TRL_BF16 = "bf16-trainable"
     NORMS_FP32 = "norms-fp32"
+    TRL_SHARDED = "unprepared"
     NONE = "none"
 
 
@@ -73,8 +77,9 @@ def preparation(spec: JobSpec) -> Prep:
     if spec.task.value not in _TRL_KBIT_TASKS and (release is None or release >= TRL_BF16_SINCE):
         return Prep.TRL_BF16
     p = spec.parallel
-    if spec.task.value not in _TRL_KBIT_TASKS and p is not None and (p.zero_stage == 3 or p.fsdp != "none"):
-        return Prep.NONE   # is_sharded_qlora: neither preparation nor the bf16 cast
+    sharded = p is not None and (p.zero_stage == 3 or p.fsdp != "none")
+    if spec.task.value not in _TRL_KBIT_TASKS and (sharded or spec.backend is not Backend.CUDA):
+        return Prep.TRL_SHARDED   # is_sharded_qlora: neither preparation nor the bf16 cast
     return Prep.TRL_KBIT
 
 
@@ -88,6 +93,8 @@ _SAYS = {
                       "dtype, adapters cast to bf16 (quantization.prepare: {word})"),
     Prep.NORMS_FP32: N_("QLoRA base with its norm weights upcast to fp32 (LLaMA-Factory's upcast_layernorm), "
                         "the rest as loaded (quantization.prepare: {word})"),
+    Prep.TRL_SHARDED: N_("QLoRA base as TRL before 0.26 leaves one not on a GPU (FSDP, ZeRO-3 or CPU): no kbit "
+                         "preparation, adapters in the base's dtype (quantization.prepare: {word})"),
     Prep.NONE: N_("QLoRA base not prepared: the rest of the model and the adapters in the model's dtype "
                    "(quantization.prepare: {word})"),
 }
@@ -129,7 +136,7 @@ def rest_dtype(spec: JobSpec, module: str, wdtype: str) -> str:
         # `param.ndim == 1 and any(ln_name in name ...)`: the weights of the norm modules
         leaf = module.rsplit(".", 1)[-1]
         return "fp32" if any(n in leaf for n in _LAYERNORM_NAMES) else wdtype
-    if prep in (Prep.NONE, Prep.TRL_BF16) or not _peft_upcasts(spec):
+    if prep in (Prep.NONE, Prep.TRL_BF16, Prep.TRL_SHARDED) or not _peft_upcasts(spec):
         return wdtype
     if prep is Prep.TRL_KBIT and dtypes_of(spec).autocast == "bf16" and any(w in module for w in _BF16_BACK):
         return "bf16"
@@ -143,6 +150,8 @@ def adapter_dtype(spec: JobSpec, default: str) -> str:
     prep = preparation(spec)
     if prep is Prep.TRL_BF16:
         return "bf16"
+    if prep is Prep.TRL_SHARDED:
+        return dtypes_of(spec).weights
     if prep in (Prep.NONE, Prep.NORMS_FP32) or dtypes_of(spec).master_weights:
         return default
     return "fp32"
