@@ -33,6 +33,7 @@ from vramplan.components.selective import split_attention_core
 from vramplan.components.shifted_loss import label_smoother_terms, loss_kind, shifted_loss_terms
 from vramplan.components.quant import SAVED, dequant_modes, dequant_peak, kernel_saves_input
 from vramplan.components.trainable import ParamSet
+from vramplan.components.trl_sft_metrics import metrics_moment
 from vramplan.model import MlpKind, ModelDesc
 from vramplan.spec import Checkpointing, JobSpec, LossImpl, Task
 from vramplan.spec.stack import Framework
@@ -364,6 +365,10 @@ def _with_loss(desc: ModelDesc, spec: JobSpec, stages: list[Stage], logits: Sym,
         if c != "fp32":
             fwd.add("logits/logits_fp32", full32)
     fwd.add("logits/padded_labels", nbytes(b * (s + 1), "int64"))
+    # TRL's SFTTrainer before its fused head scores metrics over the logits after the loss
+    metrics = metrics_moment(spec, *model_rows(spec), v, "fp32" if dtypes_of(spec).autocast else c)
+    if metrics is not None and metrics.total() > fwd.total():
+        fwd = metrics
     # nll_loss backward writes d(log_softmax) (T x v, fp32); log_softmax backward makes
     # d(logits) in fp32 while the first is still alive.
     bwd0.add("logits/grad_log_softmax", full32).add("logits/grad_logits_fp32", full32)

@@ -24,6 +24,7 @@ from vramplan.breakdown import Breakdown
 from vramplan.components.arch import model_rows
 from vramplan.components import qlora_prep
 from vramplan.components.dtypes import dtypes_of
+from vramplan.components.trl_sft_metrics import FUSED_SINCE
 from vramplan.i18n import Msg
 from vramplan.spec import Backend, JobSpec, LogprobHead, Task
 from vramplan.spec.stack import Framework
@@ -54,10 +55,11 @@ def resolve_head(spec: JobSpec) -> LogprobHead:
         # (src/llamafactory/train/dpo/trainer.py, train/trainer_utils.py)
         return LogprobHead.FULL
     if spec.task is Task.SFT:
-        # TRL 1.9's SFTTrainer still called the model's own loss (super().compute_loss);
-        # 1.16 is the release measured with the fused head (bench/trainers)
+        # before 1.7 SFTTrainer calls the model's own loss (super().compute_loss), then its
+        # metrics over the logits (components/trl_sft_metrics.py); 1.7 to 1.15 default to a
+        # chunked_nll head, not modelled (a note says so); 1.16 is measured with the fused head
         trl = spec.stack.minor("trl")
-        fused = spec.stack.framework is Framework.TRL and (trl is None or trl >= (1, 16))
+        fused = spec.stack.framework is Framework.TRL and (trl is None or trl >= FUSED_SINCE)
         return LogprobHead.CHUNKED if fused else LogprobHead.FULL
     if spec.task in _SELECTIVE_TASKS:
         return LogprobHead.SELECTIVE

@@ -1,0 +1,91 @@
+"""TRL's SFTTrainer of earlier releases, measured on CPU beside the installed one.
+
+    pip install --no-deps --target /tmp/trl-0.25.1 trl==0.25.1      # one folder per release
+    python bench/trainers/trl_releases.py /tmp/trl-0.25.1 /tmp/trl-1.4.0 /tmp/trl-1.6.0
+    python bench/trainers/trl_releases.py --reestimate           # today's estimates, same measurements
+
+Each folder holds one TRL release, put ahead of the installed one on `sys.path` (these
+releases load on transformers 5.24). Each case runs in a fresh process through
+vramplan.measure.trainers.measure_trainer (the runner of bench/trainers/run.py, under the
+exact CPU meter) with `stack: {framework: trl, trl: <release>}`, and is estimated from that
+job. What differs by release is what SFTTrainer does after the model's loss (entropy and
+token accuracy over the full logits: components/trl_sft_metrics.py) and how it prepares a
+quantized base (components/qlora_prep.py). Results: results-trl-releases.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SRC = HERE.parents[1] / "src"
+sys.path.insert(0, str(SRC))
+sys.path.insert(0, str(HERE))
+
+from run import BASE, LORA, QLORA, errors  # noqa: E402  (bench/trainers/run.py)
+
+CASES = {
+    "sft/bf16/full/b2": dict(BASE, task="sft", precision="bf16"),
+    "sft/bf16/lora/b4": dict(BASE, task="sft", precision="bf16", micro_batch_size=4, **LORA),
+    "sft/fp32/full/b1": dict(BASE, task="sft", precision="fp32", micro_batch_size=1),
+    "sft/bf16/qlora/b2": dict(BASE, task="sft", precision="bf16", **QLORA),
+}
+OUT = HERE / "results-trl-releases.json"
+
+
+def _release(folder: Path) -> str:
+    dist = next(folder.glob("trl-*.dist-info"), None)
+    if dist is None:
+        raise SystemExit(f"{folder}: no trl-*.dist-info (install one release there with pip --target)")
+    return dist.name.removeprefix("trl-").removesuffix(".dist-info")
+
+
+def measure(folder: Path, job: dict) -> dict:
+    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); sys.path.insert(1, sys.argv[2]); "
+            "from vramplan.measure.trainers import measure_trainer; "
+            "print(json.dumps(measure_trainer(json.loads(sys.argv[3])).to_dict()))")
+    proc = subprocess.run([sys.executable, "-c", code, str(folder), str(SRC), json.dumps(job)],
+                          capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(proc.stderr[-3000:])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def estimate_row(job: dict) -> dict:
+    import vramplan
+    est = vramplan.estimate(job)
+    return {"peak_allocated_bytes": est.peak_allocated_bytes, "phases": est.phases, "peak_event": est.peak_event}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("folders", nargs="*", type=Path, help="folders each holding one TRL release")
+    ap.add_argument("--reestimate", action="store_true")
+    args = ap.parse_args(argv)
+    rows = json.loads(OUT.read_text()) if OUT.exists() else {}
+    if args.reestimate:
+        for row in rows.values():
+            row["estimate"] = estimate_row(row["job"])
+    for folder in args.folders:
+        release = _release(folder)
+        minor = ".".join(release.split(".")[:2])
+        for name, job in CASES.items():
+            job = dict(job, stack={"framework": "trl", "trl": minor})
+            m = measure(folder, job)
+            assert m["runner"]["version"] == release, (m["runner"], release)
+            rows[f"trl-{release}/{name}"] = {"job": job, "measured": m, "estimate": estimate_row(job)}
+    for key, row in rows.items():
+        est = type("E", (), {"peak_allocated_bytes": row["estimate"]["peak_allocated_bytes"],
+                             "phases": row["estimate"]["phases"]})
+        row["error"] = errors(est, row["measured"])
+        print(f"{key:36} measured {row['measured']['peak_allocated_bytes']:>10} "
+              f"estimated {row['estimate']['peak_allocated_bytes']:>10} {row['error']['peak']:+.3%}")
+    OUT.write_text(json.dumps(rows, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

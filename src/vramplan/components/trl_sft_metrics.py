@@ -1,0 +1,78 @@
+"""TRL's SFTTrainer before its fused head: after the model's own loss, `compute_loss` scores
+entropy and token accuracy over the full logits under `torch.no_grad()`, while everything
+the loss saved for backward is still alive (trl/trainer/sft_trainer.py `compute_loss`,
+trl/trainer/utils.py `entropy_from_logits`). The moment can exceed the loss's own.
+
+What is alive beside the saved tensors (L: the logits the trainer gets, fp32 under autocast,
+which accelerate's `convert_outputs_to_fp32` copies them to, else the head's dtype; T' = rows
+x (s - 1) shifted positions; a chunk is 128 flattened rows):
+
+* 0.23 <= TRL < 1.4: `entropy_from_logits(outputs.logits)` folds 128-row chunks, each holding
+  log_softmax, exp and their product (three chunks) beside L; then the accuracy's
+  `outputs.logits[..., :-1, :].contiguous()` (a T' x v copy when there is more than one row)
+  and its int64 argmax.
+* 1.4 <= TRL < 1.6: the shifted copy is made first and the entropy runs on it (L + copy +
+  three chunks); the accuracy then makes a second copy while the first is still bound.
+* 1.6 <= TRL < 1.10: the shifted logits are a view; `reshape(-1, v)` of that non-contiguous
+  view copies it (more than one row), beside L and the three chunks.
+
+Measured: TRL 0.25.1 on CPU (bench/trainers README). Other releases are read from their
+source; before 0.23 (row-wise entropy, or none) and from 1.10 to 1.15 nothing is added.
+"""
+from __future__ import annotations
+
+from vramplan.breakdown import Breakdown
+from vramplan.i18n import Msg
+from vramplan.spec import JobSpec, LossImpl, Task
+from vramplan.spec.stack import Framework
+from vramplan.units import nbytes
+
+ENTROPY_CHUNK_ROWS = 128
+"""trl/trainer/utils.py entropy_from_logits `chunk_size: int = 128` (0.23 onwards)."""
+_SINCE, _COPY_FIRST, _VIEW, _UNTIL = (0, 23), (1, 4), (1, 6), (1, 7)
+
+
+def metrics_moment(spec: JobSpec, rows: int, s: int, v: int, logits_dtype: str) -> Breakdown | None:
+    """The transient set of SFTTrainer's metrics, or None where that release computes none
+    over the full logits (or the job is not TRL's SFT with the model's own loss)."""
+    release = spec.stack.minor("trl")
+    if (spec.task is not Task.SFT or spec.stack.framework is not Framework.TRL or release is None
+            or not _SINCE <= release < _UNTIL or spec.loss_impl is not LossImpl.STANDARD):
+        return None
+    t = rows * s
+    shifted = rows * (s - 1)
+    copy = nbytes(shifted * v, logits_dtype) if rows > 1 else 0
+    chunks = 3 * nbytes(min(ENTROPY_CHUNK_ROWS, shifted if release >= _COPY_FIRST else t) * v, logits_dtype)
+    argmax = nbytes(shifted, "int64")
+    held = Breakdown().add("logits/trainer_logits", nbytes(t * v, logits_dtype))
+    if release < _COPY_FIRST:
+        entropy, accuracy = chunks, copy + argmax
+    elif release < _VIEW:
+        entropy, accuracy = copy + chunks, 2 * copy + argmax
+    else:
+        entropy, accuracy = copy + chunks, argmax
+    if entropy >= accuracy:
+        return held.add("logits/metrics_shifted_copy", entropy - chunks).add("logits/entropy_chunks", chunks)
+    return held.add("logits/metrics_shifted_copy", accuracy - argmax).add("logits/accuracy_argmax", argmax)
+
+
+def notes(spec: JobSpec) -> list[Msg]:
+    """What the answer says where a TRL release's SFT head is not modelled."""
+    release = spec.stack.minor("trl")
+    if spec.task is not Task.SFT or spec.stack.framework is not Framework.TRL or release is None:
+        return []
+    if _UNTIL <= release < FUSED_SINCE:
+        # trl/trainer/sft_config.py: loss_type defaults to "chunked_nll" from 1.7
+        # (`_patch_chunked_ce_lm_head`, 256-token checkpointed chunks); bench/trainers README
+        return [Msg("TRL {release} SFTTrainer's default chunked_nll head is not modelled: the estimate takes the "
+                    "model's own loss over the full logits and reads high", release=spec.stack.trl)]
+    if release < _SINCE:
+        return [Msg("TRL {release} SFTTrainer's token-accuracy pass over the logits is not modelled",
+                    release=spec.stack.trl)]
+    return []
+
+
+FUSED_SINCE = (1, 16)
+"""The release measured with the fused log-prob head (jobs/logprob.py resolve_head)."""
+
+__all__ = ["metrics_moment", "notes", "ENTROPY_CHUNK_ROWS", "FUSED_SINCE"]

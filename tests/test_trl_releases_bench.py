@@ -1,0 +1,67 @@
+"""TRL's SFTTrainer of earlier releases (0.25.1, 1.4.0, 1.6.0) measured under the exact CPU
+meter (bench/trainers/results-trl-releases.json, bench/trainers/trl_releases.py): today's
+estimate of each recorded job against its measurement, at the targets (2% at the peak, 5% per
+phase), and the release ranges of components/trl_sft_metrics.py read from their source."""
+from __future__ import annotations
+
+import json
+import pathlib
+
+import pytest
+
+import vramplan
+from vramplan import load_spec
+from vramplan.components.trl_sft_metrics import metrics_moment, notes
+
+ROWS = json.loads((pathlib.Path(__file__).parents[1] / "bench/trainers/results-trl-releases.json").read_text())
+
+
+@pytest.mark.parametrize("name", sorted(ROWS))
+def test_estimate_within_targets_of_the_release_s_trainer(name):
+    row = ROWS[name]
+    measured, est = row["measured"], vramplan.estimate(row["job"])
+    release = name.split("/")[0].removeprefix("trl-")
+    assert measured["runner"] == {"library": "trl", "version": release, "entry": "SFTTrainer"}
+    assert row["job"]["stack"]["trl"] == ".".join(release.split(".")[:2])
+    assert abs(est.peak_allocated_bytes / measured["peak_allocated_bytes"] - 1) < 0.02, name
+    for phase, got in measured["phases"].items():
+        if got:
+            assert abs(est.phases[phase] / got - 1) < 0.05, (name, phase)
+
+
+def test_every_release_range_was_measured():
+    # one release in each branch of trl_sft_metrics: 0.23..1.3 (entropy on the logits),
+    # 1.4..1.5 (shifted copy first), 1.6 (a view, copied by entropy's reshape)
+    assert {n.split("/")[0] for n in ROWS} >= {"trl-0.25.1", "trl-1.4.0", "trl-1.6.0"}
+
+
+def _spec(release: str, **kw):
+    job = {"model": "llama-3.2-1b", "seq_len": 512, "micro_batch_size": 2,
+           "stack": {"framework": "trl", "trl": release}} | kw
+    return load_spec(job)
+
+
+def test_the_metrics_moment_follows_the_release():
+    v, c = 128256, "fp32"
+    assert metrics_moment(_spec("0.22"), 2, 512, v, c) is None        # before entropy_from_logits' 128-row chunks
+    assert metrics_moment(_spec("1.7"), 2, 512, v, c) is None         # chunked_nll default from 1.7
+    assert metrics_moment(_spec("1.16"), 2, 512, v, c) is None        # the fused head
+    assert metrics_moment(_spec("1.4", stack="hf-trainer"), 2, 512, v, c) is None   # not TRL's SFTTrainer
+    logits = 2 * 512 * v * 4
+    shifted = 2 * 511 * v * 4
+    early = metrics_moment(_spec("1.0"), 2, 512, v, c)
+    # at this size the accuracy's shifted copy outweighs three 128-row entropy chunks
+    assert early.total() == logits + shifted + 2 * 511 * 8
+    copy_first = metrics_moment(_spec("1.4"), 2, 512, v, c)
+    assert copy_first.total() == logits + 2 * shifted + 2 * 511 * 8
+    view = metrics_moment(_spec("1.6"), 2, 512, v, c)
+    assert view.total() == logits + shifted + 3 * 128 * v * 4
+    # one row: the shifted logits are a contiguous slice, never copied
+    assert metrics_moment(_spec("1.6"), 1, 512, v, c).total() == 512 * v * 4 + 3 * 128 * v * 4
+
+
+def test_releases_whose_head_is_not_modelled_say_so():
+    assert "chunked_nll" in str(notes(_spec("1.9"))[0])
+    assert notes(_spec("1.6")) == [] and notes(_spec("1.16")) == []
+    est = vramplan.estimate({"model": "llama-3.2-1b", "seq_len": 512, "stack": {"framework": "trl", "trl": "1.12"}})
+    assert any("chunked_nll" in str(n) for n in est.notes)
