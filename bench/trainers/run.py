@@ -312,6 +312,14 @@ CASES = dict([
          gradient_checkpointing="full"),
     case("sft/bf16/qlora/hf-trainer/all-linear/gc", task="sft", precision="bf16", stack="hf-trainer",
          **QLORA_ALL_LINEAR, gradient_checkpointing="full"),
+    # other families under PEFT's preparation and the Trainer's autocast: Qwen2 (tied embeddings,
+    # q/k/v biases the preparation upcasts), Gemma (tied, scaled embeddings), and TRL's SFT on them
+    case("sft/bf16/qlora/hf-trainer/qwen2", task="sft", precision="bf16", stack="hf-trainer", model=QWEN2,
+         **QLORA_ALL_LINEAR),
+    case("sft/bf16/qlora/hf-trainer/gemma/gc", task="sft", precision="bf16", stack="hf-trainer", model=GEMMA,
+         **QLORA_ALL_LINEAR, gradient_checkpointing="full"),
+    case("sft/bf16/qlora/sft-trainer/qwen2", task="sft", precision="bf16", model=QWEN2, **QLORA_ALL_LINEAR),
+    case("dpo/bf16/qlora/adapter-disabled/gemma", task="dpo", precision="bf16", model=GEMMA, **QLORA),
 ])
 # A job without optimizer_impl: the spec's default, as the importer leaves it for adamw_torch;
 # the Trainer's own optimizer takes TrainingArguments' weight_decay default, 0.0
