@@ -5,6 +5,8 @@ import shlex
 
 import pytest
 
+import vramplan
+
 from vramplan.cli import main, strategy_from_flags
 from vramplan.importers.deepspeed import from_deepspeed
 from vramplan.importers.hf_args import from_training_args
@@ -137,6 +139,28 @@ def test_command_line_keeps_the_task(capsys, job):
     again = json.loads(run(capsys, *argv[1:], "--json")[1])
     assert again["spec"]["task"] == job["task"]
     assert {k: v for k, v in again["spec"].items() if k != "load_dtype"} == spec.to_dict()
+
+
+@pytest.mark.parametrize("job", [
+    {"method": "qlora", "stack": "hf-trainer"},
+    {"method": "qlora", "stack": "trl", "load_dtype": "float32",
+     "quantization": {"type": "nf4", "double_quant": False, "prepare": "peft"}},
+    {"method": "qlora", "quantization": {"type": "gptq", "bits": 3, "group_size": 64}},
+    {"precision": "bf16", "stack": "torchtune"},
+])
+def test_command_line_keeps_the_stack_and_the_quantization(capsys, job):
+    # the printed command estimates the same job: what bf16 means (the stack), the load dtype
+    # and how the base is quantized and prepared
+    spec = load_spec({"model": "qwen2.5-0.5b", **job})
+    argv = shlex.split(command_line(spec))
+    again = json.loads(run(capsys, *argv[1:], "--json")[1])
+    assert again["spec"] == spec.to_dict() | {"load_dtype": again["spec"]["load_dtype"]}
+    assert again["peak_allocated_bytes"] == vramplan.estimate(spec).peak_allocated_bytes
+
+
+def test_command_line_refuses_what_no_flag_says():
+    with pytest.raises(SpecError, match="save-spec"):
+        command_line(load_spec({"model": "qwen2.5-0.5b", "stack": {"framework": "trl", "trl": "0.25"}}))
 
 
 def test_fit_emit_on_the_command_line(capsys):

@@ -41,11 +41,48 @@ def command_line(spec: JobSpec) -> str:
     if lora.get("target_modules") and lora.get("target_modules") != lora0.get("target_modules"):
         tm = lora["target_modules"]
         words += ["--lora-target-modules", tm if isinstance(tm, str) else ",".join(tm)]
+    words += _stack_and_quant(data, base)
     diff, diff0 = data.get("diffusion") or {}, base.get("diffusion") or {}
     for key, value in diff.items():
         if value != diff0.get(key):
             words += ["--" + key.replace("_", "-"), str(value).lower() if isinstance(value, bool) else str(value)]
     return shlex.join(words)
+
+
+# quantization keys with a flag (cli/flags.py _SECTION_FLAGS), in that order
+_QUANT_FLAGS = (("type", "--quant"), ("bits", "--quant-bits"), ("group_size", "--quant-group-size"),
+                ("double_quant", "--double-quant"), ("kernel", "--quant-kernel"), ("prepare", "--quant-prepare"))
+
+
+def _stack_and_quant(data: dict, base: dict) -> list[str]:
+    """--stack, --load-dtype and the quantization flags of a spec: what decides what bf16
+    means and how a quantized base is held. Library releases other than the defaults have no
+    flag (SpecError: the caller says to use --save-spec)."""
+    words: list[str] = []
+    stack, stack0 = data.get("stack") or {}, base.get("stack") or {}
+    if stack.get("framework", "plain") != "plain":
+        words += ["--stack", stack["framework"]]
+    releases = [k for k in stack if k != "framework" and stack[k] != stack0.get(k)]
+    if releases:
+        raise SpecError("stack", f"stack.{releases[0]} has no command-line flag; use --save-spec for this job")
+    if data.get("load_dtype") is not None:
+        words += ["--load-dtype", str(data["load_dtype"])]
+    quant = data.get("quantization") or {}
+    if quant:
+        # the defaults of this quantization type, as the spec fills them in
+        quant0 = load_spec({"model": data["model"], "method": data.get("method", "qlora"),
+                            "quantization": {"type": quant["type"]}}).to_dict().get("quantization") or {}
+        default_type = load_spec({"model": data["model"], "method": "qlora"}).quantization.type.value
+        if data.get("method") != "qlora" or quant["type"] != default_type:
+            words += ["--quant", quant["type"]]
+        for key, flag in _QUANT_FLAGS[1:]:
+            if key in quant and quant[key] != quant0.get(key):
+                value = quant[key]
+                words += [flag, str(value).lower() if isinstance(value, bool) else str(value)]
+        rest = [k for k in quant if k not in dict(_QUANT_FLAGS) and quant[k] != quant0.get(k)]
+        if rest:
+            raise SpecError("quantization", f"quantization.{rest[0]} has no command-line flag; use --save-spec")
+    return words
 
 
 def deepspeed_config(spec: JobSpec) -> dict:
