@@ -118,6 +118,10 @@ def test_the_older_trl_casts_embeddings_and_head_back_only_under_its_bf16_flag()
     gptq = load_spec(dict(JOB, task="sft", stack="hf-trainer", quantization={"type": "gptq", "bits": 4}))
     assert qlora_prep.rest_dtype(gptq, "model.norm", "bf16") == "bf16"
     assert "leaves" in str(qlora_prep.notes(gptq)[0])
+    # no stack named: PEFT's preparation without a trainer's autocast, which the answer points out
+    plain = load_spec(dict(JOB, task="sft", backend="cuda"))
+    assert any("--stack" in str(n) for n in qlora_prep.notes(plain))
+    assert not any("--stack" in str(n) for n in qlora_prep.notes(load_spec(dict(JOB, task="sft", stack="hf-trainer"))))
 
 
 def test_a_role_seen_apart_from_its_trainer_keeps_the_preparation():

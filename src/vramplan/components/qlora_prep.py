@@ -109,7 +109,12 @@ def notes(spec: JobSpec) -> list[Msg]:
         return [Msg("QLoRA base prepared by PEFT's prepare_model_for_kbit_training, which leaves a {type} "
                     "model's other parameters in their dtype (quantization.prepare: {word})",
                     type=spec.quantization.type.value, word=prep.value)]
-    return [Msg(_SAYS[prep], word=prep.value)]
+    said = [Msg(_SAYS[prep], word=prep.value)]
+    if prep is Prep.PEFT_KBIT and spec.stack.framework is Framework.PLAIN and not dtypes_of(spec).autocast:
+        # no trainer's autocast over the upcast base: fp32 residual stream and attention inputs
+        said.append(Msg("QLoRA under no named stack runs without a trainer's autocast, so its residual stream "
+                        "is fp32; name the stack (--stack hf-trainer, trl, ...) for the trainer's bf16"))
+    return said
 
 
 def resolved(spec: JobSpec) -> JobSpec:
