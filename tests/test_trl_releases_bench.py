@@ -65,3 +65,10 @@ def test_releases_whose_head_is_not_modelled_say_so():
     assert notes(_spec("1.6")) == [] and notes(_spec("1.16")) == []
     est = vramplan.estimate({"model": "llama-3.2-1b", "seq_len": 512, "stack": {"framework": "trl", "trl": "1.12"}})
     assert any("chunked_nll" in str(n) for n in est.notes)
+
+
+def test_an_older_release_s_preference_head_is_named_as_not_modelled():
+    job = {"model": "llama-3.2-1b", "task": "dpo", "seq_len": 512}
+    old = vramplan.estimate(dict(job, stack={"framework": "trl", "trl": "1.6"}))
+    assert any("TRL 1.6's is not modelled" in str(n) for n in old.notes)
+    assert not any("not modelled" in str(n) for n in vramplan.estimate(job).notes)

@@ -81,6 +81,14 @@ def head_note(spec: JobSpec) -> str:
     """What the answer assumed about the log-prob head, in words."""
     head = resolve_head(spec)
     # Msg: English text the report edge can print translated (vramplan.i18n.tr)
+    release = spec.stack.minor("trl")
+    if (head is LogprobHead.CHUNKED and spec.task is not Task.SFT and spec.logprob_head is LogprobHead.AUTO
+            and release is not None and release < FUSED_SINCE):
+        # TRL 1.6.0's DPOTrainer on CPU (selective_log_softmax over the full logits, then
+        # entropy_from_logits for its metrics) measured about twice what `selective` reads and
+        # half what this head reads: no release's DPO-family head is modelled but 1.16's
+        return Msg("log-prob head: TRL {release}'s is not modelled; the estimate takes TRL 1.16's chunked head "
+                   "(TRL 1.6's DPO measured about half of it on a tiny model)", release=spec.stack.trl)
     if head is LogprobHead.CHUNKED:
         path = (Msg("Triton fold; every position counted, TRL scores only labels that are not -100")
                 if spec.backend is Backend.CUDA else Msg("torch fallback with fp32 tile temporaries"))
