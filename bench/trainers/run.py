@@ -320,6 +320,9 @@ CASES = dict([
          **QLORA_ALL_LINEAR, gradient_checkpointing="full"),
     case("sft/bf16/qlora/sft-trainer/qwen2", task="sft", precision="bf16", model=QWEN2, **QLORA_ALL_LINEAR),
     case("dpo/bf16/qlora/adapter-disabled/gemma", task="dpo", precision="bf16", model=GEMMA, **QLORA),
+    case("reward-model/bf16/qlora", task="reward-model", precision="bf16", **QLORA),
+    case("reward-model/bf16/qlora/all-linear/gc", task="reward-model", precision="bf16", **QLORA_ALL_LINEAR,
+         gradient_checkpointing="full"),
 ])
 # A job without optimizer_impl: the spec's default, as the importer leaves it for adamw_torch;
 # the Trainer's own optimizer takes TrainingArguments' weight_decay default, 0.0

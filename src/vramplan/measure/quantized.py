@@ -38,7 +38,7 @@ def quantize_base(model: torch.nn.Module, job: dict, device: str) -> torch.nn.Mo
 
 
 def _bitsandbytes(model, q: dict, device: str):
-    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+    from transformers import BitsAndBytesConfig
 
     compute = DTYPES[q.get("compute_dtype", "bf16")]
     if q.get("type") == "int8":
@@ -47,12 +47,12 @@ def _bitsandbytes(model, q: dict, device: str):
         cfg = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=q.get("type", "nf4"),
                                  bnb_4bit_use_double_quant=bool(q.get("double_quant", True)),
                                  bnb_4bit_compute_dtype=compute)
-    dtype = next(model.parameters()).dtype
+    dtype, cls = next(model.parameters()).dtype, type(model)
     with tempfile.TemporaryDirectory() as folder:
         model.save_pretrained(folder)
         del model
-        loaded = AutoModelForCausalLM.from_pretrained(folder, quantization_config=cfg, dtype=dtype,
-                                                      device_map=device)
+        # the model's own class (a causal LM, or the classifier of a reward model)
+        loaded = cls.from_pretrained(folder, quantization_config=cfg, dtype=dtype, device_map=device)
     loaded.config.use_cache = False
     return loaded
 

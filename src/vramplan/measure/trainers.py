@@ -195,13 +195,22 @@ def _kto(job: dict, dtype, flags: dict):
 def _reward(job: dict, dtype, flags: dict):
     from trl import RewardConfig, RewardTrainer
 
-    policy = policy_model(job, dtype, "sequence-classification", num_labels=1)
+    if job.get("method") == "qlora":
+        # the quantized classifier with peft_config, as TRL documents it: the trainer wraps and
+        # prepares it (a SEQ_CLS adapter, the score head in modules_to_save)
+        from .build import lora_config
+        from .quantized import quantize_base
+
+        base = build_role(job, job["model"], dtype, "sequence-classification", num_labels=1)
+        policy, peft_config = quantize_base(base, job, "cpu"), lora_config(job.get("lora") or {}, "reward-model")
+    else:
+        policy, peft_config = policy_model(job, dtype, "sequence-classification", num_labels=1), None
     vocab = policy.config.vocab_size
     args = RewardConfig(**common_args(job, flags), **trl_dropout(job), max_length=int(job["seq_len"]), dataset_num_proc=None)
-    trainer = RewardTrainer(model=policy, args=args,
+    trainer = RewardTrainer(model=policy, args=args, peft_config=peft_config,
                             train_dataset=data.dataset(data.reward_rows(num_rows(job), job["seq_len"], vocab)),
-                            processing_class=data.tokenizer(vocab), optimizers=optimizers_for(policy, job, flags))
-    return trainer, {"policy": policy}, {}
+                            processing_class=data.tokenizer(vocab))
+    return trainer, {"policy": with_optimizer(trainer, job, flags)}, {}
 
 
 def _length_reward(completions, **kwargs) -> list[float]:
