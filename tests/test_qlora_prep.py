@@ -92,7 +92,7 @@ def test_the_trl_release_decides_the_preparation():
     assert qlora_prep.preparation(spec(task="dpo")) is Prep.TRL_BF16
     assert qlora_prep.preparation(spec(task="sft", stack="hf-trainer")) is Prep.PEFT_KBIT
     assert qlora_prep.preparation(spec(task="sft")) is Prep.PEFT_KBIT
-    for framework in ("torchtune", "litgpt"):
+    for framework in ("torchtune", "litgpt", "llama-factory", "ms-swift"):
         assert qlora_prep.preparation(spec(task="sft", stack=framework)) is Prep.NONE
     # the spec's word wins over the stack's
     said = spec(task="sft", stack="trl", quantization=dict(NF4, prepare="peft"))

@@ -25,7 +25,9 @@ of the trained adapters. Stacks differ, and the difference is the fp32 residual 
   built in the precision's dtype, adapters included) and LLaMA-Factory (no kbit preparation:
   llamafactory/model/model_utils/checkpointing.py `prepare_model_for_training` upcasts norms
   only with `upcast_layernorm`, default False; its adapters follow its own
-  `cast_trainable_params_to_fp32`, model/adapter.py, which the stack's dtypes say).
+  `cast_trainable_params_to_fp32`, model/adapter.py, which the stack's dtypes say). ms-swift
+  too: no call of prepare_model_for_kbit_training in its tree (ms-swift 3602360a5, read, not
+  run here); its adapters keep PEFT's cast unless `lora_dtype` is set (swift/tuners/peft.py).
 * `NORMS_FP32`: LLaMA-Factory with `upcast_layernorm: true` (which it recommends for quantized
   training): the 1-D parameters named with "norm" or "ln" (extras/constants.py
   LAYERNORM_NAMES) in fp32, the rest as loaded. The norms' fp32 outputs then make the whole
@@ -59,7 +61,7 @@ _TRL_KBIT_TASKS = frozenset({"orpo", "simpo"})
 # trl/trainer/utils.py peft_module_casting_to_bf16: `any(x in name for x in [...])`
 _BF16_BACK = ("lm_head", "embed_tokens", "wte", "wpe")
 _LAYERNORM_NAMES = ("norm", "ln")
-_NO_PREP = frozenset({Framework.TORCHTUNE, Framework.LITGPT, Framework.LLAMA_FACTORY})
+_NO_PREP = frozenset({Framework.TORCHTUNE, Framework.LITGPT, Framework.LLAMA_FACTORY, Framework.MS_SWIFT})
 
 
 def preparation(spec: JobSpec) -> Prep:
