@@ -320,6 +320,10 @@ CASES = dict([
          **QLORA_ALL_LINEAR, gradient_checkpointing="full"),
     case("sft/bf16/qlora/sft-trainer/qwen2", task="sft", precision="bf16", model=QWEN2, **QLORA_ALL_LINEAR),
     case("dpo/bf16/qlora/adapter-disabled/gemma", task="dpo", precision="bf16", model=GEMMA, **QLORA),
+    # bitsandbytes 8-bit (Linear8bitLt) under the Trainer's autocast and under TRL's SFT
+    case("sft/bf16/qlora-int8/hf-trainer", task="sft", precision="bf16", stack="hf-trainer",
+         **dict(QLORA, quantization={"type": "int8"})),
+    case("sft/bf16/qlora-int8/sft-trainer", task="sft", precision="bf16", **dict(QLORA, quantization={"type": "int8"})),
     case("reward-model/bf16/qlora", task="reward-model", precision="bf16", **QLORA),
     case("reward-model/bf16/qlora/all-linear/gc", task="reward-model", precision="bf16", **QLORA_ALL_LINEAR,
          gradient_checkpointing="full"),
