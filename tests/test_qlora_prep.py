@@ -92,6 +92,13 @@ def test_the_trl_release_decides_the_preparation():
     assert qlora_prep.preparation(spec(task="dpo")) is Prep.TRL_BF16
     assert qlora_prep.preparation(spec(task="sft", stack="hf-trainer")) is Prep.PEFT_KBIT
     assert qlora_prep.preparation(spec(task="sft")) is Prep.PEFT_KBIT
+    # axolotl: PEFT's preparation, then norms and embedding layers back to the load dtype
+    ax = spec(task="sft", stack="axolotl")
+    assert qlora_prep.preparation(ax) is Prep.AXOLOTL
+    assert [qlora_prep.rest_dtype(ax, m, "bf16") for m in ("model.norm", "model.embed_tokens", "lm_head",
+                                                            "model.layers.0.self_attn.q_proj")] == ["bf16"] * 3 + ["fp32"]
+    assert qlora_prep.preparation(spec(task="sft", stack="axolotl", num_gpus=2,
+                                       parallel={"fsdp": "full-shard"})) is Prep.NONE
     for framework in ("torchtune", "litgpt", "llama-factory", "ms-swift"):
         assert qlora_prep.preparation(spec(task="sft", stack=framework)) is Prep.NONE
     # the spec's word wins over the stack's

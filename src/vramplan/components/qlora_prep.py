@@ -28,6 +28,12 @@ of the trained adapters. Stacks differ, and the difference is the fp32 residual 
   `cast_trainable_params_to_fp32`, model/adapter.py, which the stack's dtypes say). ms-swift
   too: no call of prepare_model_for_kbit_training in its tree (ms-swift 3602360a5, read, not
   run here); its adapters keep PEFT's cast unless `lora_dtype` is set (swift/tuners/peft.py).
+* `AXOLOTL`: axolotl (src/axolotl/loaders/model.py, read at 067b021c8, not run here): PEFT's
+  preparation, then for an adapter (`needs_fa2_dtype`) the modules named "norm" and the
+  embedding layers (loaders/utils.py get_linear_embedding_layers: embed_tokens and lm_head;
+  GPT-NeoX embed_in/embed_out) back to the load dtype (`_convert_embedding_modules_dtype`);
+  what else the preparation upcast (biases) stays fp32. Not with FSDP (`is_qlora_and_fsdp`,
+  no preparation either) or ZeRO-3.
 * `NORMS_FP32`: LLaMA-Factory with `upcast_layernorm: true` (which it recommends for quantized
   training): the 1-D parameters named with "norm" or "ln" (extras/constants.py
   LAYERNORM_NAMES) in fp32, the rest as loaded. The norms' fp32 outputs then make the whole
@@ -51,6 +57,7 @@ class Prep(Enum):
     TRL_BF16 = "bf16-trainable"
     NORMS_FP32 = "norms-fp32"
     TRL_SHARDED = "unprepared"
+    AXOLOTL = "peft-restored"
     NONE = "none"
 
 
@@ -61,6 +68,8 @@ _TRL_KBIT_TASKS = frozenset({"orpo", "simpo"})
 # trl/trainer/utils.py peft_module_casting_to_bf16: `any(x in name for x in [...])`
 _BF16_BACK = ("lm_head", "embed_tokens", "wte", "wpe")
 _LAYERNORM_NAMES = ("norm", "ln")
+# axolotl loaders/utils.py get_linear_embedding_layers (Llama-likes, GPT-NeoX, Falcon)
+_AXOLOTL_EMBEDDINGS = ("embed_tokens", "lm_head", "embed_in", "embed_out", "word_embeddings")
 _NO_PREP = frozenset({Framework.TORCHTUNE, Framework.LITGPT, Framework.LLAMA_FACTORY, Framework.MS_SWIFT})
 
 
@@ -71,6 +80,10 @@ def preparation(spec: JobSpec) -> Prep:
         return Prep(spec.quantization.prepare)
     if spec.stack.framework in _NO_PREP:
         return Prep.NONE
+    if spec.stack.framework is Framework.AXOLOTL and spec.task.value not in TRL_TRAINER_TASKS:
+        p = spec.parallel
+        sharded = p is not None and (p.zero_stage == 3 or p.fsdp != "none")
+        return Prep.NONE if sharded else Prep.AXOLOTL
     trl_runs = spec.task.value in TRL_TRAINER_TASKS or (spec.stack.framework is Framework.TRL
                                                         and spec.task.value == "sft")
     if not trl_runs:
@@ -97,6 +110,8 @@ _SAYS = {
                         "the rest as loaded (quantization.prepare: {word})"),
     Prep.TRL_SHARDED: N_("QLoRA base as TRL before 0.26 leaves one not on a GPU (FSDP, ZeRO-3 or CPU): no kbit "
                          "preparation, adapters in the base's dtype (quantization.prepare: {word})"),
+    Prep.AXOLOTL: N_("QLoRA base prepared as axolotl does: prepare_model_for_kbit_training, then norms and "
+                     "embeddings back to the load dtype, adapters fp32 (quantization.prepare: {word})"),
     Prep.NONE: N_("QLoRA base not prepared: the rest of the model and the adapters in the model's dtype "
                    "(quantization.prepare: {word})"),
 }
@@ -144,6 +159,8 @@ def rest_dtype(spec: JobSpec, module: str, wdtype: str) -> str:
         leaf = module.rsplit(".", 1)[-1]
         return "fp32" if any(n in leaf for n in _LAYERNORM_NAMES) else wdtype
     if prep in (Prep.NONE, Prep.TRL_BF16, Prep.TRL_SHARDED) or not _peft_upcasts(spec):
+        return wdtype
+    if prep is Prep.AXOLOTL and ("norm" in module or any(n in module for n in _AXOLOTL_EMBEDDINGS)):
         return wdtype
     if prep is Prep.TRL_KBIT and dtypes_of(spec).autocast == "bf16" and any(w in module for w in _BF16_BACK):
         return "bf16"

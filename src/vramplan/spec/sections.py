@@ -198,7 +198,7 @@ def quant_facts(qtype: QuantType) -> tuple[tuple[int, ...], int | None, tuple[st
     return _QUANT_FACTS[qtype]
 
 
-QLORA_PREPARATIONS = ("auto", "peft", "peft-bf16", "bf16-trainable", "norms-fp32", "unprepared", "none")
+QLORA_PREPARATIONS = ("auto", "peft", "peft-bf16", "peft-restored", "bf16-trainable", "norms-fp32", "unprepared", "none")
 """quantization.prepare's words (components/qlora_prep.py Prep)."""
 
 
@@ -228,9 +228,9 @@ class QuantConfig:
     prepare: str = "auto"
     """What prepares the quantized base for adapter training (components/qlora_prep.py): `peft`
     (prepare_model_for_kbit_training: the rest in fp32), `peft-bf16` (TRL < 0.26: that, then
-    embeddings and head back to bf16 under bf16), `bf16-trainable` (TRL 0.26+: adapters cast to
-    bf16), `norms-fp32` (LLaMA-Factory's upcast_layernorm), `unprepared` (TRL < 0.26 sharded:
-    adapters in the base dtype), `none` (torchtune, litgpt, LLaMA-Factory), or `auto`."""
+    embeddings and head back to bf16 under bf16), `peft-restored` (axolotl: norms and embeddings
+    back), `bf16-trainable` (TRL 0.26+), `norms-fp32` (LLaMA-Factory's upcast_layernorm),
+    `unprepared` (TRL < 0.26 sharded), `none` (torchtune, litgpt, LLaMA-Factory), or `auto`."""
 
     def __post_init__(self):
         if self.prepare not in QLORA_PREPARATIONS:
