@@ -62,7 +62,8 @@ def test_the_metrics_moment_follows_the_release():
 
 def test_releases_whose_head_is_not_modelled_say_so():
     assert "chunked_nll" in str(notes(_spec("1.9"))[0])
-    assert notes(_spec("1.6")) == [] and notes(_spec("1.16")) == []
+    assert notes(_spec("1.6")) == [] and notes(_spec("1.16")) == [] and notes(_spec("1.15")) == []
+    assert "chunked_nll" in str(notes(_spec("1.14"))[0])
     est = vramplan.estimate({"model": "llama-3.2-1b", "seq_len": 512, "stack": {"framework": "trl", "trl": "1.12"}})
     assert any("chunked_nll" in str(n) for n in est.notes)
 

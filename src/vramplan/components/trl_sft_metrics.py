@@ -17,7 +17,7 @@ x (s - 1) shifted positions; a chunk is 128 flattened rows):
   view copies it (more than one row), beside L and the three chunks.
 
 Measured: TRL 0.25.1 on CPU (bench/trainers README). Other releases are read from their
-source; before 0.23 (row-wise entropy, or none) and from 1.10 to 1.15 nothing is added.
+source; before 0.23 (row-wise entropy, or none) and from 1.7 (chunked_nll) nothing is added.
 """
 from __future__ import annotations
 
@@ -72,7 +72,9 @@ def notes(spec: JobSpec) -> list[Msg]:
     return []
 
 
-FUSED_SINCE = (1, 16)
-"""The release measured with the fused log-prob head (jobs/logprob.py resolve_head)."""
+FUSED_SINCE = (1, 15)
+"""The fused log-prob head (jobs/logprob.py resolve_head): measured with 1.16; 1.15 ships the
+same kernel (trl/kernels/chunked_logprob.py, 4096 x 32768 tiles) with Triton only, no CPU
+fallback, so it was not run here."""
 
 __all__ = ["metrics_moment", "notes", "ENTROPY_CHUNK_ROWS", "FUSED_SINCE"]

@@ -56,8 +56,8 @@ def resolve_head(spec: JobSpec) -> LogprobHead:
         return LogprobHead.FULL
     if spec.task is Task.SFT:
         # before 1.7 SFTTrainer calls the model's own loss (super().compute_loss), then its
-        # metrics over the logits (components/trl_sft_metrics.py); 1.7 to 1.15 default to a
-        # chunked_nll head, not modelled (a note says so); 1.16 is measured with the fused head
+        # metrics over the logits (components/trl_sft_metrics.py); 1.7 to 1.14 default to a
+        # chunked_nll head, not modelled (a note says so); 1.15 and 1.16 run the fused head
         trl = spec.stack.minor("trl")
         fused = spec.stack.framework is Framework.TRL and (trl is None or trl >= FUSED_SINCE)
         return LogprobHead.CHUNKED if fused else LogprobHead.FULL
