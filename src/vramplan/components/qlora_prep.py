@@ -6,7 +6,7 @@ of the trained adapters. Stacks differ, and the difference is the fp32 residual 
   parameter that is not a quantized weight cast to fp32), then `get_peft_model`, which
   keeps the adapters of a quantized base in fp32 (`autocast_adapter_dtype=True`). The recipe
   of PEFT's and transformers' QLoRA docs, so what a script under the HF Trainer (and a spec
-  that names no stack) runs; axolotl calls it too.
+  that names no stack) runs; axolotl calls it too, then restores some dtypes (`AXOLOTL`).
 * `TRL_KBIT`, TRL's trainers before 0.26 (trl/trainer/sft_trainer.py `_prepare_peft_model`,
   later trl/models/utils.py `prepare_peft_model`) and the experimental ORPO and CPO trainers
   of TRL 1.x (trl/experimental/orpo/orpo_trainer.py, cpo/cpo_trainer.py `__init__`): PEFT's
