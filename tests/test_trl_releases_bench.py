@@ -31,8 +31,10 @@ def test_estimate_within_targets_of_the_release_s_trainer(name):
 
 def test_every_release_range_was_measured():
     # one release in each branch of trl_sft_metrics: 0.23..1.3 (entropy on the logits),
-    # 1.4..1.5 (shifted copy first), 1.6 (a view, copied by entropy's reshape)
-    assert {n.split("/")[0] for n in ROWS} >= {"trl-0.25.1", "trl-1.4.0", "trl-1.6.0"}
+    # 1.4..1.5 (shifted copy first), 1.6 (a view, copied by entropy's reshape); and the
+    # chunked_nll head of 1.7..1.14 (jobs/chunked_nll.py)
+    assert {n.split("/")[0] for n in ROWS} >= {"trl-0.25.1", "trl-1.4.0", "trl-1.6.0", "trl-1.9.0", "trl-1.12.0",
+                                                "trl-1.14.0"}
 
 
 def _spec(release: str, **kw):
@@ -73,3 +75,19 @@ def test_an_older_release_s_preference_head_is_named_as_not_modelled():
     old = vramplan.estimate(dict(job, stack={"framework": "trl", "trl": "1.6"}))
     assert any("TRL 1.6's is not modelled" in str(n) for n in old.notes)
     assert not any("not modelled" in str(n) for n in vramplan.estimate(job).notes)
+
+
+def test_chunked_nll_follows_each_backend_s_autocast_lists():
+    # aten/src/ATen/autocast_mode.cpp: CUDA runs log_softmax in fp32 (no cast for nll_loss
+    # then); CPU runs it in bf16 and casts its output to fp32 for nll_loss (TRL 1.9.0 on CPU)
+    from vramplan.jobs.chunked_nll import ChunkedNll
+    cpu = ChunkedNll(2, 512, 4096, 128256, "bf16", "bf16", "bf16", cuda=False)
+    cuda = ChunkedNll(2, 512, 4096, 128256, "bf16", "bf16", "bf16", cuda=True)
+    assert (cpu.log_p_dtype, cpu.nll_cast) == ("bf16", True)
+    assert (cuda.log_p_dtype, cuda.nll_cast) == ("fp32", False)
+    # the whole head weight in fp32 and its autocast cast at each chunk's matmul
+    vh = 128256 * 4096
+    assert cuda.forward_fold().total() >= vh * 4 + vh * 2
+    # no autocast, an fp32 head: no weight copies, fp32 logits and log-probs
+    fp32 = ChunkedNll(1, 512, 4096, 128256, "fp32", "fp32", None, cuda=True)
+    assert fp32.forward_fold().total() == 4 * 256 * 128256 * 4

@@ -32,6 +32,11 @@ CASES = {
     "sft/bf16/lora/b4": dict(BASE, task="sft", precision="bf16", micro_batch_size=4, **LORA),
     "sft/fp32/full/b1": dict(BASE, task="sft", precision="fp32", micro_batch_size=1),
     "sft/bf16/qlora/b2": dict(BASE, task="sft", precision="bf16", **QLORA),
+    # a head weight (v x h) four times a 256-token chunk of logits: its fp32 copies and
+    # gradients, not the logits, set chunked_nll's moments
+    "sft/bf16/full/b1/h512": dict(BASE, task="sft", precision="bf16", micro_batch_size=1,
+                                  model=dict(BASE["model"], hidden_size=512, intermediate_size=1376,
+                                             num_attention_heads=8, num_key_value_heads=4)),
 }
 OUT = HERE / "results-trl-releases.json"
 

@@ -30,6 +30,8 @@ from vramplan.units import nbytes
 ENTROPY_CHUNK_ROWS = 128
 """trl/trainer/utils.py entropy_from_logits `chunk_size: int = 128` (0.23 onwards)."""
 _SINCE, _COPY_FIRST, _VIEW, _UNTIL = (0, 23), (1, 4), (1, 6), (1, 7)
+CHUNKED_NLL_SINCE = _UNTIL
+"""SFTConfig's loss_type defaults to chunked_nll from 1.7 (jobs/chunked_nll.py)."""
 
 
 def metrics_moment(spec: JobSpec, rows: int, s: int, v: int, logits_dtype: str) -> Breakdown | None:
@@ -57,18 +59,14 @@ def metrics_moment(spec: JobSpec, rows: int, s: int, v: int, logits_dtype: str) 
 
 
 def notes(spec: JobSpec) -> list[Msg]:
-    """What the answer says where a TRL release's SFT head is not modelled."""
+    """What the answer says of a TRL release's SFT loss where it is not TRL 1.16's."""
     release = spec.stack.minor("trl")
     if spec.task is not Task.SFT or spec.stack.framework is not Framework.TRL or release is None:
         return []
     if _UNTIL <= release < FUSED_SINCE:
         # trl/trainer/sft_config.py: loss_type defaults to "chunked_nll" from 1.7
-        # (`_patch_chunked_ce_lm_head`, 256-token checkpointed chunks); bench/trainers README
-        # which way it errs depends on the size: on a tiny model the full logits outweigh its
-        # 256-token chunks (TRL 1.9.0 measured 8-95% below), while each chunk also makes fp32
-        # and autocast copies of the whole (v, h) head weight (`h.float() @ w.float().t()`)
-        return [Msg("TRL {release} SFTTrainer's default chunked_nll head is not modelled: the estimate takes the "
-                    "model's own loss over the full logits instead", release=spec.stack.trl)]
+        return [Msg("SFT loss: TRL {release}'s default chunked_nll (the head and cross-entropy in 256-token "
+                    "checkpointed chunks, each with fp32 copies of the head weight)", release=spec.stack.trl)]
     if release < _SINCE:
         return [Msg("TRL {release} SFTTrainer's token-accuracy pass over the logits is not modelled",
                     release=spec.stack.trl)]
@@ -80,4 +78,4 @@ FUSED_SINCE = (1, 15)
 same kernel (trl/kernels/chunked_logprob.py, 4096 x 32768 tiles) with Triton only, no CPU
 fallback, so it was not run here."""
 
-__all__ = ["metrics_moment", "notes", "ENTROPY_CHUNK_ROWS", "FUSED_SINCE"]
+__all__ = ["metrics_moment", "notes", "ENTROPY_CHUNK_ROWS", "FUSED_SINCE", "CHUNKED_NLL_SINCE"]

@@ -24,9 +24,10 @@ from vramplan.breakdown import Breakdown
 from vramplan.components.arch import model_rows
 from vramplan.components import qlora_prep
 from vramplan.components.dtypes import dtypes_of
-from vramplan.components.trl_sft_metrics import FUSED_SINCE
+from vramplan.components.trl_sft_metrics import CHUNKED_NLL_SINCE, FUSED_SINCE
+from vramplan.jobs.chunked_nll import ChunkedNll
 from vramplan.i18n import Msg
-from vramplan.spec import Backend, JobSpec, LogprobHead, Task
+from vramplan.spec import Backend, JobSpec, LogprobHead, LossImpl, Task
 from vramplan.spec.stack import Framework
 from vramplan.units import nbytes
 
@@ -57,7 +58,7 @@ def resolve_head(spec: JobSpec) -> LogprobHead:
     if spec.task is Task.SFT:
         # before 1.7 SFTTrainer calls the model's own loss (super().compute_loss), then its
         # metrics over the logits (components/trl_sft_metrics.py); 1.7 to 1.14 default to a
-        # chunked_nll head, not modelled (a note says so); 1.15 and 1.16 run the fused head
+        # chunked_nll head (jobs/chunked_nll.py, sft_head); 1.15 and 1.16 run the fused head
         trl = spec.stack.minor("trl")
         fused = spec.stack.framework is Framework.TRL and (trl is None or trl >= FUSED_SINCE)
         return LogprobHead.CHUNKED if fused else LogprobHead.FULL
@@ -66,11 +67,14 @@ def resolve_head(spec: JobSpec) -> LogprobHead:
     return LogprobHead.CHUNKED if spec.task in _CHUNKED_TASKS else LogprobHead.FULL
 
 
-def sft_head(spec: JobSpec, hidden: int, vocab: int, softcap: bool) -> "Chunked | None":
+def sft_head(spec: JobSpec, hidden: int, vocab: int, softcap: bool) -> "Chunked | ChunkedNll | None":
     """TRL 1.16 SFTTrainer's head, or None for the model's own cross-entropy: the trainer
     calls `add_fused_lm_head(model, outputs=("log_probs", "entropy", "is_top1"))`
     (trl/trainer/sft_trainer.py __init__) and `compute_loss` takes `-log_probs` summed over
-    the label mask; `full` (or `selective`, which SFT has no use for) is the model's loss."""
+    the label mask; `full` (or `selective`, which SFT has no use for) is the model's loss.
+    TRL 1.7-1.14's default chunked_nll head (jobs/chunked_nll.py) where that release runs."""
+    if nll_chunked(spec) and not softcap:
+        return _chunked_nll(spec, hidden, vocab)
     if spec.task is not Task.SFT or resolve_head(spec) is not LogprobHead.CHUNKED:
         return None
     # a padding-free batch is one row of b*s tokens (components/arch.py model_rows)
@@ -101,6 +105,25 @@ def head_note(spec: JobSpec) -> str:
     if head is LogprobHead.SELECTIVE:
         return Msg("log-prob head: selective_log_softmax (TRL 0.13-0.2x)")
     return Msg("log-prob head: full fp32 log_softmax over the logits (TRL 0.x get_batch_logps)")
+
+
+def nll_chunked(spec: JobSpec) -> bool:
+    """TRL's SFTTrainer at a release whose SFTConfig defaults to loss_type chunked_nll (1.7
+    to 1.14), on the model's own head (`auto`), with the standard loss."""
+    release = spec.stack.minor("trl")
+    return (spec.task is Task.SFT and spec.stack.framework is Framework.TRL and release is not None
+            and CHUNKED_NLL_SINCE <= release < FUSED_SINCE and spec.logprob_head is LogprobHead.AUTO
+            and spec.loss_impl is LossImpl.STANDARD)
+
+
+def _chunked_nll(spec: JobSpec, hidden: int, vocab: int) -> ChunkedNll:
+    dt = dtypes_of(spec)
+    hidden_dtype = weight_dtype = dt.weights
+    if spec.method.value == "qlora":
+        hidden_dtype = qlora_prep.rest_dtype(spec, "model.norm", dt.weights)
+        weight_dtype = qlora_prep.rest_dtype(spec, "lm_head", dt.weights)
+    return ChunkedNll(*model_rows(spec), hidden, vocab, hidden_dtype, weight_dtype, dt.autocast,
+                      spec.backend is Backend.CUDA, in_hidden_dtype=spec.stack.minor("trl") >= (1, 14))
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ from vramplan.components.activations import ActivationPlan, plan_activations
 from vramplan.components.trainable import ParamSet, param_set
 from vramplan.components.weights import output_head_trainable
 from vramplan.spec.stack import loss_detached_before_step
+from vramplan.jobs.chunked_nll import ChunkedNll
 from vramplan.jobs.logprob import Chunked
 from vramplan.model import ModelDesc
 from vramplan.spec import JobSpec, Task
@@ -219,11 +220,31 @@ def chunked_loss(acts: ActivationPlan, head: Chunked, trainable: bool) -> LossTe
     return LossTerms(saved, fwd, bwd0, head.backward_fold(trainable))
 
 
-def with_loss(acts: ActivationPlan, loss: LossTerms | Chunked, params: ParamSet) -> bool:
+def chunked_nll_loss(acts: ActivationPlan, head: ChunkedNll, trainable: bool) -> LossTerms:
+    """TRL 1.7-1.14's chunked_nll head on a trained model (jobs/chunked_nll.py): the head
+    module is bypassed; the gathered hidden states are saved; the last hidden state and a
+    chunk's live set at the forward's end; the chunk's backward, with the hidden states'
+    gradient accumulating, at the loss's backward."""
+    name, size = acts.head_input
+    stage = acts.stages[-1]
+    stage.saved = [x for x in stage.saved if x[0] not in acts.head_linear_saved] + head.saved(size)
+    fwd = Breakdown()
+    for key, value in acts.forward_end_transient.terms.items():
+        if not key.startswith("logits/"):
+            fwd.add(key, value)
+    fwd.add("logits/head_input", size).merge(head.forward_fold())
+    grad_hidden = nbytes(head.tokens * head.hidden, head.hidden_dtype)
+    back = Breakdown().add("chunked_nll/grad_hidden", grad_hidden).merge(head.backward_fold(trainable))
+    return LossTerms(Breakdown(), fwd, Breakdown(), back)
+
+
+def with_loss(acts: ActivationPlan, loss: LossTerms | Chunked | ChunkedNll, params: ParamSet) -> bool:
     """Put `loss` in place of causal-LM cross-entropy in the activation plan (a Chunked head
     first becomes its LossTerms against the model's own plan); True for a chunked head."""
-    chunked = isinstance(loss, Chunked)
-    if chunked:
+    chunked = isinstance(loss, (Chunked, ChunkedNll))
+    if isinstance(loss, ChunkedNll):
+        loss = chunked_nll_loss(acts, loss, output_head_trainable(params))
+    elif chunked:
         loss = chunked_loss(acts, loss, output_head_trainable(params))
     forward_end = loss.forward_end
     if loss.unless_saved:
