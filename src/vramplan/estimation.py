@@ -6,7 +6,7 @@ from vramplan.components import qlora_prep, trl_sft_metrics
 from vramplan.components.activations import plan_activations
 from vramplan.catalog.quant_config import input_dtype_compute, resolve as resolve_quantization
 from vramplan.components.dtypes import resolve_load_dtype
-from vramplan.components.memo import spec_key
+from vramplan.components.memo import by_key, spec_key
 from vramplan.components.runtime import blas_workspace_terms
 from vramplan.components.trainable import ParamSet, param_set
 from vramplan.components.weights import weight_terms
@@ -129,22 +129,14 @@ def estimate_model(desc: ModelDesc, spec: JobSpec, gpu=None) -> Estimate:
                     managed_bytes=managed.total(), replay=replayer, lengths=lengths)
 
 
-_REPLAYED: dict[tuple, int] = {}
-
-
 def _replayed_reserve(spec: JobSpec, gpu, replayer) -> int:
-    """max_memory_reserved of the replay, memoized per spec and GPU: the same job estimated
-    again (a notebook's loop, a search's repeated probe) replays once."""
+    """max_memory_reserved of the replay, memoized per spec and GPU (components/memo.py, which
+    memo.clear() forgets): the same job estimated again (a notebook's loop, a search's
+    repeated probe) replays once."""
     fields = spec_key(spec, frozenset())
     if fields is None:
         return replayer().reserved_bytes
-    key = (fields, gpu.name if gpu else None)
-    hit = _REPLAYED.get(key)
-    if hit is None:
-        if len(_REPLAYED) >= 256:
-            _REPLAYED.pop(next(iter(_REPLAYED)))
-        hit = _REPLAYED[key] = replayer().reserved_bytes
-    return hit
+    return by_key(("replayed_reserve", fields, gpu.name if gpu else None), lambda: replayer().reserved_bytes)
 
 
 def _changes_placement(alloc_conf: str | None) -> bool:

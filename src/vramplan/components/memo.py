@@ -123,7 +123,21 @@ def cached_plan(desc: object, params: object, key: tuple, compute: Callable[[], 
     return hit[2]
 
 
+_VALUES: dict[tuple, object] = {}
+
+
+def by_key(key: tuple, compute: Callable[[], object]):
+    """`compute()` for a key of plain values (a spec's fields and a GPU name: the allocator
+    replay's reserve), kept for the next call with an equal key."""
+    if key not in _VALUES:
+        if len(_VALUES) >= _SIZE:
+            _VALUES.pop(next(iter(_VALUES)))
+        _VALUES[key] = compute()
+    return _VALUES[key]
+
+
 def clear() -> None:
     """Forget every value memoized here (a test's cold estimate, the benchmark's cold figure)."""
     _CACHE.clear()
     _PLANS.clear()
+    _VALUES.clear()

@@ -5,6 +5,8 @@ Each rule names the torch / transformers / bitsandbytes code whose allocations i
 """
 from __future__ import annotations
 
+from itertools import count
+
 from vramplan.breakdown import Breakdown
 from vramplan.components import optimizer_projected as projected
 from vramplan.components import optimizer_quantized as quantized
@@ -303,7 +305,7 @@ def adafactor_sequence(spec: JobSpec, params: ParamSet) -> tuple[tuple[int, int]
         return None
     buffer_of = _column_mean_buffers(spec)
     ops: list[tuple[int, int]] = []
-    key = iter(range(1 << 30))
+    key = count()
     for p in params.trainable():
         n = nbytes(p.numel, "fp32")
         copies = [next(key), next(key)] if p.dtype != "fp32" else []

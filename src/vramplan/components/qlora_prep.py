@@ -81,9 +81,7 @@ def preparation(spec: JobSpec) -> Prep:
     if spec.stack.framework in _NO_PREP:
         return Prep.NONE
     if spec.stack.framework is Framework.AXOLOTL and spec.task.value not in TRL_TRAINER_TASKS:
-        p = spec.parallel
-        sharded = p is not None and (p.zero_stage == 3 or p.fsdp != "none")
-        return Prep.NONE if sharded else Prep.AXOLOTL
+        return Prep.NONE if _sharded(spec) else Prep.AXOLOTL
     trl_runs = spec.task.value in TRL_TRAINER_TASKS or (spec.stack.framework is Framework.TRL
                                                         and spec.task.value == "sft")
     if not trl_runs:
@@ -91,11 +89,15 @@ def preparation(spec: JobSpec) -> Prep:
     release = spec.stack.minor("trl")
     if spec.task.value not in _TRL_KBIT_TASKS and (release is None or release >= TRL_BF16_SINCE):
         return Prep.TRL_BF16
-    p = spec.parallel
-    sharded = p is not None and (p.zero_stage == 3 or p.fsdp != "none")
-    if spec.task.value not in _TRL_KBIT_TASKS and (sharded or spec.backend is not Backend.CUDA):
+    if spec.task.value not in _TRL_KBIT_TASKS and (_sharded(spec) or spec.backend is not Backend.CUDA):
         return Prep.TRL_SHARDED   # is_sharded_qlora: neither preparation nor the bf16 cast
     return Prep.TRL_KBIT
+
+
+def _sharded(spec: JobSpec) -> bool:
+    """The base's weights loaded sharded (ZeRO-3's zero.Init, FSDP): what TRL's
+    `is_sharded_qlora` and axolotl's `is_qlora_and_fsdp` skip the preparation for."""
+    return spec.parallel.zero_stage == 3 or spec.parallel.fsdp != "none"
 
 
 _SAYS = {
@@ -181,6 +183,12 @@ def adapter_dtype(spec: JobSpec, default: str) -> str:
     return "fp32"
 
 
+def magnitude_dtype(spec: JobSpec, adapter: str) -> str:
+    """DoRA's magnitude vector: with the adapters (`adapter`), except that TRL's bf16 cast of a
+    quantized model's trainable parameters skips it (trl#7268), leaving PEFT's fp32."""
+    return "fp32" if preparation(spec) is Prep.TRL_BF16 else adapter
+
+
 def saved_copy_dtype(spec: JobSpec, module: str, wdtype: str) -> str:
     """A modules_to_save copy of a quantized job: a copy of the (prepared) original, then
     cast with the trainable parameters where TRL does so."""
@@ -189,4 +197,4 @@ def saved_copy_dtype(spec: JobSpec, module: str, wdtype: str) -> str:
     return rest_dtype(spec, module, wdtype)
 
 
-__all__ = ["Prep", "preparation", "resolved", "notes", "rest_dtype", "adapter_dtype", "saved_copy_dtype", "TRL_BF16_SINCE"]
+__all__ = ["Prep", "preparation", "resolved", "notes", "rest_dtype", "adapter_dtype", "magnitude_dtype", "saved_copy_dtype", "TRL_BF16_SINCE"]

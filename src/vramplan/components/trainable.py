@@ -261,9 +261,7 @@ def _lora_set(desc: ModelDesc, spec: JobSpec, wdtype: str) -> ParamSet:
             if spec.lora.use_dora:
                 # DoRA's magnitude vector, one per output row, cast with the adapters
                 # (peft/tuners/lora/dora.py DoraLinearLayer.update_layer: nn.Parameter(weight_norm))
-                # (TRL's bf16 cast of a quantized model's trainable parameters skips it, trl#7268)
-                magnitude = "fp32" if qlora and qlora_prep.preparation(spec) is qlora_prep.Prep.TRL_BF16 \
-                    else adapter_dtype
+                magnitude = qlora_prep.magnitude_dtype(spec, adapter_dtype) if qlora else adapter_dtype
                 held.append(HeldParam(p.module + ".lora_magnitude_vector", (fan_out,), magnitude, True, "lora",
                                       p.layer))
     saved, unmatched_save = _modules_to_save(desc, spec, wdtype)

@@ -29,9 +29,10 @@ from vramplan.units import nbytes
 
 ENTROPY_CHUNK_ROWS = 128
 """trl/trainer/utils.py entropy_from_logits `chunk_size: int = 128` (0.23 onwards)."""
-_SINCE, _COPY_FIRST, _VIEW, _UNTIL = (0, 23), (1, 4), (1, 6), (1, 7)
-CHUNKED_NLL_SINCE = _UNTIL
-"""SFTConfig's loss_type defaults to chunked_nll from 1.7 (jobs/chunked_nll.py)."""
+_SINCE, _COPY_FIRST, _VIEW = (0, 23), (1, 4), (1, 6)
+CHUNKED_NLL_SINCE = (1, 7)
+"""SFTConfig's loss_type defaults to chunked_nll from 1.7 (jobs/chunked_nll.py): no metrics
+pass over the full logits from then on."""
 
 
 def metrics_moment(spec: JobSpec, rows: int, s: int, v: int, logits_dtype: str) -> Breakdown | None:
@@ -39,7 +40,7 @@ def metrics_moment(spec: JobSpec, rows: int, s: int, v: int, logits_dtype: str) 
     over the full logits (or the job is not TRL's SFT with the model's own loss)."""
     release = spec.stack.minor("trl")
     if (spec.task is not Task.SFT or spec.stack.framework is not Framework.TRL or release is None
-            or not _SINCE <= release < _UNTIL or spec.loss_impl is not LossImpl.STANDARD):
+            or not _SINCE <= release < CHUNKED_NLL_SINCE or spec.loss_impl is not LossImpl.STANDARD):
         return None
     t = rows * s
     shifted = rows * (s - 1)
@@ -63,7 +64,7 @@ def notes(spec: JobSpec) -> list[Msg]:
     release = spec.stack.minor("trl")
     if spec.task is not Task.SFT or spec.stack.framework is not Framework.TRL or release is None:
         return []
-    if _UNTIL <= release < FUSED_SINCE:
+    if CHUNKED_NLL_SINCE <= release < FUSED_SINCE:
         # trl/trainer/sft_config.py: loss_type defaults to "chunked_nll" from 1.7
         return [Msg("SFT loss: TRL {release}'s default chunked_nll (the head and cross-entropy in 256-token "
                     "checkpointed chunks, each with fp32 copies of the head weight)", release=spec.stack.trl)]

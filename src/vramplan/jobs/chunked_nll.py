@@ -39,6 +39,8 @@ from vramplan.units import nbytes
 
 CHUNK_TOKENS = 256
 """trl/trainer/sft_trainer.py `_CHUNKED_LM_HEAD_CHUNK_SIZE = 256` (1.7-1.14)."""
+IN_HIDDEN_DTYPE_SINCE = (1, 14)
+"""The release whose `_chunk` projects in the hidden dtype (`(h @ w.to(h.dtype).t()).float()`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,4 +170,4 @@ class ChunkedNll:
         return max(moments, key=Breakdown.total)
 
 
-__all__ = ["ChunkedNll", "CHUNK_TOKENS"]
+__all__ = ["ChunkedNll", "CHUNK_TOKENS", "IN_HIDDEN_DTYPE_SINCE"]

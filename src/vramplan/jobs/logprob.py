@@ -25,7 +25,7 @@ from vramplan.components.arch import model_rows
 from vramplan.components import qlora_prep
 from vramplan.components.dtypes import dtypes_of
 from vramplan.components.trl_sft_metrics import CHUNKED_NLL_SINCE, FUSED_SINCE
-from vramplan.jobs.chunked_nll import ChunkedNll
+from vramplan.jobs.chunked_nll import IN_HIDDEN_DTYPE_SINCE, ChunkedNll
 from vramplan.i18n import Msg
 from vramplan.spec import Backend, JobSpec, LogprobHead, LossImpl, Task
 from vramplan.spec.stack import Framework
@@ -123,7 +123,7 @@ def _chunked_nll(spec: JobSpec, hidden: int, vocab: int) -> ChunkedNll:
         hidden_dtype = qlora_prep.rest_dtype(spec, "model.norm", dt.weights)
         weight_dtype = qlora_prep.rest_dtype(spec, "lm_head", dt.weights)
     return ChunkedNll(*model_rows(spec), hidden, vocab, hidden_dtype, weight_dtype, dt.autocast,
-                      spec.backend is Backend.CUDA, in_hidden_dtype=spec.stack.minor("trl") >= (1, 14))
+                      spec.backend is Backend.CUDA, in_hidden_dtype=spec.stack.minor("trl") >= IN_HIDDEN_DTYPE_SINCE)
 
 
 @dataclass(frozen=True, slots=True)
