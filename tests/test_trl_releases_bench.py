@@ -1,7 +1,8 @@
-"""TRL's SFTTrainer of earlier releases (0.25.1, 1.4.0, 1.6.0) measured under the exact CPU
-meter (bench/trainers/results-trl-releases.json, bench/trainers/trl_releases.py): today's
-estimate of each recorded job against its measurement, at the targets (2% at the peak, 5% per
-phase), and the release ranges of components/trl_sft_metrics.py read from their source."""
+"""TRL's SFTTrainer and DPOTrainer of earlier releases measured under the exact CPU meter
+(bench/trainers/results-trl-releases.json, bench/trainers/trl_releases.py): today's estimate
+of each recorded job against its measurement, at the targets (2% at the peak, 5% per phase),
+and the release ranges of components/trl_sft_metrics.py and jobs/dpo_head.py read from their
+source."""
 from __future__ import annotations
 
 import json
@@ -21,7 +22,8 @@ def test_estimate_within_targets_of_the_release_s_trainer(name):
     row = ROWS[name]
     measured, est = row["measured"], vramplan.estimate(row["job"])
     release = name.split("/")[0].removeprefix("trl-")
-    assert measured["runner"] == {"library": "trl", "version": release, "entry": "SFTTrainer"}
+    entry = "DPOTrainer" if row["job"]["task"] in ("dpo", "ipo") else "SFTTrainer"
+    assert measured["runner"] == {"library": "trl", "version": release, "entry": entry}
     assert row["job"]["stack"]["trl"] == ".".join(release.split(".")[:2])
     assert abs(est.peak_allocated_bytes / measured["peak_allocated_bytes"] - 1) < 0.02, name
     for phase, got in measured["phases"].items():
@@ -70,11 +72,58 @@ def test_releases_whose_head_is_not_modelled_say_so():
     assert any("chunked_nll" in str(n) for n in est.notes)
 
 
-def test_an_older_release_s_preference_head_is_named_as_not_modelled():
-    job = {"model": "llama-3.2-1b", "task": "dpo", "seq_len": 512}
-    old = vramplan.estimate(dict(job, stack={"framework": "trl", "trl": "1.6"}))
-    assert any("TRL 1.6's is not modelled" in str(n) for n in old.notes)
-    assert not any("not modelled" in str(n) for n in vramplan.estimate(job).notes)
+def test_every_dpo_head_variant_was_measured_at_its_ends():
+    # jobs/dpo_head.py: 0.15..0.28 rolled, 0.29..1.5 contiguous copies, 1.6..1.13 views, 1.14 joint
+    dpo = {n.split("/")[0] for n in ROWS if ROWS[n]["job"]["task"] in ("dpo", "ipo")}
+    assert dpo >= {"trl-0.25.1", "trl-0.29.1", "trl-1.5.1", "trl-1.6.0", "trl-1.13.0", "trl-1.14.0"}
+
+
+def test_the_dpo_head_follows_the_release():
+    from vramplan.jobs.dpo_head import Variant, variant
+    from vramplan.jobs.logprob import resolve_head
+    from vramplan.spec import LogprobHead
+    dpo = {"task": "dpo"}
+    assert [variant(_spec(r, **dpo)) for r in ("0.28", "0.29", "1.5", "1.6", "1.13", "1.14")] == [
+        Variant.ROLLED, Variant.CONTIGUOUS, Variant.CONTIGUOUS, Variant.VIEW, Variant.VIEW, Variant.JOINT]
+    heads = [resolve_head(_spec(r, **dpo)) for r in ("0.14", "0.15", "1.14", "1.15", "1.16")]
+    assert heads == [LogprobHead.FULL, LogprobHead.SELECTIVE, LogprobHead.SELECTIVE,
+                     LogprobHead.CHUNKED, LogprobHead.CHUNKED]
+    # KTO's and GRPO's heads before 1.15 are still TRL 1.16's, and the answer says so
+    kto = vramplan.estimate({"model": "llama-3.2-1b", "task": "kto", "seq_len": 512,
+                             "stack": {"framework": "trl", "trl": "1.6"}})
+    assert any("TRL 1.6's is not modelled" in str(n) for n in kto.notes)
+    old = vramplan.estimate({"model": "llama-3.2-1b", "task": "dpo", "seq_len": 512,
+                             "stack": {"framework": "trl", "trl": "1.6"}})
+    assert not any("not modelled" in str(n) for n in old.notes)
+    assert any("TRL 1.6 DPOTrainer's selective_log_softmax" in str(n) for n in old.notes)
+
+
+def test_the_dpo_metrics_moments_worked_from_the_source():
+    # llama-3.2-1b, one pair (2 rows) of 512 tokens under the trainer's autocast: fp32 logits
+    from vramplan.jobs.dpo_head import dpo_head
+    v, rows, s = 128256, 2, 512
+    logits, shifted, chunks = rows * s * v * 4, rows * (s - 1) * v * 4, 3 * 128 * v * 4
+    chosen = (s - 1) * v * 4  # the chosen row's mean-logits copy, all positions counted
+    view = dpo_head(_spec("1.6", task="dpo", precision="bf16"), rows, s, v, with_reference=True)
+    # entropy's reshape copies the shifted view beside the reference's logits, still bound
+    assert view.reference_held.total() == logits and view.metrics.total() == shifted + chunks
+    assert view.held.total() == 0  # the policy's fp32 logits are saved by gather/logsumexp
+    contiguous = dpo_head(_spec("1.4", task="dpo", precision="bf16"), rows, s, v, with_reference=True)
+    # the copies are made in _compute_loss: the policy's logits and the reference's logits and
+    # copy stay bound; 511 chosen positions outweigh three 128-row entropy chunks
+    assert contiguous.terms.saved.total() == shifted and contiguous.held.total() == logits
+    assert contiguous.reference_held.total() == logits + shifted and contiguous.metrics.total() == chosen
+    joint = dpo_head(_spec("1.14", task="dpo", precision="bf16", backend="cpu"), rows, s, v, with_reference=True)
+    # entropy before the reference's forward: the copy and chunks sit beside the policy's logits
+    assert joint.terms.forward_end.total() == shifted + chunks and joint.metrics.total() == chosen
+    # on CUDA TRL's Triton kernel computes both: only accelerate's bf16 logits beside the copy
+    triton = dpo_head(_spec("1.14", task="dpo", precision="bf16", backend="cuda"), rows, s, v, with_reference=True)
+    assert triton.terms.forward_end.total() == rows * s * v * 2 and triton.metrics.total() == chosen
+    rolled = dpo_head(_spec("0.25", task="dpo", precision="bf16"), rows, s, v, with_reference=True)
+    assert rolled.metrics is None and rolled.reference_held.total() == 0
+    assert rolled.terms.saved.total() == logits  # all s positions scored: no shifted slice
+    # accelerate's cast holds the model's bf16 logits beside the fp32 copy in the reference
+    assert rolled.reference.total() == logits + rows * s * v * 2
 
 
 def test_chunked_nll_follows_each_backend_s_autocast_lists():

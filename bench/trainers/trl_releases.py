@@ -1,7 +1,8 @@
-"""TRL's SFTTrainer of earlier releases, measured on CPU beside the installed one.
+"""TRL's SFTTrainer and DPOTrainer of earlier releases, measured on CPU beside the installed one.
 
     pip install --no-deps --target /tmp/trl-0.25.1 trl==0.25.1      # one folder per release
     python bench/trainers/trl_releases.py /tmp/trl-0.25.1 /tmp/trl-1.4.0 /tmp/trl-1.6.0
+    python bench/trainers/trl_releases.py --only po/ /tmp/trl-1.13.0  # the DPO and IPO cases only
     python bench/trainers/trl_releases.py --reestimate           # today's estimates, same measurements
 
 Each folder holds one TRL release, put ahead of the installed one on `sys.path` (these
@@ -10,7 +11,9 @@ vramplan.measure.trainers.measure_trainer (the runner of bench/trainers/run.py, 
 exact CPU meter) with `stack: {framework: trl, trl: <release>}`, and is estimated from that
 job. What differs by release is what SFTTrainer does after the model's loss (entropy and
 token accuracy over the full logits: components/trl_sft_metrics.py) and how it prepares a
-quantized base (components/qlora_prep.py). Results: results-trl-releases.json.
+quantized base (components/qlora_prep.py); for DPO, the head DPOTrainer runs before TRL's
+fused one and what each release keeps alive around it (jobs/dpo_head.py). Results:
+results-trl-releases.json, written after each case.
 """
 from __future__ import annotations
 
@@ -38,7 +41,30 @@ CASES = {
                                   model=dict(BASE["model"], hidden_size=512, intermediate_size=1376,
                                              num_attention_heads=8, num_key_value_heads=4)),
 }
+# DPOTrainer's own head before TRL 1.15 (jobs/dpo_head.py): under the trainer's autocast
+# (fp32 logits), pure bf16 (`plain`: 16-bit logits, the row loop), fp32, a LoRA policy whose
+# reference is the adapter-disabled base, a precomputed reference, and IPO on one pair
+PLAIN = {"framework": "plain"}
+CASES.update({
+    "dpo/bf16/full/b2": dict(BASE, task="dpo", precision="bf16"),
+    "dpo/bf16-plain/full/b2": dict(BASE, task="dpo", precision="bf16", stack=PLAIN),
+    "dpo/fp32/full/b2": dict(BASE, task="dpo", precision="fp32"),
+    "dpo/bf16/lora/b2": dict(BASE, task="dpo", precision="bf16", **LORA),
+    "dpo/bf16/full/b2/ref-precomputed": dict(BASE, task="dpo", precision="bf16", reference_model="precomputed"),
+    "ipo/bf16-plain/lora/b1/gc": dict(BASE, task="ipo", precision="bf16", micro_batch_size=1, stack=PLAIN,
+                                     gradient_checkpointing="full", **LORA),
+})
 OUT = HERE / "results-trl-releases.json"
+# Releases before 0.26 on transformers 5: trl/import_utils.py keeps transformers'
+# `_is_package_available` answers, now (bool, version) tuples that are always true (so
+# trl.trainer.callbacks imports mergekit), and DPOTrainer writes `model.warnings_issued`,
+# which PreTrainedModel no longer has. Neither touches what the step allocates.
+_OLD_RELEASE_SHIMS = (
+    "import trl.import_utils as iu; "
+    "[setattr(iu, k, v[0]) for k, v in list(vars(iu).items()) "
+    " if k.startswith('_') and k.endswith('_available') and isinstance(v, tuple)]; "
+    "import transformers; PM = transformers.PreTrainedModel; "
+    "PM.warnings_issued = getattr(PM, 'warnings_issued', {}); ")
 
 
 def _release(folder: Path) -> str:
@@ -50,6 +76,7 @@ def _release(folder: Path) -> str:
 
 def measure(folder: Path, job: dict) -> dict:
     code = ("import json, sys; sys.path.insert(0, sys.argv[1]); sys.path.insert(1, sys.argv[2]); "
+            + _OLD_RELEASE_SHIMS +
             "from vramplan.measure.trainers import measure_trainer; "
             "print(json.dumps(measure_trainer(json.loads(sys.argv[3])).to_dict()))")
     proc = subprocess.run([sys.executable, "-c", code, str(folder), str(SRC), json.dumps(job)],
@@ -69,6 +96,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("folders", nargs="*", type=Path, help="folders each holding one TRL release")
     ap.add_argument("--reestimate", action="store_true")
+    ap.add_argument("--only", default="", help="run only the cases whose name holds this")
     args = ap.parse_args(argv)
     rows = json.loads(OUT.read_text()) if OUT.exists() else {}
     if args.reestimate:
@@ -78,10 +106,20 @@ def main(argv=None) -> int:
         release = _release(folder)
         minor = ".".join(release.split(".")[:2])
         for name, job in CASES.items():
-            job = dict(job, stack={"framework": "trl", "trl": minor})
-            m = measure(folder, job)
+            if args.only not in name:
+                continue
+            stack = job.get("stack", "trl")
+            stack = dict(stack) if isinstance(stack, dict) else {"framework": stack}
+            job = dict(job, stack=dict(stack, trl=minor))
+            try:
+                m = measure(folder, job)
+            except RuntimeError as exc:  # e.g. 0.29's DPOTrainer loads a reference by the policy's
+                # name even when its log-probs are precomputed: an in-memory model has none
+                print(f"trl-{release}/{name}: not measured: {str(exc).strip().splitlines()[-1]}")
+                continue
             assert m["runner"]["version"] == release, (m["runner"], release)
             rows[f"trl-{release}/{name}"] = {"job": job, "measured": m, "estimate": estimate_row(job)}
+            OUT.write_text(json.dumps(rows, indent=1) + "\n")
     for key, row in rows.items():
         est = type("E", (), {"peak_allocated_bytes": row["estimate"]["peak_allocated_bytes"],
                              "phases": row["estimate"]["phases"]})

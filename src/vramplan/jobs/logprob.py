@@ -2,9 +2,9 @@
 
 * full: TRL 0.x `get_batch_logps` (whole logits, fp32 `log_softmax`, `gather`): trained.logps_loss
   and frozen.logps_head.
-* selective: `selective_log_softmax` (trl/trainer/utils.py, TRL 0.13 onward; DPO's
-  `concatenated_forward` in 0.2x): fp32 logits -> `gather` minus a per-row `logsumexp`;
-  16-bit logits -> a loop over rows of `log_softmax(row)` and `gather`.
+* selective: `selective_log_softmax` (trl/trainer/utils.py, TRL 0.13 onward): fp32 logits ->
+  `gather` minus a per-row `logsumexp`; 16-bit logits -> a loop over rows of
+  `log_softmax(row)` and `gather`. DPOTrainer's own, 0.15 to 1.14, by release: jobs/dpo_head.py.
 * chunked: TRL 1.x `add_fused_lm_head` (trl/trainer/utils.py `_fused_forward`) and
   trl/kernels/chunked_logprob.py `ChunkedLogProbFunction`: the backbone's last hidden state,
   shifted, goes through the head in tiles of TOKEN_CHUNK_SIZE = 4096 tokens by chunk_size =
@@ -35,6 +35,9 @@ TOKEN_CHUNK = 4096
 """trl/kernels/chunked_logprob.py TOKEN_CHUNK_SIZE: tokens per projection tile."""
 VOCAB_CHUNK = 32768
 """trl/trainer/utils.py _CHUNKED_LOGPROB_CHUNK_SIZE: the scratch buffer's width."""
+SELECTIVE_SINCE = (0, 15)
+"""DPOTrainer's concatenated_forward scores with trl/trainer/utils.py `selective_log_softmax`
+from 0.15 (read from 0.13.0, 0.14.0 and 0.15.2)."""
 
 # Trainers that call the model with fused_lm_head=True in TRL 1.16 (dpo_trainer.py, kto_trainer.py,
 # grpo_trainer.py, rloo_trainer.py, sft_trainer.py `add_fused_lm_head`). ORPO and CPO/SimPO
@@ -64,6 +67,11 @@ def resolve_head(spec: JobSpec) -> LogprobHead:
         return LogprobHead.CHUNKED if fused else LogprobHead.FULL
     if spec.task in _SELECTIVE_TASKS:
         return LogprobHead.SELECTIVE
+    release = spec.stack.minor("trl")
+    if spec.task in (Task.DPO, Task.IPO) and release is not None and release < FUSED_SINCE:
+        # DPOTrainer's own heads before the fused one (jobs/dpo_head.py): selective_log_softmax
+        # from 0.15, a log_softmax over the whole logits before
+        return LogprobHead.SELECTIVE if release >= SELECTIVE_SINCE else LogprobHead.FULL
     return LogprobHead.CHUNKED if spec.task in _CHUNKED_TASKS else LogprobHead.FULL
 
 
@@ -88,11 +96,14 @@ def head_note(spec: JobSpec) -> str:
     release = spec.stack.minor("trl")
     if (head is LogprobHead.CHUNKED and spec.task is not Task.SFT and spec.logprob_head is LogprobHead.AUTO
             and release is not None and release < FUSED_SINCE):
-        # TRL 1.6.0's DPOTrainer on CPU (selective_log_softmax over the full logits, then
-        # entropy_from_logits for its metrics) measured about twice what `selective` reads and
-        # half what this head reads: no release's DPO-family head is modelled but 1.16's
-        return Msg("log-prob head: TRL {release}'s is not modelled; the estimate takes TRL 1.16's chunked head "
-                   "(TRL 1.6's DPO measured about half of it on a tiny model)", release=spec.stack.trl)
+        # KTO's and GRPO's heads before 1.15 are not modelled (DPO's are: jobs/dpo_head.py)
+        return Msg("log-prob head: TRL {release}'s is not modelled; the estimate takes TRL 1.16's chunked head",
+                   release=spec.stack.trl)
+    if head is LogprobHead.SELECTIVE and spec.task in (Task.DPO, Task.IPO):
+        # from 1.15 DPOTrainer runs the fused head only; `selective` there is 1.14's (jobs/dpo_head.py)
+        named = spec.stack.trl if release is not None and release < FUSED_SINCE else "1.14"
+        return Msg("log-prob head: TRL {release} DPOTrainer's selective_log_softmax over the full logits, "
+                   "with its entropy and mean-logits metrics", release=named)
     if head is LogprobHead.CHUNKED:
         path = (Msg("Triton fold; every position counted, TRL scores only labels that are not -100")
                 if spec.backend is Backend.CUDA else Msg("torch fallback with fp32 tile temporaries"))

@@ -17,6 +17,7 @@ from vramplan.i18n import Msg
 from vramplan.jobs.compose import Step, finish
 from vramplan.jobs.frozen import cast_first_logps_head, frozen_weights, logps_head, no_grad_forward_peak
 from vramplan.components.dtypes import dtypes_of
+from vramplan.jobs.dpo_head import DpoHead, dpo_head, reference_hidden_states
 from vramplan.jobs.logprob import chunked_head, head_note, resolve_head
 from vramplan.jobs.odds_ratio import odds_ratio_loss
 from vramplan.jobs.rl import completion_logps_head, completion_logps_loss
@@ -33,11 +34,17 @@ def _batch(rows: int, s: int) -> Breakdown:
     return Breakdown().add("batch/input_ids", nbytes(rows * s, "int64")).add("batch/labels", nbytes(rows * s, "int64"))
 
 
+def _dpo_head(spec: JobSpec, desc: ModelDesc, rows: int) -> DpoHead | None:
+    """TRL DPOTrainer's selective head by release (jobs/dpo_head.py), for DPO and IPO."""
+    if spec.task not in (Task.DPO, Task.IPO) or resolve_head(spec) is not LogprobHead.SELECTIVE:
+        return None
+    return dpo_head(spec, rows, spec.seq_len, desc.vocab_size, spec.reference_model != PRECOMPUTED)
+
+
 def _policy_head(spec: JobSpec, desc: ModelDesc, rows: int, chunked: bool):
-    """The trained model's log-prob head. Selective (TRL 0.2x `concatenated_forward`:
-    `selective_log_softmax(logits, torch.roll(input_ids, -1))` on all s positions): the same
-    mechanism as GRPO's completion head (jobs/rl.py), over s - 1 scored positions of s logits;
-    modelled from the source, not measured here (TRL 1.16 no longer runs it). Chunked: TRL 1.16 asks the policy for
+    """The trained model's log-prob head (DPO's selective one: `_dpo_head`). Selective (KTO):
+    the same mechanism as GRPO's completion head (jobs/rl.py), over s - 1 scored positions
+    of s logits; modelled from the source, not measured. Chunked: TRL 1.16 asks the policy for
     ("log_probs", "entropy", "mean_logits", "is_top1") in DPO (dpo_trainer.py __init__,
     `add_fused_lm_head(..., outputs=outputs)`) and ("log_probs", "entropy", "mean_logits")
     in KTO (kto_trainer.py)."""
@@ -110,7 +117,8 @@ def preference_estimate(descs: dict[str, ModelDesc], spec: JobSpec, gpu=None):
     # KTO: unpaired completions, b rows; the others: chosen + rejected, 2b rows.
     rows = b if spec.task is Task.KTO else 2 * b
     chunked = resolve_head(spec) is LogprobHead.CHUNKED
-    trained = trained_plan(desc, spec, rows, _policy_head(spec, desc, rows, chunked))
+    dpo = _dpo_head(spec, desc, rows)
+    trained = trained_plan(desc, spec, rows, dpo.terms if dpo else _policy_head(spec, desc, rows, chunked))
     step = Step(prefixed(trained.plan, "policy"))
     step.plan.static.merge(_batch(rows, s))
     if chunked:
@@ -134,8 +142,10 @@ def preference_estimate(descs: dict[str, ModelDesc], spec: JobSpec, gpu=None):
             ref_weights, ref_c = _reference_dtypes(spec, ref_desc, c)
             step.plan.static.merge(frozen_weights(ref_desc, ref_weights), prefix="reference/")
             total["reference"] = ref_desc.num_params()
-        peak = no_grad_forward_peak(ref_desc, rows, s, ref_c, _frozen_head(spec, ref_desc, rows, chunked))
-        extra = Breakdown().merge(peak, prefix="reference/")
+        head = (Breakdown().merge(dpo.reference).merge(reference_hidden_states(spec, ref_desc, rows, ref_c))
+                if dpo else _frozen_head(spec, ref_desc, rows, chunked))
+        peak = no_grad_forward_peak(ref_desc, rows, s, ref_c, head)
+        extra = Breakdown().merge(peak, prefix="reference/").merge(dpo.held if dpo else Breakdown(), prefix="policy/")
         if not chunked and casts_logits_first(spec):
             _held_logits(spec, extra, nbytes(rows * s * desc.vocab_size, "fp32"))
         label = "reference forward (no_grad log-probs)"
@@ -143,6 +153,10 @@ def preference_estimate(descs: dict[str, ModelDesc], spec: JobSpec, gpu=None):
             # The policy's KL-batch forward runs under no_grad too, before the reference's.
             label = "reference / KL-batch forward (no_grad log-probs)"
         step.after_forward.append(("forward", label, extra, True))
+    if dpo and dpo.metrics is not None:
+        at_metrics = (Breakdown().merge(dpo.held, prefix="policy/").merge(dpo.reference_held)
+                      .merge(dpo.metrics, prefix="policy/"))
+        step.after_forward.append(("forward", "DPO metrics (entropy, mean logits)", at_metrics, True))
     return finish(spec, desc, step, num_params=total, trainable_params=trained.params.numel(trainable=True),
                   gpu=gpu, notes=notes)
 

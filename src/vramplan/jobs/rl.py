@@ -94,7 +94,8 @@ def completion_logps_head(rows: int, new: int, v: int, c: str) -> Breakdown:
     return out
 
 
-def completion_logps_loss(rows: int, new: int, v: int, c: str, logits_len: int | None = None) -> LossTerms:
+def completion_logps_loss(rows: int, new: int, v: int, c: str, logits_len: int | None = None,
+                          rolled: bool = False) -> LossTerms:
     """The same head with gradients (selective_log_softmax, trl/trainer/utils.py).
     bf16/fp16 rows: each row's log_softmax output is saved (rows x C x v in all); backward
     turns them one by one into row gradients, UnbindBackward stacks them (rows, C, v) with
@@ -104,9 +105,11 @@ def completion_logps_loss(rows: int, new: int, v: int, c: str, logits_len: int |
     logsumexp row gradients (3 x rows x C x v fp32) beside them, then SliceBackward.
     PPO (trl/trainer/ppo_trainer.py: `forward(model, mb_query_responses, ...)` passes no
     logits_to_keep, then `logits = output.logits[:, context_length - 1 : -1]`): the logits
-    cover all `logits_len` = P + C positions.
+    cover all `logits_len` = P + C positions. `rolled`: the logits are the `new` scored
+    positions themselves (TRL 0.2x DPO scores `torch.roll(input_ids, -1)`: no slice).
     """
-    rcv, full = nbytes(rows * new * v, c), nbytes(rows * (logits_len or new + 1) * v, c)
+    rcv = nbytes(rows * new * v, c)
+    full = rcv if rolled else nbytes(rows * (logits_len or new + 1) * v, c)
     head = Breakdown().add("logits/grad_logits", full)
     if logits_len:
         # PPO: `logits /= args.temperature + 1e-7` (PPOConfig temperature 0.7) in place on the
