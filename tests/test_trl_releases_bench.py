@@ -22,7 +22,7 @@ def test_estimate_within_targets_of_the_release_s_trainer(name):
     row = ROWS[name]
     measured, est = row["measured"], vramplan.estimate(row["job"])
     release = name.split("/")[0].removeprefix("trl-")
-    entry = "DPOTrainer" if row["job"]["task"] in ("dpo", "ipo") else "SFTTrainer"
+    entry = {"dpo": "DPOTrainer", "ipo": "DPOTrainer", "grpo": "GRPOTrainer"}.get(row["job"]["task"], "SFTTrainer")
     assert measured["runner"] == {"library": "trl", "version": release, "entry": entry}
     assert row["job"]["stack"]["trl"] == ".".join(release.split(".")[:2])
     assert abs(est.peak_allocated_bytes / measured["peak_allocated_bytes"] - 1) < 0.02, name
@@ -140,3 +140,39 @@ def test_chunked_nll_follows_each_backend_s_autocast_lists():
     # no autocast, an fp32 head: no weight copies, fp32 logits and log-probs
     fp32 = ChunkedNll(1, 512, 4096, 128256, "fp32", "fp32", None, cuda=True)
     assert fp32.forward_fold().total() == 4 * 256 * 128256 * 4
+
+
+def test_the_grpo_head_follows_the_release():
+    from vramplan.jobs.grpo_head import Division, division
+    from vramplan.jobs.logprob import resolve_head
+    from vramplan.spec import LogprobHead
+    grpo = {"task": "grpo", "max_new_tokens": 256, "num_generations": 2}
+    assert [division(_spec(r, **grpo)) for r in ("0.21", "0.29", "1.0", "1.9", "1.10", "1.13", "1.14")] == [
+        Division.COPY, Division.COPY, Division.IN_PLACE, Division.IN_PLACE, Division.COPY_BOUND,
+        Division.COPY_BOUND, Division.JOINT]
+    heads = [resolve_head(_spec(r, **grpo)) for r in ("0.20", "0.21", "1.14", "1.15")]
+    assert heads == [LogprobHead.CHUNKED, LogprobHead.SELECTIVE, LogprobHead.SELECTIVE, LogprobHead.CHUNKED]
+
+
+def test_the_grpo_moments_worked_from_the_source():
+    # llama-3.2-1b, 8 completions of 256 tokens in fp32 (no autocast: no cast moment)
+    from vramplan.jobs.grpo_head import grpo_head
+    v, rows, new = 128256, 8, 256
+    full, scored = rows * (new + 1) * v * 4, rows * new * v * 4
+    chunks = 3 * 128 * v * 4
+    grpo = {"task": "grpo", "max_new_tokens": new, "num_generations": 2, "precision": "fp32", "backend": "cpu"}
+    # 1.0-1.9: div_ on the view; entropy's reshape copies it beside the logits; backward's
+    # CopySlices stage (two logits-sized, two scored-sized) after the selective's own
+    in_place = grpo_head(_spec("1.6", **grpo), rows, new, v).terms
+    assert in_place.saved.total() == 0 and in_place.forward_end.total() == full + scored + chunks
+    assert in_place.backward_start.total() == max(full + 3 * scored, 2 * full + 2 * scored)
+    # 0.21-0.29: the division's copy is what gather and logsumexp save; the logits die with
+    # the views, so the entropy's chunks sit beside the copy only
+    copy = grpo_head(_spec("0.25", **grpo), rows, new, v).terms
+    assert copy.saved.total() == scored and copy.forward_end.total() == max(full, chunks)
+    # 1.10-1.13: `outputs` keeps the logits bound through the entropy
+    bound = grpo_head(_spec("1.12", **grpo), rows, new, v).terms
+    assert bound.saved.total() == scored and bound.forward_end.total() == full + chunks
+    # 1.14 at temperature 1.0 divides nothing: the view is scored and its logits saved
+    joint = grpo_head(_spec("1.14", **grpo), rows, new, v).terms
+    assert joint.saved.total() == full and joint.forward_end.total() == scored + chunks

@@ -1,8 +1,9 @@
-"""TRL's SFTTrainer and DPOTrainer of earlier releases, measured on CPU beside the installed one.
+"""TRL's SFTTrainer, DPOTrainer and GRPOTrainer of earlier releases, measured on CPU beside the
+installed one.
 
     pip install --no-deps --target /tmp/trl-0.25.1 trl==0.25.1      # one folder per release
     python bench/trainers/trl_releases.py /tmp/trl-0.25.1 /tmp/trl-1.4.0 /tmp/trl-1.6.0
-    python bench/trainers/trl_releases.py --only po/ /tmp/trl-1.13.0  # the DPO and IPO cases only
+    python bench/trainers/trl_releases.py --only grpo/ /tmp/trl-1.6.0  # the GRPO cases only
     python bench/trainers/trl_releases.py --reestimate           # today's estimates, same measurements
 
 Each folder holds one TRL release, put ahead of the installed one on `sys.path` (these
@@ -11,8 +12,9 @@ vramplan.measure.trainers.measure_trainer (the runner of bench/trainers/run.py, 
 exact CPU meter) with `stack: {framework: trl, trl: <release>}`, and is estimated from that
 job. What differs by release is what SFTTrainer does after the model's loss (entropy and
 token accuracy over the full logits: components/trl_sft_metrics.py) and how it prepares a
-quantized base (components/qlora_prep.py); for DPO, the head DPOTrainer runs before TRL's
-fused one and what each release keeps alive around it (jobs/dpo_head.py). Results:
+quantized base (components/qlora_prep.py); for DPO and GRPO, the head the trainer runs before
+TRL's fused one and what each release keeps alive around it (jobs/dpo_head.py,
+jobs/grpo_head.py). Results:
 results-trl-releases.json, written after each case.
 """
 from __future__ import annotations
@@ -28,7 +30,7 @@ SRC = HERE.parents[1] / "src"
 sys.path.insert(0, str(SRC))
 sys.path.insert(0, str(HERE))
 
-from run import BASE, LORA, QLORA, errors  # noqa: E402  (bench/trainers/run.py)
+from run import BASE, GRPO, LORA, QLORA, errors  # noqa: E402  (bench/trainers/run.py)
 
 CASES = {
     "sft/bf16/full/b2": dict(BASE, task="sft", precision="bf16"),
@@ -53,6 +55,13 @@ CASES.update({
     "dpo/bf16/full/b2/ref-precomputed": dict(BASE, task="dpo", precision="bf16", reference_model="precomputed"),
     "ipo/bf16-plain/lora/b1/gc": dict(BASE, task="ipo", precision="bf16", micro_batch_size=1, stack=PLAIN,
                                      gradient_checkpointing="full", **LORA),
+})
+# GRPOTrainer's own head of 0.21 to 1.14 (jobs/grpo_head.py): under autocast, fp32, and a
+# pure-bf16 LoRA policy (16-bit logits, the row loop)
+CASES.update({
+    "grpo/bf16/full/g4-c32": dict(BASE, **GRPO, precision="bf16"),
+    "grpo/fp32/full/g4-c32": dict(BASE, **GRPO, precision="fp32"),
+    "grpo/bf16-plain/lora/g4-c32": dict(BASE, **GRPO, precision="bf16", stack=PLAIN, **LORA),
 })
 OUT = HERE / "results-trl-releases.json"
 # Releases before 0.26 on transformers 5: trl/import_utils.py keeps transformers'

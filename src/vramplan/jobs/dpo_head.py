@@ -45,7 +45,7 @@ from enum import Enum
 from vramplan.breakdown import Breakdown
 from vramplan.components.trl_sft_metrics import ENTROPY_CHUNK_ROWS
 from vramplan.jobs.odds_ratio import triton_selective
-from vramplan.jobs.rl import completion_logps_loss
+from vramplan.jobs.selective import completion_logps_loss
 from vramplan.jobs.trained import LossTerms, compute_dtype, trainer_logits_dtype
 from vramplan.model import ModelDesc
 from vramplan.spec import Backend, JobSpec

@@ -35,6 +35,8 @@ TOKEN_CHUNK = 4096
 """trl/kernels/chunked_logprob.py TOKEN_CHUNK_SIZE: tokens per projection tile."""
 VOCAB_CHUNK = 32768
 """trl/trainer/utils.py _CHUNKED_LOGPROB_CHUNK_SIZE: the scratch buffer's width."""
+GRPO_ENTROPY_SINCE = (0, 21)
+"""GRPOTrainer's policy scores entropy over its selective head from 0.21 (jobs/grpo_head.py)."""
 SELECTIVE_SINCE = (0, 15)
 """DPOTrainer's concatenated_forward scores with trl/trainer/utils.py `selective_log_softmax`
 from 0.15 (read from 0.13.0, 0.14.0 and 0.15.2)."""
@@ -68,6 +70,8 @@ def resolve_head(spec: JobSpec) -> LogprobHead:
     if spec.task in _SELECTIVE_TASKS:
         return LogprobHead.SELECTIVE
     release = spec.stack.minor("trl")
+    if spec.task is Task.GRPO and release is not None and GRPO_ENTROPY_SINCE <= release < FUSED_SINCE:
+        return LogprobHead.SELECTIVE  # GRPOTrainer's own head, 0.21 to 1.14 (jobs/grpo_head.py)
     if spec.task in (Task.DPO, Task.IPO) and release is not None and release < FUSED_SINCE:
         # DPOTrainer's own heads before the fused one (jobs/dpo_head.py): selective_log_softmax
         # from 0.15, a log_softmax over the whole logits before
@@ -96,7 +100,8 @@ def head_note(spec: JobSpec) -> str:
     release = spec.stack.minor("trl")
     if (head is LogprobHead.CHUNKED and spec.task is not Task.SFT and spec.logprob_head is LogprobHead.AUTO
             and release is not None and release < FUSED_SINCE):
-        # KTO's and GRPO's heads before 1.15 are not modelled (DPO's are: jobs/dpo_head.py)
+        # KTO's heads before 1.15 and GRPO's before 0.21 are not modelled (DPO's are:
+        # jobs/dpo_head.py; GRPO's from 0.21: jobs/grpo_head.py)
         return Msg("log-prob head: TRL {release}'s is not modelled; the estimate takes TRL 1.16's chunked head",
                    release=spec.stack.trl)
     if head is LogprobHead.SELECTIVE and spec.task in (Task.DPO, Task.IPO):
@@ -110,6 +115,9 @@ def head_note(spec: JobSpec) -> str:
         return Msg("log-prob head: chunked (TRL 1.16 fused_lm_head, {tokens} x {vocab} tiles, {path}); "
                    "TRL's configs default to gradient_checkpointing=True and bf16=True, the spec's values are used",
                    tokens=TOKEN_CHUNK, vocab=VOCAB_CHUNK, path=path)
+    if head is LogprobHead.SELECTIVE and spec.task is Task.GRPO and spec.logprob_head is LogprobHead.AUTO:
+        return Msg("log-prob head: TRL {release} GRPOTrainer's selective_log_softmax over the completion's "
+                   "logits, with its entropy", release=spec.stack.trl)
     if head is LogprobHead.SELECTIVE and spec.task in _SELECTIVE_TASKS:
         return Msg("log-prob head: selective_log_softmax over the full logits "
                    "(TRL 1.16 trl.experimental ORPO/CPO get_batch_logps)")

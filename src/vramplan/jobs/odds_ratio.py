@@ -21,7 +21,7 @@ U_b = b * (s - 1) * v elements (the chosen rows' shifted logits).
 from __future__ import annotations
 
 from vramplan.breakdown import Breakdown
-from vramplan.jobs.rl import completion_logps_loss
+from vramplan.jobs.selective import completion_logps_loss
 from vramplan.jobs.trained import LossTerms, compute_dtype, trainer_logits_dtype
 from vramplan.spec import Backend, JobSpec, Task
 from vramplan.units import nbytes

@@ -20,7 +20,7 @@ from vramplan.components.dtypes import dtypes_of
 from vramplan.jobs.dpo_head import DpoHead, dpo_head, reference_hidden_states
 from vramplan.jobs.logprob import chunked_head, head_note, resolve_head
 from vramplan.jobs.odds_ratio import odds_ratio_loss
-from vramplan.jobs.rl import completion_logps_head, completion_logps_loss
+from vramplan.jobs.selective import completion_logps_head, completion_logps_loss
 from vramplan.jobs.trained import cast_first_logps_loss, compute_dtype, logps_loss, prefixed, score_loss, trained_plan
 from vramplan.model import ModelDesc
 from vramplan.spec import Checkpointing, JobSpec, LogprobHead, Method, Task

@@ -17,7 +17,8 @@ What is alive when (trl/trainer/grpo_trainer.py, `_generate_and_score_completion
    TRL 0.x `_get_per_token_logps`: logits for the completion positions plus one,
    `selective_log_softmax` (trl/trainer/utils.py) row by row (bf16) or gather + per-row
    logsumexp (fp32); temperature 1.0 (the default) makes no scaled copy. TRL 1.x's fused
-   chunked head (`add_fused_lm_head`, logprob_head chunked, auto for GRPO): jobs/logprob.py.
+   chunked head (`add_fused_lm_head`, logprob_head chunked, auto for GRPO): jobs/logprob.py;
+   the releases between, 0.21 to 1.14: jobs/grpo_head.py.
 3. The policy's training forward on prompt + completion (the core's plan with seq_len =
    prompt + completion) and the same log-prob head with gradients; then backward and the
    optimizer step. PPO's PolicyAndValueWrapper runs the critic backbone then the policy
@@ -35,9 +36,9 @@ from vramplan.jobs.compose import Step, finish, merge_trained
 from vramplan.jobs.frozen import frozen_weights, layer_working_set, no_grad_forward_peak
 from vramplan.components.dtypes import dtypes_of
 from vramplan.jobs.logprob import chunked_head, head_note, resolve_head
-from vramplan.jobs.trained import (
-    LossTerms, compute_dtype, prefixed, score_loss, trained_plan,
-)
+from vramplan.jobs.grpo_head import grpo_head
+from vramplan.jobs.selective import completion_logps_head, completion_logps_loss
+from vramplan.jobs.trained import compute_dtype, prefixed, score_loss, trained_plan, trainer_logits_dtype
 from vramplan.model import ModelDesc
 from vramplan.spec import JobSpec, LogprobHead, Method, Task
 from vramplan.spec.grpo import GRPO_MAX_COMPLETION, GRPO_NUM_GENERATIONS
@@ -82,56 +83,6 @@ def generation_peak(desc: ModelDesc, rows: int, prompt: int, new: int, c: str) -
     return prefill if prefill.total() > last.total() else last
 
 
-def completion_logps_head(rows: int, new: int, v: int, c: str) -> Breakdown:
-    """TRL 0.x `_get_per_token_logps` under no_grad: `model(..., logits_to_keep=C + 1)`
-    logits (rows, C + 1, v) in c, the last position dropped (a view), then
-    trl.trainer.utils.selective_log_softmax: for bf16/fp16 a loop over rows holding one
-    row's `log_softmax` (C, v) at a time; for fp32 `gather` and a per-row `torch.logsumexp`
-    (fused on the row: no (C, v) temporary). Temperature 1.0 (TRL's default): no scaled copy."""
-    out = Breakdown().add("logits/logits", nbytes(rows * (new + 1) * v, c))
-    if c != "fp32":
-        out.add("logits/row_log_softmax", nbytes(new * v, c))
-    return out
-
-
-def completion_logps_loss(rows: int, new: int, v: int, c: str, logits_len: int | None = None,
-                          rolled: bool = False) -> LossTerms:
-    """The same head with gradients (selective_log_softmax, trl/trainer/utils.py).
-    bf16/fp16 rows: each row's log_softmax output is saved (rows x C x v in all); backward
-    turns them one by one into row gradients, UnbindBackward stacks them (rows, C, v) with
-    the saved outputs gone, then SliceBackward's full-size (rows, C + 1, v) zeros.
-    fp32: `gather` and `logsumexp` save the logits themselves (views: the (C + 1) logits
-    stay alive); backward holds gather's `new_zeros` and `scatter_add` and the stacked
-    logsumexp row gradients (3 x rows x C x v fp32) beside them, then SliceBackward.
-    PPO (trl/trainer/ppo_trainer.py: `forward(model, mb_query_responses, ...)` passes no
-    logits_to_keep, then `logits = output.logits[:, context_length - 1 : -1]`): the logits
-    cover all `logits_len` = P + C positions. `rolled`: the logits are the `new` scored
-    positions themselves (TRL 0.2x DPO scores `torch.roll(input_ids, -1)`: no slice).
-    """
-    rcv = nbytes(rows * new * v, c)
-    full = rcv if rolled else nbytes(rows * (logits_len or new + 1) * v, c)
-    head = Breakdown().add("logits/grad_logits", full)
-    if logits_len:
-        # PPO: `logits /= args.temperature + 1e-7` (PPOConfig temperature 0.7) in place on the
-        # view of the (rows, S, v) logits makes a CopySlices node: the view's gradient lands in
-        # a full-size zeros of the base (AsStridedBackward), CopySlices allocates its full-size
-        # result, clones the slice's gradient and runs DivBackward on it (rows x C x v each).
-        # That stage is larger than the gather/logsumexp one before it (full >= rcv).
-        grad = (Breakdown().add("logits/grad_view_base", full).add("logits/grad_copy_slices", full)
-                .add("logits/grad_slice_clone", rcv).add("logits/grad_temperature_div", rcv))
-        # `output` keeps the logits alive through the whole backward. bf16/fp16: the rows'
-        # saved log_softmax outputs are freed by their backward before this stage (counted at
-        # the end of the forward only).
-        end = Breakdown().add("logits/log_softmax", rcv) if c != "fp32" else Breakdown()
-        return LossTerms(Breakdown().add("logits/logits", full), end, grad, Breakdown())
-    if c != "fp32":
-        return LossTerms(Breakdown().add("logits/log_softmax", rcv), Breakdown().add("logits/logits", full),
-                         Breakdown().add("logits/grad_rows_stacked", rcv), head)
-    grad = (Breakdown().add("logits/grad_gather_zeros", rcv).add("logits/grad_gather_scatter", rcv)
-            .add("logits/grad_rows_stacked", rcv))
-    return LossTerms(Breakdown().add("logits/logits", full), Breakdown(), grad, head)
-
-
 def _one_label(model) -> ModelDesc:
     from vramplan.jobs import _desc
     return _desc(model, 1)
@@ -168,11 +119,15 @@ def rl_estimate(descs: dict[str, ModelDesc], spec: JobSpec, gpu=None):
     # scored off Triton), outputs ("log_probs", "entropy") for the policy, log_probs only
     # for the reference. Otherwise TRL 0.x's selective_log_softmax head (below).
     chunked = not ppo and resolve_head(spec) is LogprobHead.CHUNKED  # full: modelled as selective
-    if chunked:
+    # GRPOTrainer's own head of TRL 0.21 to 1.14, by release (jobs/grpo_head.py)
+    own = None
+    if not ppo and spec.logprob_head is LogprobHead.AUTO and resolve_head(spec) is LogprobHead.SELECTIVE:
+        own = grpo_head(spec, rows, new, v)
+    if chunked or own:
         notes.append(head_note(spec))
     softcap = bool(desc.final_logit_softcapping)
     loss = (chunked_head(spec, rows, total_len, desc.hidden_size, v, entropy=True, softcap=softcap) if chunked
-            else completion_logps_loss(rows, new, v, c, total_len if ppo else None))
+            else own.terms if own else completion_logps_loss(rows, new, v, c, total_len if ppo else None))
     trained = trained_plan(desc, spec, rows, loss, seq_len=total_len)
     plan = prefixed(trained.plan, actor)
     total, trainable = {actor: desc.num_params()}, trained.params.numel(trainable=True)
@@ -200,7 +155,8 @@ def rl_estimate(descs: dict[str, ModelDesc], spec: JobSpec, gpu=None):
     step.plan.static.add("batch/prompt_completion_ids", nbytes(gen_rows * total_len, "int64"))
     step.plan.static.add("batch/attention_mask", nbytes(gen_rows * total_len, "int64"))
     step.plan.static.add("batch/completion_mask", nbytes(gen_rows * new, "int64"))
-    step.plan.static.add("batch/ref_per_token_logps", nbytes(gen_rows * new, "fp32" if chunked else c))
+    logps_dtype = "fp32" if chunked else trainer_logits_dtype(spec) if own else c
+    step.plan.static.add("batch/ref_per_token_logps", nbytes(gen_rows * new, logps_dtype))
     step.plan.static.add("batch/advantages", nbytes(gen_rows, "fp32"))
     if ppo:
         # trl ppo_trainer.py `generate`: `lm_backbone.generate(..., return_dict_in_generate=True,
@@ -247,6 +203,8 @@ def rl_estimate(descs: dict[str, ModelDesc], spec: JobSpec, gpu=None):
             fused = chunked_head(spec, rows, total_len, ref_desc.hidden_size, ref_desc.vocab_size,
                                  softcap=bool(ref_desc.final_logit_softcapping))
             head = fused.frozen_peak(nbytes(rows * total_len * ref_desc.hidden_size, fused.hidden_dtype))
+        elif own:
+            head = own.reference
         else:
             head = completion_logps_head(rows, new, ref_desc.vocab_size, c)
         peak = no_grad_forward_peak(ref_desc, rows, total_len, c, head)
