@@ -43,7 +43,7 @@ def _dpo_head(spec: JobSpec, desc: ModelDesc, rows: int) -> DpoHead | None:
 
 def _policy_head(spec: JobSpec, desc: ModelDesc, rows: int, chunked: bool):
     """The trained model's log-prob head (DPO's selective one: `_dpo_head`). Selective (KTO):
-    the same mechanism as GRPO's completion head (jobs/rl.py), over s - 1 scored positions
+    the same mechanism as GRPO's completion head (jobs/selective.py), over s - 1 scored positions
     of s logits; modelled from the source, not measured. Chunked: TRL 1.16 asks the policy for
     ("log_probs", "entropy", "mean_logits", "is_top1") in DPO (dpo_trainer.py __init__,
     `add_fused_lm_head(..., outputs=outputs)`) and ("log_probs", "entropy", "mean_logits")
