@@ -32,11 +32,12 @@ def test_estimate_within_targets_of_the_release_s_trainer(name):
 
 
 def test_every_release_range_was_measured():
-    # one release in each branch of trl_sft_metrics: 0.23..1.3 (entropy on the logits),
+    # one release in each branch of trl_sft_metrics: 0.15..0.21 (accuracy only), 0.22 (entropy
+    # one batch row at a time), 0.23..1.3 (entropy on the logits),
     # 1.4..1.5 (shifted copy first), 1.6 (a view, copied by entropy's reshape); and the
     # chunked_nll head of 1.7..1.14 (jobs/chunked_nll.py)
-    assert {n.split("/")[0] for n in ROWS} >= {"trl-0.25.1", "trl-1.4.0", "trl-1.6.0", "trl-1.9.0", "trl-1.12.0",
-                                                "trl-1.14.0"}
+    assert {n.split("/")[0] for n in ROWS} >= {"trl-0.19.1", "trl-0.22.2", "trl-0.25.1", "trl-1.4.0", "trl-1.6.0",
+                                                "trl-1.9.0", "trl-1.12.0", "trl-1.14.0"}
 
 
 def _spec(release: str, **kw):
@@ -47,7 +48,12 @@ def _spec(release: str, **kw):
 
 def test_the_metrics_moment_follows_the_release():
     v, c = 128256, "fp32"
-    assert metrics_moment(_spec("0.22"), 2, 512, v, c) is None        # before entropy_from_logits' 128-row chunks
+    assert metrics_moment(_spec("0.14"), 2, 512, v, c) is None        # the Trainer's own loss, nothing after it
+    # 0.15-0.21: the token accuracy's shifted copy and argmax only; 0.22: entropy one batch row
+    # (s x v, three at once) at a time, then the same accuracy
+    assert metrics_moment(_spec("0.19"), 2, 512, v, c).total() == 2 * 512 * v * 4 + 2 * 511 * v * 4 + 2 * 511 * 8
+    assert metrics_moment(_spec("0.22"), 2, 512, v, c).total() == 2 * 512 * v * 4 + 3 * 512 * v * 4
+    assert metrics_moment(_spec("0.22"), 1, 512, v, c).total() == 512 * v * 4 + 3 * 512 * v * 4
     assert metrics_moment(_spec("1.7"), 2, 512, v, c) is None         # chunked_nll default from 1.7
     assert metrics_moment(_spec("1.16"), 2, 512, v, c) is None        # the fused head
     assert metrics_moment(_spec("1.4", stack="hf-trainer"), 2, 512, v, c) is None   # not TRL's SFTTrainer

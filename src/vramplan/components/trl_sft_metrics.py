@@ -7,6 +7,10 @@ What is alive beside the saved tensors (L: the logits the trainer gets, fp32 und
 which accelerate's `convert_outputs_to_fp32` copies them to, else the head's dtype; T' = rows
 x (s - 1) shifted positions; a chunk is 128 flattened rows):
 
+* 0.15 <= TRL < 0.22: the token accuracy only: `outputs.logits[..., :-1, :].contiguous()`
+  (a T' x v copy when there is more than one row) and its int64 argmax, beside L.
+* TRL 0.22: first `entropy_from_logits(outputs.logits)` one batch row at a time
+  (`chunk_size=1` along the batch: three s x v tensors), then the same accuracy.
 * 0.23 <= TRL < 1.4: `entropy_from_logits(outputs.logits)` folds 128-row chunks, each holding
   log_softmax, exp and their product (three chunks) beside L; then the accuracy's
   `outputs.logits[..., :-1, :].contiguous()` (a T' x v copy when there is more than one row)
@@ -16,8 +20,9 @@ x (s - 1) shifted positions; a chunk is 128 flattened rows):
 * 1.6 <= TRL < 1.10: the shifted logits are a view; `reshape(-1, v)` of that non-contiguous
   view copies it (more than one row), beside L and the three chunks.
 
-Measured: TRL 0.25.1 on CPU (bench/trainers README). Other releases are read from their
-source; before 0.23 (row-wise entropy, or none) and from 1.7 (chunked_nll) nothing is added.
+Measured on CPU with 0.25.1, 1.4.0 and 1.6.0 (bench/trainers/trl_releases.py), and 0.19.1
+and 0.22.2; the others are read from their source. Before 0.15 SFTTrainer keeps the
+Trainer's own loss (nothing is added); from 1.7 chunked_nll (jobs/chunked_nll.py).
 """
 from __future__ import annotations
 
@@ -29,7 +34,7 @@ from vramplan.units import nbytes
 
 ENTROPY_CHUNK_ROWS = 128
 """trl/trainer/utils.py entropy_from_logits `chunk_size: int = 128` (0.23 onwards)."""
-_SINCE, _COPY_FIRST, _VIEW = (0, 23), (1, 4), (1, 6)
+_ACCURACY_SINCE, _ROW_ENTROPY, _SINCE, _COPY_FIRST, _VIEW = (0, 15), (0, 22), (0, 23), (1, 4), (1, 6)
 CHUNKED_NLL_SINCE = (1, 7)
 """SFTConfig's loss_type defaults to chunked_nll from 1.7 (jobs/chunked_nll.py): no metrics
 pass over the full logits from then on."""
@@ -40,12 +45,14 @@ def metrics_moment(spec: JobSpec, rows: int, s: int, v: int, logits_dtype: str) 
     over the full logits (or the job is not TRL's SFT with the model's own loss)."""
     release = spec.stack.minor("trl")
     if (spec.task is not Task.SFT or spec.stack.framework is not Framework.TRL or release is None
-            or not _SINCE <= release < CHUNKED_NLL_SINCE or spec.loss_impl is not LossImpl.STANDARD):
+            or not _ACCURACY_SINCE <= release < CHUNKED_NLL_SINCE or spec.loss_impl is not LossImpl.STANDARD):
         return None
     t = rows * s
     shifted = rows * (s - 1)
     copy = nbytes(shifted * v, logits_dtype) if rows > 1 else 0
     chunks = 3 * nbytes(min(ENTROPY_CHUNK_ROWS, shifted if release >= _COPY_FIRST else t) * v, logits_dtype)
+    if release < _SINCE:  # 0.22's entropy folds one batch row (s x v) at a time; none before
+        chunks = 3 * nbytes(s * v, logits_dtype) if release >= _ROW_ENTROPY else 0
     argmax = nbytes(shifted, "int64")
     held = Breakdown().add("logits/trainer_logits", nbytes(t * v, logits_dtype))
     if release < _COPY_FIRST:
@@ -68,9 +75,6 @@ def notes(spec: JobSpec) -> list[Msg]:
         # trl/trainer/sft_config.py: loss_type defaults to "chunked_nll" from 1.7
         return [Msg("SFT loss: TRL {release}'s default chunked_nll (the head and cross-entropy in 256-token "
                     "checkpointed chunks, each with fp32 copies of the head weight)", release=spec.stack.trl)]
-    if release < _SINCE:
-        return [Msg("TRL {release} SFTTrainer's token-accuracy pass over the logits is not modelled",
-                    release=spec.stack.trl)]
     return []
 
 
