@@ -62,3 +62,24 @@ def test_callback_refuses_before_the_first_step(tmp_path):
     with pytest.raises(DoesNotFitError, match="does not fit"):
         tr.train()
     assert tr.state.global_step == 0
+
+
+def test_spec_from_a_trl_config_names_the_task_and_the_installed_releases(tmp_path):
+    # TRL's configs subclass TrainingArguments: the callback reads which trainer runs the step
+    # and the releases installed here, which decide TRL's heads (jobs/logprob.py)
+    trl = pytest.importorskip("trl")
+    from importlib.metadata import version
+    model = tiny_model()
+    common = {"output_dir": str(tmp_path), "use_cpu": True, "report_to": [], "per_device_train_batch_size": 2}
+    installed = ".".join(version("trl").split(".")[:2])
+    sft = spec_from_trainer(model, trl.SFTConfig(**common), seq_len=SEQ)
+    assert (sft.task.value, sft.stack.framework.value, sft.stack.trl) == ("sft", "trl", installed)
+    assert sft.stack.transformers == ".".join(transformers.__version__.split(".")[:2])
+    ipo = spec_from_trainer(model, trl.DPOConfig(**common, loss_type="ipo", precompute_ref_log_probs=True))
+    assert (ipo.task.value, ipo.seq_len, ipo.reference_model) == ("ipo", trl.DPOConfig(**common).max_length,
+                                                                   "precomputed")
+    grpo_args = trl.GRPOConfig(**common, num_generations=2, max_completion_length=24, beta=0.04)
+    grpo = spec_from_trainer(model, grpo_args, seq_len=SEQ)
+    assert (grpo.task.value, grpo.num_generations, grpo.max_new_tokens, grpo.reference_model) == ("grpo", 2, 24, None)
+    plain = spec_from_trainer(model, transformers.TrainingArguments(**common), seq_len=SEQ)
+    assert (plain.task.value, plain.stack.framework.value) == ("sft", "hf-trainer")

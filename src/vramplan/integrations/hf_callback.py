@@ -65,11 +65,61 @@ def _lora_fields(model) -> dict:
     return out
 
 
+# TRL's config classes (trl/trainer/*_config.py, trl/experimental/*) -> the spec's task. Other
+# TRL trainers (GKD's teacher, PPO's critic) need models the callback cannot see: pass
+# `task=` and the other models as spec overrides.
+_TRL_TASKS = {"SFTConfig": "sft", "DPOConfig": "dpo", "KTOConfig": "kto", "GRPOConfig": "grpo",
+              "RewardConfig": "reward-model", "ORPOConfig": "orpo"}
+
+
+def _release(library: str) -> str | None:
+    """The installed release as major.minor (a dev or rc suffix dropped), or None."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        parts = version(library).split(".")
+    except PackageNotFoundError:
+        return None
+    digits = [p for p in parts[:2] if p.isdigit()]
+    return ".".join(digits) if len(digits) == 2 else None
+
+
+def _stack(args) -> dict:
+    """The framework the arguments belong to (TRL's configs subclass TrainingArguments) and
+    the releases installed here, which decide TRL's log-prob heads and metrics passes
+    (jobs/logprob.py, components/trl_sft_metrics.py), PEFT's adapter dtype and
+    transformers' loading dtype."""
+    trl = any(cls.__module__.startswith("trl.") for cls in type(args).__mro__)
+    releases = {lib: r for lib in ("transformers", "trl", "peft") if (r := _release(lib))}
+    return {"framework": "trl" if trl else "hf-trainer", **releases}
+
+
+def _trl_fields(args) -> dict:
+    """Task and lengths from a TRL config (field names and defaults of trl/trainer/*_config.py)."""
+    task = _TRL_TASKS.get(type(args).__name__)
+    if task is None:
+        return {}
+    out = {"task": task}
+    if task == "dpo" and getattr(args, "loss_type", None) in ("ipo", ["ipo"]):
+        out["task"] = "ipo"
+    if task in ("dpo", "kto") and getattr(args, "precompute_ref_log_probs", False):
+        out["reference_model"] = "precomputed"
+    if task == "grpo":
+        # GRPO's seq_len is the prompt; the completion and the group size are their own fields
+        out.update(num_generations=args.num_generations, max_new_tokens=args.max_completion_length)
+        if getattr(args, "max_prompt_length", None):
+            out["seq_len"] = int(args.max_prompt_length)
+        if getattr(args, "beta", None) == 0.0:
+            out["reference_model"] = "precomputed"  # beta 0: TRL builds no reference
+    return out
+
+
 def spec_from_trainer(model, args, *, seq_len: int | None = None, **overrides) -> JobSpec:
-    """A JobSpec for what the Trainer will run: model config, batch, precision, optimizer."""
+    """A JobSpec for what the Trainer will run: model config, batch, precision, optimizer, and,
+    under a TRL trainer, the task and the releases installed here."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     config = base.config.to_dict()
-    seq = seq_len or getattr(args, "max_seq_length", None) or getattr(args, "max_length", None)
+    trl = _trl_fields(args)
+    seq = seq_len or trl.get("seq_len") or getattr(args, "max_seq_length", None) or getattr(args, "max_length", None)
     if not seq:
         seq = min(2048, config.get("max_position_embeddings") or 2048)
         logger.warning("vramplan: no seq_len given; assuming %d tokens per row", seq)
@@ -80,7 +130,7 @@ def spec_from_trainer(model, args, *, seq_len: int | None = None, **overrides) -
         "seq_len": int(seq),
         "num_gpus": max(1, args.world_size),
         "backend": "cuda" if args.device.type == "cuda" else "cpu",
-        "precision": _precision(model, args), "load_dtype": _load_dtype(model), "stack": "hf-trainer",
+        "precision": _precision(model, args), "load_dtype": _load_dtype(model), "stack": _stack(args),
         # transformers 5 renamed gradient_checkpointing to activation_checkpointing.
         "gradient_checkpointing": "full" if (getattr(args, "activation_checkpointing", False)
                                              or getattr(args, "gradient_checkpointing", False)) else "none",
@@ -89,8 +139,9 @@ def spec_from_trainer(model, args, *, seq_len: int | None = None, **overrides) -
         **_OPTIM.get(str(getattr(args.optim, "value", args.optim)), {"optimizer": "adamw"}),
         **_lora_fields(model),
     }
-    if type(base).__name__.endswith("ForSequenceClassification"):
+    if type(base).__name__.endswith("ForSequenceClassification") and "task" not in trl:
         data.update(task="sequence-classification", num_labels=base.config.num_labels)
+    data.update({k: v for k, v in trl.items() if k != "seq_len"})
     data.update(overrides)
     return load_spec(data)
 
