@@ -22,7 +22,8 @@ def test_estimate_within_targets_of_the_release_s_trainer(name):
     row = ROWS[name]
     measured, est = row["measured"], vramplan.estimate(row["job"])
     release = name.split("/")[0].removeprefix("trl-")
-    entry = {"dpo": "DPOTrainer", "ipo": "DPOTrainer", "grpo": "GRPOTrainer"}.get(row["job"]["task"], "SFTTrainer")
+    entry = {"dpo": "DPOTrainer", "ipo": "DPOTrainer", "grpo": "GRPOTrainer",
+             "kto": "KTOTrainer"}.get(row["job"]["task"], "SFTTrainer")
     assert measured["runner"] == {"library": "trl", "version": release, "entry": entry}
     assert row["job"]["stack"]["trl"] == ".".join(release.split(".")[:2])
     assert abs(est.peak_allocated_bytes / measured["peak_allocated_bytes"] - 1) < 0.02, name
@@ -82,6 +83,9 @@ def test_every_dpo_head_variant_was_measured_at_its_ends():
     # jobs/dpo_head.py: 0.15..0.28 rolled, 0.29..1.5 contiguous copies, 1.6..1.13 views, 1.14 joint
     dpo = {n.split("/")[0] for n in ROWS if ROWS[n]["job"]["task"] in ("dpo", "ipo")}
     assert dpo >= {"trl-0.25.1", "trl-0.29.1", "trl-1.5.1", "trl-1.6.0", "trl-1.13.0", "trl-1.14.0"}
+    # KTO from 1.9 (views) to 1.14 (joint)
+    assert {n.split("/")[0] for n in ROWS if ROWS[n]["job"]["task"] == "kto"} >= {
+        "trl-1.9.0", "trl-1.13.0", "trl-1.14.0"}
 
 
 def test_the_dpo_head_follows_the_release():
@@ -94,10 +98,14 @@ def test_the_dpo_head_follows_the_release():
     heads = [resolve_head(_spec(r, **dpo)) for r in ("0.14", "0.15", "1.14", "1.15", "1.16")]
     assert heads == [LogprobHead.FULL, LogprobHead.SELECTIVE, LogprobHead.SELECTIVE,
                      LogprobHead.CHUNKED, LogprobHead.CHUNKED]
-    # KTO's and GRPO's heads before 1.15 are still TRL 1.16's, and the answer says so
+    # KTO's head before 1.9 is still TRL 1.16's, and the answer says so; from 1.9 it is its own
     kto = vramplan.estimate({"model": "llama-3.2-1b", "task": "kto", "seq_len": 512,
                              "stack": {"framework": "trl", "trl": "1.6"}})
     assert any("TRL 1.6's is not modelled" in str(n) for n in kto.notes)
+    kto = {"task": "kto"}
+    assert [resolve_head(_spec(r, **kto)) for r in ("1.8", "1.9", "1.14", "1.15")] == [
+        LogprobHead.CHUNKED, LogprobHead.SELECTIVE, LogprobHead.SELECTIVE, LogprobHead.CHUNKED]
+    assert [variant(_spec(r, **kto)) for r in ("1.9", "1.13", "1.14")] == [Variant.VIEW, Variant.VIEW, Variant.JOINT]
     old = vramplan.estimate({"model": "llama-3.2-1b", "task": "dpo", "seq_len": 512,
                              "stack": {"framework": "trl", "trl": "1.6"}})
     assert not any("not modelled" in str(n) for n in old.notes)
@@ -130,6 +138,11 @@ def test_the_dpo_metrics_moments_worked_from_the_source():
     assert rolled.terms.saved.total() == logits  # all s positions scored: no shifted slice
     # accelerate's cast holds the model's bf16 logits beside the fp32 copy in the reference
     assert rolled.reference.total() == logits + rows * s * v * 2
+    # KTO 1.9-1.13 (two unpaired rows): the mean logits' index_select copies of all rows, then
+    # one class's boolean copy (half the rows); entropy's reshape copy and chunks are smaller
+    # here only when the rows are long: at 512 tokens the index copies plus one row win
+    kto = dpo_head(_spec("1.13", task="kto", precision="bf16"), rows, s, v, with_reference=True)
+    assert kto.metrics.total() == max(shifted + chunks, shifted + chosen)
 
 
 def test_chunked_nll_follows_each_backend_s_autocast_lists():

@@ -1,5 +1,5 @@
-"""TRL's SFTTrainer, DPOTrainer and GRPOTrainer of earlier releases, measured on CPU beside the
-installed one.
+"""TRL's SFTTrainer, DPOTrainer, KTOTrainer and GRPOTrainer of earlier releases, measured on
+CPU beside the installed one.
 
     pip install --no-deps --target /tmp/trl-0.25.1 trl==0.25.1      # one folder per release
     python bench/trainers/trl_releases.py /tmp/trl-0.25.1 /tmp/trl-1.4.0 /tmp/trl-1.6.0
@@ -12,7 +12,7 @@ vramplan.measure.trainers.measure_trainer (the runner of bench/trainers/run.py, 
 exact CPU meter) with `stack: {framework: trl, trl: <release>}`, and is estimated from that
 job. What differs by release is what SFTTrainer does after the model's loss (entropy and
 token accuracy over the full logits: components/trl_sft_metrics.py) and how it prepares a
-quantized base (components/qlora_prep.py); for DPO and GRPO, the head the trainer runs before
+quantized base (components/qlora_prep.py); for DPO, KTO and GRPO, the head the trainer runs before
 TRL's fused one and what each release keeps alive around it (jobs/dpo_head.py,
 jobs/grpo_head.py). Results:
 results-trl-releases.json, written after each case.
@@ -62,6 +62,13 @@ CASES.update({
     "grpo/bf16/full/g4-c32": dict(BASE, **GRPO, precision="bf16"),
     "grpo/fp32/full/g4-c32": dict(BASE, **GRPO, precision="fp32"),
     "grpo/bf16-plain/lora/g4-c32": dict(BASE, **GRPO, precision="bf16", stack=PLAIN, **LORA),
+})
+# KTOTrainer's own head of 1.9 to 1.14 (jobs/dpo_head.py): under autocast, fp32, and a
+# pure-bf16 LoRA policy whose reference is its adapter-disabled base
+CASES.update({
+    "kto/bf16/full/b2": dict(BASE, task="kto", precision="bf16"),
+    "kto/fp32/full/b2": dict(BASE, task="kto", precision="fp32"),
+    "kto/bf16-plain/lora/b2": dict(BASE, task="kto", precision="bf16", stack=PLAIN, **LORA),
 })
 OUT = HERE / "results-trl-releases.json"
 # Releases before 0.26 on transformers 5: trl/import_utils.py keeps transformers'

@@ -71,6 +71,7 @@ _EVENTS = {
     "critic backward": N_("critic backward"),
     "distillation loss (student and teacher logits)": N_("distillation loss (student and teacher logits)"),
     "DPO metrics (entropy, mean logits)": N_("DPO metrics (entropy, mean logits)"),
+    "KTO metrics (entropy, mean logits)": N_("KTO metrics (entropy, mean logits)"),
 }
 _LAYER_EVENT = re.compile(r"(?:(?P<role>\w+) )?layer (?P<n>\d+) (?P<pass>backward|forward)")
 

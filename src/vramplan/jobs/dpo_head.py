@@ -29,6 +29,11 @@ copy at once: jobs/trained.py `trainer_logits_dtype`), else the head's dtype.
   boolean-index copies (`chosen_logits[chosen_mask.bool()]`, b x (s - 1) at most).
 * VIEW, 1.6 <= TRL < 1.14: the same on views; the entropy's `reshape(-1, v)` of the
   non-contiguous shifted view copies it whenever there is more than one row.
+* KTOTrainer (trl/trainer/kto_trainer.py `_compute_loss`, rows = b unpaired completions) runs
+  the VIEW pattern from 1.9 to 1.13 and the JOINT one in 1.14, its KL-batch forwards (policy
+  and reference, under no_grad) each before the forward they pair with; its mean logits take
+  `index_select` copies of the chosen and rejected rows first. Before 1.9 its heads are not
+  modelled (bench/trainers README).
 * JOINT, TRL 1.14: `selective_log_softmax_and_entropy` right after the policy's forward,
   before the reference's, so the entropy's copy and chunks sit beside the policy's logits
   only. On CUDA, where Triton imports, its kernel (trl/kernels, the one ORPO runs in 1.16:
@@ -48,7 +53,7 @@ from vramplan.jobs.odds_ratio import triton_selective
 from vramplan.jobs.selective import completion_logps_loss
 from vramplan.jobs.trained import LossTerms, compute_dtype, trainer_logits_dtype
 from vramplan.model import ModelDesc
-from vramplan.spec import Backend, JobSpec
+from vramplan.spec import Backend, JobSpec, Task
 from vramplan.units import nbytes
 
 
@@ -65,8 +70,10 @@ HIDDEN_STATES_SINCE, CONTIGUOUS_SINCE, VIEW_SINCE, JOINT_SINCE = (0, 19), (0, 29
 
 def variant(spec: JobSpec) -> Variant:
     """The release's variant; a spec that names no release gets the 0.2x one, which is what
-    `logprob_head: selective` has always meant."""
+    `logprob_head: selective` has always meant. KTO (1.9 to 1.14 only): VIEW, then JOINT."""
     release = spec.stack.minor("trl")
+    if spec.task is Task.KTO:
+        return Variant.VIEW if release < JOINT_SINCE else Variant.JOINT
     if release is None or release < CONTIGUOUS_SINCE:
         return Variant.ROLLED
     if release < VIEW_SINCE:
@@ -100,6 +107,11 @@ def dpo_head(spec: JobSpec, rows: int, s: int, v: int, with_reference: bool) -> 
     cast = Breakdown().add("logits/logits_model_dtype", nbytes(rows * s * v, c)) if l != c else Breakdown()
     chosen = nbytes(rows // 2 * (s if kind is Variant.ROLLED else s - 1) * v, l)
     mean_logits = Breakdown().add("logits/mean_logits_masked_copy", chosen)
+    if spec.task is Task.KTO:
+        # `shift_logits.detach().index_select(0, chosen_idx)` and the rejected rows' copy (all
+        # rows between them), then one class's boolean-index copy, counted at half the rows
+        # (a balanced batch; TRL's KTO docs recommend desirable:undesirable near 1:1)
+        mean_logits.add("logits/mean_logits_index_copies", big_s)
     ref_head = Breakdown().add("logits/logits", big_l).merge(cast)
     if kind is Variant.JOINT and spec.backend is Backend.CUDA:
         terms = triton_selective(rows, s, v, l)

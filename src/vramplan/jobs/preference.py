@@ -35,8 +35,13 @@ def _batch(rows: int, s: int) -> Breakdown:
 
 
 def _dpo_head(spec: JobSpec, desc: ModelDesc, rows: int) -> DpoHead | None:
-    """TRL DPOTrainer's selective head by release (jobs/dpo_head.py), for DPO and IPO."""
-    if spec.task not in (Task.DPO, Task.IPO) or resolve_head(spec) is not LogprobHead.SELECTIVE:
+    """TRL DPOTrainer's selective head by release (jobs/dpo_head.py), for DPO and IPO, and
+    KTOTrainer's of 1.9 to 1.14 (`auto` only: an explicit `selective` keeps the generic head)."""
+    if resolve_head(spec) is not LogprobHead.SELECTIVE:
+        return None
+    if spec.task is Task.KTO and spec.logprob_head is not LogprobHead.AUTO:
+        return None
+    if spec.task not in (Task.DPO, Task.IPO, Task.KTO):
         return None
     return dpo_head(spec, rows, spec.seq_len, desc.vocab_size, spec.reference_model != PRECOMPUTED)
 
@@ -156,7 +161,8 @@ def preference_estimate(descs: dict[str, ModelDesc], spec: JobSpec, gpu=None):
     if dpo and dpo.metrics is not None:
         at_metrics = (Breakdown().merge(dpo.held, prefix="policy/").merge(dpo.reference_held)
                       .merge(dpo.metrics, prefix="policy/"))
-        step.after_forward.append(("forward", "DPO metrics (entropy, mean logits)", at_metrics, True))
+        label = "KTO metrics (entropy, mean logits)" if spec.task is Task.KTO else "DPO metrics (entropy, mean logits)"
+        step.after_forward.append(("forward", label, at_metrics, True))
     return finish(spec, desc, step, num_params=total, trainable_params=trained.params.numel(trainable=True),
                   gpu=gpu, notes=notes)
 
