@@ -147,6 +147,9 @@ def test_command_line_keeps_the_task(capsys, job):
      "quantization": {"type": "nf4", "double_quant": False, "prepare": "peft"}},
     {"method": "qlora", "quantization": {"type": "gptq", "bits": 3, "group_size": 64}},
     {"precision": "bf16", "stack": "torchtune"},
+    # the framework's own library release: `--stack trl@0.25` (TRL's heads change by release)
+    {"task": "dpo", "precision": "bf16", "stack": {"framework": "trl", "trl": "0.25"}},
+    {"stack": {"framework": "hf-trainer", "transformers": "4.57"}},
 ])
 def test_command_line_keeps_the_stack_and_the_quantization(capsys, job):
     # the printed command estimates the same job: what bf16 means (the stack), the load dtype
@@ -160,7 +163,18 @@ def test_command_line_keeps_the_stack_and_the_quantization(capsys, job):
 
 def test_command_line_refuses_what_no_flag_says():
     with pytest.raises(SpecError, match="save-spec"):
-        command_line(load_spec({"model": "qwen2.5-0.5b", "stack": {"framework": "trl", "trl": "0.25"}}))
+        command_line(load_spec({"model": "qwen2.5-0.5b", "stack": {"framework": "trl", "peft": "0.17"}}))
+    with pytest.raises(SpecError, match="save-spec"):
+        command_line(load_spec({"model": "qwen2.5-0.5b", "stack": {"framework": "plain", "trl": "0.25"}}))
+
+
+def test_stack_at_release_names_the_framework_s_library():
+    from vramplan.spec.stack import parse_stack
+    assert parse_stack("trl@1.9").to_dict() == parse_stack({"framework": "trl", "trl": "1.9"}).to_dict()
+    assert parse_stack("hf-trainer@4.57").transformers == "4.57"
+    for bad, word in (("torchtune@1.0", "takes no release"), ("trl@abc", "release"), ("trl@", "release")):
+        with pytest.raises(SpecError, match=word):
+            parse_stack(bad)
 
 
 def test_fit_emit_on_the_command_line(capsys):

@@ -31,7 +31,7 @@ _SPEC_FLAGS = {
     "precision": (str, N_("fp32 | bf16 | fp16 (as the stack's flag) | amp-bf16 | amp-fp16 | mixed-bf16 | "
                           "mixed-fp16 | pure-bf16 | pure-fp16")),
     "stack": (str, "plain (default: the words as said) | hf-trainer | trl | deepspeed | accelerate-fsdp | torchtune | axolotl | "
-                   "llama-factory | ms-swift | litgpt | torchtitan | megatron | diffusers-scripts"),
+                   "llama-factory | ms-swift | litgpt | torchtitan | megatron | diffusers-scripts; trl@1.9: a TRL release"),
     "load_dtype": (str, N_("dtype the weights are loaded in: float32 | bfloat16 | float16 "
                            "(default: the stack's, the checkpoint's dtype in transformers 5)")),
     "optimizer": (str, "adamw | adam | sgd | adafactor | lion | adamw-8bit | paged-adamw-8bit | paged-adamw-32bit"),

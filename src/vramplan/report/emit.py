@@ -7,6 +7,7 @@ from __future__ import annotations
 import shlex
 
 from vramplan.spec import JobSpec, SpecError, load_spec
+from vramplan.spec.stack import RELEASE_OF, Framework
 
 # Top-level spec keys a flag of the same name sets (cli._SPEC_FLAGS), in the order printed.
 _FLAG_KEYS = ("task", "method", "precision", "optimizer", "optimizer_impl", "micro_batch_size", "seq_len",
@@ -60,9 +61,14 @@ def _stack_and_quant(data: dict, base: dict) -> list[str]:
     flag (SpecError: the caller says to use --save-spec)."""
     words: list[str] = []
     stack, stack0 = data.get("stack") or {}, base.get("stack") or {}
-    if stack.get("framework", "plain") != "plain":
-        words += ["--stack", stack["framework"]]
     releases = [k for k in stack if k != "framework" and stack[k] != stack0.get(k)]
+    framework = stack.get("framework", "plain")
+    own = RELEASE_OF.get(Framework.parse(framework, "stack"))
+    if own in releases and stack.get(own):  # `--stack trl@1.9`
+        words += ["--stack", f"{framework}@{stack[own]}"]
+        releases.remove(own)
+    elif framework != "plain":
+        words += ["--stack", framework]
     if releases:
         raise SpecError("stack", f"stack.{releases[0]} has no command-line flag; use --save-spec for this job")
     if data.get("load_dtype") is not None:

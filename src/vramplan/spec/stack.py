@@ -231,12 +231,25 @@ class StackConfig:
         return out | ({"fp32_logits": True} if self.fp32_logits else {})
 
 
+RELEASE_OF = {Framework.TRL: "trl", Framework.HF_TRAINER: "transformers"}
+"""The library whose release `FRAMEWORK@RELEASE` names (`--stack trl@1.9`)."""
+
+
 def parse_stack(value: object) -> StackConfig:
-    """`stack: torchtune` (a framework name) or a mapping of StackConfig fields."""
+    """`stack: torchtune` (a framework name), `trl@1.9` (TRL or the HF Trainer with the release
+    of its library) or a mapping of StackConfig fields."""
     if value is None:
         return StackConfig()
     if isinstance(value, StackConfig):
         return value
+    if isinstance(value, str) and "@" in value:
+        name, _, release = value.partition("@")
+        framework = Framework.parse(name.strip(), "stack")
+        if framework not in RELEASE_OF:
+            raise SpecError("stack", f"{framework.value} takes no release after '@' (only "
+                            f"{' and '.join(f.value + '@RELEASE' for f in RELEASE_OF)}); "
+                            "give stack as a mapping to set library releases")
+        return StackConfig(framework=framework, **{RELEASE_OF[framework]: _version(release.strip(), "stack")})
     if isinstance(value, str):
         return StackConfig(framework=value)
     if not isinstance(value, Mapping):
@@ -248,6 +261,6 @@ def parse_stack(value: object) -> StackConfig:
     return StackConfig(**dict(value))
 
 
-__all__ = ["Framework", "StackConfig", "parse_cuda_version", "parse_dtype", "parse_stack",
+__all__ = ["Framework", "StackConfig", "parse_cuda_version", "parse_dtype", "parse_stack", "RELEASE_OF",
            "AUTOCAST_FRAMEWORKS", "MASTER_FRAMEWORKS", "PURE_FRAMEWORKS", "FP32_PARAM_FRAMEWORKS",
            "TRAINER_STEP_FRAMEWORKS", "TRL_TRAINER_TASKS", "loss_detached_before_step"]
