@@ -166,10 +166,10 @@ def test_the_grpo_head_follows_the_release():
     from vramplan.jobs.logprob import resolve_head
     from vramplan.spec import LogprobHead
     grpo = {"task": "grpo", "max_new_tokens": 256, "num_generations": 2}
-    assert [division(_spec(r, **grpo)) for r in ("0.21", "0.29", "1.0", "1.9", "1.10", "1.13", "1.14")] == [
-        Division.COPY, Division.COPY, Division.IN_PLACE, Division.IN_PLACE, Division.COPY_BOUND,
+    assert [division(_spec(r, **grpo)) for r in ("0.16", "0.21", "0.29", "1.0", "1.9", "1.10", "1.13", "1.14")] == [
+        Division.COPY, Division.COPY, Division.COPY, Division.IN_PLACE, Division.IN_PLACE, Division.COPY_BOUND,
         Division.COPY_BOUND, Division.JOINT]
-    heads = [resolve_head(_spec(r, **grpo)) for r in ("0.20", "0.21", "1.14", "1.15")]
+    heads = [resolve_head(_spec(r, **grpo)) for r in ("0.15", "0.16", "1.14", "1.15")]
     assert heads == [LogprobHead.CHUNKED, LogprobHead.SELECTIVE, LogprobHead.SELECTIVE, LogprobHead.CHUNKED]
 
 
@@ -189,6 +189,8 @@ def test_the_grpo_moments_worked_from_the_source():
     # the views, so the entropy's chunks sit beside the copy only
     copy = grpo_head(_spec("0.25", **grpo), rows, new, v).terms
     assert copy.saved.total() == scored and copy.forward_end.total() == max(full, chunks)
+    # 0.16-0.20: `_get_per_token_logps` computes no entropy: the division's moment alone
+    assert grpo_head(_spec("0.19", **grpo), rows, new, v).terms.forward_end.total() == full
     # 1.10-1.13: `outputs` keeps the logits bound through the entropy
     bound = grpo_head(_spec("1.12", **grpo), rows, new, v).terms
     assert bound.saved.total() == scored and bound.forward_end.total() == full + chunks

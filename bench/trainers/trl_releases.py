@@ -62,6 +62,10 @@ CASES.update({
     "grpo/bf16/full/g4-c32": dict(BASE, **GRPO, precision="bf16"),
     "grpo/fp32/full/g4-c32": dict(BASE, **GRPO, precision="fp32"),
     "grpo/bf16-plain/lora/g4-c32": dict(BASE, **GRPO, precision="bf16", stack=PLAIN, **LORA),
+    # the two that run where the harness cannot stand in for a release's reference loader
+    # (before 0.26): a LoRA policy under autocast, and a full one with beta 0 (no reference)
+    "grpo/bf16/lora/g4-c32": dict(BASE, **GRPO, precision="bf16", **LORA),
+    "grpo/bf16/full/g4-c32/beta0": dict(BASE, **GRPO, precision="bf16", reference_model="precomputed"),
 })
 # KTOTrainer's own head of 1.9 to 1.14 (jobs/dpo_head.py): under autocast, fp32, and a
 # pure-bf16 LoRA policy whose reference is its adapter-disabled base

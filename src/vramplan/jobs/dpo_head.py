@@ -50,7 +50,7 @@ from enum import Enum
 from vramplan.breakdown import Breakdown
 from vramplan.components.trl_sft_metrics import ENTROPY_CHUNK_ROWS
 from vramplan.jobs.odds_ratio import triton_selective
-from vramplan.jobs.selective import completion_logps_loss
+from vramplan.jobs.selective import cast_moment, completion_logps_loss
 from vramplan.jobs.trained import LossTerms, compute_dtype, trainer_logits_dtype
 from vramplan.model import ModelDesc
 from vramplan.spec import Backend, JobSpec, Task
@@ -140,10 +140,7 @@ def dpo_head(spec: JobSpec, rows: int, s: int, v: int, with_reference: bool) -> 
         ref_row = Breakdown().add("logits/logits", big_l).add(
             "logits/row_log_softmax", min(2, rows) * nbytes(scored * v, l))
         ref_head = max((ref_head, ref_row), key=Breakdown.total)
-    at_cast = Breakdown().merge(cast)
-    if "logits/logits" not in terms.saved.terms:
-        at_cast.add("logits/logits", big_l)
-    moments = [terms.forward_end, at_cast]
+    moments = [terms.forward_end, cast_moment(terms, Breakdown().add("logits/logits", big_l), cast)]
     chunks = Breakdown().add("logits/entropy_chunks", 3 * nbytes(min(ENTROPY_CHUNK_ROWS, rows * (s - 1)) * v, l))
     # the reshape of a non-contiguous view copies it (one row: the view reshapes in place)
     reshaped = Breakdown().add("logits/entropy_reshape_copy", big_s if rows > 1 else 0)

@@ -1,18 +1,19 @@
-"""TRL GRPOTrainer's own log-prob head before the fused one (TRL 0.21 to 1.14):
+"""TRL GRPOTrainer's own log-prob head before the fused one (TRL 0.16 to 1.14):
 `_get_per_token_logps_and_entropies` (trl/trainer/grpo_trainer.py) runs the model with
 `logits_to_keep = C + 1`, drops the last position and keeps the last C (views), divides by the
-sampling temperature, scores `selective_log_softmax` (trl/trainer/utils.py; jobs/rl.py
-`completion_logps_loss` holds its saved tensors and backward) and, for the trained policy
-(`compute_entropy=True`), `entropy_from_logits` under no_grad: 128-row chunks, three at once,
+sampling temperature, scores `selective_log_softmax` (trl/trainer/utils.py; jobs/selective.py
+`completion_logps_loss` holds its saved tensors and backward) and, for the trained policy from
+0.21 (`compute_entropy=True`), `entropy_from_logits` under no_grad: 128-row chunks, three at once,
 over the scored logits (a reshape copy when they are a non-contiguous view of more than one
 row). The reference's log-probs come from the same function under no_grad, without entropy.
 The logits are `l`-typed: fp32 copies under the trainer's autocast (jobs/trained.py
 `trainer_logits_dtype`; accelerate's cast holds the model's c-typed logits beside them), else
 the head's dtype. How each release divides, read from its source and measured on CPU with
-0.29.1, 1.0.0, 1.6.0, 1.12.0 and 1.14.0 (bench/trainers/trl_releases.py):
+0.19.1, 0.29.1, 1.0.0, 1.6.0, 1.12.0 and 1.14.0 (bench/trainers/trl_releases.py):
 
-* COPY, 0.21 <= TRL < 1.0: `logits = logits / self.temperature`, a new (rows, C, v) tensor;
-  the model's logits die with the views; the entropy reads the contiguous copy.
+* COPY, 0.16 <= TRL < 1.0: `logits = logits / self.temperature`, a new (rows, C, v) tensor;
+  the model's logits die with the views; from 0.21 the entropy reads the contiguous copy
+  (`_get_per_token_logps` before 0.21 computes none).
 * IN_PLACE, 1.0 <= TRL < 1.10: `logits.div_(self.temperature)` on the view, so backward
   runs CopySlices over the whole logits (jobs/rl.py `completion_logps_loss`, `logits_len`);
   the entropy's reshape copies the view.
@@ -22,8 +23,8 @@ the head's dtype. How each release divides, read from its source and measured on
   when the temperature is not 1.0 (GRPOConfig's default is 1.0: no copy); on CUDA, where
   Triton imports, one kernel computes both (jobs/odds_ratio.py `triton_selective`).
 
-Before 0.21 the policy computes no entropy (not modelled here: the estimate keeps TRL 1.16's
-head and says so). Legend: r rows, C completion tokens, v vocabulary, L = r (C + 1) v and
+Before 0.16 (no temperature division; 0.14 scores without selective_log_softmax) the estimate
+keeps TRL 1.16's head and says so. Legend: r rows, C completion tokens, v vocabulary, L = r (C + 1) v and
 R = r C v elements in l, K = three 128-row chunks of v in l.
 """
 from __future__ import annotations
@@ -34,26 +35,26 @@ from enum import Enum
 from vramplan.breakdown import Breakdown
 from vramplan.components.trl_sft_metrics import ENTROPY_CHUNK_ROWS
 from vramplan.jobs.odds_ratio import triton_selective
-from vramplan.jobs.selective import completion_logps_loss
+from vramplan.jobs.selective import cast_moment, completion_logps_loss
 from vramplan.jobs.trained import LossTerms, compute_dtype, trainer_logits_dtype
 from vramplan.spec import Backend, JobSpec
 from vramplan.units import nbytes
 
 
 class Division(Enum):
-    COPY = "0.21-0.29"
+    COPY = "0.16-0.29"
     IN_PLACE = "1.0-1.9"
     COPY_BOUND = "1.10-1.13"
     JOINT = "1.14"
 
 
-IN_PLACE_SINCE, COPY_BOUND_SINCE, JOINT_SINCE = (1, 0), (1, 10), (1, 14)
+ENTROPY_SINCE, IN_PLACE_SINCE, COPY_BOUND_SINCE, JOINT_SINCE = (0, 21), (1, 0), (1, 10), (1, 14)
 """The releases whose grpo_trainer.py changed the head (module docstring); from
-jobs/logprob.py GRPO_ENTROPY_SINCE (0.21) to FUSED_SINCE (1.15) `auto` resolves to it."""
+jobs/logprob.py GRPO_SELECTIVE_SINCE (0.16) to FUSED_SINCE (1.15) `auto` resolves to it."""
 
 
 def division(spec: JobSpec) -> Division:
-    """How the spec's release divides by the temperature (a release from 0.21 to 1.14)."""
+    """How the spec's release divides by the temperature (a release from 0.16 to 1.14)."""
     release = spec.stack.minor("trl")
     if release < IN_PLACE_SINCE:
         return Division.COPY
@@ -123,16 +124,18 @@ def grpo_head(spec: JobSpec, rows: int, new: int, v: int) -> GrpoHead:
             terms.head_backward = Breakdown().add("logits/grad_temperature_div", big_r).add("logits/grad_logits", big_l)
             terms.forward_end = Breakdown().merge(logits)  # at the division, beside the saved copy
             entropy = Breakdown().merge(bound).merge(chunks)
-        else:  # the rows' outputs are saved; the copy is a local
-            terms.forward_end = Breakdown().merge(logits).merge(copy)
+        else:  # the rows' outputs are saved; the copy is a local. At the division the logits
+            # and the copy are alive and no row is saved yet: the saved rows (the copy's size)
+            # stand in for the copy there
+            terms.forward_end = max((Breakdown().merge(logits), Breakdown().merge(bound).merge(copy)),
+                                    key=Breakdown.total)
             entropy = Breakdown().merge(bound).merge(copy).merge(chunks)
-    moments = [terms.forward_end, entropy]
-    at_cast = Breakdown().merge(cast)
-    if "logits/logits" not in terms.saved.terms:
-        at_cast.merge(logits)
-    moments.append(at_cast)
+    if spec.stack.minor("trl") < ENTROPY_SINCE:
+        entropy = Breakdown()  # `_get_per_token_logps`: log-probs only
+    moments = [terms.forward_end, entropy, cast_moment(terms, logits, cast)]
     terms.forward_end = max(moments, key=Breakdown.total)
     return GrpoHead(terms, reference)
 
 
-__all__ = ["grpo_head", "division", "Division", "GrpoHead", "IN_PLACE_SINCE", "COPY_BOUND_SINCE", "JOINT_SINCE"]
+__all__ = ["grpo_head", "division", "Division", "GrpoHead", "ENTROPY_SINCE", "IN_PLACE_SINCE", "COPY_BOUND_SINCE",
+           "JOINT_SINCE"]

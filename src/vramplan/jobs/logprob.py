@@ -35,8 +35,9 @@ TOKEN_CHUNK = 4096
 """trl/kernels/chunked_logprob.py TOKEN_CHUNK_SIZE: tokens per projection tile."""
 VOCAB_CHUNK = 32768
 """trl/trainer/utils.py _CHUNKED_LOGPROB_CHUNK_SIZE: the scratch buffer's width."""
-GRPO_ENTROPY_SINCE = (0, 21)
-"""GRPOTrainer's policy scores entropy over its selective head from 0.21 (jobs/grpo_head.py)."""
+GRPO_SELECTIVE_SINCE = (0, 16)
+"""GRPOTrainer's `_get_per_token_logps` divides by the temperature and scores
+`selective_log_softmax` from 0.16 (jobs/grpo_head.py; 0.15 does not divide)."""
 KTO_VIEW_SINCE = (1, 9)
 """KTOTrainer is back in trl/trainer with DPO 1.6's `_compute_loss` pattern from 1.9 (jobs/dpo_head.py)."""
 SELECTIVE_SINCE = (0, 15)
@@ -72,8 +73,8 @@ def resolve_head(spec: JobSpec) -> LogprobHead:
     if spec.task in _SELECTIVE_TASKS:
         return LogprobHead.SELECTIVE
     release = spec.stack.minor("trl")
-    if spec.task is Task.GRPO and release is not None and GRPO_ENTROPY_SINCE <= release < FUSED_SINCE:
-        return LogprobHead.SELECTIVE  # GRPOTrainer's own head, 0.21 to 1.14 (jobs/grpo_head.py)
+    if spec.task is Task.GRPO and release is not None and GRPO_SELECTIVE_SINCE <= release < FUSED_SINCE:
+        return LogprobHead.SELECTIVE  # GRPOTrainer's own head, 0.16 to 1.14 (jobs/grpo_head.py)
     if spec.task is Task.KTO and release is not None and KTO_VIEW_SINCE <= release < FUSED_SINCE:
         return LogprobHead.SELECTIVE  # KTOTrainer's own head, 1.9 to 1.14 (jobs/dpo_head.py)
     if spec.task in (Task.DPO, Task.IPO) and release is not None and release < FUSED_SINCE:
@@ -104,8 +105,8 @@ def head_note(spec: JobSpec) -> str:
     release = spec.stack.minor("trl")
     if (head is LogprobHead.CHUNKED and spec.task is not Task.SFT and spec.logprob_head is LogprobHead.AUTO
             and release is not None and release < FUSED_SINCE):
-        # KTO's heads before 1.9 and GRPO's before 0.21 are not modelled (DPO's are, and KTO's
-        # from 1.9: jobs/dpo_head.py; GRPO's from 0.21: jobs/grpo_head.py)
+        # KTO's heads before 1.9 and GRPO's before 0.16 are not modelled (DPO's are, and KTO's
+        # from 1.9: jobs/dpo_head.py; GRPO's from 0.16: jobs/grpo_head.py)
         return Msg("log-prob head: TRL {release}'s is not modelled; the estimate takes TRL 1.16's chunked head",
                    release=spec.stack.trl)
     if head is LogprobHead.SELECTIVE and spec.task is Task.KTO and spec.logprob_head is LogprobHead.AUTO:

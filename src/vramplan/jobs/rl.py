@@ -18,7 +18,7 @@ What is alive when (trl/trainer/grpo_trainer.py, `_generate_and_score_completion
    `selective_log_softmax` (trl/trainer/utils.py) row by row (bf16) or gather + per-row
    logsumexp (fp32); temperature 1.0 (the default) makes no scaled copy. TRL 1.x's fused
    chunked head (`add_fused_lm_head`, logprob_head chunked, auto for GRPO): jobs/logprob.py;
-   the releases between, 0.21 to 1.14: jobs/grpo_head.py.
+   the releases between, 0.16 to 1.14: jobs/grpo_head.py.
 3. The policy's training forward on prompt + completion (the core's plan with seq_len =
    prompt + completion) and the same log-prob head with gradients; then backward and the
    optimizer step. PPO's PolicyAndValueWrapper runs the critic backbone then the policy
@@ -56,18 +56,29 @@ def kv_cache(desc: ModelDesc, rows: int, length: int, c: str) -> Breakdown:
     return Breakdown().add("generation/kv_cache", 2 * desc.num_layers * per)
 
 
-def sampling_temporaries(rows: int, v: int, c: str) -> Breakdown:
+TOP_K_ZERO_SINCE = (0, 28)
+"""GRPOConfig.top_k defaults to 0 (no top-k) from TRL 0.28; before, None, which leaves
+transformers' GenerationConfig default of 50 in force (a TopKLogitsWarper while sampling)."""
+
+
+def sampling_temporaries(rows: int, v: int, c: str, top_k: bool = False) -> Breakdown:
     """One sampling step of transformers GenerationMixin._sample: the model's last-position
     logits (rows, 1, v) in c (`outputs` is alive until `del outputs`), their fp32 copy
     `outputs.logits[:, -1].to(copy=True, dtype=torch.float32)`, `softmax` probabilities
     (fp32), and torch.multinomial's fp32 working copy of them (the second aten._to_copy
     the meter sees). TRL's GenerationConfig adds no logits processor at temperature 1.0,
-    top_k 0, top_p 1.0."""
-    return (Breakdown().add("generation/next_token_logits", nbytes(rows * v, c))
-            .add("generation/next_token_fp32", 3 * nbytes(rows * v, "fp32")))
+    top_k 0, top_p 1.0. `top_k`: transformers' TopKLogitsWarper (generation/logits_process.py)
+    adds its bool mask `scores < topk(...)[..., -1, None]` and the `masked_fill` output in
+    fp32 (measured with TRL 0.19.1's GRPOTrainer on CPU)."""
+    out = (Breakdown().add("generation/next_token_logits", nbytes(rows * v, c))
+           .add("generation/next_token_fp32", 3 * nbytes(rows * v, "fp32")))
+    if top_k:
+        out.add("generation/top_k_mask", nbytes(rows * v, "bool")).add(
+            "generation/top_k_filled", nbytes(rows * v, "fp32"))
+    return out
 
 
-def generation_peak(desc: ModelDesc, rows: int, prompt: int, new: int, c: str) -> Breakdown:
+def generation_peak(desc: ModelDesc, rows: int, prompt: int, new: int, c: str, top_k: bool = False) -> Breakdown:
     """The larger of the prefill (the prompts' KV plus one no_grad layer over them) and the
     last decoding forward. The last sampled token is never fed back, so the cache peaks at
     prompt + new - 1 positions; at that step either one layer's torch.cat holds its old K
@@ -75,7 +86,7 @@ def generation_peak(desc: ModelDesc, rows: int, prompt: int, new: int, c: str) -
     The growing `input_ids` is cat'ed too (old and new int64 rows x length)."""
     v, s = desc.vocab_size, prompt + new - 1
     ids = Breakdown().add("generation/input_ids", 2 * nbytes(rows * s, "int64"))
-    sample = sampling_temporaries(rows, v, c)
+    sample = sampling_temporaries(rows, v, c, top_k)
     layer = layer_working_set(desc, rows, prompt, c)
     prefill = kv_cache(desc, rows, prompt, c).merge(layer if layer.total() > sample.total() else sample)
     copy = Breakdown().add("generation/kv_cat_copy", nbytes(rows * desc.num_kv_heads * (s - 1) * desc.head_dim, c))
@@ -119,7 +130,7 @@ def rl_estimate(descs: dict[str, ModelDesc], spec: JobSpec, gpu=None):
     # scored off Triton), outputs ("log_probs", "entropy") for the policy, log_probs only
     # for the reference. Otherwise TRL 0.x's selective_log_softmax head (below).
     chunked = not ppo and resolve_head(spec) is LogprobHead.CHUNKED  # full: modelled as selective
-    # GRPOTrainer's own head of TRL 0.21 to 1.14, by release (jobs/grpo_head.py)
+    # GRPOTrainer's own head of TRL 0.16 to 1.14, by release (jobs/grpo_head.py)
     own = None
     if not ppo and spec.logprob_head is LogprobHead.AUTO and resolve_head(spec) is LogprobHead.SELECTIVE:
         own = grpo_head(spec, rows, new, v)
@@ -172,7 +183,9 @@ def rl_estimate(descs: dict[str, ModelDesc], spec: JobSpec, gpu=None):
         else:
             floor.add("generation/vllm_engine", int(spec.generation.gpu_memory_utilization * gpu.memory_bytes))
     else:
-        gen = generation_peak(desc, gen_rows, prompt, new, c)
+        release = spec.stack.minor("trl")
+        top_k = not ppo and release is not None and release < TOP_K_ZERO_SINCE
+        gen = generation_peak(desc, gen_rows, prompt, new, c, top_k)
         gathered = zero3_generation_gather(desc, spec, step.plan.static.total(f"{actor}/weights/"))
         if gathered:
             gen.add("generation/zero3_gathered_weights", gathered)

@@ -60,4 +60,16 @@ def completion_logps_loss(rows: int, new: int, v: int, c: str, logits_len: int |
     return LossTerms(Breakdown().add("logits/logits", full), Breakdown(), grad, head)
 
 
-__all__ = ["completion_logps_head", "completion_logps_loss"]
+def cast_moment(terms: LossTerms, logits: Breakdown, cast: Breakdown) -> Breakdown:
+    """accelerate's `convert_outputs_to_fp32` (the model's c-typed logits beside their fp32
+    copy, `logits`), which comes before the head saves anything. Beside the saved set only
+    where that is the logits themselves (or nothing): where the head saves a copy made after
+    the cast (a shifted or divided copy, at least the c-typed logits' size), the copy's own
+    moment is the larger, and this one is not counted."""
+    saves_logits = "logits/logits" in terms.saved.terms
+    if terms.saved.total() and not saves_logits:
+        return Breakdown()
+    return Breakdown().merge(cast).merge(Breakdown() if saves_logits else logits)
+
+
+__all__ = ["cast_moment", "completion_logps_head", "completion_logps_loss"]

@@ -64,8 +64,11 @@ class _Phases:
 
     def wrap_scoring(self, trainer) -> None:
         """GRPO's no_grad log-prob forwards inside generation (the reference's, grpo_trainer.py
-        `_get_per_token_logps_and_entropies`) are forward passes: phase ``s{n}.ref``."""
-        original = trainer._get_per_token_logps_and_entropies
+        `_get_per_token_logps_and_entropies`; `_get_per_token_logps` before TRL 0.21) are
+        forward passes: phase ``s{n}.ref``."""
+        attr = ("_get_per_token_logps_and_entropies" if hasattr(trainer, "_get_per_token_logps_and_entropies")
+                else "_get_per_token_logps")
+        original = getattr(trainer, attr)
 
         @functools.wraps(original)
         def wrapped(*args, **kwargs):
@@ -78,7 +81,7 @@ class _Phases:
             finally:
                 self.meter.set_phase(name)
 
-        trainer._get_per_token_logps_and_entropies = wrapped
+        setattr(trainer, attr, wrapped)
 
     def forward_done(self) -> None:
         # live bytes the forward added (saved activations, the loss's tensors, the outputs

@@ -244,7 +244,9 @@ def _grpo(job: dict, dtype, flags: dict):
     # defaults add no logits processor, and the estimate models none.)
     args = GRPOConfig(**common_args(job, flags), **trl_dropout(job), num_generations=g, max_completion_length=new, beta=beta,
                       use_vllm=False, generation_kwargs={"eos_token_id": None})
-    with mock.patch.object(grpo_trainer, "create_model_from_path", lambda *a, **k: frozen):
+    # (create=True: releases before 0.26 load the reference another way; a LoRA policy or
+    # beta 0 loads none)
+    with mock.patch.object(grpo_trainer, "create_model_from_path", lambda *a, **k: frozen, create=True):
         trainer = GRPOTrainer(model=policy, reward_funcs=_length_reward, args=args, peft_config=peft_config,
                               train_dataset=data.dataset(data.prompt_rows(num_rows(job), job["seq_len"], vocab)),
                               processing_class=data.tokenizer(vocab))
