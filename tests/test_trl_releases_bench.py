@@ -171,6 +171,9 @@ def test_the_grpo_head_follows_the_release():
         Division.COPY_BOUND, Division.JOINT]
     heads = [resolve_head(_spec(r, **grpo)) for r in ("0.15", "0.16", "1.14", "1.15")]
     assert heads == [LogprobHead.CHUNKED, LogprobHead.SELECTIVE, LogprobHead.SELECTIVE, LogprobHead.CHUNKED]
+    from vramplan.jobs.logprob import head_note
+    assert "no entropy pass" in str(head_note(_spec("0.19", **grpo)))
+    assert "with its entropy" in str(head_note(_spec("0.21", **grpo)))
 
 
 def test_the_grpo_moments_worked_from_the_source():

@@ -34,6 +34,7 @@ from enum import Enum
 
 from vramplan.breakdown import Breakdown
 from vramplan.components.trl_sft_metrics import ENTROPY_CHUNK_ROWS
+from vramplan.jobs.logprob import GRPO_ENTROPY_SINCE
 from vramplan.jobs.odds_ratio import triton_selective
 from vramplan.jobs.selective import cast_moment, completion_logps_loss
 from vramplan.jobs.trained import LossTerms, compute_dtype, trainer_logits_dtype
@@ -48,7 +49,7 @@ class Division(Enum):
     JOINT = "1.14"
 
 
-ENTROPY_SINCE, IN_PLACE_SINCE, COPY_BOUND_SINCE, JOINT_SINCE = (0, 21), (1, 0), (1, 10), (1, 14)
+IN_PLACE_SINCE, COPY_BOUND_SINCE, JOINT_SINCE = (1, 0), (1, 10), (1, 14)
 """The releases whose grpo_trainer.py changed the head (module docstring); from
 jobs/logprob.py GRPO_SELECTIVE_SINCE (0.16) to FUSED_SINCE (1.15) `auto` resolves to it."""
 
@@ -130,12 +131,11 @@ def grpo_head(spec: JobSpec, rows: int, new: int, v: int) -> GrpoHead:
             terms.forward_end = max((Breakdown().merge(logits), Breakdown().merge(bound).merge(copy)),
                                     key=Breakdown.total)
             entropy = Breakdown().merge(bound).merge(copy).merge(chunks)
-    if spec.stack.minor("trl") < ENTROPY_SINCE:
+    if spec.stack.minor("trl") < GRPO_ENTROPY_SINCE:
         entropy = Breakdown()  # `_get_per_token_logps`: log-probs only
     moments = [terms.forward_end, entropy, cast_moment(terms, logits, cast)]
     terms.forward_end = max(moments, key=Breakdown.total)
     return GrpoHead(terms, reference)
 
 
-__all__ = ["grpo_head", "division", "Division", "GrpoHead", "ENTROPY_SINCE", "IN_PLACE_SINCE", "COPY_BOUND_SINCE",
-           "JOINT_SINCE"]
+__all__ = ["grpo_head", "division", "Division", "GrpoHead", "IN_PLACE_SINCE", "COPY_BOUND_SINCE", "JOINT_SINCE"]

@@ -35,6 +35,8 @@ TOKEN_CHUNK = 4096
 """trl/kernels/chunked_logprob.py TOKEN_CHUNK_SIZE: tokens per projection tile."""
 VOCAB_CHUNK = 32768
 """trl/trainer/utils.py _CHUNKED_LOGPROB_CHUNK_SIZE: the scratch buffer's width."""
+GRPO_ENTROPY_SINCE = (0, 21)
+"""GRPOTrainer's policy adds an entropy pass over its scored logits from 0.21 (jobs/grpo_head.py)."""
 GRPO_SELECTIVE_SINCE = (0, 16)
 """GRPOTrainer's `_get_per_token_logps` divides by the temperature and scores
 `selective_log_softmax` from 0.16 (jobs/grpo_head.py; 0.15 does not divide)."""
@@ -124,6 +126,9 @@ def head_note(spec: JobSpec) -> str:
                    "TRL's configs default to gradient_checkpointing=True and bf16=True, the spec's values are used",
                    tokens=TOKEN_CHUNK, vocab=VOCAB_CHUNK, path=path)
     if head is LogprobHead.SELECTIVE and spec.task is Task.GRPO and spec.logprob_head is LogprobHead.AUTO:
+        if release < GRPO_ENTROPY_SINCE:
+            return Msg("log-prob head: TRL {release} GRPOTrainer's selective_log_softmax over the completion's "
+                       "logits (no entropy pass before 0.21)", release=spec.stack.trl)
         return Msg("log-prob head: TRL {release} GRPOTrainer's selective_log_softmax over the completion's "
                    "logits, with its entropy", release=spec.stack.trl)
     if head is LogprobHead.SELECTIVE and spec.task in _SELECTIVE_TASKS:
