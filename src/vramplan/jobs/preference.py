@@ -37,11 +37,8 @@ def _batch(rows: int, s: int) -> Breakdown:
 def _dpo_head(spec: JobSpec, desc: ModelDesc, rows: int) -> DpoHead | None:
     """TRL DPOTrainer's selective head by release (jobs/dpo_head.py), for DPO and IPO, and
     KTOTrainer's of 1.9 to 1.14 (`auto` only: an explicit `selective` keeps the generic head)."""
-    if resolve_head(spec) is not LogprobHead.SELECTIVE:
-        return None
-    if spec.task is Task.KTO and spec.logprob_head is not LogprobHead.AUTO:
-        return None
-    if spec.task not in (Task.DPO, Task.IPO, Task.KTO):
+    own = spec.task in (Task.DPO, Task.IPO) or (spec.task is Task.KTO and spec.logprob_head is LogprobHead.AUTO)
+    if not own or resolve_head(spec) is not LogprobHead.SELECTIVE:
         return None
     return dpo_head(spec, rows, spec.seq_len, desc.vocab_size, spec.reference_model != PRECOMPUTED)
 
