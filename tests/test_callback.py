@@ -81,5 +81,10 @@ def test_spec_from_a_trl_config_names_the_task_and_the_installed_releases(tmp_pa
     grpo_args = trl.GRPOConfig(**common, num_generations=2, max_completion_length=24, beta=0.04)
     grpo = spec_from_trainer(model, grpo_args, seq_len=SEQ)
     assert (grpo.task.value, grpo.num_generations, grpo.max_new_tokens, grpo.reference_model) == ("grpo", 2, 24, None)
+    # RLOOConfig: GRPO's fields; its default beta 0.05 keeps a reference, beta 0 drops it
+    rloo = spec_from_trainer(model, trl.RLOOConfig(**common, max_completion_length=16), seq_len=SEQ)
+    assert (rloo.task.value, rloo.num_generations, rloo.max_new_tokens, rloo.reference_model) == ("rloo", 2, 16, None)
+    rloo0 = spec_from_trainer(model, trl.RLOOConfig(**common, beta=0.0), seq_len=SEQ)
+    assert rloo0.reference_model == "precomputed"
     plain = spec_from_trainer(model, transformers.TrainingArguments(**common), seq_len=SEQ)
     assert (plain.task.value, plain.stack.framework.value) == ("sft", "hf-trainer")

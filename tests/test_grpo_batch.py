@@ -1,5 +1,5 @@
-"""TRL's GRPO batch rules: vramplan refuses a GRPO job exactly where trl.GRPOConfig (the
-installed TRL) refuses the same batch, and says which field to change."""
+"""TRL's GRPO batch rules: vramplan refuses a GRPO (or RLOO) job exactly where trl.GRPOConfig
+(trl.RLOOConfig; the installed TRL) refuses the same batch, and says which field to change."""
 import itertools
 from unittest import mock
 
@@ -12,7 +12,11 @@ from vramplan.spec import SpecError
 trl = pytest.importorskip("trl")
 
 
-def _trl_accepts(tmp_path, mb, ga, dp, gens, gen_batch):
+CONFIGS = {"grpo": "GRPOConfig", "rloo": "RLOOConfig"}
+
+
+def _trl_accepts(tmp_path, mb, ga, dp, gens, gen_batch, task="grpo"):
+    config = getattr(trl, CONFIGS[task])
     kwargs = dict(output_dir=str(tmp_path), gradient_accumulation_steps=ga, use_cpu=True, bf16=False, report_to=[])
     if mb is not None:   # None: each side's default
         kwargs["per_device_train_batch_size"] = mb
@@ -20,16 +24,16 @@ def _trl_accepts(tmp_path, mb, ga, dp, gens, gen_batch):
         kwargs["num_generations"] = gens
     if gen_batch is not None:   # TRL's generation_batch_size counts every process's rows
         kwargs["generation_batch_size"] = gen_batch * dp
-    with mock.patch.object(trl.GRPOConfig, "world_size", new_callable=mock.PropertyMock, return_value=dp):
+    with mock.patch.object(config, "world_size", new_callable=mock.PropertyMock, return_value=dp):
         try:
-            trl.GRPOConfig(**kwargs)
+            config(**kwargs)
         except ValueError:
             return False
     return True
 
 
-def _vramplan_accepts(mb, ga, dp, gens, gen_batch):
-    job = {"model": "qwen2.5-0.5b", "task": "grpo", "grad_accum_steps": ga, "num_gpus": dp}
+def _vramplan_accepts(mb, ga, dp, gens, gen_batch, task="grpo"):
+    job = {"model": "qwen2.5-0.5b", "task": task, "grad_accum_steps": ga, "num_gpus": dp}
     if mb is not None:
         job["micro_batch_size"] = mb
     if gens is not None:
@@ -50,6 +54,23 @@ CASES = list(itertools.product((None, 1, 2, 3, 4, 8), (1, 2, 4), (1, 2, 4), (Non
 @pytest.mark.parametrize("mb, ga, dp, gens, gen_batch", CASES[::7])
 def test_accepts_exactly_what_trl_accepts(tmp_path, mb, ga, dp, gens, gen_batch):
     assert _vramplan_accepts(mb, ga, dp, gens, gen_batch) == _trl_accepts(tmp_path, mb, ga, dp, gens, gen_batch)
+
+
+@pytest.mark.parametrize("mb, ga, dp, gens, gen_batch", CASES[3::11])
+def test_rloo_accepts_exactly_what_rlooconfig_accepts(tmp_path, mb, ga, dp, gens, gen_batch):
+    # RLOOConfig: GRPO's rules with its own default of 2 completions per prompt
+    assert (_vramplan_accepts(mb, ga, dp, gens, gen_batch, "rloo")
+            == _trl_accepts(tmp_path, mb, ga, dp, gens, gen_batch, "rloo"))
+
+
+def test_rloo_cases_hold_both_answers_and_its_default_differs_from_grpos(tmp_path):
+    assert {_vramplan_accepts(*c, task="rloo") for c in CASES[3::11]} == {True, False}
+    # micro-batch 1 x 2 accumulation: whole RLOO groups of 2, not GRPO groups of 8
+    assert _vramplan_accepts(1, 2, 1, None, None, "rloo") and _trl_accepts(tmp_path, 1, 2, 1, None, None, "rloo")
+    assert not _vramplan_accepts(1, 2, 1, None, None, "grpo")
+    rloo = trl.RLOOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to=[])
+    spec = load_spec({"model": "qwen2.5-0.5b", "task": "rloo"})
+    assert spec.micro_batch_size == rloo.per_device_train_batch_size
 
 
 def test_both_answers_occur_in_the_cases(tmp_path):
@@ -92,3 +113,12 @@ def test_fit_offers_only_splits_trl_accepts(tmp_path):
     rows = 4 * 4   # per GPU, what every split divides
     for mb in (d for d in range(1, rows + 1) if rows % d == 0):
         assert (mb in offered) == _trl_accepts(tmp_path, mb, rows // mb, 2, None, 12), mb
+
+
+def test_rloo_refusals_name_rloo(capsys):
+    code = main(["estimate", "qwen2.5-0.5b", "--task", "rloo", "--micro-batch-size", "3", "--num-generations", "4"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "TRL's RLOO generates whole groups of 4" in err
+    code = main(["estimate", "qwen2.5-0.5b", "--task", "rloo", "--num-generations", "1"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "num_generations: RLOO needs at least 2" in err and "RLOOConfig" in err

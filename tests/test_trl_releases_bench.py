@@ -22,7 +22,7 @@ def test_estimate_within_targets_of_the_release_s_trainer(name):
     row = ROWS[name]
     measured, est = row["measured"], vramplan.estimate(row["job"])
     release = name.split("/")[0].removeprefix("trl-")
-    entry = {"dpo": "DPOTrainer", "ipo": "DPOTrainer", "grpo": "GRPOTrainer",
+    entry = {"dpo": "DPOTrainer", "ipo": "DPOTrainer", "grpo": "GRPOTrainer", "rloo": "RLOOTrainer",
              "kto": "KTOTrainer"}.get(row["job"]["task"], "SFTTrainer")
     assert measured["runner"] == {"library": "trl", "version": release, "entry": entry}
     assert row["job"]["stack"]["trl"] == ".".join(release.split(".")[:2])
@@ -176,6 +176,21 @@ def test_the_grpo_head_follows_the_release():
     assert "with its entropy" in str(head_note(_spec("0.21", **grpo)))
 
 
+def test_rloo_takes_grpos_head_of_its_release_and_says_what_it_does_not_model():
+    # RLOOTrainer is GRPOTrainer's layout from 0.22, with the same head in each release to
+    # 1.14 (jobs/logprob.py RLOO_GROUP_SINCE); before 0.22 it is another trainer
+    from vramplan.jobs.logprob import head_note, resolve_head
+    from vramplan.spec import LogprobHead
+    rloo = {"task": "rloo", "max_new_tokens": 64}
+    heads = [resolve_head(_spec(r, **rloo)) for r in ("0.21", "0.22", "1.14", "1.15", "1.16")]
+    assert heads == [LogprobHead.CHUNKED, LogprobHead.SELECTIVE, LogprobHead.SELECTIVE,
+                     LogprobHead.CHUNKED, LogprobHead.CHUNKED]
+    assert "PPO-style" in str(head_note(_spec("0.21", **rloo)))
+    assert "RLOOTrainer's selective_log_softmax" in str(head_note(_spec("1.6", **rloo)))
+    measured = {n.split("/")[0] for n in ROWS if ROWS[n]["job"]["task"] == "rloo"}
+    assert measured >= {"trl-1.0.0", "trl-1.12.0", "trl-1.14.0"}
+
+
 def test_the_grpo_moments_worked_from_the_source():
     # llama-3.2-1b, 8 completions of 256 tokens in fp32 (no autocast: no cast moment)
     from vramplan.jobs.grpo_head import grpo_head
@@ -192,6 +207,12 @@ def test_the_grpo_moments_worked_from_the_source():
     # the views, so the entropy's chunks sit beside the copy only
     copy = grpo_head(_spec("0.25", **grpo), rows, new, v).terms
     assert copy.saved.total() == scored and copy.forward_end.total() == max(full, chunks)
+    # 0.21-0.22: entropy_from_logits splits one batch row (all C positions) at a time; from
+    # 0.23, 128 flattened rows: for one completion of 256 tokens, 768 rows' worth of logits
+    # against 384 (three chunks at once), either above the 257 positions of the logits
+    one = {"task": "grpo", "max_new_tokens": new, "num_generations": 2, "precision": "fp32", "backend": "cpu"}
+    assert grpo_head(_spec("0.22", **one), 1, new, v).terms.forward_end.total() == 3 * new * v * 4
+    assert grpo_head(_spec("0.25", **one), 1, new, v).terms.forward_end.total() == 3 * 128 * v * 4
     # 0.16-0.20: `_get_per_token_logps` computes no entropy: the division's moment alone
     assert grpo_head(_spec("0.19", **grpo), rows, new, v).terms.forward_end.total() == full
     # 1.10-1.13: `outputs` keeps the logits bound through the entropy

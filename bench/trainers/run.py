@@ -6,7 +6,7 @@ Each case runs in a fresh process through vramplan.measure.trainers.measure_trai
 1.16's DPOTrainer (a separate reference; a LoRA policy with its adapter disabled as the
 reference), KTOTrainer, RewardTrainer, GRPOTrainer (HF generate) and the transformers
 Trainer (SFT) and TRL's SFTTrainer (SFT under stack trl); from trl.experimental GKDTrainer
-(distillation), ORPOTrainer and CPOTrainer (SimPO), two optimizer steps on tiny random-init
+(distillation), ORPOTrainer and CPOTrainer (SimPO), RLOOTrainer, two optimizer steps on tiny random-init
 Llama models, tiny in-memory datasets.
 The estimate takes the spec as it is (logprob_head auto = TRL 1.16's chunked head for
 DPO/IPO/KTO). Results go to bench/trainers/results-cpu.json with the library versions, and
@@ -73,6 +73,7 @@ GPT_NEOX = {"model_type": "gpt_neox", "vocab_size": 8192, "hidden_size": 128, "i
             "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 1024,
             "pad_token_id": 0}
 GRPO = {"task": "grpo", "micro_batch_size": 8, "seq_len": 32, "num_generations": 4, "max_new_tokens": 32}
+RLOO = dict(GRPO, task="rloo")
 
 
 def case(name: str, **fields) -> tuple[str, dict]:
@@ -327,6 +328,15 @@ CASES = dict([
     case("reward-model/bf16/qlora", task="reward-model", precision="bf16", **QLORA),
     case("reward-model/bf16/qlora/all-linear/gc", task="reward-model", precision="bf16", **QLORA_ALL_LINEAR,
          gradient_checkpointing="full"),
+    # TRL's RLOOTrainer: GRPO's layout, its default beta 0.05 (a reference), the policy's own
+    # old log-probs scored after generation, the KL in the reward
+    case("rloo/bf16/full/g4-c32", **RLOO, precision="bf16"),
+    case("rloo/bf16/lora/g4-c32", **RLOO, precision="bf16", **LORA),
+    case("rloo/bf16/full/g4-c32/beta0", **RLOO, precision="bf16", reference_model="precomputed"),
+    case("rloo/bf16/lora/g4-c32/gc", **RLOO, precision="bf16", **LORA, gradient_checkpointing="full"),
+    case("rloo/fp32/full/g2-c48", **dict(RLOO, num_generations=2, max_new_tokens=48), precision="fp32"),
+    case("rloo/bf16/qlora/g4-c32", **RLOO, precision="bf16", **QLORA),
+    case("rloo/bf16/full/g4-c32/qwen2-tied", **RLOO, precision="bf16", model=QWEN2),
 ])
 # A job without optimizer_impl: the spec's default, as the importer leaves it for adamw_torch;
 # the Trainer's own optimizer takes TrainingArguments' weight_decay default, 0.0

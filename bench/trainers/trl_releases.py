@@ -1,4 +1,4 @@
-"""TRL's SFTTrainer, DPOTrainer, KTOTrainer and GRPOTrainer of earlier releases, measured on
+"""TRL's SFTTrainer, DPOTrainer, KTOTrainer, GRPOTrainer and RLOOTrainer of earlier releases, measured on
 CPU beside the installed one.
 
     pip install --no-deps --target /tmp/trl-0.25.1 trl==0.25.1      # one folder per release
@@ -12,7 +12,7 @@ vramplan.measure.trainers.measure_trainer (the runner of bench/trainers/run.py, 
 exact CPU meter) with `stack: {framework: trl, trl: <release>}`, and is estimated from that
 job. What differs by release is what SFTTrainer does after the model's loss (entropy and
 token accuracy over the full logits: components/trl_sft_metrics.py) and how it prepares a
-quantized base (components/qlora_prep.py); for DPO, KTO and GRPO, the head the trainer runs before
+quantized base (components/qlora_prep.py); for DPO, KTO, GRPO and RLOO, the head the trainer runs before
 TRL's fused one and what each release keeps alive around it (jobs/dpo_head.py,
 jobs/grpo_head.py). Results:
 results-trl-releases.json, written after each case.
@@ -74,15 +74,30 @@ CASES.update({
     "kto/fp32/full/b2": dict(BASE, task="kto", precision="fp32"),
     "kto/bf16-plain/lora/b2": dict(BASE, task="kto", precision="bf16", stack=PLAIN, **LORA),
 })
+# RLOOTrainer of 0.22 to 1.14: GRPO's head of the same release (jobs/logprob.py
+# RLOO_GROUP_SINCE), the policy's own old log-probs, the reference at beta 0.05
+RLOO = dict(GRPO, task="rloo")
+CASES.update({
+    "rloo/bf16/full/g4-c32": dict(BASE, **RLOO, precision="bf16"),
+    "rloo/fp32/full/g4-c32": dict(BASE, **RLOO, precision="fp32"),
+    "rloo/bf16-plain/lora/g4-c32": dict(BASE, **RLOO, precision="bf16", stack=PLAIN, **LORA),
+    "rloo/bf16/lora/g4-c32": dict(BASE, **RLOO, precision="bf16", **LORA),
+    "rloo/bf16/full/g4-c32/beta0": dict(BASE, **RLOO, precision="bf16", reference_model="precomputed"),
+})
 OUT = HERE / "results-trl-releases.json"
-# Releases before 0.26 on transformers 5: trl/import_utils.py keeps transformers'
-# `_is_package_available` answers, now (bool, version) tuples that are always true (so
-# trl.trainer.callbacks imports mergekit), and DPOTrainer writes `model.warnings_issued`,
-# which PreTrainedModel no longer has. Neither touches what the step allocates.
+# Older releases on transformers 5: trl/import_utils.py keeps (before 0.26) or asks for (0.27,
+# 0.28) transformers' `_is_package_available` answers, now (bool, version) tuples that are
+# always true (so trl.trainer.callbacks imports mergekit or weave), and DPOTrainer writes
+# `model.warnings_issued`, which PreTrainedModel no longer has. Neither touches what the step
+# allocates.
 _OLD_RELEASE_SHIMS = (
     "import trl.import_utils as iu; "
     "[setattr(iu, k, v[0]) for k, v in list(vars(iu).items()) "
     " if k.startswith('_') and k.endswith('_available') and isinstance(v, tuple)]; "
+    # 0.27 and 0.28 ask transformers' `_is_package_available` at call time (`is_weave_available`)
+    "f = getattr(iu, '_is_package_available', None); "
+    "iu._is_package_available = f and (lambda n, *a, **k: f(n, *a, **k) if a or k else "
+    " (lambda r: r[0] if isinstance(r, tuple) else r)(f(n))); "
     "import transformers; PM = transformers.PreTrainedModel; "
     "PM.warnings_issued = getattr(PM, 'warnings_issued', {}); ")
 

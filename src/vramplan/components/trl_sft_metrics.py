@@ -34,6 +34,10 @@ from vramplan.units import nbytes
 
 ENTROPY_CHUNK_ROWS = 128
 """trl/trainer/utils.py entropy_from_logits `chunk_size: int = 128` (0.23 onwards)."""
+ENTROPY_FLAT_SINCE = (0, 23)
+"""entropy_from_logits flattens the leading dimensions and takes 128-row chunks from 0.23;
+0.21 and 0.22 split dimension 0 with `chunk_size=1`: one batch row (all its positions) at a
+time, with no reshape (read from 0.22.2 and 0.23.1)."""
 _ACCURACY_SINCE, _ROW_ENTROPY, _SINCE, _COPY_FIRST, _VIEW = (0, 15), (0, 22), (0, 23), (1, 4), (1, 6)
 CHUNKED_NLL_SINCE = (1, 7)
 """SFTConfig's loss_type defaults to chunked_nll from 1.7 (jobs/chunked_nll.py): no metrics
@@ -83,4 +87,4 @@ FUSED_SINCE = (1, 15)
 same kernel (trl/kernels/chunked_logprob.py, 4096 x 32768 tiles) with Triton only, no CPU
 fallback, so it was not run here."""
 
-__all__ = ["metrics_moment", "notes", "ENTROPY_CHUNK_ROWS", "FUSED_SINCE", "CHUNKED_NLL_SINCE"]
+__all__ = ["metrics_moment", "notes", "ENTROPY_CHUNK_ROWS", "ENTROPY_FLAT_SINCE", "FUSED_SINCE", "CHUNKED_NLL_SINCE"]

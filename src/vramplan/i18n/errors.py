@@ -118,15 +118,15 @@ TEMPLATES = (
     N_("{kind} config is missing required field {key}"),
     # vramplan.spec: counts past any job, GRPO, an image pipeline's frames
     N_("{n} GPUs are past any cluster built; use at most {limit}"),
-    N_("GRPO needs at least 2 completions per prompt to compute its advantages (trl GRPOConfig); use "
+    N_("{trainer} needs at least 2 completions per prompt to compute its advantages (trl {config}); use "
        "num_generations >= 2"),
-    N_("TRL's GRPO generates whole groups of {gens} completions per prompt ({named}), but a step generates {rows} "
+    N_("TRL's {trainer} generates whole groups of {gens} completions per prompt ({named}), but a step generates {rows} "
        "({what} x {dp} data-parallel GPUs); raise micro_batch_size or grad_accum_steps to generate a multiple of "
        "{gens2} per step"),
-    N_("TRL's GRPO generates whole groups of {gens} completions per prompt ({named}), but a step generates {rows} "
+    N_("TRL's {trainer} generates whole groups of {gens} completions per prompt ({named}), but a step generates {rows} "
        "({what} x {dp} data-parallel GPUs); set num_generations to a divisor of {rows2} (at least 2), or raise "
        "micro_batch_size or grad_accum_steps to generate a multiple of {gens2} per step"),
-    N_("{given} is not a whole number of micro-batches of {mb}; TRL refuses it (GRPOConfig: generation_batch_size "
+    N_("{given} is not a whole number of micro-batches of {mb}; TRL refuses it ({config}: generation_batch_size "
        "divisible by the global batch); use a multiple of {mb2}"),
     N_("{model} makes images (its VAE has no time axis), not {frames}-frame videos; drop num_frames"),
     N_("quantization_config field {key} must be an integer, got {value}"),

@@ -69,7 +69,7 @@ def _lora_fields(model) -> dict:
 # TRL trainers (GKD's teacher, PPO's critic) need models the callback cannot see: pass
 # `task=` and the other models as spec overrides.
 _TRL_TASKS = {"SFTConfig": "sft", "DPOConfig": "dpo", "KTOConfig": "kto", "GRPOConfig": "grpo",
-              "RewardConfig": "reward-model", "ORPOConfig": "orpo"}
+              "RLOOConfig": "rloo", "RewardConfig": "reward-model", "ORPOConfig": "orpo"}
 
 
 def _release(library: str) -> str | None:
@@ -103,8 +103,8 @@ def _trl_fields(args) -> dict:
         out["task"] = "ipo"
     if task in ("dpo", "kto") and getattr(args, "precompute_ref_log_probs", False):
         out["reference_model"] = "precomputed"
-    if task == "grpo":
-        # GRPO's seq_len is the prompt; the completion and the group size are their own fields
+    if task in ("grpo", "rloo"):
+        # GRPO's and RLOO's seq_len is the prompt; the completion and the group size are their own fields
         out.update(num_generations=args.num_generations, max_new_tokens=args.max_completion_length)
         if getattr(args, "max_prompt_length", None):
             out["seq_len"] = int(args.max_prompt_length)

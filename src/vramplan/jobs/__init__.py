@@ -90,7 +90,7 @@ def estimate_descs(descs: dict[str, ModelDesc], spec: JobSpec, gpu=None):
     if task is Task.DISTILL:
         from vramplan.jobs import distill
         return distill.distill_estimate(descs, spec, gpu)
-    if task in (Task.PPO, Task.GRPO):
+    if task in (Task.PPO, Task.GRPO, Task.RLOO):
         from vramplan.jobs import rl
         return rl.rl_estimate(descs, spec, gpu)
     if spec.models:

@@ -3,8 +3,8 @@
 `logits_to_keep = C + 1`, drops the last position and keeps the last C (views), divides by the
 sampling temperature, scores `selective_log_softmax` (trl/trainer/utils.py; jobs/selective.py
 `completion_logps_loss` holds its saved tensors and backward) and, for the trained policy from
-0.21 (`compute_entropy=True`), `entropy_from_logits` under no_grad: 128-row chunks, three at once,
-over the scored logits (a reshape copy when they are a non-contiguous view of more than one
+0.21 (`compute_entropy=True`), `entropy_from_logits` under no_grad: 128-row chunks (one batch
+row of C positions in 0.21 and 0.22), three at once, over the scored logits (a reshape copy when they are a non-contiguous view of more than one
 row). The reference's log-probs come from the same function under no_grad, without entropy.
 The logits are `l`-typed: fp32 copies under the trainer's autocast (jobs/trained.py
 `trainer_logits_dtype`; accelerate's cast holds the model's c-typed logits beside them), else
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from vramplan.breakdown import Breakdown
-from vramplan.components.trl_sft_metrics import ENTROPY_CHUNK_ROWS
+from vramplan.components.trl_sft_metrics import ENTROPY_CHUNK_ROWS, ENTROPY_FLAT_SINCE
 from vramplan.jobs.logprob import GRPO_ENTROPY_SINCE
 from vramplan.jobs.odds_ratio import triton_selective
 from vramplan.jobs.selective import cast_moment, completion_logps_loss
@@ -84,9 +84,12 @@ def grpo_head(spec: JobSpec, rows: int, new: int, v: int) -> GrpoHead:
         terms = triton_selective(rows, new + 1, v, l)
         terms.forward_end = cast
         return GrpoHead(terms, Breakdown().merge(logits).merge(cast))
-    chunks = Breakdown().add("logits/entropy_chunks", 3 * nbytes(min(ENTROPY_CHUNK_ROWS, rows * new) * v, l))
+    # before 0.23 the entropy takes one batch row (C positions) at a time, unreshaped
+    flat = spec.stack.minor("trl") >= ENTROPY_FLAT_SINCE
+    chunk = min(ENTROPY_CHUNK_ROWS, rows * new) if flat else new
+    chunks = Breakdown().add("logits/entropy_chunks", 3 * nbytes(chunk * v, l))
     # the scored view (a slice of C + 1 positions) reshapes in place only for one row
-    reshaped = Breakdown().add("logits/entropy_reshape_copy", big_r if rows > 1 else 0)
+    reshaped = Breakdown().add("logits/entropy_reshape_copy", big_r if rows > 1 and flat else 0)
     copy = Breakdown().add("logits/temperature_copy", big_r)
     # the reference's head: accelerate's cast, the division's copy, or the 16-bit row loop
     # (two rows' log_softmax bound at once: `row_logps` still holds the previous one)

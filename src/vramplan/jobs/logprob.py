@@ -37,6 +37,11 @@ VOCAB_CHUNK = 32768
 """trl/trainer/utils.py _CHUNKED_LOGPROB_CHUNK_SIZE: the scratch buffer's width."""
 GRPO_ENTROPY_SINCE = (0, 21)
 """GRPOTrainer's policy adds an entropy pass over its scored logits from 0.21 (jobs/grpo_head.py)."""
+RLOO_GROUP_SINCE = (0, 22)
+"""RLOOTrainer is GRPOTrainer's layout from 0.22 (before, a PPO-style trainer with `rloo_k`);
+its `_get_per_token_logps_and_entropies` divides by the temperature as GRPO's does in each
+release through 1.14 (read from 0.22.2 to 1.14.0: the copy, `div_`, the bound `outputs`,
+the joint kernel at the same releases), so jobs/grpo_head.py serves both."""
 GRPO_SELECTIVE_SINCE = (0, 16)
 """GRPOTrainer's `_get_per_token_logps` divides by the temperature and scores
 `selective_log_softmax` from 0.16 (jobs/grpo_head.py; 0.15 does not divide)."""
@@ -50,7 +55,7 @@ from 0.15 (read from 0.13.0, 0.14.0 and 0.15.2)."""
 # grpo_trainer.py, rloo_trainer.py, sft_trainer.py `add_fused_lm_head`). ORPO and CPO/SimPO
 # (trl/experimental/orpo, cpo) still build the full logits and score them with
 # `selective_log_softmax` (their `get_batch_logps`); PPO is no longer in TRL 1.x.
-_CHUNKED_TASKS = (Task.DPO, Task.IPO, Task.KTO, Task.GRPO)
+_CHUNKED_TASKS = (Task.DPO, Task.IPO, Task.KTO, Task.GRPO, Task.RLOO)
 _SELECTIVE_TASKS = (Task.ORPO, Task.SIMPO)
 
 
@@ -77,6 +82,8 @@ def resolve_head(spec: JobSpec) -> LogprobHead:
     release = spec.stack.minor("trl")
     if spec.task is Task.GRPO and release is not None and GRPO_SELECTIVE_SINCE <= release < FUSED_SINCE:
         return LogprobHead.SELECTIVE  # GRPOTrainer's own head, 0.16 to 1.14 (jobs/grpo_head.py)
+    if spec.task is Task.RLOO and release is not None and RLOO_GROUP_SINCE <= release < FUSED_SINCE:
+        return LogprobHead.SELECTIVE  # RLOOTrainer's, GRPO's head of the same release
     if spec.task is Task.KTO and release is not None and KTO_VIEW_SINCE <= release < FUSED_SINCE:
         return LogprobHead.SELECTIVE  # KTOTrainer's own head, 1.9 to 1.14 (jobs/dpo_head.py)
     if spec.task in (Task.DPO, Task.IPO) and release is not None and release < FUSED_SINCE:
@@ -107,8 +114,12 @@ def head_note(spec: JobSpec) -> str:
     release = spec.stack.minor("trl")
     if (head is LogprobHead.CHUNKED and spec.task is not Task.SFT and spec.logprob_head is LogprobHead.AUTO
             and release is not None and release < FUSED_SINCE):
-        # KTO's heads before 1.9 and GRPO's before 0.16 are not modelled (DPO's are, and KTO's
-        # from 1.9: jobs/dpo_head.py; GRPO's from 0.16: jobs/grpo_head.py)
+        # KTO's heads before 1.9, GRPO's before 0.16 and RLOO's before 0.22 are not modelled
+        # (DPO's are, and KTO's from 1.9: jobs/dpo_head.py; GRPO's from 0.16 and RLOO's from
+        # 0.22: jobs/grpo_head.py)
+        if spec.task is Task.RLOO:
+            return Msg("TRL {release}'s RLOOTrainer is the PPO-style one that 0.22 replaced; not modelled, the "
+                       "estimate takes TRL 1.16's RLOOTrainer", release=spec.stack.trl)
         return Msg("log-prob head: TRL {release}'s is not modelled; the estimate takes TRL 1.16's chunked head",
                    release=spec.stack.trl)
     if head is LogprobHead.SELECTIVE and spec.task is Task.KTO and spec.logprob_head is LogprobHead.AUTO:
@@ -125,12 +136,13 @@ def head_note(spec: JobSpec) -> str:
         return Msg("log-prob head: chunked (TRL 1.16 fused_lm_head, {tokens} x {vocab} tiles, {path}); "
                    "TRL's configs default to gradient_checkpointing=True and bf16=True, the spec's values are used",
                    tokens=TOKEN_CHUNK, vocab=VOCAB_CHUNK, path=path)
-    if head is LogprobHead.SELECTIVE and spec.task is Task.GRPO and spec.logprob_head is LogprobHead.AUTO:
+    if head is LogprobHead.SELECTIVE and spec.task in (Task.GRPO, Task.RLOO) and spec.logprob_head is LogprobHead.AUTO:
         if release < GRPO_ENTROPY_SINCE:
             return Msg("log-prob head: TRL {release} GRPOTrainer's selective_log_softmax over the completion's "
                        "logits (no entropy pass before 0.21)", release=spec.stack.trl)
-        return Msg("log-prob head: TRL {release} GRPOTrainer's selective_log_softmax over the completion's "
-                   "logits, with its entropy", release=spec.stack.trl)
+        return Msg("log-prob head: TRL {release} {trainer}'s selective_log_softmax over the completion's "
+                   "logits, with its entropy", release=spec.stack.trl,
+                   trainer="RLOOTrainer" if spec.task is Task.RLOO else "GRPOTrainer")
     if head is LogprobHead.SELECTIVE and spec.task in _SELECTIVE_TASKS:
         return Msg("log-prob head: selective_log_softmax over the full logits "
                    "(TRL 1.16 trl.experimental ORPO/CPO get_batch_logps)")

@@ -1,5 +1,6 @@
-"""Online RL: GRPO (policy + frozen reference, num_generations completions per prompt)
-and PPO (actor and critic trained, reference and reward frozen).
+"""Online RL: GRPO (policy + frozen reference, num_generations completions per prompt),
+RLOO (GRPO's step as trl/trainer/rloo_trainer.py runs it) and PPO (actor and critic
+trained, reference and reward frozen).
 
 What is alive when (trl/trainer/grpo_trainer.py, `_generate_and_score_completions` then
 `compute_loss`; trl/trainer/ppo_trainer.py `train`, TRL 0.x):
@@ -23,6 +24,11 @@ What is alive when (trl/trainer/grpo_trainer.py, `_generate_and_score_completion
    prompt + completion) and the same log-prob head with gradients; then backward and the
    optimizer step. PPO's PolicyAndValueWrapper runs the critic backbone then the policy
    in one graph: the critic's activations stay alive through the policy's backward.
+RLOO (TRL 0.22 on, GRPOTrainer's layout): `_generate_and_score_completions` always scores
+the policy's own old log-probs under no_grad after generation (GRPO only with
+num_iterations > 1), then the reference's when beta != 0 (RLOOConfig's default 0.05: a
+reference by default), and hands the loss per-sequence sums (`old_logps`, fp32) instead of
+per-token log-probs; its KL is a reward term, its loss per sequence.
 GRPO measured against vramplan.measure.rl (bench/jobs: every phase within 0.5%); PPO
 against vramplan.measure.ppo (TRL PPOTrainer's update; every phase within 1%).
 Legend: r rows (completions per micro-step), P prompt length, C completion length,
@@ -41,7 +47,7 @@ from vramplan.jobs.selective import completion_logps_head, completion_logps_loss
 from vramplan.jobs.trained import compute_dtype, prefixed, score_loss, trained_plan, trainer_logits_dtype
 from vramplan.model import ModelDesc
 from vramplan.spec import JobSpec, LogprobHead, Method, Task
-from vramplan.spec.grpo import GRPO_MAX_COMPLETION, GRPO_NUM_GENERATIONS
+from vramplan.spec.grpo import GRPO_MAX_COMPLETION, GROUP_TASKS, default_generations
 from vramplan.spec.tasks import PRECOMPUTED
 from vramplan.timeline import StepPlan
 from vramplan.units import nbytes
@@ -56,9 +62,12 @@ def kv_cache(desc: ModelDesc, rows: int, length: int, c: str) -> Breakdown:
     return Breakdown().add("generation/kv_cache", 2 * desc.num_layers * per)
 
 
-TOP_K_ZERO_SINCE = (0, 28)
-"""GRPOConfig.top_k defaults to 0 (no top-k) from TRL 0.28; before, None, which leaves
-transformers' GenerationConfig default of 50 in force (a TopKLogitsWarper while sampling)."""
+TOP_K_ZERO_SINCE = (0, 27)
+"""GRPOConfig.top_k (RLOOConfig's too) defaults to 0 (no top-k: transformers adds
+TopKLogitsWarper only for a top_k neither None nor 0, generation/utils.py
+`_get_logits_processor`) from TRL 0.27 (read from 0.26.2 and 0.27.2); before, None, which
+leaves transformers' GenerationConfig default of 50 in force (a TopKLogitsWarper while
+sampling)."""
 
 
 def sampling_temporaries(rows: int, v: int, c: str, top_k: bool = False) -> Breakdown:
@@ -105,7 +114,7 @@ def zero3_generation_gather(desc: ModelDesc, spec: JobSpec, sharded_weights: int
     model.parameters())` around `generate`, unless `ds3_gather_for_generation` is false):
     every parameter's full 16-bit tensor beside the rank's partition, which stays. Adapters
     are not in the base's parameter list and are a rounding error beside it."""
-    if spec.task is not Task.GRPO or spec.parallel.zero_stage != 3 or spec.num_gpus < 2:
+    if spec.task not in GROUP_TASKS or spec.parallel.zero_stage != 3 or spec.num_gpus < 2:
         return 0
     if spec.generation is not None and not spec.generation.ds3_gather_for_generation:
         return 0
@@ -118,7 +127,8 @@ def rl_estimate(descs: dict[str, ModelDesc], spec: JobSpec, gpu=None):
     ppo = spec.task is Task.PPO
     rows, prompt = spec.micro_batch_size, spec.seq_len
     new = spec.max_new_tokens or GRPO_MAX_COMPLETION
-    gens = spec.num_generations or (1 if ppo else GRPO_NUM_GENERATIONS)
+    rloo = spec.task is Task.RLOO
+    gens = spec.num_generations or (1 if ppo else default_generations(spec.task))
     total_len, c, v = prompt + new, compute_dtype(spec), desc.vocab_size
     gen_rows = (spec.generation.generation_batch_size if spec.generation and spec.generation.generation_batch_size
                 else rows * spec.grad_accum_steps)
@@ -133,6 +143,7 @@ def rl_estimate(descs: dict[str, ModelDesc], spec: JobSpec, gpu=None):
     # GRPOTrainer's own head of TRL 0.16 to 1.14, by release (jobs/grpo_head.py)
     own = None
     if not ppo and spec.logprob_head is LogprobHead.AUTO and resolve_head(spec) is LogprobHead.SELECTIVE:
+        # (RLOOTrainer's of 0.22 to 1.14 is the same head, jobs/logprob.py RLOO_GROUP_SINCE)
         own = grpo_head(spec, rows, new, v)
     if chunked or own:
         notes.append(head_note(spec))
@@ -162,12 +173,16 @@ def rl_estimate(descs: dict[str, ModelDesc], spec: JobSpec, gpu=None):
     step = Step(plan)
     # What _generate_and_score_completions hands the loss: prompt + completion ids and their
     # attention mask, the completion mask (int64), the reference's per-token log-probs (in
-    # c: selective_log_softmax returns the logits' dtype), the advantages (fp32).
+    # c: selective_log_softmax returns the logits' dtype), the advantages (fp32). RLOO hands
+    # the old log-probs summed per sequence instead (`old_logps`, fp32, rloo_trainer.py).
     step.plan.static.add("batch/prompt_completion_ids", nbytes(gen_rows * total_len, "int64"))
     step.plan.static.add("batch/attention_mask", nbytes(gen_rows * total_len, "int64"))
     step.plan.static.add("batch/completion_mask", nbytes(gen_rows * new, "int64"))
     logps_dtype = "fp32" if chunked else trainer_logits_dtype(spec) if own else c
-    step.plan.static.add("batch/ref_per_token_logps", nbytes(gen_rows * new, logps_dtype))
+    if rloo:
+        step.plan.static.add("batch/old_logps", nbytes(gen_rows, "fp32"))
+    else:
+        step.plan.static.add("batch/ref_per_token_logps", nbytes(gen_rows * new, logps_dtype))
     step.plan.static.add("batch/advantages", nbytes(gen_rows, "fp32"))
     if ppo:
         # trl ppo_trainer.py `generate`: `lm_backbone.generate(..., return_dict_in_generate=True,
@@ -204,6 +219,24 @@ def rl_estimate(descs: dict[str, ModelDesc], spec: JobSpec, gpu=None):
                      .add("generation/scores_stacked", nbytes(gen_rows * new * v, "fp32")))
             step.before.append(("generation", "generation scores stacked (output_scores)",
                                 Breakdown().merge(stack, prefix=f"{actor}/")))
+    def scoring(d: ModelDesc) -> Breakdown:
+        """A no_grad log-prob forward of `d` over `rows` generated rows (the trainers score the
+        generation batch in chunks of per_device_train_batch_size)."""
+        if chunked:
+            fused = chunked_head(spec, rows, total_len, d.hidden_size, d.vocab_size,
+                                 softcap=bool(d.final_logit_softcapping))
+            head = fused.frozen_peak(nbytes(rows * total_len * d.hidden_size, fused.hidden_dtype))
+        elif own:
+            head = own.reference
+        else:
+            head = completion_logps_head(rows, new, d.vocab_size, c)
+        return no_grad_forward_peak(d, rows, total_len, c, head)
+
+    if rloo:
+        # rloo_trainer.py `_generate_and_score_completions`: `old_per_token_logps` of the
+        # policy itself under no_grad (gradient checkpointing disabled), whatever beta
+        step.before.append(("forward", "policy forward (no_grad old log-probs)",
+                            Breakdown().merge(scoring(desc), prefix=f"{actor}/scoring/")))
     # Frozen models: the reference (or the LoRA policy with its adapter disabled), reward.
     ref = spec.reference_model
     if ref != PRECOMPUTED:
@@ -212,17 +245,8 @@ def rl_estimate(descs: dict[str, ModelDesc], spec: JobSpec, gpu=None):
         if not shares_base:
             step.plan.static.merge(frozen_weights(ref_desc, dtypes_of(spec).weights), prefix="reference/")
             total["reference"] = ref_desc.num_params()
-        if chunked:
-            fused = chunked_head(spec, rows, total_len, ref_desc.hidden_size, ref_desc.vocab_size,
-                                 softcap=bool(ref_desc.final_logit_softcapping))
-            head = fused.frozen_peak(nbytes(rows * total_len * ref_desc.hidden_size, fused.hidden_dtype))
-        elif own:
-            head = own.reference
-        else:
-            head = completion_logps_head(rows, new, ref_desc.vocab_size, c)
-        peak = no_grad_forward_peak(ref_desc, rows, total_len, c, head)
         step.before.append(("forward", "reference forward (no_grad log-probs)",
-                            Breakdown().merge(peak, prefix="reference/")))
+                            Breakdown().merge(scoring(ref_desc), prefix="reference/")))
     if "reward" in descs:
         rm = descs["reward"]
         step.plan.static.merge(frozen_weights(rm, dtypes_of(spec).weights), prefix="reward/")

@@ -12,7 +12,8 @@ saving, two optimizer steps):
   adapter disabled (dpo_trainer.py ``_compute_loss`` -> ``use_adapter``), or, for
   ``reference_model: precomputed``, ``precompute_ref_log_probs=True`` (done before train());
 * kto: ``trl.KTOTrainer``; reward-model: ``trl.RewardTrainer``;
-* grpo: ``trl.GRPOTrainer`` with HF ``generate`` (``use_vllm=False``) and a reward function;
+* grpo, rloo: ``trl.GRPOTrainer``, ``trl.RLOOTrainer`` with HF ``generate`` (``use_vllm=False``)
+  and a reward function;
 * sft: the HF ``transformers.Trainer`` (the model's own causal-LM loss), with
   ``DataCollatorWithFlattening`` for ``packing``; under ``stack: trl`` TRL's SFTTrainer
   (``packing=True``: BFD packing, padding-free);
@@ -40,10 +41,11 @@ from .build import (
     apply_method, build_model, build_optimizer, job_dict,
 )
 from .trainer_meter import metered_train
-from vramplan.spec.grpo import GRPO_MAX_COMPLETION, GRPO_NUM_GENERATIONS
+from vramplan.spec.enums import Task
+from vramplan.spec.grpo import GRPO_MAX_COMPLETION, default_generations
 
 TRL_TASKS = {"dpo": "DPOTrainer", "ipo": "DPOTrainer", "kto": "KTOTrainer",
-             "reward-model": "RewardTrainer", "grpo": "GRPOTrainer",
+             "reward-model": "RewardTrainer", "grpo": "GRPOTrainer", "rloo": "RLOOTrainer",
              # trl.experimental (measure/trl_experimental.py)
              "distill": "GKDTrainer", "orpo": "ORPOTrainer", "simpo": "CPOTrainer"}
 HF_TASKS = {"sft": "Trainer"}
@@ -219,37 +221,51 @@ def _length_reward(completions, **kwargs) -> list[float]:
 
 
 def _grpo(job: dict, dtype, flags: dict):
+    return _group(job, dtype, flags, rloo=False)
+
+
+def _rloo(job: dict, dtype, flags: dict):
+    return _group(job, dtype, flags, rloo=True)
+
+
+def _group(job: dict, dtype, flags: dict, rloo: bool):
+    """GRPOTrainer, or RLOOTrainer (trl/trainer/rloo_trainer.py, the same generation and
+    loading; its KL goes into the reward, and the policy scores its own old log-probs)."""
     from unittest import mock
 
-    from trl import GRPOConfig, GRPOTrainer
-    from trl.trainer import grpo_trainer
+    if rloo:
+        from trl import RLOOConfig as Config, RLOOTrainer as Trainer
+        from trl.trainer import rloo_trainer as module
+    else:
+        from trl import GRPOConfig as Config, GRPOTrainer as Trainer
+        from trl.trainer import grpo_trainer as module
 
     policy, peft_config = peft_policy(job, dtype)
     vocab = policy.config.vocab_size
-    b = int(job.get("micro_batch_size", 1))
     # the estimate's defaults, TRL's (spec/tasks.py; the spec refuses a batch they do not divide)
-    g = int(job.get("num_generations") or GRPO_NUM_GENERATIONS)
+    g = int(job.get("num_generations") or default_generations(Task(job["task"])))
     new = int(job.get("max_new_tokens") or GRPO_MAX_COMPLETION)
     ref = job.get("reference_model")
-    # The spec's reference: none for "precomputed" (GRPOConfig.beta = 0.0, TRL 1.x's default,
-    # builds no reference); else beta = 0.04 (TRL 0.x's default). A LoRA policy is its own
-    # reference with the adapter disabled; otherwise GRPOTrainer loads the reference from the
-    # policy's checkpoint path (grpo_trainer.py `create_model_from_path`), which a random-init
-    # model has not: the loader is handed the reference built from the spec instead.
-    beta = 0.0 if ref == "precomputed" else 0.04
+    # The spec's reference: none for "precomputed" (beta = 0.0, GRPOConfig's default from
+    # 0.19, builds no reference); else GRPO's beta 0.04 (its 0.x default), RLOO's 0.05 (its
+    # default). A LoRA policy is its own reference with the adapter disabled; otherwise the
+    # trainer loads the reference from the policy's checkpoint path (`create_model_from_path`),
+    # which a random-init model has not: the loader is handed the reference built from the
+    # spec instead.
+    beta = 0.0 if ref == "precomputed" else 0.05 if rloo else 0.04
     frozen = None if beta == 0.0 or job.get("method") in ("lora", "qlora") else frozen_model(job, ref or job["model"], dtype)
     # Every completion runs to max_new_tokens: generation with no EOS to stop at. (Not
     # `min_new_tokens`, which adds transformers' MinNewTokensLengthLogitsProcessor and its
     # (rows, v) fp32 clone/where copies at each sampling step, logits_process.py: TRL's
     # defaults add no logits processor, and the estimate models none.)
-    args = GRPOConfig(**common_args(job, flags), **trl_dropout(job), num_generations=g, max_completion_length=new, beta=beta,
-                      use_vllm=False, generation_kwargs={"eos_token_id": None})
+    args = Config(**common_args(job, flags), **trl_dropout(job), num_generations=g, max_completion_length=new, beta=beta,
+                  use_vllm=False, generation_kwargs={"eos_token_id": None})
     # (create=True: releases before 0.26 load the reference another way; a LoRA policy or
     # beta 0 loads none)
-    with mock.patch.object(grpo_trainer, "create_model_from_path", lambda *a, **k: frozen, create=True):
-        trainer = GRPOTrainer(model=policy, reward_funcs=_length_reward, args=args, peft_config=peft_config,
-                              train_dataset=data.dataset(data.prompt_rows(num_rows(job), job["seq_len"], vocab)),
-                              processing_class=data.tokenizer(vocab))
+    with mock.patch.object(module, "create_model_from_path", lambda *a, **k: frozen, create=True):
+        trainer = Trainer(model=policy, reward_funcs=_length_reward, args=args, peft_config=peft_config,
+                          train_dataset=data.dataset(data.prompt_rows(num_rows(job), job["seq_len"], vocab)),
+                          processing_class=data.tokenizer(vocab))
     policy = with_optimizer(trainer, job, flags)
     models = {"policy": policy} | ({"reference": frozen} if frozen is not None else {})
     return trainer, models, {"generation": True}
@@ -291,7 +307,8 @@ def _sft_trl(job: dict, dtype, flags: dict):
     return trainer, {"policy": with_optimizer(trainer, job, flags)}, {}
 
 
-BUILDERS = {"dpo": _dpo, "ipo": _dpo, "kto": _kto, "reward-model": _reward, "grpo": _grpo, "sft": _sft}
+BUILDERS = {"dpo": _dpo, "ipo": _dpo, "kto": _kto, "reward-model": _reward, "grpo": _grpo, "rloo": _rloo,
+            "sft": _sft}
 
 
 def _framework(job: dict) -> str:

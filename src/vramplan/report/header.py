@@ -38,7 +38,7 @@ def batch_text(spec) -> str:
         return Msg("b={b} unpaired rows s={s}", b=b, s=s)
     if spec.task is Task.INFERENCE and spec.max_new_tokens:
         return Msg("b={b} prompt s={s} + {new} new tokens", b=b, s=s, new=spec.max_new_tokens)
-    if spec.task in (Task.PPO, Task.GRPO):
+    if spec.task in (Task.PPO, Task.GRPO, Task.RLOO):
         if spec.max_new_tokens:
             return Msg("b={b} completions, prompt s={s} + {new} new", b=b, s=s, new=spec.max_new_tokens)
         return Msg("b={b} completions, prompt s={s}", b=b, s=s)

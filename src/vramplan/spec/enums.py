@@ -109,6 +109,10 @@ class Task(_Choice):
     """Actor and critic trained; reference and reward frozen; rollouts with a KV cache."""
     GRPO = "grpo"
     """Policy trained, reference frozen, num_generations completions per prompt."""
+    RLOO = "rloo"
+    """TRL's RLOOTrainer (0.22 on): GRPO's step with a leave-one-out baseline, the KL to the
+    reference in the reward (beta 0.05 by default), and the policy's own old log-probs
+    scored after generation."""
     DISTILL = "distill"
     """A trained student and a frozen teacher whose logits meet the student's in the loss."""
     DIFFUSION = "diffusion"

@@ -82,7 +82,7 @@ LOSS_DETACHED_FRAMEWORKS = TRAINER_STEP_FRAMEWORKS | {Framework.LLAMA_FACTORY}
 # RewardTrainer, GRPOTrainer, GKDTrainer, ORPOTrainer, CPOTrainer: transformers.Trainer
 # subclasses, so Trainer.training_step returns the loss detached); what measure/trainers.py
 # runs for them.
-TRL_TRAINER_TASKS = frozenset({"dpo", "ipo", "kto", "reward-model", "grpo", "distill", "orpo", "simpo"})
+TRL_TRAINER_TASKS = frozenset({"dpo", "ipo", "kto", "reward-model", "grpo", "rloo", "distill", "orpo", "simpo"})
 
 
 # Whose optimizer transformers' Trainer builds from TrainingArguments.optim (the TRL trainers'

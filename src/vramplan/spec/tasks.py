@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields
 from collections.abc import Mapping
 
 from vramplan.spec.enums import LossImpl, Precision, SpecError, Task
+from vramplan.spec.grpo import GROUP_TASKS, TRAINER
 from vramplan.spec.sections import boolean, fraction, positive_int
 from vramplan.spec.stack import Framework
 
@@ -20,7 +21,7 @@ embeddings, VAE latents): it holds no memory during training."""
 
 REFERENCE_TASKS = (Task.DPO, Task.IPO, Task.KTO)
 NO_REFERENCE_TASKS = (Task.ORPO, Task.SIMPO)
-RL_TASKS = (Task.PPO, Task.GRPO)
+RL_TASKS = (Task.PPO, Task.GRPO, Task.RLOO)
 MULTI_MODEL_TASKS = REFERENCE_TASKS + NO_REFERENCE_TASKS + RL_TASKS + (
     Task.REWARD_MODEL, Task.DISTILL, Task.DIFFUSION)
 
@@ -325,18 +326,18 @@ def check_task_fields(spec) -> dict[str, object]:
         raise SpecError("teacher", "only task distill takes a teacher")
     for name in ("reward_model", "critic_model"):
         if out[name] is not None and task not in RL_TASKS:
-            raise SpecError(name, "only tasks ppo and grpo take it")
+            raise SpecError(name, "only tasks ppo, grpo and rloo take it")
     for name in ("num_generations", "max_new_tokens"):
         value = getattr(spec, name)
         if value is not None:
             if task not in RL_TASKS and not (name == "max_new_tokens" and task is Task.INFERENCE):
-                raise SpecError(name, "only tasks ppo, grpo and inference (max_new_tokens) generate")
+                raise SpecError(name, "only tasks ppo, grpo, rloo and inference (max_new_tokens) generate")
             out[name] = positive_int(name, value)
-            if name == "num_generations" and task is Task.GRPO and out[name] < 2:
-                # trl GRPOConfig.__post_init__: "GRPO requires at least 2 generations per prompt
-                # to calculate the advantages"
-                raise SpecError(name, "GRPO needs at least 2 completions per prompt to compute its advantages "
-                                      "(trl GRPOConfig); use num_generations >= 2")
+            if name == "num_generations" and task in GROUP_TASKS and out[name] < 2:
+                # trl GRPOConfig.__post_init__ (RLOOConfig's alike): "GRPO requires at least 2
+                # generations per prompt to calculate the advantages"
+                raise SpecError(name, f"{TRAINER[task]} needs at least 2 completions per prompt to compute its "
+                                      f"advantages (trl {TRAINER[task]}Config); use num_generations >= 2")
     out["models"] = parse_models(spec.models)
     # jobs/__init__.py resolve_models: a listed role replaces the task's model of that name
     for m in out["models"]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from vramplan.spec.enums import Checkpointing, LossImpl, SpecError, Task
 from vramplan.spec.packing import check_packing
 
-GENERATING_TASKS = (Task.PPO, Task.GRPO)
+GENERATING_TASKS = (Task.PPO, Task.GRPO, Task.RLOO)
 """Tasks whose step generates completions (jobs/rl.py reads `generation`: engine, batch, vLLM share)."""
 
 
@@ -15,7 +15,7 @@ def check_unread(spec) -> None:
     task = spec.task
     if spec.generation is not None and task not in GENERATING_TASKS:
         raise SpecError("generation", f"task {task.value} generates no completions; the section is read by tasks "
-                        "ppo and grpo only; drop it")
+                        "ppo, grpo and rloo only; drop it")
     if spec.lengths is not None and task is Task.DIFFUSION:
         raise SpecError("lengths", "a diffusion job has no token rows to pad; drop the lengths section")
     if spec.vision is not None and spec.loss_impl is not LossImpl.STANDARD:

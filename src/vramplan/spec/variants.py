@@ -9,7 +9,7 @@ from vramplan.spec.enums import USER_ERRORS, SpecError, Task, as_spec_error
 from vramplan.spec.job import JobSpec, _section, copy_with
 from vramplan.spec.optimizers import check_optimizer_fields
 from vramplan.spec.sections import ParallelConfig
-from vramplan.spec.grpo import check_generation_batch
+from vramplan.spec.grpo import GROUP_TASKS, check_generation_batch
 
 
 def with_dotted(data: Mapping[str, object], changes: Iterable[tuple[str, object]]) -> dict:
@@ -66,7 +66,7 @@ def split_checked(spec: JobSpec) -> bool:
     divides (what every split of a layout shares): GRPO's explicit generation batch holds
     whole micro-batches (spec/grpo.py check_generation_batch). A search that copies a
     validated layout to other splits checks each split of such a layout again."""
-    return spec.task is Task.GRPO
+    return spec.task in GROUP_TASKS
 
 
 __all__ = ["check_layout", "load_section", "split_checked", "with_dotted", "with_layout"]
