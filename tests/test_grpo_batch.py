@@ -122,3 +122,26 @@ def test_rloo_refusals_name_rloo(capsys):
     code = main(["estimate", "qwen2.5-0.5b", "--task", "rloo", "--num-generations", "1"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and "num_generations: RLOO needs at least 2" in err and "RLOOConfig" in err
+
+
+def test_measuring_rloo_without_trl_names_the_extra():
+    # no written-out RLOO step: without trl, measuring says what to install
+    from vramplan.measure import dispatch, trainers
+    with mock.patch.object(trainers, "runs_library", return_value=False):
+        with pytest.raises(ValueError, match=r"RLOOTrainer; install the measure extra"):
+            dispatch.measure_cpu({"model": "qwen2.5-0.5b", "task": "rloo", "seq_len": 16, "max_new_tokens": 8})
+
+
+def test_a_grpo_job_counting_a_reference_says_trls_default_has_none():
+    # GRPOConfig.beta defaults to 0.0 from TRL 0.19 (no reference loaded or run); a job that
+    # names no reference still counts one, and says how to write TRL's default
+    import vramplan
+    def said(**kw):
+        est = vramplan.estimate({"model": "qwen2.5-0.5b", "task": "grpo", "seq_len": 64, "max_new_tokens": 32} | kw)
+        return any("TRL's default beta is 0.0" in str(n) for n in est.notes), est
+    counted, with_ref = said()
+    assert counted and with_ref.components.total("reference/weights") > 0
+    dropped, without = said(reference_model="precomputed")
+    assert not dropped and without.peak_allocated_bytes < with_ref.peak_allocated_bytes
+    assert not said(stack={"framework": "trl", "trl": "0.18"})[0]   # 0.04 was TRL's default then
+    assert not said(task="rloo")[0]                                  # RLOOConfig's default is 0.05

@@ -47,7 +47,7 @@ from vramplan.jobs.selective import completion_logps_head, completion_logps_loss
 from vramplan.jobs.trained import compute_dtype, prefixed, score_loss, trained_plan, trainer_logits_dtype
 from vramplan.model import ModelDesc
 from vramplan.spec import JobSpec, LogprobHead, Method, Task
-from vramplan.spec.grpo import GRPO_MAX_COMPLETION, GROUP_TASKS, default_generations
+from vramplan.spec.grpo import GRPO_BETA_ZERO_SINCE, GRPO_MAX_COMPLETION, GROUP_TASKS, default_generations
 from vramplan.spec.tasks import PRECOMPUTED
 from vramplan.timeline import StepPlan
 from vramplan.units import nbytes
@@ -134,6 +134,12 @@ def rl_estimate(descs: dict[str, ModelDesc], spec: JobSpec, gpu=None):
                 else rows * spec.grad_accum_steps)
     notes = [f"{gens} completions per prompt; {gen_rows} generated per generation batch, "
              f"{rows} trained per micro-step; completion length {new}"]
+    release = spec.stack.minor("trl")
+    if spec.task is Task.GRPO and spec.reference_model is None and (release is None or
+                                                                   release >= GRPO_BETA_ZERO_SINCE):
+        # (the reference's weights, or a LoRA policy's adapter-disabled pass, and its forward)
+        notes.append(Msg("a reference is counted (GRPOConfig beta > 0); TRL's default beta is 0.0 from 0.19, "
+                         "which loads and runs none: set reference_model precomputed for that"))
     actor = "actor" if ppo else "policy"
     # TRL 1.x GRPO (grpo_trainer.py `_get_per_token_logps_and_entropies`): the fused chunked
     # head over prompt + completion with the prompt's labels at -100 (all S - 1 positions
@@ -198,7 +204,6 @@ def rl_estimate(descs: dict[str, ModelDesc], spec: JobSpec, gpu=None):
         else:
             floor.add("generation/vllm_engine", int(spec.generation.gpu_memory_utilization * gpu.memory_bytes))
     else:
-        release = spec.stack.minor("trl")
         top_k = not ppo and release is not None and release < TOP_K_ZERO_SINCE
         gen = generation_peak(desc, gen_rows, prompt, new, c, top_k)
         gathered = zero3_generation_gather(desc, spec, step.plan.static.total(f"{actor}/weights/"))

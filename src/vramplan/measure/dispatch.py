@@ -122,6 +122,10 @@ def measure_cpu(job: Any, trace: bool = False, steps: int = 2) -> MeasureResult:
         return measure_diffusers_step(job, trace=trace, steps=steps)
     if job["task"] in HAND_WRITTEN or job.get("vision") or job.get("models"):
         return _hand_written(job, trace, steps)
+    from .trainers import TRL_TASKS
+    if job["task"] in TRL_TASKS:  # no step written out here: only the library's trainer measures it
+        raise ValueError(f"task: measuring {job['task']!r} runs TRL's {TRL_TASKS[job['task']]}; install the "
+                         "measure extra (pip install 'vramplan[measure]') for trl")
     raise ValueError(f"task: measuring {job['task']!r} is not implemented yet")
 
 

@@ -10,6 +10,9 @@ GRPO_NUM_GENERATIONS = 8
 """trl GRPOConfig.num_generations default (trl/trainer/grpo_config.py)."""
 GRPO_MAX_COMPLETION = 512
 """trl GRPOConfig.max_completion_length default."""
+GRPO_BETA_ZERO_SINCE = (0, 19)
+"""GRPOConfig.beta defaults to 0.0 from TRL 0.19 (0.04 before; read from 0.18.2 and 0.19.1
+grpo_config.py): at beta 0 GRPOTrainer builds no reference model and runs none."""
 RLOO_NUM_GENERATIONS = 2
 """trl RLOOConfig.num_generations default (trl/trainer/rloo_config.py; its
 max_completion_length defaults to 512 as GRPO's)."""
@@ -79,5 +82,5 @@ def batch_step(spec) -> int:
     return gens // math.gcd(gens, spec.grad_accum_steps * dp)
 
 
-__all__ = ["GRPO_MAX_COMPLETION", "GROUP_TASKS", "RLOO_NUM_GENERATIONS", "TRAINER", "batch_step", "GRPO_MICRO_BATCH",
+__all__ = ["GRPO_BETA_ZERO_SINCE", "GRPO_MAX_COMPLETION", "GROUP_TASKS", "RLOO_NUM_GENERATIONS", "TRAINER", "batch_step", "GRPO_MICRO_BATCH",
            "GRPO_NUM_GENERATIONS", "check_generation_batch", "default_generations", "default_micro_batch"]
