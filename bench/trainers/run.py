@@ -74,6 +74,7 @@ GPT_NEOX = {"model_type": "gpt_neox", "vocab_size": 8192, "hidden_size": 128, "i
             "pad_token_id": 0}
 GRPO = {"task": "grpo", "micro_batch_size": 8, "seq_len": 32, "num_generations": 4, "max_new_tokens": 32}
 RLOO = dict(GRPO, task="rloo")
+ONPOLICY = dict(DISTILL, micro_batch_size=4, seq_len=32, max_new_tokens=32)
 
 
 def case(name: str, **fields) -> tuple[str, dict]:
@@ -337,6 +338,18 @@ CASES = dict([
     case("rloo/fp32/full/g2-c48", **dict(RLOO, num_generations=2, max_new_tokens=48), precision="fp32"),
     case("rloo/bf16/qlora/g4-c32", **RLOO, precision="bf16", **QLORA),
     case("rloo/bf16/full/g4-c32/qwen2-tied", **RLOO, precision="bf16", model=QWEN2),
+    # TRL's on-policy DistillationTrainer (distill with max_new_tokens): the student generates,
+    # the teacher scores, the chunked divergence (beta 1.0) over the completion
+    case("distill/bf16/full/on-policy/c32", **ONPOLICY, precision="bf16"),
+    case("distill/fp32/full/on-policy/c32", **ONPOLICY, precision="fp32"),
+    case("distill/bf16/lora/on-policy/c32", **ONPOLICY, precision="bf16", **LORA),
+    case("distill/amp-bf16/full/on-policy/c32", **ONPOLICY, precision="amp-bf16"),
+    case("distill/bf16/full/on-policy/c32/gc", **ONPOLICY, precision="bf16", gradient_checkpointing="full"),
+    case("distill/bf16/full/on-policy/b1-c48/ga2", **dict(ONPOLICY, micro_batch_size=1, max_new_tokens=48),
+         precision="bf16", grad_accum_steps=2),
+    case("distill/bf16/full/on-policy/c32/vocab40k", **dict(ONPOLICY, teacher=dict(LLAMA_WIDE, hidden_size=96,
+         intermediate_size=256)), precision="bf16", model=LLAMA_WIDE),
+    case("distill/bf16/lora/on-policy/c32/qwen2-tied", **ONPOLICY, precision="bf16", model=QWEN2, **LORA),
 ])
 # A job without optimizer_impl: the spec's default, as the importer leaves it for adamw_torch;
 # the Trainer's own optimizer takes TrainingArguments' weight_decay default, 0.0

@@ -22,6 +22,11 @@ class Step:
     after_forward: list[tuple[str, str, Breakdown, bool]] = field(default_factory=list)
     """(phase, label, extra, loss_saved_alive) events after the trained forward, with its
     saved activations alive (reference forward, teacher forward, the loss)."""
+    before_gradients: bool = False
+    """The `before` events run once per accumulation cycle, at its first micro-step, when no
+    gradient exists yet (TRL's generation and scoring: `_prepare_inputs` generates for
+    steps_per_generation = gradient_accumulation_steps micro-steps at once); else they run at
+    every micro-step, with the gradients of the earlier ones alive."""
 
 
 def _sum(parts) -> Breakdown:
@@ -58,7 +63,8 @@ def events_of(step: Step) -> list[Event]:
     fwd_grads = _sum(plan.grads_by_stage) if plan.grads_alive_in_forward else Breakdown()
     base = Breakdown().merge(plan.static).merge(fwd_grads)
     saved = Breakdown().merge(base).merge(_sum(plan.stage_acts))
-    before = [Event(ph, label, Breakdown().merge(base).merge(extra)) for ph, label, extra in step.before]
+    first = Breakdown().merge(plan.static) if step.before_gradients else base
+    before = [Event(ph, label, Breakdown().merge(first).merge(extra)) for ph, label, extra in step.before]
     after = [Event(ph, label, Breakdown().merge(saved).merge(plan.loss_saved if with_loss else Breakdown())
                    .merge(extra)) for ph, label, extra, with_loss in step.after_forward]
     return before + walked[:1] + after + walked[1:]

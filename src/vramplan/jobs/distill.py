@@ -30,6 +30,7 @@ l loss dtype, U = T' * v elements in l.
 from __future__ import annotations
 
 from vramplan.breakdown import Breakdown
+from vramplan.i18n import Msg
 from vramplan.components.dtypes import dtypes_of
 from vramplan.jobs.compose import Step, finish
 from vramplan.jobs.frozen import frozen_weights, no_grad_forward_peak
@@ -38,6 +39,9 @@ from vramplan.model import ModelDesc
 from vramplan.spec import JobSpec, LogprobHead, SpecError
 from vramplan.units import nbytes
 
+DIVERGENCE_SINCE = (1, 15)
+"""DistillationTrainer (trl/trainer from 1.10) computes its loss with trl/kernels/chunked_divergence.py
+from 1.15 (read from 1.14.0 and 1.15.0)."""
 BETA = 0.5
 """GKDConfig.beta's default (trl/experimental/gkd/gkd_config.py): the generalized JSD branch."""
 
@@ -100,6 +104,73 @@ def trl0_at_loss(t: int, v: int) -> Breakdown:
             .add("loss/product", tv32))
 
 
+def _without_autocast(spec: JobSpec) -> JobSpec:
+    """The job in its weights' dtype with no autocast (a quantized base keeps its spec)."""
+    from vramplan.spec import Method, Precision
+    from vramplan.spec.job import copy_with
+
+    d = dtypes_of(spec)
+    if not d.autocast or spec.method is Method.QLORA:
+        return spec
+    word = {"fp32": Precision.FP32, "bf16": Precision.PURE_BF16, "fp16": Precision.PURE_FP16}[d.weights]
+    return copy_with(spec, precision=word)
+
+
+def onpolicy_estimate(student: ModelDesc, teacher: ModelDesc, spec: JobSpec, gpu=None):
+    """TRL 1.16's DistillationTrainer (trl/trainer/distillation_trainer.py), the job's
+    `max_new_tokens` given: the student generates C tokens per prompt (HF generate, as GRPO's
+    rollout: jobs/rl.py generation_peak, DistillationConfig's top_k 0), a whole generation
+    batch of micro_batch_size x grad_accum_steps rows at once, buffered for the accumulation
+    steps; each micro-step runs the student's backbone (`base_model`, no head) over prompt +
+    completion, the teacher's under no_grad, and the chunked divergence over the C completion
+    positions (jobs/divergence.py)."""
+    from vramplan.jobs.divergence import Divergence
+    from vramplan.jobs.logprob import chunked_head
+    from vramplan.jobs.rl import generation_peak
+
+    if spec.logprob_head is not LogprobHead.AUTO:
+        raise SpecError("logprob_head", "on-policy distillation (max_new_tokens) runs DistillationTrainer's chunked "
+                                        "divergence: use auto, or drop max_new_tokens for GKD's full logits")
+    rows, prompt, new = spec.micro_batch_size, spec.seq_len, spec.max_new_tokens
+    s, v, d = prompt + new, student.vocab_size, dtypes_of(spec)
+    gen_rows = rows * spec.grad_accum_steps
+    # `_get_last_hidden_state` calls the backbone (`base_model`) itself, past the autocast that
+    # accelerate wraps around the model's top-level forward (accelerator.py `prepare_model`):
+    # both backbones and the divergence run in the weights' dtype; only generate (through
+    # that forward) runs under autocast (measured: amp-bf16 steps byte-identical to fp32's)
+    plain = _without_autocast(spec)
+    own = chunked_head(plain, rows, new + 1, student.hidden_size, v)  # the student's head dtypes
+    t_hidden = d.weights
+    teacher_input = nbytes(rows * s * teacher.hidden_size, t_hidden)
+    head = Divergence(rows, new, student.hidden_size, teacher.hidden_size, v, own.c, own.hidden_dtype,
+                      own.weight_dtype, t_hidden, t_hidden, t_hidden, teacher_input, torch_fold=own.torch_fold)
+    trained = trained_plan(student, plain, rows, head, seq_len=s)
+    step = Step(prefixed(trained.plan, "student"), before_gradients=True)
+    # the buffered generation batch (`_prepare_inputs`: prompt and completion ids and masks)
+    step.plan.static.add("batch/prompt_completion_ids", nbytes(gen_rows * s, "int64"))
+    step.plan.static.add("batch/attention_mask", nbytes(gen_rows * s, "int64"))
+    step.plan.static.merge(frozen_weights(teacher, d.weights), prefix="teacher/")
+    gen = generation_peak(student, gen_rows, prompt, new, compute_dtype(spec))
+    step.before.append(("generation", f"generation ({gen_rows} rows, KV cache to {s} tokens)",
+                        Breakdown().merge(gen, prefix="student/")))
+    # the teacher's backbone under no_grad after the student's: the student's last hidden
+    # state (the divergence's input) is alive beside it
+    t_head = Breakdown().add("logprob/last_hidden_state", teacher_input)
+    fwd = no_grad_forward_peak(teacher, rows, s, t_hidden, t_head)
+    student_input = Breakdown().add("student/logits/head_input", nbytes(rows * s * student.hidden_size,
+                                                                         own.hidden_dtype))
+    step.after_forward.append(("forward", "teacher forward (no_grad)",
+                               Breakdown().merge(student_input).merge(fwd, prefix="teacher/"), False))
+    notes = [Msg("on-policy distillation: TRL's DistillationTrainer ({gen} completions of {new} tokens generated "
+                 "per generation batch, beta 1.0: reverse KL, chunked over the vocabulary)", gen=gen_rows, new=new)]
+    release = spec.stack.minor("trl")
+    if release is not None and release < DIVERGENCE_SINCE:
+        notes.append(Msg("TRL {release}'s DistillationTrainer computes its loss without the chunked divergence "
+                         "(1.15's); not modelled, the estimate takes TRL 1.16's", release=spec.stack.trl))
+    return finish(spec, student, step, num_params={"student": student.num_params(), "teacher": teacher.num_params()},
+                  trainable_params=trained.params.numel(trainable=True), gpu=gpu, notes=notes)
+
+
 def distill_estimate(descs: dict[str, ModelDesc], spec: JobSpec, gpu=None):
     student, teacher = descs["policy"], descs["teacher"]
     b, s = spec.micro_batch_size, spec.seq_len
@@ -108,6 +179,8 @@ def distill_estimate(descs: dict[str, ModelDesc], spec: JobSpec, gpu=None):
         raise ValueError(f"teacher: vocabulary {teacher.vocab_size} differs from the student's "
                          f"{student.vocab_size}; logit distillation needs one tokenizer")
     v = student.vocab_size
+    if spec.max_new_tokens:
+        return onpolicy_estimate(student, teacher, spec, gpu)
     if spec.logprob_head is LogprobHead.FULL:
         loss, terms, extra = c, trl0_kd_loss(t, v, c), trl0_at_loss(t, v)
     elif spec.logprob_head is LogprobHead.AUTO:

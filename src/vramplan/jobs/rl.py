@@ -176,7 +176,7 @@ def rl_estimate(descs: dict[str, ModelDesc], spec: JobSpec, gpu=None):
             extra.merge(kept)
         total["critic"] = critic_desc.num_params()
         trainable += critic.params.numel(trainable=True)
-    step = Step(plan)
+    step = Step(plan, before_gradients=True)  # generation and scoring, at the cycle's first micro-step
     # What _generate_and_score_completions hands the loss: prompt + completion ids and their
     # attention mask, the completion mask (int64), the reference's per-token log-probs (in
     # c: selective_log_softmax returns the logits' dtype), the advantages (fp32). RLOO hands

@@ -16,6 +16,7 @@ from vramplan.components.trainable import ParamSet, param_set
 from vramplan.components.weights import output_head_trainable
 from vramplan.spec.stack import loss_detached_before_step
 from vramplan.jobs.chunked_nll import ChunkedNll
+from vramplan.jobs.divergence import Divergence
 from vramplan.jobs.logprob import Chunked
 from vramplan.model import ModelDesc
 from vramplan.spec import JobSpec, Task
@@ -220,6 +221,28 @@ def chunked_loss(acts: ActivationPlan, head: Chunked, trainable: bool) -> LossTe
     return LossTerms(saved, fwd, bwd0, head.backward_fold(trainable))
 
 
+def divergence_loss(acts: ActivationPlan, head: Divergence, trainable: bool) -> LossTerms:
+    """TRL's chunked student-teacher divergence on the trained student (jobs/divergence.py):
+    the head module is bypassed; both hidden states (and the log-normalizers, the per-token
+    divergence) are saved in the head stage; at the forward's end the student's last hidden
+    state, the teacher's (the slice keeps it, r > 1) and the fold's live set; `masked_fill`'s
+    bool mask is what the loss keeps; backward: backward_fold."""
+    name, size = acts.head_input
+    stage = acts.stages[-1]
+    stage.saved = [x for x in stage.saved if x[0] not in acts.head_linear_saved] + head.saved(size)
+    n = head.tokens
+    fwd = Breakdown()
+    for key, value in acts.forward_end_transient.terms.items():
+        if not key.startswith("logits/"):
+            fwd.add(key, value)
+    fwd.add("logits/head_input", size).merge(head.forward_fold())
+    if head.rows > 1:
+        fwd.add("divergence/teacher_last_hidden_state", head.teacher_input)
+    saved = Breakdown().add("divergence/valid_mask", nbytes(n, "bool"))
+    bwd0 = Breakdown().add("divergence/grad_per_token", 2 * nbytes(n, "fp32"))
+    return LossTerms(saved, fwd, bwd0, head.backward_fold(trainable))
+
+
 def chunked_nll_loss(acts: ActivationPlan, head: ChunkedNll, trainable: bool) -> LossTerms:
     """TRL 1.7-1.14's chunked_nll head on a trained model (jobs/chunked_nll.py): the head
     module is bypassed; the gathered hidden states are saved; the last hidden state and a
@@ -241,9 +264,11 @@ def chunked_nll_loss(acts: ActivationPlan, head: ChunkedNll, trainable: bool) ->
 def with_loss(acts: ActivationPlan, loss: LossTerms | Chunked | ChunkedNll, params: ParamSet) -> bool:
     """Put `loss` in place of causal-LM cross-entropy in the activation plan (a Chunked head
     first becomes its LossTerms against the model's own plan); True for a chunked head."""
-    chunked = isinstance(loss, (Chunked, ChunkedNll))
+    chunked = isinstance(loss, (Chunked, ChunkedNll, Divergence))
     if isinstance(loss, ChunkedNll):
         loss = chunked_nll_loss(acts, loss, output_head_trainable(params))
+    elif isinstance(loss, Divergence):
+        loss = divergence_loss(acts, loss, output_head_trainable(params))
     elif chunked:
         loss = chunked_loss(acts, loss, output_head_trainable(params))
     forward_end = loss.forward_end

@@ -68,7 +68,9 @@ class _Phases:
         forward passes: phase ``s{n}.ref``."""
         attr = ("_get_per_token_logps_and_entropies" if hasattr(trainer, "_get_per_token_logps_and_entropies")
                 else "_get_per_token_logps")
-        original = getattr(trainer, attr)
+        original = getattr(trainer, attr, None)
+        if original is None:  # DistillationTrainer scores nothing after generation
+            return
 
         @functools.wraps(original)
         def wrapped(*args, **kwargs):

@@ -321,11 +321,11 @@ def trl_sft(job: dict) -> bool:
     return job["task"] == "sft" and _framework(job) == "trl"
 
 
-def _runner(task: str) -> dict:
+def _runner(task: str, job: dict | None = None) -> dict:
     from .trl_experimental import ENTRIES, runner
 
     if task in ENTRIES:
-        return runner(task)
+        return runner(task, job)
     if task in HF_TASKS:
         import transformers
 
@@ -357,7 +357,7 @@ def measure_trainer(job, trace: bool = False, trainer_args: dict | None = None) 
     dtype, flags = precision(job)
     flags = {**flags, **(trainer_args or {})}
     trainer, models, options = build(job, dtype, flags)
-    runner = _runner(task)
+    runner = _runner(task, job)
     if trl_sft(job):
         import trl
 

@@ -3,11 +3,10 @@
     from vramplan.measure.trl_experimental import BUILDERS   # task -> builder, as trainers.py
 
 * distill: ``trl.experimental.gkd.GKDTrainer`` with ``lmbda=0.0`` and ``seq_kd=False``: the
-  teacher scores the job's own rows (the spec's distill job names no generation), the
-  student is trained on the generalized JSD of the two distributions with GKDConfig's
-  default ``beta=0.5`` (gkd_trainer.py ``compute_loss`` -> ``generalized_jsd_loss``). TRL
-  1.16's ``trl.DistillationTrainer`` always generates completions on-policy, which the spec
-  has no field for; its off-policy counterpart is GKD.
+  teacher scores the job's own rows, the student is trained on the generalized JSD of the
+  two distributions with GKDConfig's default ``beta=0.5`` (gkd_trainer.py ``compute_loss``
+  -> ``generalized_jsd_loss``). With ``max_new_tokens`` the job is on-policy: TRL 1.16's
+  ``trl.DistillationTrainer``, whose student generates the completions the teacher scores.
 * orpo: ``trl.experimental.orpo.ORPOTrainer``; simpo: ``trl.experimental.cpo.CPOTrainer``
   with ``loss_type="simpo"`` and ``cpo_alpha=0.0`` (TRL's SimPO recipe: no NLL term).
 * PPO is not shipped by TRL 1.16 (neither trl nor trl.experimental has a PPOTrainer): its
@@ -63,6 +62,25 @@ def _gkd(job: dict, dtype, flags: dict):
     return trainer, {"policy": with_optimizer(trainer, job, flags), "teacher": teacher}, {}
 
 
+def _distillation(job: dict, dtype, flags: dict):
+    """TRL 1.16's DistillationTrainer (trl/trainer/distillation_trainer.py): the student
+    generates `max_new_tokens` per prompt (HF generate, no EOS to stop at), the teacher scores
+    them, the generalized JSD at DistillationConfig's default beta 1.0 (reverse KL) through
+    trl/kernels/chunked_divergence.py."""
+    from trl import DistillationConfig, DistillationTrainer
+
+    policy, peft_config = _policy(job, dtype)
+    teacher = frozen_model(job, job["teacher"], dtype)
+    vocab = policy.config.vocab_size
+    args = DistillationConfig(**common_args(job, flags), **trl_dropout(job),
+                              max_completion_length=int(job["max_new_tokens"]), use_vllm=False,
+                              generation_kwargs={"eos_token_id": None})
+    trainer = DistillationTrainer(model=policy, teacher_model=teacher, args=args, peft_config=peft_config,
+                                  train_dataset=data.dataset(data.prompt_rows(num_rows(job), job["seq_len"], vocab)),
+                                  processing_class=data.tokenizer(vocab))
+    return trainer, {"policy": with_optimizer(trainer, job, flags), "teacher": teacher}, {"generation": True}
+
+
 def _odds_ratio(job: dict, dtype, flags: dict):
     import os
 
@@ -92,12 +110,19 @@ def _policy(job: dict, dtype):
     return policy_model(job, dtype), None
 
 
-BUILDERS = {"distill": _gkd, "orpo": _odds_ratio, "simpo": _odds_ratio}
+def _distill(job: dict, dtype, flags: dict):
+    """distill with max_new_tokens: TRL's on-policy DistillationTrainer; else GKD off-policy."""
+    return (_distillation if job.get("max_new_tokens") else _gkd)(job, dtype, flags)
 
 
-def runner(task: str) -> dict:
+BUILDERS = {"distill": _distill, "orpo": _odds_ratio, "simpo": _odds_ratio}
+
+
+def runner(task: str, job: dict | None = None) -> dict:
     import trl
 
+    if task == "distill" and job and job.get("max_new_tokens"):
+        return {"library": "trl", "version": trl.__version__, "entry": "DistillationTrainer"}
     return {"library": "trl", "version": trl.__version__, "entry": ENTRIES[task][1],
             "module": ENTRIES[task][0]}
 

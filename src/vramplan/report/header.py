@@ -36,7 +36,7 @@ def batch_text(spec) -> str:
         return Msg("b={b} pairs ({rows} rows: chosen + rejected) s={s}", b=b, rows=2 * b, s=s)
     if spec.task is Task.KTO:
         return Msg("b={b} unpaired rows s={s}", b=b, s=s)
-    if spec.task is Task.INFERENCE and spec.max_new_tokens:
+    if spec.task in (Task.INFERENCE, Task.DISTILL) and spec.max_new_tokens:
         return Msg("b={b} prompt s={s} + {new} new tokens", b=b, s=s, new=spec.max_new_tokens)
     if spec.task in (Task.PPO, Task.GRPO, Task.RLOO):
         if spec.max_new_tokens:

@@ -330,12 +330,12 @@ def check_task_fields(spec) -> dict[str, object]:
     for name in ("num_generations", "max_new_tokens"):
         value = getattr(spec, name)
         if value is not None:
-            if task not in RL_TASKS and not (name == "max_new_tokens" and task is Task.INFERENCE):
-                raise SpecError(name, "only tasks ppo, grpo, rloo and inference (max_new_tokens) generate")
+            # distill + max_new_tokens: TRL's on-policy DistillationTrainer (jobs/distill.py)
+            if task not in RL_TASKS and not (name == "max_new_tokens" and task in (Task.INFERENCE, Task.DISTILL)):
+                raise SpecError(name, "only tasks ppo, grpo, rloo, distill (max_new_tokens: on-policy) and "
+                                      "inference (max_new_tokens) generate")
             out[name] = positive_int(name, value)
-            if name == "num_generations" and task in GROUP_TASKS and out[name] < 2:
-                # trl GRPOConfig.__post_init__ (RLOOConfig's alike): "GRPO requires at least 2
-                # generations per prompt to calculate the advantages"
+            if name == "num_generations" and task in GROUP_TASKS and out[name] < 2:  # GRPOConfig.__post_init__
                 raise SpecError(name, f"{TRAINER[task]} needs at least 2 completions per prompt to compute its "
                                       f"advantages (trl {TRAINER[task]}Config); use num_generations >= 2")
     out["models"] = parse_models(spec.models)
