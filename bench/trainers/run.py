@@ -350,6 +350,8 @@ CASES = dict([
     case("distill/bf16/full/on-policy/c32/vocab40k", **dict(ONPOLICY, teacher=dict(LLAMA_WIDE, hidden_size=96,
          intermediate_size=256)), precision="bf16", model=LLAMA_WIDE),
     case("distill/bf16/lora/on-policy/c32/qwen2-tied", **ONPOLICY, precision="bf16", model=QWEN2, **LORA),
+    # generation and the reference's scoring at the accumulation cycle's first micro-step
+    case("grpo/bf16/full/g4-c32/ga2", **dict(GRPO, micro_batch_size=4), precision="bf16", grad_accum_steps=2),
 ])
 # A job without optimizer_impl: the spec's default, as the importer leaves it for adamw_torch;
 # the Trainer's own optimizer takes TrainingArguments' weight_decay default, 0.0
