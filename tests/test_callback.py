@@ -86,5 +86,9 @@ def test_spec_from_a_trl_config_names_the_task_and_the_installed_releases(tmp_pa
     assert (rloo.task.value, rloo.num_generations, rloo.max_new_tokens, rloo.reference_model) == ("rloo", 2, 16, None)
     rloo0 = spec_from_trainer(model, trl.RLOOConfig(**common, beta=0.0), seq_len=SEQ)
     assert rloo0.reference_model == "precomputed"
+    # DistillationConfig: on-policy distillation, the teacher passed as an override here
+    dist = spec_from_trainer(model, trl.DistillationConfig(**common, max_completion_length=8), seq_len=SEQ,
+                             teacher=model.config.to_dict())
+    assert (dist.task.value, dist.max_new_tokens) == ("distill", 8)
     plain = spec_from_trainer(model, transformers.TrainingArguments(**common), seq_len=SEQ)
     assert (plain.task.value, plain.stack.framework.value) == ("sft", "hf-trainer")

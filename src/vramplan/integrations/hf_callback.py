@@ -69,7 +69,8 @@ def _lora_fields(model) -> dict:
 # TRL trainers (GKD's teacher, PPO's critic) need models the callback cannot see: pass
 # `task=` and the other models as spec overrides.
 _TRL_TASKS = {"SFTConfig": "sft", "DPOConfig": "dpo", "KTOConfig": "kto", "GRPOConfig": "grpo",
-              "RLOOConfig": "rloo", "RewardConfig": "reward-model", "ORPOConfig": "orpo"}
+              "RLOOConfig": "rloo", "RewardConfig": "reward-model", "ORPOConfig": "orpo",
+              "DistillationConfig": "distill"}
 
 
 def _release(library: str) -> str | None:
@@ -103,6 +104,12 @@ def _trl_fields(args) -> dict:
         out["task"] = "ipo"
     if task in ("dpo", "kto") and getattr(args, "precompute_ref_log_probs", False):
         out["reference_model"] = "precomputed"
+    if task == "distill":
+        # DistillationTrainer: on-policy, max_completion_length new tokens per prompt; its
+        # teacher by name when the config holds one (else pass `teacher=`)
+        out["max_new_tokens"] = args.max_completion_length
+        if getattr(args, "teacher_model_name_or_path", None):
+            out["teacher"] = args.teacher_model_name_or_path
     if task in ("grpo", "rloo"):
         # GRPO's and RLOO's seq_len is the prompt; the completion and the group size are their own fields
         out.update(num_generations=args.num_generations, max_new_tokens=args.max_completion_length)
