@@ -16,7 +16,7 @@ V, H, HT = 151936, 896, 1536
 
 
 def _head(rows=4, completion=256, torch_fold=True, c="bf16"):
-    return Divergence(rows, completion, H, HT, V, c, c, c, c, c, c, rows * 512 * HT * 2, torch_fold=torch_fold)
+    return Divergence(rows, completion, H, HT, V, c, c, c, c, rows * 512 * HT * 2, torch_fold=torch_fold)
 
 
 def test_the_forward_fold_worked_from_the_source():

@@ -143,7 +143,7 @@ def onpolicy_estimate(student: ModelDesc, teacher: ModelDesc, spec: JobSpec, gpu
     t_hidden = d.weights
     teacher_input = nbytes(rows * s * teacher.hidden_size, t_hidden)
     head = Divergence(rows, new, student.hidden_size, teacher.hidden_size, v, own.c, own.hidden_dtype,
-                      own.weight_dtype, t_hidden, t_hidden, t_hidden, teacher_input, torch_fold=own.torch_fold)
+                      own.weight_dtype, t_hidden, teacher_input, torch_fold=own.torch_fold)
     trained = trained_plan(student, plain, rows, head, seq_len=s)
     step = Step(prefixed(trained.plan, "student"), before_gradients=True)
     # the buffered generation batch (`_prepare_inputs`: prompt and completion ids and masks)

@@ -55,9 +55,9 @@ class Divergence:
     """The student's compute dtype: the autocast dtype, else its hidden state's."""
     hidden_dtype: str
     weight_dtype: str
-    teacher_c: str
-    teacher_hidden_dtype: str
-    teacher_weight_dtype: str
+    teacher_dtype: str
+    """The teacher's weights, hidden state and compute dtype alike: DistillationTrainer runs
+    its backbone past the trainer's autocast (jobs/distill.py onpolicy_estimate)."""
     teacher_input: int
     """Bytes of the teacher's whole last hidden state (r x S x ht), which the completion's
     slice keeps alive until `_compute_loss` returns."""
@@ -101,18 +101,17 @@ class Divergence:
         return out
 
     def _chunk_casts(self) -> Breakdown:
-        """`student_hidden[sl].to(s_dtype)` and the teacher's, alive through the token chunk."""
+        """`student_hidden[sl].to(s_dtype)`, alive through the token chunk (the teacher's hidden
+        state is already in its compute dtype)."""
         out = Breakdown()
         if self.hidden_dtype != self.c:
             out.add("divergence/student_hidden_cast", nbytes(self.n * self.hidden, self.c))
-        if self.teacher_hidden_dtype != self.teacher_c:
-            out.add("divergence/teacher_hidden_cast", nbytes(self.n * self.teacher_hidden, self.teacher_c))
         return out
 
     def _projections(self) -> Breakdown:
         """The larger of the two `_project` calls (the tiles they fill are views of the buffers)."""
         s = self._side(self.hidden, self.weight_dtype, self.c, "student")
-        t = self._side(self.teacher_hidden, self.teacher_weight_dtype, self.teacher_c, "teacher")
+        t = self._side(self.teacher_hidden, self.teacher_dtype, self.teacher_dtype, "teacher")
         return max((s, t), key=Breakdown.total)
 
     def saved(self, head_input: int) -> list[tuple[str, int]]:
@@ -123,7 +122,7 @@ class Divergence:
         one = self.rows == 1 and self.torch_fold  # CUDA gathers the valid rows: a copy
         return [("divergence/student_hidden", head_input if one else nbytes(n * self.hidden, self.hidden_dtype)),
                 ("divergence/teacher_hidden",
-                 self.teacher_input if one else nbytes(n * self.teacher_hidden, self.teacher_hidden_dtype)),
+                 self.teacher_input if one else nbytes(n * self.teacher_hidden, self.teacher_dtype)),
                 ("divergence/log_z", 2 * nbytes(n, "fp32")), ("divergence/per_token", nbytes(n, "fp32"))]
 
     def forward_fold(self) -> Breakdown:

@@ -184,10 +184,10 @@ def rl_estimate(descs: dict[str, ModelDesc], spec: JobSpec, gpu=None):
     step.plan.static.add("batch/prompt_completion_ids", nbytes(gen_rows * total_len, "int64"))
     step.plan.static.add("batch/attention_mask", nbytes(gen_rows * total_len, "int64"))
     step.plan.static.add("batch/completion_mask", nbytes(gen_rows * new, "int64"))
-    logps_dtype = "fp32" if chunked else trainer_logits_dtype(spec) if own else c
     if rloo:
         step.plan.static.add("batch/old_logps", nbytes(gen_rows, "fp32"))
     else:
+        logps_dtype = "fp32" if chunked else trainer_logits_dtype(spec) if own else c
         step.plan.static.add("batch/ref_per_token_logps", nbytes(gen_rows * new, logps_dtype))
     step.plan.static.add("batch/advantages", nbytes(gen_rows, "fp32"))
     if ppo:

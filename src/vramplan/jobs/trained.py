@@ -201,22 +201,30 @@ class Trained:
 
 
 
+def _bypass_head(acts: ActivationPlan, head: Chunked | ChunkedNll | Divergence) -> Breakdown:
+    """What every head that takes the last hidden state itself shares: the model's head module
+    is bypassed, so what its linear saved goes and the head's own saved tensors join the head
+    stage; at the forward's end, the stage's non-logits terms, the last hidden state and the
+    head's forward fold (the caller adds its own)."""
+    name, size = acts.head_input
+    stage = acts.stages[-1]
+    stage.saved = [x for x in stage.saved if x[0] not in acts.head_linear_saved] + head.saved(size)
+    fwd = Breakdown()
+    for key, value in acts.forward_end_transient.terms.items():
+        if not key.startswith("logits/"):
+            fwd.add(key, value)
+    return fwd.add("logits/head_input", size).merge(head.forward_fold())
+
+
 def chunked_loss(acts: ActivationPlan, head: Chunked, trainable: bool) -> LossTerms:
     """TRL 1.x's chunked log-prob head on a trained model (jobs/logprob.py for the sources).
     The head module is bypassed, so what its linear saved goes; the function saves its own
     shifted hidden copy, targets and log_z (in the head stage, freed by the head's backward).
     Forward: the last hidden state and the fold's live set; the autocast weight cache stays.
     Loss: the per-token outputs of N and the label mask; backward: backward_fold."""
-    name, size = acts.head_input
-    stage = acts.stages[-1]
-    stage.saved = [x for x in stage.saved if x[0] not in acts.head_linear_saved] + head.saved(size)
+    fwd = _bypass_head(acts, head)
     n = head.tokens
     saved = Breakdown().add("logprob/log_probs", nbytes(n, "fp32")).add("logprob/label_mask", nbytes(n, "bool"))
-    fwd = Breakdown()
-    for key, value in acts.forward_end_transient.terms.items():
-        if not key.startswith("logits/"):
-            fwd.add(key, value)
-    fwd.add("logits/head_input", size).merge(head.forward_fold())
     bwd0 = Breakdown().add("logprob/grad_log_probs", 2 * nbytes(n, "fp32"))
     return LossTerms(saved, fwd, bwd0, head.backward_fold(trainable))
 
@@ -227,15 +235,8 @@ def divergence_loss(acts: ActivationPlan, head: Divergence, trainable: bool) -> 
     divergence) are saved in the head stage; at the forward's end the student's last hidden
     state, the teacher's (the slice keeps it, r > 1) and the fold's live set; `masked_fill`'s
     bool mask is what the loss keeps; backward: backward_fold."""
-    name, size = acts.head_input
-    stage = acts.stages[-1]
-    stage.saved = [x for x in stage.saved if x[0] not in acts.head_linear_saved] + head.saved(size)
+    fwd = _bypass_head(acts, head)
     n = head.tokens
-    fwd = Breakdown()
-    for key, value in acts.forward_end_transient.terms.items():
-        if not key.startswith("logits/"):
-            fwd.add(key, value)
-    fwd.add("logits/head_input", size).merge(head.forward_fold())
     if head.rows > 1:
         fwd.add("divergence/teacher_last_hidden_state", head.teacher_input)
     saved = Breakdown().add("divergence/valid_mask", nbytes(n, "bool"))
@@ -248,20 +249,13 @@ def chunked_nll_loss(acts: ActivationPlan, head: ChunkedNll, trainable: bool) ->
     module is bypassed; the gathered hidden states are saved; the last hidden state and a
     chunk's live set at the forward's end; the chunk's backward, with the hidden states'
     gradient accumulating, at the loss's backward."""
-    name, size = acts.head_input
-    stage = acts.stages[-1]
-    stage.saved = [x for x in stage.saved if x[0] not in acts.head_linear_saved] + head.saved(size)
-    fwd = Breakdown()
-    for key, value in acts.forward_end_transient.terms.items():
-        if not key.startswith("logits/"):
-            fwd.add(key, value)
-    fwd.add("logits/head_input", size).merge(head.forward_fold())
+    fwd = _bypass_head(acts, head)
     grad_hidden = nbytes(head.tokens * head.hidden, head.hidden_dtype)
     back = Breakdown().add("chunked_nll/grad_hidden", grad_hidden).merge(head.backward_fold(trainable))
     return LossTerms(Breakdown(), fwd, Breakdown(), back)
 
 
-def with_loss(acts: ActivationPlan, loss: LossTerms | Chunked | ChunkedNll, params: ParamSet) -> bool:
+def with_loss(acts: ActivationPlan, loss: LossTerms | Chunked | ChunkedNll | Divergence, params: ParamSet) -> bool:
     """Put `loss` in place of causal-LM cross-entropy in the activation plan (a Chunked head
     first becomes its LossTerms against the model's own plan); True for a chunked head."""
     chunked = isinstance(loss, (Chunked, ChunkedNll, Divergence))
