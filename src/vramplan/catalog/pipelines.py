@@ -108,6 +108,13 @@ def check_shape(pipe: dict, height: int, width: int, frames: int) -> None:
             near = max(step, round(value / step) * step)
             raise SpecError(f"diffusion.{name}", f"{value} is not a multiple of {step} (VAE factor {s} x patch "
                             f"{patch}); use e.g. {near}")
+        # SD3's PatchEmbed.cropped_pos_embed raises ValueError past pos_embed_max_size patches
+        # a side; Wan's WanRotaryPosEmbed slices rope_max_seq_len positions per axis (a view fails)
+        grid = den.get("pos_embed_max_size") or den.get("rope_max_seq_len")
+        if grid and value // step > grid:
+            raise SpecError(f"diffusion.{name}", f"{value} is {value // step} patches a side, past the {grid} "
+                            f"that {pipe.get('name', 'the pipeline')}'s position embedding holds; use at most "
+                            f"{grid * step}")
     t = vae.get("temporal_compression", 1)
     if t == 1 and frames > 1 and pipe.get("frames") is None:
         # an image VAE (AutoencoderKL: 4-D latents, no time axis); its pipelines take no num_frames

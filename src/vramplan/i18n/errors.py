@@ -97,6 +97,8 @@ TEMPLATES = (
     N_("{group} does not divide in_features {n} of {name}; AWQ needs whole groups (use a divisor of {m})"),
     N_("{value} is not a multiple of {step} (VAE factor {vae} x patch {patch}); use e.g. {near}"),
     N_("{frames} frames do not fit {model}'s VAE: use {rule} frames, e.g. {near}"),
+    N_("{value} is {patches} patches a side, past the {most} that {model}'s position embedding holds; use at most "
+       "{limit}"),
     # vramplan.spec and vramplan.rawsize: a model given by its size (num_params)
     N_("describes a model given by its size, not by `model`; drop one of them"),
     N_("expected a count like 7e9, 7B or 125M, got {text}"),
