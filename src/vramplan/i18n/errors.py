@@ -99,6 +99,13 @@ TEMPLATES = (
     N_("{frames} frames do not fit {model}'s VAE: use {rule} frames, e.g. {near}"),
     N_("{value} is {patches} patches a side, past the {most} that {model}'s position embedding holds; use at most "
        "{limit}"),
+    N_("the diffusers training scripts checkpoint every block (--gradient_checkpointing), not one in N; drop "
+       "checkpoint_every"),
+    N_("torchao float8 training of a diffusion denoiser is not modelled; drop float8"),
+    N_("a quantized frozen base (QLoRA) is modelled on language models, not on diffusion denoisers; use method "
+       "lora"),
+    N_("a diffusion denoiser is modelled with diffusers' default attention processor (torch's "
+       "scaled_dot_product_attention); use attention sdpa"),
     # vramplan.spec and vramplan.rawsize: a model given by its size (num_params)
     N_("describes a model given by its size, not by `model`; drop one of them"),
     N_("expected a count like 7e9, 7B or 125M, got {text}"),

@@ -3,7 +3,7 @@ than the one described (round 3 of the bad-input sweep found each of these dropp
 a word, the estimate unchanged)."""
 from __future__ import annotations
 
-from vramplan.spec.enums import Checkpointing, LossImpl, SpecError, Task
+from vramplan.spec.enums import Attention, Checkpointing, LossImpl, Method, SpecError, Task
 from vramplan.spec.packing import check_packing
 
 GENERATING_TASKS = (Task.PPO, Task.GRPO, Task.RLOO)
@@ -40,6 +40,18 @@ def _check_diffusion(spec) -> None:
         if given:
             raise SpecError(name, "a diffusion job does not read it (the denoiser's training step has no token "
                             "loss, embedding noise or torchtune memory options); drop it")
+    # fuzz: each of these gave the number of the job without it
+    if spec.checkpoint_every > 1:
+        raise SpecError("checkpoint_every", "the diffusers training scripts checkpoint every block "
+                        "(--gradient_checkpointing), not one in N; drop checkpoint_every")
+    if spec.method is Method.QLORA:
+        raise SpecError("method", "a quantized frozen base (QLoRA) is modelled on language models, not on "
+                        "diffusion denoisers; use method lora")
+    if spec.float8 is not None:
+        raise SpecError("float8", "torchao float8 training of a diffusion denoiser is not modelled; drop float8")
+    if spec.attention is Attention.EAGER:
+        raise SpecError("attention", "a diffusion denoiser is modelled with diffusers' default attention "
+                        "processor (torch's scaled_dot_product_attention); use attention sdpa")
 
 
 __all__ = ["GENERATING_TASKS", "check_unread"]
