@@ -201,6 +201,9 @@ FLAGS = [  # (command line, a substring of the one error line); {tmp} is a folde
     # round 3: --minimize was dropped for --maximize, and --only without --vary searched the defaults
     (["fit", "llama-3.2-1b", "--gpu", "h100", "--maximize", "seq_len", "--minimize", "num_gpus"], "ask two questions"),
     (["fit", "llama-3.2-1b", "--gpu", "h100", "--only"], "only: searches only the --vary axes"),
+    # fuzz: --vary micro_batch_size (no axis: fit derives it) said "unknown axis" and no fix
+    (["fit", "llama-3.2-1b", "--gpu", "h100", "--vary", "micro_batch_size=1,2"], "use --maximize micro_batch_size"),
+    (["fit", "llama-3.2-1b", "--gpu", "h100", "--vary", "nosuch"], "known: parallel.zero_stage"),
     (["compare", "llama-3.2-1b", "--gpu", "1e30GiB"], "gpu: unknown GPU '1e30GiB'"),
     (["estimate", "llama-3.2-1b", "--optimizer", "galore-adamw", "--optim-args", "="], "--optim-args"),
     (["estimate", "gpt2", "--seq-len", "512", "--depth", "0"], "depth"),

@@ -41,6 +41,8 @@ TEMPLATES = (
     N_("a strategy changes flags of the job, not its model or files: {text}"),
     N_("required: a catalog name, a config.json path, a hub id, an inline HF config, or num_params"),
     N_("unknown axis {name}"),
+    N_("fit tries every micro-batch that divides the global batch, gradient accumulation making up the rest, so "
+       "{name} is no axis; drop it, or use --maximize micro_batch_size"),
     N_("checkpointing one layer in N needs gradient_checkpointing full; set gradient_checkpointing: full or "
        "checkpoint_every: 1"),
     N_("{n} is not divisible by tp*pp*cp = {product}"),

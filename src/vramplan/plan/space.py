@@ -48,10 +48,14 @@ SHORT_NAMES = {"zero_stage": "parallel.zero_stage", "zero": "parallel.zero_stage
 def axis_name(name: str) -> str:
     key = name.strip().replace("-", "_")
     key = SHORT_NAMES.get(key, key)
+    if key in ("micro_batch_size", "grad_accum_steps"):  # fuzz: was "unknown axis", no fix named
+        raise SpecError("vary", f"fit tries every micro-batch that divides the global batch, gradient "
+                        f"accumulation making up the rest, so {name!r} is no axis; drop it, or use "
+                        "--maximize micro_batch_size")
     if key not in KNOWN_AXES:
         import difflib
         hint = difflib.get_close_matches(key, list(KNOWN_AXES) + list(SHORT_NAMES), n=1)
-        extra = f"; did you mean {hint[0]!r}?" if hint else ""
+        extra = f"; did you mean {hint[0]!r}?" if hint else f"; known: {', '.join(KNOWN_AXES)}"
         raise SpecError("vary", f"unknown axis {name!r}{extra}")
     return key
 
