@@ -9,6 +9,7 @@ from __future__ import annotations
 from vramplan.i18n import Msg
 from vramplan.model import ModelDesc, PositionKind
 from vramplan.spec import DEFAULT_SEQ_LEN, JobSpec, Method, SpecError, Task
+from vramplan.spec.grpo import GROUP_TASKS
 from vramplan.spec.tasks import needs_several_models
 
 MAX_DEVICE_BYTES = 2**50
@@ -68,7 +69,12 @@ def check_size(device_bytes: int, spec: JobSpec) -> None:
             field = "generation.generation_batch_size"
         elif (spec.max_new_tokens or 0) > 2**20:  # the completion's KV cache and logits (was `model`)
             field = "max_new_tokens"
-    fix = ("lower it" if field in ("num_labels", "lora.r", "generation.generation_batch_size", "max_new_tokens")
+        elif spec.lengths is not None and (spec.lengths.pad_to_multiple_of or 0) > 2**20:  # fuzz: was `model`
+            field = "lengths.pad_to_multiple_of"
+        elif spec.task in GROUP_TASKS and spec.micro_batch_size * spec.grad_accum_steps > 2**20:
+            field = "grad_accum_steps"  # GRPO/RLOO generate micro_batch_size x grad_accum_steps rows (was `model`)
+    fix = ("lower it" if field in ("num_labels", "lora.r", "generation.generation_batch_size", "max_new_tokens",
+                                   "lengths.pad_to_multiple_of", "grad_accum_steps")
            else "lower micro_batch_size or seq_len, or shard more")
     raise SpecError(field, f"this job needs {device_bytes / 2**50:,.0f} PiB per GPU, beyond any GPU "
                     f"(the largest hold a few hundred GB); {fix}")
