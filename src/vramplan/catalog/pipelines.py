@@ -124,6 +124,12 @@ def check_shape(pipe: dict, height: int, width: int, frames: int) -> None:
         near = round((frames - 1) / t) * t + 1
         raise SpecError("diffusion.num_frames", f"{frames} frames do not fit {pipe.get('name', 'the pipeline')}'s "
                         f"VAE: use {t}k+1 frames, e.g. {near}")
+    rope, pt = den.get("rope_max_seq_len"), patch_dims(den)[0] if pipe["kind"] != "unet" else 1
+    if rope and t > 1 and ((frames - 1) // t + 1) // pt > rope:
+        # Wan's WanRotaryPosEmbed holds rope_max_seq_len positions in time too (its view fails past them)
+        raise SpecError("diffusion.num_frames", f"{frames} frames are {((frames - 1) // t + 1) // pt} latent "
+                        f"positions in time, past the {rope} that {pipe.get('name', 'the pipeline')}'s rotary "
+                        f"table holds; use at most {(rope * pt - 1) * t + 1} frames")
 
 
 def list_pipelines() -> list[dict]:

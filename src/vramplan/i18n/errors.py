@@ -101,6 +101,8 @@ TEMPLATES = (
     N_("{frames} frames do not fit {model}'s VAE: use {rule} frames, e.g. {near}"),
     N_("{value} is {patches} patches a side, past the {most} that {model}'s position embedding holds; use at most "
        "{limit}"),
+    N_("{frames} frames are {n} latent positions in time, past the {most} that {model}'s rotary table holds; "
+       "use at most {limit} frames"),
     N_("the diffusers training scripts checkpoint every block (--gradient_checkpointing), not one in N; drop "
        "checkpoint_every"),
     N_("torchao float8 training of a diffusion denoiser is not modelled; drop float8"),

@@ -300,6 +300,11 @@ def diffusion_estimate(pipe: dict, spec: JobSpec, gpu=None):
     if spec.seq_len_given:  # was dropped without a word (seq_len 1e12 gave the same answer)
         notes.append(Msg("seq_len: a diffusion job reads no seq_len (its tokens come from height, width and "
                          "num_frames, the text's from the pipeline's encoders); {n:,} is not used", n=spec.seq_len))
+    if pipe["kind"] == "unet" and spec.gradient_checkpointing is Checkpointing.FULL:
+        # diffusers checkpoints each UNet resnet and transformer (unet_2d_blocks.py
+        # `_gradient_checkpointing_func`), which the UNet's stage model does not split
+        notes.append(Msg("gradient checkpointing of a UNet is not modelled: this is the step without it, "
+                         "an upper bound of the checkpointed one"))
     if grads_kept(spec) and spec.grad_accum_steps == 1:
         notes.append(Msg("gradients stay allocated into the next forward (zero_grad(set_to_none=False), the "
                          "script's default); the script's --set_grads_to_none (diffusion.set_grads_to_none: true) "
