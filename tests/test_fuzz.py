@@ -25,7 +25,7 @@ _KEYS = ["model", "num_params", "task", "method", "precision", "optimizer", "opt
          "micro_batch_size", "seq_len", "grad_accum_steps", "num_gpus", "gradient_checkpointing",
          "attention", "packing", "loss_impl", "momentum", "weight_decay", "trust_remote_code",
          "online", "lora", "quantization", "freeze", "parallel", "num_labels", "max_new_tokens",
-         "float8", "neftune_noise_alpha", "keep_logits"]
+         "float8", "neftune_noise_alpha", "keep_logits", "prompt_len", "stack"]
 _SECTION_KEYS = ["r", "alpha", "dropout", "target_modules", "bits", "type", "trainable_layers",
                  "trainable_modules", "zero_stage", "fsdp", "fsdp_version", "tp", "pp", "cp", "ep",
                  "sp", "pp_schedule", "offload_optimizer", "offload_params", "extras", "recipe",

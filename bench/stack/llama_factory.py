@@ -18,17 +18,15 @@ LLaMA-Factory's `infer_seqlen` truncates each to exactly `cutoff_len` tokens.
 """
 from __future__ import annotations
 
-import argparse
 import json
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parents[1] / "src"
-sys.path.insert(0, str(SRC))
+sys.path[:0] = [str(SRC), str(HERE)]
+from harness import Bench, errors, estimate  # noqa: E402,F401  (errors, estimate: for its test)
 OUT = HERE / "results-llama-factory.json"
 
 TINY = {"model_type": "llama", "vocab_size": 8000, "hidden_size": 256, "intermediate_size": 688,
@@ -211,109 +209,15 @@ def child(name: str) -> dict:
 
 # ------------------------------------------------------------------ the parent
 
-def versions() -> dict:
-    from importlib import metadata
-
-    return {pkg: metadata.version(pkg) for pkg in ("llamafactory", "torch", "transformers", "peft", "trl",
-                                                    "accelerate")}
-
-
-def rel(est: int, meas: int) -> float:
-    return (est - meas) / meas if meas else float("nan")
-
-
-def estimate(job: dict) -> dict:
-    import vramplan
-
-    est = vramplan.estimate(vramplan.load_spec(job)).to_dict()
-    return {"peak_allocated_bytes": est["peak_allocated_bytes"], "phases": est["phases"],
-            "peak_phase": est["peak_phase"]}
-
-
-def errors(measured: dict, estimated: dict) -> dict:
-    out = {"peak": rel(estimated["peak_allocated_bytes"], measured["peak_allocated_bytes"])}
-    for ph in ("forward", "backward", "optimizer"):
-        out[ph] = rel(estimated["phases"][ph], measured["phases"][ph])
-    return out
-
-
-def run_case(name: str) -> dict:
+def new_row(name: str) -> dict:
     recipe, checkpoint = case_recipe(name)
-    row: dict = {"name": name, "recipe": recipe, "checkpoint_dtype": checkpoint,
-                 "job": import_recipe(recipe, checkpoint)}
-    t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, __file__, "--child", name], capture_output=True, text=True,
-                          timeout=900, check=False)
-    row["seconds"] = round(time.perf_counter() - t0, 1)
-    if proc.returncode != 0:
-        row["failed"] = proc.stderr.strip()[-3000:]
-        return row
-    m = json.loads(proc.stdout.strip().splitlines()[-1])
-    row["measured"] = {k: m[k] for k in ("peak_allocated_bytes", "phases", "peak_phase", "params_bytes",
-                                         "grad_bytes", "optimizer_state_bytes", "runner", "dtypes")}
-    return add_estimate(row)
+    return {"name": name, "recipe": recipe, "checkpoint_dtype": checkpoint, "job": import_recipe(recipe, checkpoint)}
 
 
-def add_estimate(row: dict) -> dict:
-    row["job"] = import_recipe(row["recipe"], row["checkpoint_dtype"])
-    try:
-        row["estimated"] = estimate(row["job"])
-        row["error"] = errors(row["measured"], row["estimated"])
-        row.pop("estimate_failed", None)
-    except Exception as exc:  # reported in the row, the others go on
-        row["estimate_failed"] = f"{type(exc).__name__}: {exc}"
-    return row
-
-
-def line(row: dict) -> str:
-    if "failed" in row:
-        return f"{row['name']:40s} FAILED {row['failed'][-300:]}"
-    if "error" not in row:
-        return f"{row['name']:40s} estimate failed: {row.get('estimate_failed')}"
-    e = row["error"]
-    mib = row["measured"]["peak_allocated_bytes"] / 2**20
-    return (f"{row['name']:40s} peak {mib:8.2f} MiB  est {e['peak']:+.3%}  fwd {e['forward']:+.3%}  "
-            f"bwd {e['backward']:+.3%}  opt {e['optimizer']:+.3%}")
-
-
-def load() -> dict:
-    return json.loads(OUT.read_text()) if OUT.exists() else {"rows": []}
-
-
-def save(data: dict) -> None:
-    data["rows"].sort(key=lambda r: [c[0] for c in CASES].index(r["name"]))
-    OUT.write_text(json.dumps(data, indent=1) + "\n")
-
-
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--child")
-    ap.add_argument("--only")
-    ap.add_argument("--summary", action="store_true")
-    ap.add_argument("--reestimate", action="store_true")
-    a = ap.parse_args(argv)
-    if a.child:
-        print(json.dumps(child(a.child)))
-        return 0
-    data = load()
-    if a.summary or a.reestimate:
-        for row in data["rows"]:
-            if a.reestimate and "measured" in row:
-                add_estimate(row)
-            print(line(row))
-        if a.reestimate:
-            save(data)
-        return 0
-    data["versions"] = versions()
-    for name, *_ in CASES:
-        if a.only and a.only not in name:
-            continue
-        row = run_case(name)
-        print(line(row), flush=True)
-        data["rows"] = [r for r in data["rows"] if r["name"] != name] + [row]
-        save(data)
-    return 0
+BENCH = Bench(script=__file__, out=OUT, names=[c[0] for c in CASES], new_row=new_row,
+              job_of=lambda row: import_recipe(row["recipe"], row["checkpoint_dtype"]), child=child,
+              packages=("llamafactory", "torch", "transformers", "peft", "trl", "accelerate"))
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(BENCH.main(description=__doc__.splitlines()[0]))

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from vramplan.breakdown import Breakdown
-from vramplan.components import qlora_prep, trl_sft_metrics
+from vramplan.components import kept_logits, qlora_prep, trl_sft_metrics
 from vramplan.components.activations import plan_activations
 from vramplan.catalog.quant_config import input_dtype_compute, resolve as resolve_quantization
 from vramplan.components.dtypes import resolve_load_dtype
@@ -111,7 +111,7 @@ def estimate_model(desc: ModelDesc, spec: JobSpec, gpu=None) -> Estimate:
         checked = checked + [head_note(spec)]
     notes = checked + [Msg("LoRA target or modules_to_save {target} matches no module of {model}; PEFT would ignore it",
                            target=repr(t), model=desc.name) for t in params.unmatched_targets]
-    notes += qlora_prep.notes(spec) + trl_sft_metrics.notes(spec)
+    notes += qlora_prep.notes(spec) + trl_sft_metrics.notes(spec) + kept_logits.notes(spec, desc)
     if spec.lengths is not None:
         from vramplan.step.lengths import lengths_notes
         notes += lengths_notes(spec, lengths)

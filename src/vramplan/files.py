@@ -26,6 +26,11 @@ def read_document(path: str, *, json_only: bool = False):
     return _json(path, text) if json_only or path.endswith(".json") else _yaml(path, text)
 
 
+def read_text(path: str) -> str:
+    """A text file (UTF-8, at most MAX_BYTES): a shell script holding a training command."""
+    return _read_text(path)
+
+
 def read_mapping(path: str, *, json_only: bool = False) -> dict:
     """A JSON (by extension, or always with `json_only`) or YAML file holding a mapping."""
     data = read_document(path, json_only=json_only)

@@ -41,6 +41,7 @@ _SPEC_FLAGS = {
     "micro_batch_size": (int, BATCH_HELP),
     "seq_len": (int, N_("tokens per row (ppo/grpo: the prompt)")),
     "grad_accum_steps": (int, N_("micro-steps per optimizer step")),
+    "prompt_len": (int, N_("sft: tokens before a row's first label (ms-swift computes logits after them only)")),
     "loss_impl": (str, "standard | chunked | fused-linear-cross-entropy"),
     "logprob_head": (str, N_("dpo/kto/grpo log-prob head: auto | full | selective | chunked")),
     "gradient_checkpointing": (lambda v: _bool_word(v, "full", "none"),
@@ -67,8 +68,7 @@ _SPEC_FLAGS = {
     "alloc_conf": (str, N_("PYTORCH_CUDA_ALLOC_CONF of the run, e.g. expandable_segments:True "
                            "(default: the environment's)")),
 }
-# Read at this edge only (the core never reads the environment); PyTorch 2.9 also reads
-# PYTORCH_ALLOC_CONF, the device-neutral name.
+# Read at this edge only (the core never reads the environment); PyTorch 2.9 also reads PYTORCH_ALLOC_CONF.
 _ALLOC_CONF_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
 
 
@@ -100,7 +100,7 @@ EXIT_STATUS_HELP = N_("exit status: 0 the job fits (or no --gpu was given), 1 it
 
 
 class UsageError(Exception):
-    pass
+    """An argparse usage error (one line, exit 2)."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -147,8 +147,8 @@ def _add_spec_args(p: argparse.ArgumentParser) -> None:
     for name, typ, help_ in _PARALLEL_FLAGS:
         p.add_argument("--" + name.replace("_", "-"), dest="parallel_" + name, type=typ, help=_(help_))
     for name, help_ in (("deepspeed", N_("DeepSpeed config JSON")), ("training_args", N_("HF TrainingArguments / TRL config")),
-                        ("accelerate_config", N_("accelerate config YAML")),
-                        ("recipe", N_("axolotl / LLaMA-Factory / torchtune recipe YAML"))):
+                        ("accelerate_config", N_("accelerate config YAML")), ("recipe", N_(
+                            "axolotl / LLaMA-Factory / torchtune / ms-swift recipe YAML, or a `swift sft` script"))):
         p.add_argument("--" + name.replace("_", "-"), dest="import_" + name, help=_(help_))
     p.add_argument("--trust-remote-code", action="store_true", default=None)
     p.add_argument("--online", action="store_true", default=None,

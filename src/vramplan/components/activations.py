@@ -15,6 +15,7 @@ from vramplan.breakdown import Breakdown
 from vramplan.components.weights import output_head_trainable
 from vramplan.components.activation_plan import INPUT_LEAF, ActivationPlan, Stage, copy_plan
 from vramplan.components.arch import Ctx, local_window, model_rows, norm
+from vramplan.components.kept_logits import Kept, kept_input, kept_positions
 from vramplan.components.checkpoint_moments import CACHE_TERM, apply_stops, cache_before, layer_stop
 from vramplan.components.chunked_loss import chunked_loss_terms
 from vramplan.components.megatron_loss import megatron_ce_terms
@@ -169,9 +170,10 @@ def _plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Activ
         place_masks(eager_masks(desc, b, s, embed_dtype), gc is Checkpointing.FULL, stages[0].saved, fwd_peaks,
                     range(1, len(stages)))
     head_rec = _recorder(spec, seen)
-    logits = _head(head_rec, ctx, x)
+    kept = kept_positions(spec, desc)  # ms-swift's logits_to_keep (kept_logits.py)
+    logits = _head(head_rec, ctx, x, kept)
     stages.append(Stage("head", head_rec.saved_items(), []))
-    plan = _with_loss(desc, spec, stages, logits, x, output_head_trainable(params))
+    plan = _with_loss(desc, spec, stages, logits, x, output_head_trainable(params), kept)
     plan.input_leaf_bytes = input_leaf
     casts = None
     if dtypes_of(spec).autocast and gc is not Checkpointing.NONE:
@@ -298,11 +300,12 @@ def _embed(rec: Recorder, ctx: Ctx, ids: Sym) -> Sym:
     return x
 
 
-def _head(rec: Recorder, ctx: Ctx, x: Sym) -> Sym:
+def _head(rec: Recorder, ctx: Ctx, x: Sym, kept: Kept | None = None) -> Sym:
     desc = ctx.desc
     if is_other(desc):
         return other_head(rec, ctx, x)
     h = norm(rec, ctx, x, "model.norm", "final_norm")
+    h = kept_input(rec, h, kept) if kept else h
     head = (ctx.params.get("lm_head.weight") or ctx.params.get("score.weight")
             or ctx.p("model.embed_tokens.weight"))
     before = set(rec.saved)
@@ -312,16 +315,17 @@ def _head(rec: Recorder, ctx: Ctx, x: Sym) -> Sym:
 
 
 def _with_loss(desc: ModelDesc, spec: JobSpec, stages: list[Stage], logits: Sym, hidden: Sym,
-               head_trains: bool = False) -> ActivationPlan:
+               head_trains: bool = False, kept: Kept | None = None) -> ActivationPlan:
     """Logits, cross-entropy and their gradients (transformers loss/loss_utils.py
     ForCausalLMLoss: `logits.float()`, then F.cross_entropy = log_softmax + nll_loss; the
-    log-softmax output is saved in fp32, and nll_loss saves the shifted labels)."""
-    b, s = spec.micro_batch_size, spec.seq_len
+    log-softmax output is saved in fp32, and nll_loss saves the shifted labels). With `kept`,
+    the logits of K positions per row, and the kept part's hidden gradient beside the whole's."""
+    b, s = spec.micro_batch_size, kept.positions if kept else spec.seq_len
     # sequence classification pools one row per sequence before the loss
     tokens = b if spec.task is Task.SEQUENCE_CLASSIFICATION else b * s
     v, c = logits.shape[-1], logits.dtype
     full_c, full32 = nbytes(tokens * v, c), nbytes(tokens * v, "fp32")
-    grad_hidden = nbytes(b * s * desc.hidden_size, hidden.dtype)
+    grad_hidden = nbytes(b * spec.seq_len * desc.hidden_size, hidden.dtype)
     saved, fwd, bwd0, head = Breakdown(), Breakdown(), Breakdown(), Breakdown()
     if spec.loss_impl is LossImpl.FUSED_LINEAR_CROSS_ENTROPY:
         # Liger's fused linear cross-entropy computes the hidden-state gradient in forward
@@ -377,6 +381,8 @@ def _with_loss(desc: ModelDesc, spec: JobSpec, stages: list[Stage], logits: Sym,
     else:
         head.add("logits/grad_logits", full32)
     head.add("logits/grad_hidden", grad_hidden)
+    if kept:
+        head.add("logits/grad_hidden_kept", nbytes(b * s * desc.hidden_size, hidden.dtype))
     return ActivationPlan(stages, saved, fwd, bwd0, head, layer_backward(desc, spec))
 
 

@@ -1,9 +1,10 @@
-"""Training recipes (YAML) of axolotl, LLaMA-Factory and torchtune -> spec overrides.
+"""Training recipes (YAML) of axolotl, LLaMA-Factory, torchtune and ms-swift -> spec overrides.
 Field names from axolotl's docs/config.qmd, LLaMA-Factory's hparams/*_args.py and
-torchtune's recipes/configs/*.yaml."""
+torchtune's recipes/configs/*.yaml; ms-swift's in importers/ms_swift.py."""
 from __future__ import annotations
 
 from vramplan.importers.fp8 import refuse_fp8_switch
+from vramplan.importers.ms_swift import from_swift, is_swift
 from vramplan.importers.hf_args import OPTIM, deepspeed_config, from_training_args
 from vramplan.importers.report import ImportError_, ImportReport, need_int, need_mapping
 
@@ -13,16 +14,20 @@ def detect(cfg: dict, source: str = "recipe") -> str:
         return "torchtune"
     if "finetuning_type" in cfg or "model_name_or_path" in cfg or "cutoff_len" in cfg:
         return "llama-factory"
+    if is_swift(cfg):
+        return "ms-swift"
     if "base_model" in cfg or "sequence_len" in cfg or "adapter" in cfg:
         return "axolotl"
-    raise ImportError_(source, "config", "not an axolotl, LLaMA-Factory or torchtune recipe "
-                       "(no base_model / model_name_or_path / _component_ fields)")
+    raise ImportError_(source, "config", "not an axolotl, LLaMA-Factory, torchtune or ms-swift recipe "
+                       "(no base_model / model_name_or_path / _component_ / model fields)")
 
 
 def from_recipe(cfg: dict, source: str = "recipe") -> tuple[dict, ImportReport]:
     if not isinstance(cfg, dict):
         raise ImportError_(source, "config", "expected a mapping at the top level")
     kind = detect(cfg, source)
+    if kind == "ms-swift":
+        return from_swift(cfg, source)
     return {"axolotl": _axolotl, "llama-factory": _llama_factory, "torchtune": _torchtune}[kind](cfg, f"{source} ({kind})")
 
 

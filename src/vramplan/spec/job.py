@@ -18,16 +18,15 @@ from vramplan.spec.low_rank import LowRankConfig
 from vramplan.spec.float8 import Float8Config, check_float8_job, parse_float8, parse_neftune
 from vramplan.spec import tasks as _tasks
 from vramplan.spec.grpo import default_micro_batch
-from vramplan.spec.stack import (Framework, StackConfig, default_optimizer_impl, parse_cuda_version, parse_dtype,
-                                 parse_stack)
+from vramplan.spec.prompt import parse_prompt_len
+from vramplan.spec.stack import Framework, StackConfig, default_optimizer_impl, parse_cuda_version, parse_dtype, parse_stack
 
 ENUM_FIELDS = {
     "task": Task, "method": Method, "precision": Precision, "optimizer": Optimizer,
     "optimizer_impl": OptimizerImpl, "gradient_checkpointing": Checkpointing,
     "attention": Attention, "backend": Backend, "loss_impl": LossImpl, "logprob_head": LogprobHead,
 }
-SECTION_TYPES = {"lora": LoraConfig, "quantization": QuantConfig, "freeze": FreezeConfig,
-             "parallel": ParallelConfig, "low_rank": LowRankConfig}
+SECTION_TYPES = {"lora": LoraConfig, "quantization": QuantConfig, "freeze": FreezeConfig, "parallel": ParallelConfig, "low_rank": LowRankConfig}
 SECTION_ALIASES = {"lora": {"lora_alpha": "alpha", "lora_dropout": "dropout", "rank": "r"}}
 INT_FIELDS = ("micro_batch_size", "seq_len", "grad_accum_steps", "num_gpus", "num_labels", "checkpoint_every")
 DEFAULT_SEQ_LEN = 2048
@@ -84,6 +83,8 @@ class JobSpec:
     two specs of the same seq_len are the same job (to_dict writes the seq_len in effect, and
     loading it back gives a spec equal to this one)."""
     grad_accum_steps: int = 1
+    prompt_len: int | None = None
+    """Tokens before a row's first labelled one (spec/prompt.py); None: all after the first."""
     packing: bool = False
     """Rows packed to `seq_len` tokens, documents told apart by restarting `position_ids`
     and no attention mask (TRL `padding_free`, DataCollatorWithFlattening): flash attention
@@ -192,6 +193,7 @@ class JobSpec:
         if self.lengths is not None:
             from vramplan.spec.lengths import parse_job_lengths
             set_("lengths", parse_job_lengths(self.lengths, self.seq_len, self.micro_batch_size, self.packing))
+        set_("prompt_len", parse_prompt_len(self))
         for name, value in _tasks.check_task_fields(self).items():
             set_(name, value)
         self._fill_method_defaults()

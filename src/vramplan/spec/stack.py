@@ -76,8 +76,10 @@ TRAINER_STEP_FRAMEWORKS = frozenset({Framework.HF_TRAINER, Framework.TRL})
 # above, and LLaMA-Factory, whose trainers (llamafactory/train/{pt,sft,dpo,kto}/trainer.py)
 # keep Trainer.training_step. It is not in TRAINER_STEP_FRAMEWORKS: its packing concatenates
 # rows into cutoff_len blocks (data/processor/pretrain.py, supervised.py), not the
-# padding-free one-row flattening that set also means.
-LOSS_DETACHED_FRAMEWORKS = TRAINER_STEP_FRAMEWORKS | {Framework.LLAMA_FACTORY}
+# padding-free one-row flattening that set also means. ms-swift too: its Seq2SeqTrainer's
+# training_step calls Trainer.training_step inside the template's forward_context
+# (swift/trainers/seq2seq_trainer.py; measured, bench/stack/ms_swift.py).
+LOSS_DETACHED_FRAMEWORKS = TRAINER_STEP_FRAMEWORKS | {Framework.LLAMA_FACTORY, Framework.MS_SWIFT}
 # Tasks whose step is a TRL trainer's whatever the stack names (DPOTrainer, KTOTrainer,
 # RewardTrainer, GRPOTrainer, GKDTrainer, ORPOTrainer, CPOTrainer: transformers.Trainer
 # subclasses, so Trainer.training_step returns the loss detached); what measure/trainers.py
