@@ -1,10 +1,10 @@
-"""ms-swift's own training step, measured: each case is a `swift sft` (or `swift pt`) command
-line run by ms-swift's real entry (`swift.pipelines.sft_main` / `pretrain_main`: its argument
-parser and defaults, model loader, tuner setup, template, collator, `logits_to_keep` and
-Seq2SeqTrainer) for two optimizer steps on CPU, in a fresh process, under vramplan's exact
-meter (`vramplan.measure.trainer_meter.metered_train`, the phases of bench/trainers), next
-to `vramplan.estimate` of the job the same command line imports to
-(`vramplan.importers.ms_swift`).
+"""ms-swift's own training step, measured: each case is a `swift sft`, `swift pt` or `swift rlhf`
+(DPO) command line run by ms-swift's real entry (`swift.pipelines.sft_main` / `pretrain_main` /
+`rlhf_main`: its argument parser and defaults, model loader, tuner setup, template, collator,
+`logits_to_keep` and Seq2SeqTrainer or DPOTrainer) for two optimizer steps on CPU, in a fresh
+process, under vramplan's exact meter (`vramplan.measure.trainer_meter.metered_train`, the
+phases of bench/trainers), next to `vramplan.estimate` of the job the same command line
+imports to (`vramplan.importers.ms_swift`).
 
     /tmp/swiftenv/bin/python bench/stack/ms_swift.py               # all cases -> results-ms-swift.json
     /tmp/swiftenv/bin/python bench/stack/ms_swift.py --only full   # those cases, merged into it
@@ -74,6 +74,12 @@ CASES = [
     ("sft/qlora/b1/no-gc", "sft", ["--quant_method", "bnb", "--quant_bits", "4", "--per_device_train_batch_size",
                                    "1", "--gradient_checkpointing", "false"], PROMPT_WORDS, 17),
     ("pt/lora/b2/gc", "pt", [], 0, None),
+    # swift rlhf (DPO): chosen and rejected rows through ms-swift's DPOTrainer
+    ("dpo/lora/b1/gc", "rlhf", ["--per_device_train_batch_size", "1"], PROMPT_WORDS, 17),
+    ("dpo/lora/b2/no-gc", "rlhf", ["--gradient_checkpointing", "false"], PROMPT_WORDS, 17),
+    ("dpo/lora/b1/gc/long-prompt", "rlhf", ["--per_device_train_batch_size", "1"], 120, 129),
+    ("dpo/full/b1/gc", "rlhf", ["--per_device_train_batch_size", "1", "--tuner_type", "full"], PROMPT_WORDS, 17),
+    ("ipo/lora/b1/gc", "rlhf", ["--per_device_train_batch_size", "1", "--loss_type", "ipo"], PROMPT_WORDS, 17),
 ]
 
 OPEN: dict[str, str] = {}
@@ -116,7 +122,7 @@ def import_case(name: str) -> dict:
 
 # ------------------------------------------------------------------ the child (ms-swift)
 
-def write_assets(root: Path, user_words: int) -> tuple[str, str]:
+def write_assets(root: Path, user_words: int, pairs: bool = False) -> tuple[str, str]:
     """Save the tiny model and its tokenizer, and the case's data; (model dir, data file)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -135,6 +141,9 @@ def write_assets(root: Path, user_words: int) -> tuple[str, str]:
                 for i in range(n)]
     else:
         rows = [{"text": trl_data.words(600, i, vocab)} for i in range(n)]
+    if pairs:  # ms-swift's preference format: the chosen answer in messages, the rejected beside
+        for i, row in enumerate(rows):
+            row["rejected_response"] = trl_data.words(600, 200 + i, vocab)
     (root / "data.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
     return str(root / "model"), str(root / "data.jsonl")
 
@@ -145,14 +154,16 @@ def child(name: str) -> dict:
     os.environ.setdefault("MODELSCOPE_OFFLINE", "1")
     import swift
     import torch
-    from swift.pipelines import pretrain_main, sft_main
+    from swift.pipelines import pretrain_main, rlhf_main, sft_main
+    from swift.rlhf_trainers import DPOTrainer
     from swift.trainers import Seq2SeqTrainer
 
     from vramplan.measure.trainer_meter import metered_train
 
     command, argv, words, prompt_len = case(name)
     root = Path(tempfile.mkdtemp(prefix="vramplan-swift-"))
-    model_dir, data = write_assets(root, words)
+    model_dir, data = write_assets(root, words, pairs=command == "rlhf")
+    trainer = DPOTrainer if command == "rlhf" else Seq2SeqTrainer
     result: dict = {"first_labels": []}
 
     class Done(Exception):
@@ -167,24 +178,27 @@ def child(name: str) -> dict:
     def metered(self, *a, **k):
         runner = {"library": "ms-swift", "version": swift.__version__, "entry": type(self).__name__}
         self.train = original[type(self)].__get__(self)
-        res = metered_train(self, {"policy": self.model}, runner)
+        models = {"policy": self.model}
+        if getattr(self, "ref_model", None) is not None:
+            models["reference"] = self.ref_model
+        res = metered_train(self, models, runner)
         p = next(x for x in self.model.parameters() if x.requires_grad)
         frozen = [x for x in self.model.parameters() if not x.requires_grad]
         result.update(res.to_dict(), dtypes={"trained": str(p.dtype),
                                              "frozen": str(frozen[0].dtype) if frozen else None,
                                              "optimizer": type(self.optimizer).__name__},
-                      args={k: str(getattr(self.args, k)) for k in (
+                      args={k: str(getattr(self.args, k, None)) for k in (
                           "gradient_accumulation_steps", "gradient_checkpointing", "optim", "weight_decay",
-                          "bf16", "fp16", "use_logits_to_keep")})
+                          "bf16", "fp16", "use_logits_to_keep", "disable_dropout")})
         raise Done
 
-    original = {Seq2SeqTrainer: Seq2SeqTrainer.train}
-    original_prepare = Seq2SeqTrainer.prepare_logits_to_keep
-    Seq2SeqTrainer.prepare_logits_to_keep = prepare
+    original = {trainer: trainer.train}
+    original_prepare = trainer.prepare_logits_to_keep
+    trainer.prepare_logits_to_keep = prepare
     for cls in original:
         cls.train = metered
     torch.manual_seed(0)
-    main = pretrain_main if command == "pt" else sft_main
+    main = {"pt": pretrain_main, "rlhf": rlhf_main}.get(command, sft_main)
     try:
         main(["--model", model_dir, "--dataset", data, "--output_dir", str(root / "out"), *argv])
     except Done:

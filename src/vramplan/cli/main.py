@@ -41,7 +41,7 @@ _SPEC_FLAGS = {
     "micro_batch_size": (int, BATCH_HELP),
     "seq_len": (int, N_("tokens per row (ppo/grpo: the prompt)")),
     "grad_accum_steps": (int, N_("micro-steps per optimizer step")),
-    "prompt_len": (int, N_("sft: tokens before a row's first label (ms-swift computes logits after them only)")),
+    "prompt_len": (int, N_("sft/dpo: tokens before a row's first label (ms-swift computes logits after them only)")),
     "loss_impl": (str, "standard | chunked | fused-linear-cross-entropy"),
     "logprob_head": (str, N_("dpo/kto/grpo log-prob head: auto | full | selective | chunked")),
     "gradient_checkpointing": (lambda v: _bool_word(v, "full", "none"),

@@ -26,6 +26,11 @@ from vramplan.spec import JobSpec, LossImpl, Task
 from vramplan.spec.stack import Framework
 
 
+KEEPING_TASKS = (Task.SFT, Task.PRETRAIN, Task.DPO, Task.IPO)
+"""ms-swift's Seq2SeqTrainer (sft, pt) and its DPOTrainer (`concatenated_forward`, IPO a loss
+of it) call prepare_logits_to_keep; chosen and rejected rows share the prompt."""
+
+
 @dataclass(frozen=True, slots=True)
 class Kept:
     positions: int
@@ -39,7 +44,7 @@ def kept_positions(spec: JobSpec, desc=None) -> Kept | None:
     (other stacks; sequence parallelism; Liger's and the chunked losses, which take the
     hidden state whole; packed rows, vision-language jobs and the families with their own
     head, not measured: the estimate keeps every position, an upper bound)."""
-    if (spec.stack.framework is not Framework.MS_SWIFT or spec.task not in (Task.SFT, Task.PRETRAIN)
+    if (spec.stack.framework is not Framework.MS_SWIFT or spec.task not in KEEPING_TASKS
             or spec.parallel.ulysses > 1 or spec.loss_impl is not LossImpl.STANDARD or spec.packing
             or spec.vision is not None or (desc is not None and is_other(desc))):
         return None

@@ -21,8 +21,7 @@ to memory, and where ms-swift differs from a plain HF Trainer script:
   (components/qlora_prep.py);
 - `quant_bits` quantizes only with a `quant_method` (quant_args.py get_quantization_config
   returns None without one).
-`swift rlhf` (ms-swift's own subclasses of TRL's trainers) is not imported: its steps were
-not measured here.
+`swift rlhf` is imported for DPO (and its ipo loss) only, the trainer measured here.
 """
 from __future__ import annotations
 
@@ -62,14 +61,13 @@ def from_swift(cfg: dict, source: str = "ms-swift", *, command: str = "sft",
     """Spec overrides for `swift <command>` run with the arguments `cfg` (and the launcher's
     environment `env`: NPROC_PER_NODE is the number of processes, one per GPU)."""
     rep = ImportReport(f"{source} (ms-swift)")
-    if command == "rlhf":
-        raise ImportError_(rep.source, "rlhf_type", "swift rlhf is not imported (ms-swift's own DPO/KTO/GRPO "
-                           "trainers were not measured); write the spec's task by hand")
     if command not in COMMANDS:
         raise ImportError_(rep.source, "command", f"expected swift {' | '.join(COMMANDS)}, got {command!r}")
     out: dict = {"stack": "ms-swift"}
     if command == "pt":
         out["task"] = "pretrain"
+    if command == "rlhf":
+        _rlhf(cfg, out, rep)
     if cfg.get("model"):
         out["model"] = str(cfg["model"])
         rep.use("model", "model")
@@ -88,6 +86,27 @@ def from_swift(cfg: dict, source: str = "ms-swift", *, command: str = "sft",
     used = {k.split(".", 1)[0] for k in (*rep.used, *rep.unresolved)}
     rep.ignored.extend(k for k in cfg if k not in used)
     return out, rep
+
+
+def _rlhf(cfg: dict, out: dict, rep: ImportReport) -> None:
+    """`swift rlhf`: DPO (rlhf_args.py RLHFArguments, rlhf_type default dpo) through ms-swift's
+    DPOTrainer, its loss_type ipo as task ipo; a full fine-tune gets a reference copy, LoRA
+    the policy with its adapter disabled. Its other trainers were not measured: refused."""
+    kind = cfg.get("rlhf_type", "dpo")
+    if kind != "dpo":
+        raise ImportError_(rep.source, "rlhf_type", f"swift rlhf --rlhf_type {kind} is not imported (ms-swift's "
+                           f"{kind} trainer was not measured; dpo is); write the spec's task by hand")
+    losses = cfg.get("loss_type") or ["sigmoid"]
+    losses = [losses] if isinstance(losses, str) else list(losses)
+    out["task"] = "ipo" if losses == ["ipo"] else "dpo"
+    rep.use("rlhf_type", "task")
+    if "loss_type" in cfg:
+        rep.use("loss_type", f"task ({', '.join(map(str, losses))}: the same log-probs)")
+    if cfg.get("ref_model"):
+        out["reference_model"] = str(cfg["ref_model"])
+        rep.use("ref_model", "reference_model")
+    if cfg.get("ref_adapters"):
+        rep.unresolved["ref_adapters"] = "a reference with its own adapters is not imported"
 
 
 def _gpus(env: dict, rep: ImportReport) -> int:
@@ -265,6 +284,8 @@ def _trainer(cfg: dict, out: dict, rep: ImportReport) -> None:
             raise ImportError_(rep.source, "attn_impl", f"expected one of {', '.join(_ATTN)}, got {attn!r}")
         out["attention"] = _ATTN[attn]
         rep.use("attn_impl", "attention")
+    if cfg.get("use_logits_to_keep") is False:
+        rep.unresolved["use_logits_to_keep"] = "off: logits at every position; give no prompt_len"
     if cfg.get("use_liger_kernel"):
         out["loss_impl"] = "fused-linear-cross-entropy"
         rep.use("use_liger_kernel", "loss_impl")

@@ -34,6 +34,12 @@ copy at once: jobs/trained.py `trainer_logits_dtype`), else the head's dtype.
   and reference, under no_grad) each before the forward they pair with; its mean logits take
   `index_select` copies of the chosen and rejected rows first. Before 1.9 its heads are not
   modelled (bench/trainers README).
+* SWIFT, ms-swift's DPOTrainer (swift/rlhf_trainers/dpo_trainer.py `concatenated_forward`,
+  a subclass of TRL's): the logits of the kept positions only (`prepare_logits_to_keep`,
+  components/kept_logits.py: s here is K), labels rolled, `get_per_token_logps`
+  (rlhf_mixin.py) reducing the mean logits before any mask (rows x K, no vocabulary-sized
+  copy) and scoring with `selective_log_softmax`; no hidden states asked for. Measured with
+  ms-swift 4.6.0 (bench/stack/ms_swift.py).
 * JOINT, TRL 1.14: `selective_log_softmax_and_entropy` right after the policy's forward,
   before the reference's, so the entropy's copy and chunks sit beside the policy's logits
   only. On CUDA, where Triton imports, its kernel (trl/kernels, the one ORPO runs in 1.16:
@@ -54,10 +60,12 @@ from vramplan.jobs.selective import cast_moment, completion_logps_loss
 from vramplan.jobs.trained import LossTerms, compute_dtype, trainer_logits_dtype
 from vramplan.model import ModelDesc
 from vramplan.spec import Backend, JobSpec, Task
+from vramplan.spec.stack import Framework
 from vramplan.units import nbytes
 
 
 class Variant(Enum):
+    SWIFT = "ms-swift"
     ROLLED = "0.13-0.28"
     CONTIGUOUS = "0.29-1.5"
     VIEW = "1.6-1.13"
@@ -72,6 +80,8 @@ def variant(spec: JobSpec) -> Variant:
     """The release's variant; a spec that names no release gets the 0.2x one, which is what
     `logprob_head: selective` has always meant. KTO (1.9 to 1.14 only): VIEW, then JOINT."""
     release = spec.stack.minor("trl")
+    if spec.stack.framework is Framework.MS_SWIFT and spec.task is not Task.KTO:
+        return Variant.SWIFT
     if spec.task is Task.KTO:
         return Variant.VIEW if release < JOINT_SINCE else Variant.JOINT
     if release is None or release < CONTIGUOUS_SINCE:
@@ -106,7 +116,8 @@ def dpo_head(spec: JobSpec, rows: int, s: int, v: int, with_reference: bool) -> 
     # accelerate's cast: the model's own logits beside the fp32 copy
     cast = Breakdown().add("logits/logits_model_dtype", nbytes(rows * s * v, c)) if l != c else Breakdown()
     chosen = nbytes(rows // 2 * (s if kind is Variant.ROLLED else s - 1) * v, l)
-    mean_logits = Breakdown().add("logits/mean_logits_masked_copy", chosen)
+    # ms-swift reduces the mean logits before it masks them: no vocabulary-sized copy
+    mean_logits = Breakdown() if kind is Variant.SWIFT else Breakdown().add("logits/mean_logits_masked_copy", chosen)
     if spec.task is Task.KTO:
         # `shift_logits.detach().index_select(0, chosen_idx)` and the rejected rows' copy (all
         # rows between them), then one class's boolean-index copy, counted at half the rows
@@ -119,7 +130,7 @@ def dpo_head(spec: JobSpec, rows: int, s: int, v: int, with_reference: bool) -> 
         ref_held = Breakdown().add("reference/logits/logits", big_l) if with_reference else Breakdown()
         return DpoHead(terms, Breakdown(), ref_head, ref_held, Breakdown().merge(mean_logits))
     fp32 = l == "fp32"
-    if kind is Variant.ROLLED:
+    if kind in (Variant.ROLLED, Variant.SWIFT):
         terms = completion_logps_loss(rows, s, v, l, rolled=True)
     else:
         terms = completion_logps_loss(rows, s - 1, v, l)
@@ -131,12 +142,12 @@ def dpo_head(spec: JobSpec, rows: int, s: int, v: int, with_reference: bool) -> 
             copy = Breakdown()
         held.add("logits/logits", big_l).merge(copy)
         ref_head = Breakdown().add("logits/logits", big_l).add("logits/shifted_copy", big_s)
-    elif kind is not Variant.ROLLED and not fp32:
+    elif kind not in (Variant.ROLLED, Variant.SWIFT) and not fp32:
         held.add("logits/logits", big_l)
     if not fp32:
         # the row loop's log_softmax beside the reference's logits: under no_grad nothing saves
         # a row's output, but `row_logps` still binds the previous row's while the next is made
-        scored = s if kind is Variant.ROLLED else s - 1
+        scored = s if kind in (Variant.ROLLED, Variant.SWIFT) else s - 1
         ref_row = Breakdown().add("logits/logits", big_l).add(
             "logits/row_log_softmax", min(2, rows) * nbytes(scored * v, l))
         ref_head = max((ref_head, ref_row), key=Breakdown.total)
@@ -144,14 +155,14 @@ def dpo_head(spec: JobSpec, rows: int, s: int, v: int, with_reference: bool) -> 
     chunks = Breakdown().add("logits/entropy_chunks", 3 * nbytes(min(ENTROPY_CHUNK_ROWS, rows * (s - 1)) * v, l))
     # the reshape of a non-contiguous view copies it (one row: the view reshapes in place)
     reshaped = Breakdown().add("logits/entropy_reshape_copy", big_s if rows > 1 else 0)
-    if kind is Variant.ROLLED:
+    if kind in (Variant.ROLLED, Variant.SWIFT):
         moments.append(Breakdown().merge(mean_logits).merge(terms.forward_end))
     if kind is Variant.CONTIGUOUS:
         moments.append(held)
     if kind is Variant.JOINT:
         moments.append(Breakdown().merge(held).merge(reshaped).merge(chunks))
     terms.forward_end = max(moments, key=Breakdown.total)
-    if kind is Variant.ROLLED:
+    if kind in (Variant.ROLLED, Variant.SWIFT):
         # the reference goes through the same concatenated_forward: its mean-logits copy too
         with_mean = Breakdown().add("logits/logits", big_l).merge(mean_logits)
         return DpoHead(terms, held, max((ref_head, with_mean), key=Breakdown.total), Breakdown(), None)

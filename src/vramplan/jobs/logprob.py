@@ -70,6 +70,9 @@ def resolve_head(spec: JobSpec) -> LogprobHead:
         # its DPO/KTO trainers' own concatenated_forward: logits.to(float32) + get_batch_logps
         # (src/llamafactory/train/dpo/trainer.py, train/trainer_utils.py)
         return LogprobHead.FULL
+    if spec.stack.framework is Framework.MS_SWIFT and spec.task in (Task.DPO, Task.IPO):
+        # its DPOTrainer's get_per_token_logps: selective_log_softmax (jobs/dpo_head.py SWIFT)
+        return LogprobHead.SELECTIVE
     if spec.task is Task.SFT:
         # before 1.7 SFTTrainer calls the model's own loss (super().compute_loss), then its
         # metrics over the logits (components/trl_sft_metrics.py); 1.7 to 1.14 default to a
@@ -125,6 +128,9 @@ def head_note(spec: JobSpec) -> str:
     if head is LogprobHead.SELECTIVE and spec.task is Task.KTO and spec.logprob_head is LogprobHead.AUTO:
         return Msg("log-prob head: TRL {release} KTOTrainer's selective_log_softmax over the full logits, "
                    "with its entropy and mean-logits metrics", release=spec.stack.trl)
+    if head is LogprobHead.SELECTIVE and spec.task in (Task.DPO, Task.IPO) and spec.stack.framework is Framework.MS_SWIFT:
+        return Msg("log-prob head: ms-swift DPOTrainer's selective_log_softmax over the positions its "
+                   "logits_to_keep keeps (prompt_len), mean logits reduced before masking")
     if head is LogprobHead.SELECTIVE and spec.task in (Task.DPO, Task.IPO):
         # from 1.15 DPOTrainer runs the fused head only; `selective` there is 1.14's (jobs/dpo_head.py)
         named = spec.stack.trl if release is not None and release < FUSED_SINCE else "1.14"

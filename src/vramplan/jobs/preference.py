@@ -17,6 +17,7 @@ from vramplan.i18n import Msg
 from vramplan.jobs.compose import Step, finish
 from vramplan.jobs.frozen import cast_first_logps_head, frozen_weights, logps_head, no_grad_forward_peak
 from vramplan.components.dtypes import dtypes_of
+from vramplan.components.kept_logits import kept_positions
 from vramplan.jobs.dpo_head import DpoHead, dpo_head, reference_hidden_states
 from vramplan.jobs.logprob import chunked_head, head_note, resolve_head
 from vramplan.jobs.odds_ratio import odds_ratio_loss
@@ -40,7 +41,9 @@ def _dpo_head(spec: JobSpec, desc: ModelDesc, rows: int) -> DpoHead | None:
     own = spec.task in (Task.DPO, Task.IPO) or (spec.task is Task.KTO and spec.logprob_head is LogprobHead.AUTO)
     if not own or resolve_head(spec) is not LogprobHead.SELECTIVE:
         return None
-    return dpo_head(spec, rows, spec.seq_len, desc.vocab_size, spec.reference_model != PRECOMPUTED)
+    kept = kept_positions(spec, desc)  # ms-swift's logits_to_keep: the head's positions
+    return dpo_head(spec, rows, kept.positions if kept else spec.seq_len, desc.vocab_size,
+                    spec.reference_model != PRECOMPUTED)
 
 
 def _policy_head(spec: JobSpec, desc: ModelDesc, rows: int, chunked: bool):

@@ -64,6 +64,10 @@ def trainer_disables_dropout(spec: JobSpec) -> bool:
         # disable_dropout_in_model on the policy and the reference (`disable_dropout=True`,
         # which its workflows never override: llamafactory/train/dpo/trainer.py, kto/trainer.py)
         return spec.task in LLAMA_FACTORY_DROPOUT_OFF_TASKS
+    if spec.stack.framework is Framework.MS_SWIFT:
+        # its RLHFTrainerMixin runs it when the config's disable_dropout is set, which its DPO
+        # config inherits from TRL's DPOConfig (True): swift/rlhf_trainers/rlhf_mixin.py
+        return spec.task in (Task.DPO, Task.IPO)
     return (spec.stack.framework in (Framework.TRL, Framework.HF_TRAINER, Framework.PLAIN)
             and spec.task in DROPOUT_OFF_TASKS)
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 from vramplan.spec.enums import SpecError, Task
 from vramplan.spec.sections import positive_int
 
-PROMPT_TASKS = (Task.SFT, Task.PRETRAIN)
-"""The tasks whose rows are a prompt and a labelled answer in one sequence (the preference
-and RL tasks give their prompt and completion lengths apart)."""
+PROMPT_TASKS = (Task.SFT, Task.PRETRAIN, Task.DPO, Task.IPO)
+"""The tasks whose rows are a prompt and a labelled answer in one sequence (DPO's chosen and
+rejected rows each; the RL tasks give their prompt and completion lengths apart)."""
 
 
 def parse_prompt_len(spec) -> int | None:
@@ -23,8 +23,8 @@ def parse_prompt_len(spec) -> int | None:
     if value is None:
         return None
     if spec.task not in PROMPT_TASKS:
-        raise SpecError("prompt_len", f"task {spec.task.value} does not read it (sft and pretrain rows are prompt "
-                        "and answer in one sequence); drop prompt_len")
+        raise SpecError("prompt_len", f"task {spec.task.value} does not read it (sft, pretrain, dpo and ipo rows "
+                        "are prompt and answer in one sequence); drop prompt_len")
     if spec.packing:
         raise SpecError("prompt_len", "packed rows hold many prompts; drop prompt_len or packing")
     n = positive_int("prompt_len", value)
