@@ -305,6 +305,10 @@ def diffusion_estimate(pipe: dict, spec: JobSpec, gpu=None):
         # `_gradient_checkpointing_func`), which the UNet's stage model does not split
         notes.append(Msg("gradient checkpointing of a UNet is not modelled: this is the step without it, "
                          "an upper bound of the checkpointed one"))
+    if spec.method is not Method.FULL and spec.lora is not None and spec.lora.dropout > 0:
+        notes.append(Msg("lora.dropout {p:g} on a diffusion denoiser is not modelled: the dropped copies of the "
+                         "adapters' inputs (and their masks) are not counted, so the estimate is low by them",
+                         p=spec.lora.dropout))
     if grads_kept(spec) and spec.grad_accum_steps == 1:
         notes.append(Msg("gradients stay allocated into the next forward (zero_grad(set_to_none=False), the "
                          "script's default); the script's --set_grads_to_none (diffusion.set_grads_to_none: true) "
