@@ -193,7 +193,8 @@ TEMPLATES = (
     N_("this job needs {size} PiB per GPU, beyond any GPU (the largest hold a few hundred GB); lower it"),
     N_("this job needs {size} PiB per GPU, beyond any GPU (the largest hold a few hundred GB); lower "
        "diffusion.height, width or num_frames"),
-    # spec/lengths.py: the size of a lengths replay
+    # spec/lengths.py: a percentile given twice; the size of a lengths replay
+    N_("{first} and {second} both give percentile {p}; keep one of them"),
     N_("a bucket of {bucket} tokens cuts {limit} tokens into {count} padded lengths, each replayed as its own step "
        "(at most {most}); use bucket >= {least}, or leave it out (seq_len / 16)"),
     N_("a micro-batch of {batch} rows is past what a lengths replay draws ({most} rows); lower micro_batch_size "

@@ -157,11 +157,15 @@ def parse_lengths(value: object) -> LengthsConfig | None:
     if not isinstance(value, Mapping):
         raise SpecError("lengths", f"expected a mapping like {{p50: 600, p99: 3000, max: 4096}} "
                         f"or {{lengths_file: lengths.txt}}, got {value!r}")
-    pairs, fields = [], {}
+    pairs, fields, seen = [], {}, {}
     for key, v in value.items():
         if not isinstance(key, str):
             raise SpecError(f"lengths.{key}", f"keys are field names or percentiles like p90, got {key!r}")
         if key.startswith("p") and key[1:].isascii() and key[1:].replace(".", "", 1).isdigit():  # not p٣ (float reads it)
+            if float(key[1:]) in seen:  # p50 and p50.0 (or p050): one percentile, two values
+                raise SpecError(f"lengths.{key}", f"{seen[float(key[1:])]} and {key} both give percentile "
+                                f"{_pct(float(key[1:]))}; keep one of them")
+            seen[float(key[1:])] = key
             pairs.append((float(key[1:]), v))
         elif key in _KEYS:
             fields[key] = v
