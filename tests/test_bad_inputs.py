@@ -258,6 +258,9 @@ FLAGS = [  # (command line, a substring of the one error line); {tmp} is a folde
     (["estimate", "gpt2", "--seq-len", "512", "--save-spec", " "], "--save-spec"),
     (["estimate", "gpt2", "--seq-len", "512", "--spec", ""], "--spec"),
     (["compare", "gpt2", "--seq-len", "512", "--gpu", "h100", "--strategies", ""], "--strategies"),
+    # fuzz2: an empty --headroom was read as no headroom (fit: its default), without a word
+    (["fit", "llama-3.2-1b", "--gpu", "h100", "--headroom", ""], "--headroom: the value is empty"),
+    (["check", "gpt2", "--seq-len", "512", "--gpu", "h100", "--headroom", " "], "--headroom: the value is empty"),
     (["estimate", "gpt2", "--seq-len", "512", "--json", "--format", "csv"], "keep one"),
     # badinput4: --tiers skipped these without a word (an invalid --mfu 0 too)
     (["compare", "gpt2", "--seq-len", "512", "--tiers", "--mfu", "0"], "tiers: --mfu is not read with --tiers"),

@@ -289,6 +289,10 @@ def check_paths(args) -> None:
             flag = "--" + name.removeprefix("import_").replace("_", "-")
             from vramplan.cli.main import UsageError
             raise UsageError(f"{flag}: the path is empty; give a file, or drop {flag}")
+    headroom = getattr(args, "headroom", None)  # `--headroom ""` kept 0 or fit's default without a word
+    if isinstance(headroom, str) and not headroom.strip():
+        from vramplan.cli.main import UsageError
+        raise UsageError("--headroom: the value is empty; give a size like 2GiB or 512MiB, or drop --headroom")
     answer_format(args)
 
 

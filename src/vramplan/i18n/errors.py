@@ -152,6 +152,7 @@ TEMPLATES = (
     N_("applies to method freeze, not {method}; set method freeze or drop the freeze section"),
     N_("expected a number of bytes >= 0, got {value}"),
     # vramplan.plan and cli.plan: compare / fit options
+    N_("the value is empty; give a size like 2GiB or 512MiB, or drop --headroom"),
     N_("a share of the GPU is not taken here; give a size like 2GiB or 512MiB, got {text}"),
     N_("{text} leaves nothing of the GPU's {gib} GiB for the job; keep less free, e.g. 5% or 2GiB"),
     N_("expected a number in (0, 1] (model FLOPs utilization, e.g. 0.4), got {value}"),
