@@ -258,6 +258,9 @@ FLAGS = [  # (command line, a substring of the one error line); {tmp} is a folde
     (["estimate", "gpt2", "--seq-len", "512", "--save-spec", " "], "--save-spec"),
     (["estimate", "gpt2", "--seq-len", "512", "--spec", ""], "--spec"),
     (["compare", "gpt2", "--seq-len", "512", "--gpu", "h100", "--strategies", ""], "--strategies"),
+    # fuzz2: two strategies under one name were two rows of the answer told apart by nothing
+    (["compare", "gpt2", "--seq-len", "512", "--gpu", "h100", "--strategy", "z --zero-stage 3", "--strategy",
+      "z --gradient-checkpointing full"], "strategies: two strategies are named 'z'"),
     # fuzz2: an empty --headroom was read as no headroom (fit: its default), without a word
     (["fit", "llama-3.2-1b", "--gpu", "h100", "--headroom", ""], "--headroom: the value is empty"),
     (["check", "gpt2", "--seq-len", "512", "--gpu", "h100", "--headroom", " "], "--headroom: the value is empty"),
@@ -293,7 +296,10 @@ def test_cli_warning_is_printed_as_a_note(capsys):
     ("[]\n", "holds no strategies"),  # the baseline alone was printed
     ("- {name: a, changes: {}}\n", "changes nothing"),  # a row repeating the baseline
     ("- {name: a, changes: {seq_len: 256}, chagnes: {}}\n", "name and changes only"),  # a key dropped unread
-], ids=["empty_list", "empty_changes", "unknown_entry_key"])
+    # fuzz2: two rows of the answer under one name, told apart by nothing
+    ("- {name: z, changes: {seq_len: 256}}\n- {name: z, changes: {gradient_checkpointing: full}}\n",
+     "entries 1 and 2 are both named 'z'"),
+], ids=["empty_list", "empty_changes", "unknown_entry_key", "same_name_twice"])
 def test_strategies_file_slips(text, says, tmp_path, capsys):
     path = tmp_path / "strategies.yaml"
     path.write_text(text)

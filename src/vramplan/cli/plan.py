@@ -157,6 +157,10 @@ def _read_strategies(path: str):
         if unknown:
             raise SpecError("strategies", f"{path}: entry {k + 1} has {', '.join(map(str, sorted(unknown, key=str)))}; "
                             "an entry holds name and changes only")
+        first = next(j for j, other in enumerate(items) if str(other["name"]) == str(item["name"]))
+        if first < k:  # two rows of the answer under one name
+            raise SpecError("strategies", f"{path}: entries {first + 1} and {k + 1} are both named "
+                            f"{str(item['name'])!r}; give each entry a name of its own")
     return [Strategy(name=str(i["name"]), changes=dict(i.get("changes") or {})) for i in items]
 
 

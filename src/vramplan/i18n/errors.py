@@ -161,6 +161,8 @@ TEMPLATES = (
        "rows split over the data-parallel GPUs, heads over tp, layers over pp); open other values"),
     N_("{path}: entry {k} must be a mapping with a name and its changes, got {item}"),
     N_("{path} must hold a list of entries, each a name and its changes"),
+    N_("{path}: entries {first} and {second} are both named {name}; give each entry a name of its own"),
+    N_("two strategies are named {name}; give each a name of its own"),
     # cli.measure, cli.serve
     N_("expected cpu, cuda or cuda:N, got {value}"),
     N_("no CUDA GPU here (torch.cuda.is_available() is False); use --device cpu or --fake"),

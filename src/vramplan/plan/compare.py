@@ -249,6 +249,10 @@ def compare(spec: JobSpec, gpu=None, *, strategies: list[Strategy] | None = None
         check_strategy(strat)
     if not strategies or strategies[0].changes:
         strategies.insert(0, Strategy("baseline"))
+    names = [str(strat.name) for strat in strategies]
+    twice = next((name for k, name in enumerate(names) if name in names[:k]), None)
+    if twice is not None:  # the rows are told apart by name only
+        raise SpecError("strategies", f"two strategies are named {twice!r}; give each a name of its own")
     rows = []
     for k, strat in enumerate(strategies):
         try:
