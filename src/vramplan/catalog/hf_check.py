@@ -116,6 +116,11 @@ def check_config(config: dict) -> None:
         if factor is not None and (isinstance(factor, bool) or not isinstance(factor, (int, float))
                                    or not math.isfinite(factor) or not 0 <= factor <= 1):
             raise _field(config, f"{key}.partial_rotary_factor", "a number in [0, 1]", factor)
+        scale = (value or {}).get("factor")  # the rotary frequencies are divided by it (linear, dynamic, yarn)
+        if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))
+                                  or not math.isfinite(scale) or scale <= 0):
+            raise _field(config, f"{key}.factor", "a number > 0, e.g. 2.0 (transformers divides the rotary "
+                         "frequencies by it; 1 leaves them as they are)", scale)
     _check_activations(config)
     _check_lists(config)
     for key in ("text_config", "vision_config"):

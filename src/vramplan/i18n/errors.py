@@ -123,6 +123,8 @@ TEMPLATES = (
     N_("{kind} config field {key} must be a number (not null), got None"),
     N_("{kind} config field {key} must be at most {limit} (no published model has more), got {value}"),
     N_("{kind} config field {key} must be a number in [0, 1], got {value}"),
+    N_("{kind} config field {key} must be a number > 0, e.g. 2.0 (transformers divides the rotary frequencies by "
+       "it; 1 leaves them as they are), got {value}"),
     N_("{kind} config field {key} must be true or false, got {value}"),
     N_("{kind} config field {key} must be an activation of transformers' ACT2FN ({names}), got {value}"),
     N_("{kind} config field {key} must be a positive integer, got {value}"),
