@@ -70,8 +70,8 @@ def test_the_run_used_the_defaults_the_importer_assumes():
     assert base["optim"] == "OptimizerNames.ADAMW_TORCH_FUSED" and base["weight_decay"] == "0.1"
     assert base["gradient_checkpointing"] == "True" and base["use_logits_to_keep"] == "True"
     assert base["bf16"] == "True"
-    dpo = by_name["dpo/lora/b1/gc"]["measured"]["args"]
-    assert dpo["disable_dropout"] == "True"  # TRL's DPOConfig default, which ms-swift's DPOTrainer runs
+    for name in ("dpo/lora/b1/gc", "rm/lora/b1/gc"):  # TRL's config default, which ms-swift's trainers run
+        assert by_name[name]["measured"]["args"]["disable_dropout"] == "True"
     job = by_name["sft/lora/b2/gc"]["job"]
     assert (job["optimizer"], job["optimizer_impl"], job["weight_decay"]) == ("adamw", "fused", 0.1)
     assert job["lora"] == {"r": 8, "alpha": 32, "dropout": 0.05, "target_modules": "all-linear"}
@@ -145,13 +145,15 @@ def test_bad_arguments_name_their_field(fields, field):
     assert err.value.field == field
 
 
-def test_rlhf_dpo_is_imported_and_the_unmeasured_trainers_refused():
+def test_rlhf_dpo_and_rm_are_imported_and_the_unmeasured_trainers_refused():
     cfg, command, env = parse_command("swift rlhf --rlhf_type dpo --model m --max_length 512 --loss_type ipo")
     assert from_swift(cfg, command=command, env=env)[0]["task"] == "ipo"
     cfg, command, env = parse_command("swift rlhf --model m --max_length 512 --tuner_type full")
     out = from_swift(cfg, command=command, env=env)[0]
     assert (out["task"], out["method"]) == ("dpo", "full")  # rlhf_type's default; a reference copy
-    for kind in ("kto", "grpo", "orpo", "gkd"):
+    cfg, command, env = parse_command("swift rlhf --rlhf_type rm --model m --max_length 512")
+    assert from_swift(cfg, command=command, env=env)[0]["task"] == "reward-model"
+    for kind in ("kto", "grpo", "orpo", "gkd", "ppo"):
         cfg, command, env = parse_command(f"swift rlhf --rlhf_type {kind} --model m --max_length 512")
         with pytest.raises(ImportError_, match="was not measured") as err:
             from_swift(cfg, command=command, env=env)
@@ -222,6 +224,7 @@ def test_a_longer_prompt_shrinks_the_logits_under_ms_swift_only():
     ({"prompt_len": 1024}, "leaves no labelled token"),
     ({"prompt_len": 0}, "integer >= 1"),
     ({"prompt_len": 10, "task": "kto"}, "does not read it"),
+    ({"prompt_len": 10, "task": "reward-model"}, "does not read it"),
     ({"prompt_len": 10, "packing": True}, "packed rows"),
 ])
 def test_bad_prompt_len(over, says):

@@ -80,6 +80,10 @@ CASES = [
     ("dpo/lora/b1/gc/long-prompt", "rlhf", ["--per_device_train_batch_size", "1"], 120, 129),
     ("dpo/full/b1/gc", "rlhf", ["--per_device_train_batch_size", "1", "--tuner_type", "full"], PROMPT_WORDS, 17),
     ("ipo/lora/b1/gc", "rlhf", ["--per_device_train_batch_size", "1", "--loss_type", "ipo"], PROMPT_WORDS, 17),
+    # swift rlhf --rlhf_type rm: chosen and rejected rows through a one-output classifier
+    ("rm/lora/b1/gc", "rlhf", ["--rlhf_type", "rm", "--per_device_train_batch_size", "1"], PROMPT_WORDS, None),
+    ("rm/full/b2/no-gc", "rlhf", ["--rlhf_type", "rm", "--tuner_type", "full", "--gradient_checkpointing",
+                                  "false"], PROMPT_WORDS, None),
 ]
 
 OPEN: dict[str, str] = {}
@@ -155,7 +159,7 @@ def child(name: str) -> dict:
     import swift
     import torch
     from swift.pipelines import pretrain_main, rlhf_main, sft_main
-    from swift.rlhf_trainers import DPOTrainer
+    from swift.rlhf_trainers import DPOTrainer, RewardTrainer
     from swift.trainers import Seq2SeqTrainer
 
     from vramplan.measure.trainer_meter import metered_train
@@ -163,8 +167,10 @@ def child(name: str) -> dict:
     command, argv, words, prompt_len = case(name)
     root = Path(tempfile.mkdtemp(prefix="vramplan-swift-"))
     model_dir, data = write_assets(root, words, pairs=command == "rlhf")
-    trainer = DPOTrainer if command == "rlhf" else Seq2SeqTrainer
-    result: dict = {"first_labels": []}
+    rlhf_type = argv[argv.index("--rlhf_type") + 1] if "--rlhf_type" in argv else "dpo"
+    reward = command == "rlhf" and rlhf_type == "rm"
+    trainer = RewardTrainer if reward else DPOTrainer if command == "rlhf" else Seq2SeqTrainer
+    result: dict = {"first_labels": [], "labelled": None}
 
     class Done(Exception):
         """Raised after the metered train(): saving and logging are not run."""
@@ -194,7 +200,7 @@ def child(name: str) -> dict:
 
     original = {trainer: trainer.train}
     original_prepare = trainer.prepare_logits_to_keep
-    trainer.prepare_logits_to_keep = prepare
+    trainer.prepare_logits_to_keep = prepare  # a reward model's score head keeps no positions
     for cls in original:
         cls.train = metered
     torch.manual_seed(0)
@@ -204,7 +210,7 @@ def child(name: str) -> dict:
     except Done:
         pass
     want = prompt_len if prompt_len is not None else 1
-    if set(result["first_labels"]) != {want}:
+    if not reward and set(result["first_labels"]) != {want}:
         raise SystemExit(f"{name}: labels start at {sorted(set(result['first_labels']))}, the case says {want}")
     return result
 

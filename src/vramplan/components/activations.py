@@ -170,7 +170,8 @@ def _plan_activations(desc: ModelDesc, spec: JobSpec, params: ParamSet) -> Activ
         place_masks(eager_masks(desc, b, s, embed_dtype), gc is Checkpointing.FULL, stages[0].saved, fwd_peaks,
                     range(1, len(stages)))
     head_rec = _recorder(spec, seen)
-    kept = kept_positions(spec, desc)  # ms-swift's logits_to_keep (kept_logits.py)
+    # ms-swift's logits_to_keep (kept_logits.py); a score head (a reward model) takes none
+    kept = None if "score.weight" in ctx.params else kept_positions(spec, desc)
     logits = _head(head_rec, ctx, x, kept)
     stages.append(Stage("head", head_rec.saved_items(), []))
     plan = _with_loss(desc, spec, stages, logits, x, output_head_trainable(params), kept)

@@ -21,19 +21,17 @@ to memory, and where ms-swift differs from a plain HF Trainer script:
   (components/qlora_prep.py);
 - `quant_bits` quantizes only with a `quant_method` (quant_args.py get_quantization_config
   returns None without one).
-`swift rlhf` is imported for DPO (and its ipo loss) only, the trainer measured here.
+`swift rlhf` is imported for DPO (its ipo loss too) and reward models, the trainers measured.
 """
 from __future__ import annotations
 
 import math
-import os
-import re
-import shlex
 
 from vramplan.importers.hf_args import OPTIM, deepspeed_config, from_training_args
 from vramplan.importers.report import ImportError_, ImportReport, need_int
+from vramplan.importers.shell import COMMANDS, looks_like_command, parse_command
 
-COMMANDS = ("sft", "pt", "rlhf")
+__all__ = ["from_swift", "is_swift", "looks_like_command", "parse_command"]
 # swift/arguments base_args.py `tuner_type` choices that are not LoRA or full
 _OTHER_TUNERS = ("longlora", "adalora", "llamapro", "adapter", "vera", "boft", "fourierft", "reft", "bone",
                  "lisa")
@@ -89,10 +87,13 @@ def from_swift(cfg: dict, source: str = "ms-swift", *, command: str = "sft",
 
 
 def _rlhf(cfg: dict, out: dict, rep: ImportReport) -> None:
-    """`swift rlhf`: DPO (rlhf_args.py RLHFArguments, rlhf_type default dpo) through ms-swift's
-    DPOTrainer, its loss_type ipo as task ipo; a full fine-tune gets a reference copy, LoRA
-    the policy with its adapter disabled. Its other trainers were not measured: refused."""
+    """`swift rlhf`: DPO (rlhf_type's default; loss_type ipo as task ipo; a full fine-tune gets
+    a reference copy, LoRA its policy with the adapter off) and rm. The rest: refused."""
     kind = cfg.get("rlhf_type", "dpo")
+    if kind == "rm":  # RewardTrainer: chosen and rejected rows through a one-output classifier
+        out["task"] = "reward-model"
+        rep.use("rlhf_type", "task")
+        return
     if kind != "dpo":
         raise ImportError_(rep.source, "rlhf_type", f"swift rlhf --rlhf_type {kind} is not imported (ms-swift's "
                            f"{kind} trainer was not measured; dpo is); write the spec's task by hand")
@@ -316,84 +317,3 @@ def _parallel(cfg: dict, out: dict, rep: ImportReport) -> None:
     if sp not in (None, 1):
         out.setdefault("parallel", {})["ulysses"] = need_int(rep, "sequence_parallel_size", sp)
         rep.use("sequence_parallel_size", "parallel.ulysses")
-
-
-# ------------------------------------------------------------------ command lines
-
-_SWIFT = re.compile(r"(?:^|/)swift$")
-_ASSIGN = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
-
-
-def looks_like_command(text: str) -> bool:
-    """A shell script or command line that runs `swift sft|pt|rlhf`."""
-    return re.search(r"(?:^|[\s/])swift\s+(?:sft|pt|rlhf)\b", text) is not None
-
-
-def parse_command(text: str, source: str = "command", *, base_dir: str | None = None,
-                  read_file=None) -> tuple[dict, str, dict]:
-    """(the arguments as swift parses them, the subcommand, the launcher's environment) of
-    the `swift` command in a shell command line or script. Continuation lines are joined,
-    `export X=...` and `X=... swift ...` set the environment, and a leading config file
-    (`swift sft config.yaml --lora_rank 16`) is read with `read_file`, its keys first and
-    the command line's after them, as swift/cli/main.py `parse_yaml_args` orders them."""
-    env: dict = {}
-    for line in _logical_lines(text):
-        try:
-            words = shlex.split(line, comments=True)
-        except ValueError as exc:
-            raise ImportError_(source, "command", f"cannot split the line ({exc}): {line[:80]!r}") from None
-        if words[:1] == ["export"]:
-            words = words[1:]
-        at = next((i for i, w in enumerate(words) if _SWIFT.search(w)), None)
-        head = words if at is None else words[:at]
-        env.update(m.groups() for m in map(_ASSIGN.match, head) if m)
-        if at is None or at + 1 >= len(words) or words[at + 1] not in COMMANDS:
-            continue
-        args = words[at + 2:]
-        cfg: dict = {}
-        if args and args[0].endswith((".yaml", ".yml", ".json")):
-            if read_file is None:
-                raise ImportError_(source, "command", f"{args[0]}: a config file named on the command line; "
-                                   "pass it with --recipe")
-            path = args[0] if os.path.isabs(args[0]) or base_dir is None else os.path.join(base_dir, args[0])
-            cfg.update(read_file(path))
-            args = args[1:]
-        cfg.update(_flags(args, source))
-        return cfg, words[at + 1], env
-    raise ImportError_(source, "command", "no `swift sft`, `swift pt` or `swift rlhf` command in it")
-
-
-def _logical_lines(text: str) -> list[str]:
-    return [ln for ln in re.sub(r"\\\r?\n", " ", text).splitlines() if ln.strip()]
-
-
-def _flags(args: list[str], source: str) -> dict:
-    """`--key v1 v2 --flag --other v` -> {key: [v1, v2], flag: True, other: v}, each value
-    read as HfArgumentParser would read the field's text (true/false, numbers, None)."""
-    out: dict = {}
-    key = None
-    for word in args:
-        if word.startswith("--"):
-            name, eq, value = word[2:].partition("=")
-            key = name.replace("-", "_")
-            if not key:
-                raise ImportError_(source, "command", f"an empty option name in {word!r}")
-            out[key] = [_value(value)] if eq else []
-        elif key is None:
-            raise ImportError_(source, "command", f"{word!r} comes before any --option")
-        else:
-            out[key].append(_value(word))
-    return {k: True if not v else v[0] if len(v) == 1 else v for k, v in out.items()}
-
-
-def _value(text: str):
-    low = text.lower()
-    if low in ("true", "false"):
-        return low == "true"
-    if low == "none":
-        return None
-    if re.fullmatch(r"[+-]?\d+", text):
-        return int(text)
-    if re.fullmatch(r"[+-]?(\d+\.\d*|\.\d+|\d+(\.\d*)?[eE][+-]?\d+)", text):
-        return float(text)
-    return text

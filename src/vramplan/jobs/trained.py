@@ -66,8 +66,8 @@ def trainer_disables_dropout(spec: JobSpec) -> bool:
         return spec.task in LLAMA_FACTORY_DROPOUT_OFF_TASKS
     if spec.stack.framework is Framework.MS_SWIFT:
         # its RLHFTrainerMixin runs it when the config's disable_dropout is set, which its DPO
-        # config inherits from TRL's DPOConfig (True): swift/rlhf_trainers/rlhf_mixin.py
-        return spec.task in (Task.DPO, Task.IPO)
+        # and reward configs inherit from TRL's (True): swift/rlhf_trainers/rlhf_mixin.py
+        return spec.task in (Task.DPO, Task.IPO, Task.REWARD_MODEL)
     return (spec.stack.framework in (Framework.TRL, Framework.HF_TRAINER, Framework.PLAIN)
             and spec.task in DROPOUT_OFF_TASKS)
 
