@@ -231,3 +231,34 @@ def test_bad_prompt_len(over, says):
     with pytest.raises(SpecError) as err:
         vramplan.load_spec(_job(**over))
     assert err.value.field == "prompt_len" and says in str(err.value)
+
+
+def test_all_linear_beside_names_is_every_linear_and_those():
+    # ms-swift's get_target_modules puts every linear's name in all-linear's place
+    # (swift/pipelines/train/tuner.py; examples/train/base_to_chat/lora2.sh: all-linear embed_tokens lm_head)
+    def trainable(targets):
+        spec = vramplan.load_spec({"model": "llama-3.1-8b", "method": "lora", "lora": {"r": 8, "target_modules": targets},
+                                   "seq_len": 512})
+        return vramplan.estimate(spec).trainable_params
+    head = 8 * (4096 + 128256)  # lm_head's A (8 x 4096) and B (128256 x 8)
+    assert trainable(["all-linear", "lm_head"]) == trainable("all-linear") + head
+
+
+def test_example_scripts_of_ms_swift_shapes(tmp_path):
+    # shapes from ms-swift's examples/train: a launcher running swift/cli/sft.py, shell
+    # variables and $(expr ...) arithmetic, a multi-line quoted value, a non-training script
+    script = tmp_path / "train.sh"
+    script.write_text('nproc_per_node=4\nSYSTEM="You are\n a helper."\n'
+                      "NNODES=2 torchrun --nproc_per_node=$nproc_per_node --nnodes=2 swift/cli/sft.py \\\n"
+                      "  --model m --max_length 512 --system \"$SYSTEM\" \\\n"
+                      "  --gradient_accumulation_steps $(expr 16 / $nproc_per_node)\n")
+    overrides, _ = import_config_files(recipe=str(script))
+    assert overrides["num_gpus"] == 8 and overrides["grad_accum_steps"] == 4
+    infer = tmp_path / "infer.sh"
+    infer.write_text("CUDA_VISIBLE_DEVICES=0 swift infer --model m\n")
+    with pytest.raises(ImportError_, match="it runs swift infer, no training"):
+        import_config_files(recipe=str(infer))
+    mega = tmp_path / "mcore.sh"
+    mega.write_text("megatron sft --model m\n")
+    with pytest.raises(ImportError_, match="Megatron-SWIFT"):
+        import_config_files(recipe=str(mega))

@@ -89,7 +89,8 @@ def _matches(module: str, target: str) -> bool:
 
 
 def targets_module(module: str, targets: tuple[str, ...] | str) -> bool:
-    """Whether LoRA targets (names, or all-linear) take this linear module, as PEFT matches."""
+    """Whether LoRA targets (names, or all-linear) take this linear module, as PEFT matches.
+    (A list holding all-linear beside names is ms-swift's: `_lora_targets` expands it.)"""
     return targets == ALL_LINEAR or any(_matches(module, t) for t in targets)
 
 
@@ -155,6 +156,11 @@ def _lora_targets(desc: ModelDesc, targets, fused: bool = True) -> tuple[tuple[P
         return hit, unmatched
     if targets == ALL_LINEAR:
         return tuple(p for p in linears if p.module.rsplit(".", 1)[-1] not in _HEADS), ()
+    if ALL_LINEAR in targets:
+        # ms-swift's `--target_modules all-linear lm_head`: its get_target_modules
+        # (swift/pipelines/train/tuner.py) puts every linear's name in all-linear's place
+        names = {p.module.rsplit(".", 1)[-1] for p in linears if p.module.rsplit(".", 1)[-1] not in _HEADS}
+        targets = tuple(sorted(names | set(targets) - {ALL_LINEAR}))
     hit = tuple(p for p in linears if any(_matches(p.module, t) for t in targets))
     unmatched = tuple(t for t in targets if not any(_matches(p.module, t) for p in linears))
     return hit, unmatched

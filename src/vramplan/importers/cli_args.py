@@ -29,7 +29,7 @@ def read_recipe(path: str, source: str | None = None) -> tuple[dict, object]:
         text = read_text(path)
     except FileReadError as exc:
         raise ImportError_(str(exc), path) from None
-    if not path.endswith((".yaml", ".yml", ".json")) and ms_swift.looks_like_command(text):
+    if path.endswith(".sh") or (not path.endswith((".yaml", ".yml", ".json")) and ms_swift.looks_like_command(text)):
         cfg, command, env = ms_swift.parse_command(text, source or path, base_dir=os.path.dirname(path),
                                                    read_file=read_config)
         return ms_swift.from_swift(cfg, source or path, command=command, env=env)

@@ -111,13 +111,18 @@ def _rlhf(cfg: dict, out: dict, rep: ImportReport) -> None:
 
 
 def _gpus(env: dict, rep: ImportReport) -> int:
-    value = env.get("NPROC_PER_NODE")
-    if value is None:
-        return 1
-    if not str(value).isdigit() or int(value) < 1:
-        raise ImportError_(rep.source, "NPROC_PER_NODE", f"expected a number of processes >= 1, got {value!r}")
-    rep.use("NPROC_PER_NODE", "num_gpus")
-    return int(value)
+    """NPROC_PER_NODE processes (GPUs) on each of NNODES nodes (swift's launcher variables)."""
+    total = 1
+    for name in ("NPROC_PER_NODE", "NNODES"):
+        value = env.get(name)
+        if value is None:
+            continue
+        if not str(value).isdigit() or int(value) < 1:
+            unset = " (a variable the script does not set; write the number)" if str(value).startswith("$") else ""
+            raise ImportError_(rep.source, name, f"expected a number >= 1, got {value!r}{unset}")
+        total *= int(value)
+        rep.use(name, "num_gpus")
+    return total
 
 
 def _task(cfg: dict, out: dict, rep: ImportReport) -> None:

@@ -131,7 +131,8 @@ def module_targets(name: str, value: object) -> tuple[str, ...] | str:
     targets = string_list(name, value)
     if not targets:
         raise SpecError(name, "is empty; name modules or use 'all-linear'")
-    return targets
+    # all-linear beside names (ms-swift's `all-linear lm_head`): every linear and those
+    return tuple(ALL_LINEAR if t.replace("_", "-").lower() == ALL_LINEAR else t for t in targets)
 
 
 FSDP_MODES = ("none", "full-shard", "shard-grad-op", "hybrid-shard", "no-shard")
