@@ -125,13 +125,12 @@ ALL_LINEAR = "all-linear"
 
 
 def module_targets(name: str, value: object) -> tuple[str, ...] | str:
-    """A target_modules field: "all-linear" (any spelling of it) or a non-empty list of names."""
+    """A target_modules field: "all-linear" (any spelling) or names, all-linear among them or not."""
     if isinstance(value, str) and value.replace("_", "-").lower() == ALL_LINEAR:
         return ALL_LINEAR
     targets = string_list(name, value)
     if not targets:
         raise SpecError(name, "is empty; name modules or use 'all-linear'")
-    # all-linear beside names (ms-swift's `all-linear lm_head`): every linear and those
     return tuple(ALL_LINEAR if t.replace("_", "-").lower() == ALL_LINEAR else t for t in targets)
 
 
