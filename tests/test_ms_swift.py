@@ -15,7 +15,8 @@ import vramplan
 from vramplan.cli import main
 from vramplan.components.kept_logits import kept_positions
 from vramplan.importers import ImportError_, import_config_files
-from vramplan.importers.ms_swift import from_swift, parse_command
+from vramplan.importers.ms_swift import from_swift
+from vramplan.importers.shell import parse_command
 from vramplan.spec import SpecError
 
 ROOT = Path(__file__).resolve().parents[1]

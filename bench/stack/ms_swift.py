@@ -113,7 +113,8 @@ def _options(argv: list[str]) -> list[str]:
 def import_case(name: str) -> dict:
     """The job vramplan imports from the case's command line (importers/ms_swift.py), with
     the model the command's `--model` points at given as its config."""
-    from vramplan.importers.ms_swift import from_swift, parse_command
+    from vramplan.importers.ms_swift import from_swift
+    from vramplan.importers.shell import parse_command
 
     command, argv, _, prompt_len = case(name)
     cfg, sub, env = parse_command(" ".join(["swift", command, "--model", "tiny-llama", *argv]), name)

@@ -145,6 +145,11 @@ def lora_targets(desc: ModelDesc, spec: JobSpec) -> tuple[list[ParamEntry], tupl
 def _lora_targets(desc: ModelDesc, targets, fused: bool = True) -> tuple[tuple[ParamEntry, ...], tuple[str, ...]]:
     routers = _routers(desc) if fused else set()  # transformers 4.x: the router was an nn.Linear
     linears = [p for p in desc.params if is_linear(p) and p.name not in routers]
+    if targets != ALL_LINEAR and ALL_LINEAR in targets:
+        # ms-swift's `--target_modules all-linear lm_head`: its get_target_modules
+        # (swift/pipelines/train/tuner.py) puts every linear's name in all-linear's place
+        leaves = {p.module.rsplit(".", 1)[-1] for p in linears}
+        targets = tuple(sorted(leaves - set(_HEADS) | set(targets) - {ALL_LINEAR}))
     moe = _moe_targets(desc, targets) if fused else None
     if moe is not None:  # PEFT moves the expert and router names onto parameters (moe_lora.py)
         names, params = moe
@@ -156,11 +161,6 @@ def _lora_targets(desc: ModelDesc, targets, fused: bool = True) -> tuple[tuple[P
         return hit, unmatched
     if targets == ALL_LINEAR:
         return tuple(p for p in linears if p.module.rsplit(".", 1)[-1] not in _HEADS), ()
-    if ALL_LINEAR in targets:
-        # ms-swift's `--target_modules all-linear lm_head`: its get_target_modules
-        # (swift/pipelines/train/tuner.py) puts every linear's name in all-linear's place
-        names = {p.module.rsplit(".", 1)[-1] for p in linears if p.module.rsplit(".", 1)[-1] not in _HEADS}
-        targets = tuple(sorted(names | set(targets) - {ALL_LINEAR}))
     hit = tuple(p for p in linears if any(_matches(p.module, t) for t in targets))
     unmatched = tuple(t for t in targets if not any(_matches(p.module, t) for p in linears))
     return hit, unmatched

@@ -10,7 +10,7 @@ from vramplan.importers.deepspeed import from_deepspeed
 from vramplan.importers.hf_args import from_training_args
 from vramplan.importers.recipes import from_recipe
 from vramplan.files import FileReadError, read_mapping, read_text
-from vramplan.importers.report import ImportError_, merge
+from vramplan.importers.report import ImportError_, ImportReport, merge
 
 
 def read_config(path: str) -> dict:
@@ -21,19 +21,19 @@ def read_config(path: str) -> dict:
         raise ImportError_(str(exc), path) from None
 
 
-def read_recipe(path: str, source: str | None = None) -> tuple[dict, object]:
+def read_recipe(path: str) -> tuple[dict, ImportReport]:
     """A recipe file: a YAML/JSON mapping (axolotl, LLaMA-Factory, torchtune, ms-swift), or a
-    shell script / command line that runs `swift sft|pt` (importers/ms_swift.py)."""
-    from vramplan.importers import ms_swift
+    shell script / command line that runs `swift sft|pt|rlhf` (importers/shell.py, ms_swift.py)."""
+    from vramplan.importers.ms_swift import from_swift
+    from vramplan.importers.shell import looks_like_command, parse_command
     try:
         text = read_text(path)
     except FileReadError as exc:
         raise ImportError_(str(exc), path) from None
-    if path.endswith(".sh") or (not path.endswith((".yaml", ".yml", ".json")) and ms_swift.looks_like_command(text)):
-        cfg, command, env = ms_swift.parse_command(text, source or path, base_dir=os.path.dirname(path),
-                                                   read_file=read_config)
-        return ms_swift.from_swift(cfg, source or path, command=command, env=env)
-    return from_recipe(read_config(path), source=source or path)
+    if path.endswith(".sh") or (not path.endswith((".yaml", ".yml", ".json")) and looks_like_command(text)):
+        cfg, command, env = parse_command(text, path, base_dir=os.path.dirname(path), read_file=read_config)
+        return from_swift(cfg, path, command=command, env=env)
+    return from_recipe(read_config(path), source=path)
 
 
 def import_config_files(deepspeed: str | None = None, training_args: str | None = None,
@@ -46,11 +46,11 @@ def import_config_files(deepspeed: str | None = None, training_args: str | None 
     overrides: dict = {}
     lines: list[str] = []
     ds_path = deepspeed
-    for path, fn in ((recipe, None), (accelerate_config, from_accelerate),
-                     (training_args, from_training_args)):
+    for path, read in ((recipe, read_recipe), (accelerate_config, lambda p: from_accelerate(read_config(p), source=p)),
+                       (training_args, lambda p: from_training_args(read_config(p), source=p))):
         if not path:
             continue
-        out, rep = read_recipe(path) if fn is None else fn(read_config(path), source=path)
+        out, rep = read(path)
         inline = out.pop("__deepspeed__", None)
         gc = (out.get("parallel") or {}).pop("__gc__", None)
         if gc:

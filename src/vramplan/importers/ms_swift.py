@@ -29,9 +29,11 @@ import math
 
 from vramplan.importers.hf_args import OPTIM, deepspeed_config, from_training_args
 from vramplan.importers.report import ImportError_, ImportReport, need_int
-from vramplan.importers.shell import COMMANDS, looks_like_command, parse_command
+from vramplan.importers.shell import COMMANDS
+from vramplan.spec import SpecError
+from vramplan.spec.stack import parse_dtype
 
-__all__ = ["from_swift", "is_swift", "looks_like_command", "parse_command"]
+__all__ = ["from_swift", "is_swift"]
 # swift/arguments base_args.py `tuner_type` choices that are not LoRA or full
 _OTHER_TUNERS = ("longlora", "adalora", "llamapro", "adapter", "vera", "boft", "fourierft", "reft", "bone",
                  "lisa")
@@ -40,10 +42,6 @@ _DS_PRESETS = {"zero0": (0, None), "zero1": (1, None), "zero2": (2, None), "zero
                "zero2_offload": (2, "optimizer"), "zero3_offload": (3, "both")}
 _ATTN = {"flash_attn": "flash", "flash_attention_2": "flash", "flash_attention_3": "flash",
          "sdpa": "sdpa", "eager": "eager"}
-# torch_dtype -> (load dtype, the autocast swift turns on when bf16/fp16 are left unset)
-_DTYPES = {"bfloat16": ("bf16", "bf16"), "bf16": ("bf16", "bf16"), "float16": ("fp16", "fp16"),
-           "fp16": ("fp16", "fp16"), "half": ("fp16", "fp16"), "float32": ("fp32", "fp16"),
-           "fp32": ("fp32", "fp16"), "float": ("fp32", "fp16")}
 _MARKERS = ("tuner_type", "train_type", "rlhf_type", "quant_method", "quant_bits", "torch_dtype", "attn_impl")
 
 
@@ -165,9 +163,9 @@ def _tuner(cfg: dict, out: dict, rep: ImportReport) -> None:
     lora = {"r": need_int(rep, "lora_rank", cfg.get("lora_rank", 8)), "alpha": cfg.get("lora_alpha", 32),
             "dropout": cfg.get("lora_dropout", 0.05),
             "target_modules": "all-linear" if targets == ["all-linear"] else targets}
-    for name, field in (("use_dora", "use_dora"), ("use_rslora", "use_rslora")):
+    for name in ("use_dora", "use_rslora"):
         if name in cfg:
-            lora[field] = cfg[name]
+            lora[name] = cfg[name]
     if cfg.get("modules_to_save"):
         saved = cfg["modules_to_save"]
         lora["modules_to_save"] = [saved] if isinstance(saved, str) else list(saved)
@@ -215,12 +213,15 @@ def _precision(cfg: dict, out: dict, rep: ImportReport) -> None:
     """torch_dtype is what from_pretrained loads; bf16 / fp16 left unset follow it
     (model_args.py `_init_mixed_precision`): the Trainer's autocast over those weights."""
     dtype = cfg.get("torch_dtype")
-    load, auto = None, "bf16"
+    auto = "bf16"  # the autocast swift turns on when bf16 and fp16 are left unset
     if dtype is not None:
-        key = str(dtype).removeprefix("torch.")
-        if key not in _DTYPES:
+        try:
+            load = parse_dtype(dtype, "torch_dtype")
+        except SpecError:
+            load = None
+        if load is None:  # "auto" too: swift reads torch_dtype as a torch dtype's name
             raise ImportError_(rep.source, "torch_dtype", f"expected bfloat16, float16 or float32, got {dtype!r}")
-        load, auto = _DTYPES[key]
+        auto = "bf16" if load == "bf16" else "fp16"
         out["load_dtype"] = load
         rep.use("torch_dtype", "load_dtype")
     flags = {p: cfg.get(p) for p in ("bf16", "fp16")}

@@ -139,9 +139,9 @@ def _launcher(head: list[str], env: dict) -> None:
     """torchrun / accelerate launch flags before the entry: the process count per node and nodes."""
     for k, word in enumerate(head):
         name, eq, value = word.lstrip("-").partition("=")
-        if word.startswith("--") and name.replace("-", "_") in _LAUNCH:
-            value = value if eq else (head[k + 1] if k + 1 < len(head) else "")
-            env[_LAUNCH[name.replace("-", "_")]] = value
+        name = name.replace("-", "_")
+        if word.startswith("--") and name in _LAUNCH:
+            env[_LAUNCH[name]] = value if eq else (head[k + 1] if k + 1 < len(head) else "")
 
 
 def _flags(args: list[str], source: str) -> dict:

@@ -111,11 +111,12 @@ def dpo_head(spec: JobSpec, rows: int, s: int, v: int, with_reference: bool) -> 
     """The head of `rows` sequences of s tokens over a v-word vocabulary, by release
     (module docstring); `with_reference`: a reference forward runs (not precomputed)."""
     kind = variant(spec)
+    rolled = kind in (Variant.ROLLED, Variant.SWIFT)  # the scored positions are the logits themselves
     c, l = compute_dtype(spec), trainer_logits_dtype(spec)
     big_l, big_s = nbytes(rows * s * v, l), nbytes(rows * (s - 1) * v, l)
     # accelerate's cast: the model's own logits beside the fp32 copy
     cast = Breakdown().add("logits/logits_model_dtype", nbytes(rows * s * v, c)) if l != c else Breakdown()
-    chosen = nbytes(rows // 2 * (s if kind is Variant.ROLLED else s - 1) * v, l)
+    chosen = nbytes(rows // 2 * (s if rolled else s - 1) * v, l)
     # ms-swift reduces the mean logits before it masks them: no vocabulary-sized copy
     mean_logits = Breakdown() if kind is Variant.SWIFT else Breakdown().add("logits/mean_logits_masked_copy", chosen)
     if spec.task is Task.KTO:
@@ -130,7 +131,7 @@ def dpo_head(spec: JobSpec, rows: int, s: int, v: int, with_reference: bool) -> 
         ref_held = Breakdown().add("reference/logits/logits", big_l) if with_reference else Breakdown()
         return DpoHead(terms, Breakdown(), ref_head, ref_held, Breakdown().merge(mean_logits))
     fp32 = l == "fp32"
-    if kind in (Variant.ROLLED, Variant.SWIFT):
+    if rolled:
         terms = completion_logps_loss(rows, s, v, l, rolled=True)
     else:
         terms = completion_logps_loss(rows, s - 1, v, l)
@@ -142,12 +143,12 @@ def dpo_head(spec: JobSpec, rows: int, s: int, v: int, with_reference: bool) -> 
             copy = Breakdown()
         held.add("logits/logits", big_l).merge(copy)
         ref_head = Breakdown().add("logits/logits", big_l).add("logits/shifted_copy", big_s)
-    elif kind not in (Variant.ROLLED, Variant.SWIFT) and not fp32:
+    elif not rolled and not fp32:
         held.add("logits/logits", big_l)
     if not fp32:
         # the row loop's log_softmax beside the reference's logits: under no_grad nothing saves
         # a row's output, but `row_logps` still binds the previous row's while the next is made
-        scored = s if kind in (Variant.ROLLED, Variant.SWIFT) else s - 1
+        scored = s if rolled else s - 1
         ref_row = Breakdown().add("logits/logits", big_l).add(
             "logits/row_log_softmax", min(2, rows) * nbytes(scored * v, l))
         ref_head = max((ref_head, ref_row), key=Breakdown.total)
@@ -155,14 +156,14 @@ def dpo_head(spec: JobSpec, rows: int, s: int, v: int, with_reference: bool) -> 
     chunks = Breakdown().add("logits/entropy_chunks", 3 * nbytes(min(ENTROPY_CHUNK_ROWS, rows * (s - 1)) * v, l))
     # the reshape of a non-contiguous view copies it (one row: the view reshapes in place)
     reshaped = Breakdown().add("logits/entropy_reshape_copy", big_s if rows > 1 else 0)
-    if kind in (Variant.ROLLED, Variant.SWIFT):
+    if rolled:
         moments.append(Breakdown().merge(mean_logits).merge(terms.forward_end))
     if kind is Variant.CONTIGUOUS:
         moments.append(held)
     if kind is Variant.JOINT:
         moments.append(Breakdown().merge(held).merge(reshaped).merge(chunks))
     terms.forward_end = max(moments, key=Breakdown.total)
-    if kind in (Variant.ROLLED, Variant.SWIFT):
+    if rolled:
         # the reference goes through the same concatenated_forward: its mean-logits copy too
         with_mean = Breakdown().add("logits/logits", big_l).merge(mean_logits)
         return DpoHead(terms, held, max((ref_head, with_mean), key=Breakdown.total), Breakdown(), None)
